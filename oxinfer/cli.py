@@ -1,0 +1,72 @@
+"""`oxinfer run | tokenize`: stream a reply from a GGUF model, or show its token ids."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import anyio
+
+from oxinfer.errors import OxinferError
+from oxinfer.logs import configure_logging
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="oxinfer", description="asyncio-native LLM inference")
+    p.add_argument("--log-level", default="WARNING", help="structlog level (DEBUG shows every matmul)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="stream a reply from the model")
+    run.add_argument("prompt")
+    run.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
+    run.add_argument("--max-tokens", type=int, default=256)
+    run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
+
+    tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
+    tok.add_argument("text")
+    tok.add_argument("--model")
+    return p
+
+
+async def _run(args) -> None:
+    from oxinfer.engine import Engine
+
+    engine = await Engine.load(args.model)
+    if args.raw:
+        stream = engine.generate_text(args.prompt, max_tokens=args.max_tokens)
+    else:
+        stream = engine.chat_text([{"role": "user", "content": args.prompt}], max_tokens=args.max_tokens)
+    async for piece in stream:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+    s = engine.last_stats
+    print(f"\n-- {s.prompt_tokens} prompt tokens, prefill {s.prompt_tps:.1f} tok/s, "
+          f"{s.completion_tokens} generated, decode {s.generation_tps:.1f} tok/s", file=sys.stderr)
+
+
+async def _tokenize(args) -> None:
+    from oxinfer.engine import Engine
+
+    engine = await Engine.load(args.model)
+    print(json.dumps(engine.tokenizer.encode(args.text)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)
+    except OxinferError as e:
+        print(f"oxinfer: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"oxinfer: invalid input: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""Model file formats: GGUF reading and the block-quant codecs. Knows nothing of the runtime."""
+
+from oxinfer.formats.default_model import default_model_path
+from oxinfer.formats.gguf_file import GGUFFile
+from oxinfer.formats.quants import CODECS, QuantMatrix, codec
+
+__all__ = ["CODECS", "GGUFFile", "QuantMatrix", "codec", "default_model_path"]

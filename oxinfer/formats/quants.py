@@ -1,0 +1,178 @@
+"""Block-quant codecs: GGUF tensor bytes -> float32, vectorised over (n_blocks, bytes_per_block).
+
+Each codec is bit-exact with `gguf.quants.dequantize` (tests/test_quants.py checks it on random
+blocks). The WGSL kernels in shaders/ read these same bytes; their headers say which layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from oxinfer.errors import UnsupportedQuantError
+
+CODECS: dict[str, type[Codec]] = {}
+
+
+class Codec:
+    """One GGML tensor type: its block geometry and its dequantizer."""
+
+    name: ClassVar[str]
+    block_size: ClassVar[int]  # values per block
+    block_bytes: ClassVar[int]  # bytes per block
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        CODECS[cls.name] = cls
+
+    @classmethod
+    def row_bytes(cls, n: int) -> int:
+        return n // cls.block_size * cls.block_bytes
+
+    @classmethod
+    def dequantize(cls, data: np.ndarray, n: int) -> np.ndarray:
+        """Raw bytes (..., row_bytes) -> float32 (..., n)."""
+        lead = data.shape[:-1]
+        blocks = np.ascontiguousarray(data).reshape(-1, cls.block_bytes)
+        return cls.decode_blocks(blocks).reshape(*lead, n)
+
+    @classmethod
+    def decode_blocks(cls, blocks: np.ndarray) -> np.ndarray:  # (n_blocks, block_bytes) u8
+        raise NotImplementedError
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Two little-endian bytes per row -> float32 column (n_blocks, 1)."""
+    return np.ascontiguousarray(b).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(n_blocks, 16) packed bytes -> (n_blocks, 32) values: byte j holds value j (low) and j+16 (high)."""
+    return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1).astype(np.float32)
+
+
+class F32(Codec):
+    name, block_size, block_bytes = "F32", 1, 4
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        return blocks.view(np.float32)
+
+
+class F16(Codec):
+    name, block_size, block_bytes = "F16", 1, 2
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        return blocks.view(np.float16).astype(np.float32)
+
+
+class BF16(Codec):
+    """bf16 is the top half of a float32: shift the 16 bits up."""
+
+    name, block_size, block_bytes = "BF16", 1, 2
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        return (blocks.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+class Q8_0(Codec):
+    """34 bytes: f16 scale d, then 32 int8 q; value = q * d."""
+
+    name, block_size, block_bytes = "Q8_0", 32, 34
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        d = _f16(blocks[:, :2])
+        q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.float32)
+        return q * d
+
+
+class Q4_0(Codec):
+    """18 bytes: f16 scale d, then 16 bytes of nibbles; value = (q - 8) * d."""
+
+    name, block_size, block_bytes = "Q4_0", 32, 18
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        d = _f16(blocks[:, :2])
+        return (_nibbles(blocks[:, 2:]) - np.float32(8)) * d
+
+
+class Q4_1(Codec):
+    """20 bytes: f16 scale d, f16 minimum m, then 16 bytes of nibbles; value = q * d + m."""
+
+    name, block_size, block_bytes = "Q4_1", 32, 20
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
+        return d * _nibbles(blocks[:, 4:]) + m
+
+
+def codec(qtype: str, tensor: str = "?") -> type[Codec]:
+    """The codec of a GGML type name, or UnsupportedQuantError naming the tensor."""
+    try:
+        return CODECS[qtype]
+    except KeyError:
+        raise UnsupportedQuantError(
+            f"tensor {tensor!r} is stored as {qtype}, which oxinfer cannot read "
+            f"(supported: {', '.join(CODECS)})"
+        ) from None
+
+
+@dataclass(frozen=True, eq=False)
+class QuantMatrix:
+    """A weight matrix (n_out, n_in) kept in its stored format: `data` is (n_out, row_bytes) uint8.
+
+    `base`/`row0` say that this matrix is rows [row0, row0 + n_out) of a fused matrix (q/k/v or
+    gate/up, fused at load), so a backend can keep one copy and run the group as one product.
+    """
+
+    name: str
+    qtype: str
+    n_out: int
+    n_in: int
+    data: np.ndarray
+    base: QuantMatrix | None = None
+    row0: int = 0
+
+    def __post_init__(self):
+        c = codec(self.qtype, self.name)
+        if self.n_in % c.block_size:
+            raise UnsupportedQuantError(
+                f"tensor {self.name!r}: row length {self.n_in} is not a multiple of the "
+                f"{self.qtype} block size {c.block_size}"
+            )
+        want = (self.n_out, c.row_bytes(self.n_in))
+        if self.data.shape != want or self.data.dtype != np.uint8:
+            raise ValueError(f"tensor {self.name!r}: data {self.data.shape} {self.data.dtype}, want {want} uint8")
+
+    @property
+    def codec(self) -> type[Codec]:
+        return CODECS[self.qtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes
+
+    def dequantize(self, rows: np.ndarray | slice | None = None) -> np.ndarray:
+        """float32 (n_out, n_in), or only the selected rows."""
+        data = self.data if rows is None else self.data[rows]
+        return self.codec.dequantize(data, self.n_in)
+
+    @classmethod
+    def fuse(cls, name: str, parts: list[QuantMatrix]) -> list[QuantMatrix]:
+        """Stack matrices that share n_in and qtype into one; return row views of it, in order."""
+        if len({(p.qtype, p.n_in) for p in parts}) != 1:
+            return parts  # mixed formats stay separate; the scheduler still coalesces them
+        base = cls(name, parts[0].qtype, sum(p.n_out for p in parts), parts[0].n_in,
+                   np.concatenate([p.data for p in parts]))
+        views, r = [], 0
+        for p in parts:
+            views.append(cls(p.name, p.qtype, p.n_out, p.n_in, base.data[r:r + p.n_out], base, r))
+            r += p.n_out
+        return views

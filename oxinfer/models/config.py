@@ -1,0 +1,56 @@
+"""Model hyper-parameters as a frozen dataclass, built once from GGUF metadata."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oxinfer.errors import ModelFormatError, UnsupportedModelError
+
+SUPPORTED_ARCHS = ("llama",)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_dim: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def from_gguf(cls, f) -> ModelConfig:
+        """Map the `{arch}.*` keys; unknown architectures fail here, naming the key."""
+        arch = f.get("general.architecture")
+        if arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(
+                f"general.architecture = {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+            )
+        a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
+        d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
+        n_kv = int(a("attention.head_count_kv", n_heads))
+        if d_model % n_heads or n_heads % n_kv:
+            raise ModelFormatError(f"{arch}: {d_model=} {n_heads=} {n_kv=} do not divide")
+        vocab = a("vocab_size", None) or len(f.get("tokenizer.ggml.tokens"))
+        return cls(
+            arch=arch,
+            n_layers=int(a("block_count")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            d_ff=int(a("feed_forward_length")),
+            vocab_size=int(vocab),
+            context_length=int(a("context_length", 2048)),
+            rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_base=float(a("rope.freq_base", 10000.0)),
+            rope_dim=int(a("rope.dimension_count", d_model // n_heads)),
+        )

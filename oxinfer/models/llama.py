@@ -1,0 +1,134 @@
+"""The Llama-family transformer (SmolLM2, Llama 2/3, Mistral...) as a coroutine over awaited matmuls.
+
+Weights keep GGUF's names and layout. Every product goes through `linear`, an awaitable supplied by
+the runtime; the model never learns where it ran. Small ops (norms, rope, attention) are numpy here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.models.config import ModelConfig
+from oxinfer.models.kv_cache import KVCache
+
+Linear = Callable[..., Awaitable[list[np.ndarray]]]  # linear(x, *weights, tag=...) -> [x @ w.T ...]
+
+
+@dataclass(frozen=True)
+class Block:
+    attn_norm: np.ndarray  # (d,)
+    wq: QuantMatrix  # (n_heads * hd, d)    q/k/v: row views of one fused matrix
+    wk: QuantMatrix  # (n_kv * hd, d)
+    wv: QuantMatrix  # (n_kv * hd, d)
+    wo: QuantMatrix  # (d, n_heads * hd)
+    ffn_norm: np.ndarray  # (d,)
+    w_gate: QuantMatrix  # (d_ff, d)           gate/up: row views of one fused matrix
+    w_up: QuantMatrix  # (d_ff, d)
+    w_down: QuantMatrix  # (d, d_ff)
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class Llama:
+    def __init__(self, cfg: ModelConfig, embed: QuantMatrix, blocks: list[Block], out_norm: np.ndarray,
+                 head: QuantMatrix, linear: Linear):
+        self.cfg = cfg
+        self.embed = embed  # (vocab, d)
+        self.blocks = blocks
+        self.out_norm = out_norm
+        self.head = head  # (vocab, d); the embedding itself when tied
+        self.linear = linear
+        # rope angles for every position, adjacent-pair ("normal") layout; see rope()
+        inv_freq = cfg.rope_base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
+        ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
+        self._cos = np.cos(ang).astype(np.float32)[:, None, :]  # (ctx, 1, rope_dim/2)
+        self._sin = np.sin(ang).astype(np.float32)[:, None, :]
+
+    @classmethod
+    def from_gguf(cls, f, cfg: ModelConfig, linear: Linear) -> Llama:
+        """Map GGUF tensor names once; q/k/v and gate/up are fused here, not in forward."""
+        blocks = []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+            wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", [f.matrix(p + f"attn_{n}.weight") for n in "qkv"])
+            gate, up = QuantMatrix.fuse(p + "ffn_gate_up", [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")])
+            blocks.append(Block(
+                attn_norm=f.vector(p + "attn_norm.weight"), wq=wq, wk=wk, wv=wv,
+                wo=f.matrix(p + "attn_output.weight"), ffn_norm=f.vector(p + "ffn_norm.weight"),
+                w_gate=gate, w_up=up, w_down=f.matrix(p + "ffn_down.weight"),
+            ))
+        embed = f.matrix("token_embd.weight")
+        head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
+        return cls(cfg, embed, blocks, f.vector("output_norm.weight"), head, linear)
+
+    def matrices(self) -> list[QuantMatrix]:
+        """Every matrix the forward multiplies by (the runtime prepares them once)."""
+        ms = [m for b in self.blocks for m in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)]
+        return [*ms, self.head]
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
+
+    def rope(self, x: np.ndarray, pos: slice) -> np.ndarray:
+        """Rotate adjacent pairs (x[2i], x[2i+1]): GGUF stores llama q/k rows permuted for this."""
+        cos, sin = self._cos[pos], self._sin[pos]  # (t, 1, rope_dim/2)
+        n = self.cfg.rope_dim
+        x1, x2 = x[..., 0:n:2], x[..., 1:n:2]  # (t, heads, rope_dim/2)
+        out = x.copy()
+        out[..., 0:n:2] = x1 * cos - x2 * sin
+        out[..., 1:n:2] = x1 * sin + x2 * cos
+        return out
+
+    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+        """Causal GQA. q (t, H, hd) at positions start.., keys/values (T, KV, hd) -> (t, H*hd)."""
+        t, H, hd = q.shape
+        T, KV, _ = keys.shape
+        g = H // KV
+        qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3)  # (KV, g, t, hd)
+        scores = (qg @ keys.transpose(1, 2, 0)[:, None]) * np.float32(hd ** -0.5)  # (KV, g, t, T)
+        if t > 1:
+            future = np.arange(T)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
+            scores[..., future] = -np.inf
+        out = softmax(scores) @ values.transpose(1, 0, 2)[:, None]  # (KV, g, t, hd)
+        return out.transpose(2, 0, 1, 3).reshape(t, H * hd)
+
+    async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
+                      tag=None) -> np.ndarray:
+        """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""
+        c = self.cfg
+        t = len(tokens)
+        start = cache.offset
+        pos = slice(start, start + t)
+        if start + t > c.context_length:
+            raise ValueError(f"context overflow: {start + t} tokens > context length {c.context_length}")
+        x = self.embed.dequantize(np.asarray(tokens))  # (t, d)
+        for b, layer_cache in zip(self.blocks, cache.layers):
+            h = rms_norm(x, b.attn_norm, c.rms_eps)
+            q, k, v = await self.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (t, H*hd), (t, KV*hd) x2
+            q = self.rope(q.reshape(t, c.n_heads, c.head_dim), pos)  # (t, H, hd)
+            k = self.rope(k.reshape(t, c.n_kv_heads, c.head_dim), pos)  # (t, KV, hd)
+            keys, values = layer_cache.update_and_fetch(k, v.reshape(t, c.n_kv_heads, c.head_dim))
+            a = self.attention(q, keys, values, start)  # (t, H*hd)
+            x = x + (await self.linear(a, b.wo, tag=tag))[0]
+            h = rms_norm(x, b.ffn_norm, c.rms_eps)
+            gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (t, d_ff) x2
+            x = x + (await self.linear(silu(gate) * up, b.w_down, tag=tag))[0]
+        cache.advance(t)
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, c.rms_eps)  # (t or 1, d)
+        return (await self.linear(x, self.head, tag=tag))[0]  # (t or 1, vocab)

@@ -1,0 +1,202 @@
+"""The matmul scheduler: model coroutines await products; the scheduler batches and routes them.
+
+Rules (DESIGN.md): jobs over one input go to the backend as one call (q/k/v, gate/up); jobs of
+different requests on the same weights are stacked row-wise into one call and split back; a flush
+happens once every runnable coroutine is waiting, with no timer; blocking work runs in threads.
+
+There is no background task: the first waiting submission becomes the *flusher*. It lets the loop
+run until the queue stops growing (everyone runnable has queued), runs the batch, wakes the owners,
+and hands the role to the next queued submission when it leaves. That works under any anyio backend
+and needs nothing to be started or stopped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import structlog
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime.backend import Backend, Job
+from oxinfer.runtime.cpu import CpuBackend
+
+log = structlog.get_logger("oxinfer.scheduler")
+
+
+@dataclass
+class SchedulerStats:
+    """Counters of what the scheduler did. Field names are the structlog keys."""
+
+    flushes: int = 0  # batches taken from the queue
+    calls: int = 0  # backend.matmul calls
+    jobs: int = 0  # products computed
+    rows: int = 0  # rows of x over all calls
+    submissions: int = 0  # linear() awaits served
+    coalesced_calls: int = 0  # calls that carried more than one job over one input
+    stacked_calls: int = 0  # calls that stacked rows of more than one submission
+    gpu_calls: int = 0
+    fallbacks: int = 0  # GPU calls rerun on the CPU
+    queue_wait_s: float = 0.0
+
+    @property
+    def jobs_per_call(self) -> float:
+        return self.jobs / self.calls if self.calls else 0.0
+
+    @property
+    def rows_per_call(self) -> float:
+        return self.rows / self.calls if self.calls else 0.0
+
+
+@dataclass(eq=False)
+class _Submission:
+    x: np.ndarray  # (t, n_in)
+    weights: tuple[QuantMatrix, ...]
+    tag: Any  # request id, for logs
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    queued_at: float = field(default_factory=time.perf_counter)
+    out: list[np.ndarray] | None = None
+    error: BaseException | None = None
+    flusher: bool = False
+
+    @property
+    def done(self) -> bool:
+        return self.out is not None or self.error is not None
+
+
+class MatmulScheduler:
+    """Queue of matmul jobs shared by every coroutine of one model."""
+
+    def __init__(self, cpu: CpuBackend | None = None, gpu: Backend | None = None):
+        self.cpu = cpu or CpuBackend()
+        self.gpu = gpu
+        self._on_gpu: set[QuantMatrix] = set()
+        self._queue: list[_Submission] = []
+        self._flushing = False
+        self._ids = itertools.count(1)
+        self.counters = SchedulerStats()
+
+    # --- weights ------------------------------------------------------------------------------
+    def register(self, w: QuantMatrix) -> None:
+        """Prepare w on the CPU and, when the GPU backend takes it, on the GPU."""
+        self.cpu.upload(w)
+        if self.gpu is not None and self.gpu.upload(w) is not None:
+            self._on_gpu.add(w)
+
+    # --- the awaited API ----------------------------------------------------------------------
+    async def linear(self, x: np.ndarray, *weights: QuantMatrix, tag: Any = None) -> list[np.ndarray]:
+        """x (t, n_in) @ w.T for each weight -> [(t, n_out) ...], computed in a batch."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        for w in weights:
+            if x.ndim != 2 or x.shape[1] != w.n_in:
+                raise ValueError(f"linear: x {x.shape} does not fit {w.name} ({w.n_out}, {w.n_in})")
+        sub = _Submission(x, weights, tag)
+        self._queue.append(sub)
+        if not self._flushing:
+            self._flushing = sub.flusher = True
+        try:
+            while not sub.done:
+                if sub.flusher:
+                    await self._flush_once()
+                else:
+                    await sub.wake.wait()
+                    sub.wake = anyio.Event()
+        finally:
+            if not sub.done and sub in self._queue:
+                self._queue.remove(sub)  # cancelled: its jobs never run
+            if sub.flusher:
+                self._hand_off(sub)
+        if sub.error is not None:
+            raise sub.error
+        return sub.out
+
+    @property
+    def pending(self) -> int:
+        """Submissions queued and not yet taken into a batch."""
+        return len(self._queue)
+
+    def _hand_off(self, leaving: _Submission) -> None:
+        leaving.flusher = False
+        self._flushing = False
+        for s in self._queue:
+            s.flusher = self._flushing = True
+            s.wake.set()
+            return
+
+    async def _flush_once(self) -> None:
+        # let every runnable coroutine reach its next await: stop when a loop pass adds no job
+        n = -1
+        while n != len(self._queue):
+            n = len(self._queue)
+            await anyio.lowlevel.checkpoint()
+        batch, self._queue = self._queue, []
+        with anyio.CancelScope(shield=True):  # a batch, once taken, always completes
+            await self._run(batch)
+
+    # --- running a batch ----------------------------------------------------------------------
+    async def _run(self, batch: list[_Submission]) -> None:
+        c = self.counters
+        c.flushes += 1
+        now = time.perf_counter()
+        groups: dict[tuple[int, ...], list[_Submission]] = {}
+        for s in batch:
+            c.queue_wait_s += now - s.queued_at
+            groups.setdefault(tuple(map(id, s.weights)), []).append(s)
+        for subs in groups.values():
+            try:
+                await self._run_group(subs)
+            except Exception as e:  # noqa: BLE001 - the owners get the error, the batch goes on
+                log.error("matmul_failed", error=repr(e), request_id=[s.tag for s in subs])
+                for s in subs:
+                    s.error = e
+            for s in subs:
+                s.wake.set()
+
+    async def _run_group(self, subs: list[_Submission]) -> None:
+        """One backend call per device for submissions that share their weights."""
+        x = subs[0].x if len(subs) == 1 else np.concatenate([s.x for s in subs])  # (sum t, n_in)
+        t = x.shape[0]
+        jobs = [Job(w) for w in subs[0].weights]
+        gpu_jobs = [j for j in jobs if self._gpu_takes(j.weight, t)]
+        cpu_jobs = [j for j in jobs if j not in gpu_jobs]
+        sid = next(self._ids)
+        t0 = time.perf_counter()
+        if gpu_jobs:
+            if await self.gpu.matmul(x, gpu_jobs):
+                self.counters.gpu_calls += 1
+            else:
+                self.counters.fallbacks += 1
+                log.warning("gpu_fallback", submission_id=sid, backend=self.gpu.name,
+                            jobs=len(gpu_jobs), reason="matmul failed; rerunning on the CPU",
+                            request_id=[s.tag for s in subs])
+                cpu_jobs = jobs
+        if cpu_jobs:
+            await self.cpu.matmul(x, cpu_jobs)
+        self._count(subs, jobs, t)
+        log.debug("matmul", submission_id=sid, jobs=len(jobs), rows=t, requests=len(subs),
+                  gpu_jobs=len(gpu_jobs) if cpu_jobs is not jobs else 0,
+                  gflop=sum(j.flop(t) for j in jobs) / 1e9, seconds=time.perf_counter() - t0,
+                  request_id=[s.tag for s in subs])
+        r = 0
+        for s in subs:
+            n = s.x.shape[0]
+            s.out = [j.out[r:r + n] for j in jobs]
+            r += n
+
+    def _gpu_takes(self, w: QuantMatrix, t: int) -> bool:
+        return self.gpu is not None and w in self._on_gpu and self.gpu.wants(w.n_out, w.n_in, t)
+
+    def _count(self, subs: Sequence[_Submission], jobs: Sequence[Job], t: int) -> None:
+        c = self.counters
+        c.calls += 1
+        c.jobs += len(jobs)
+        c.rows += t
+        c.submissions += len(subs)
+        c.coalesced_calls += len(jobs) > 1
+        c.stacked_calls += len(subs) > 1

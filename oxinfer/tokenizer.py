@@ -1,0 +1,169 @@
+"""Tokenizer from GGUF metadata (HF `tokenizers`), chat templates (Jinja2), incremental decoding.
+
+Built to give llama.cpp's ids for the same GGUF: the BPE vocab and merges come from
+`tokenizer.ggml.*`, the pre-tokenizer from the rules `tokenizer.ggml.pre` names, and control tokens
+(token_type 3) are special tokens that the text may spell out.
+"""
+
+from __future__ import annotations
+
+import codecs
+from dataclasses import dataclass
+from functools import lru_cache
+
+from oxinfer.errors import UnsupportedModelError
+
+_EOG_TEXTS = frozenset({
+    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>",
+    "<|fim_pad|>", "<fim_pad>", "<|repo_name|>", "<reponame>", "<|file_sep|>",
+})
+CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
+USER_DEFINED = 4
+
+# The regex llama.cpp uses for `llama-bpe` (llama 3) style pre-tokenizers.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _pre_tokenizer(pre: str):
+    """HF pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
+    from tokenizers import Regex, pre_tokenizers as pt
+
+    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
+    if pre in ("smollm", "starcoder", "refact", "command-r"):
+        # digits split one by one, then the GPT-2 regex (llama.cpp's starcoder rules)
+        return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
+    if pre in ("gpt-2", "gpt2", "default", "phi-2", "jina-es", "olmo"):
+        return byte_level
+    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+        return pt.Sequence([
+            pt.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pt.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    raise UnsupportedModelError(f"tokenizer.ggml.pre = {pre!r} is not supported")
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character that stands for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    bos: int | None
+    eos: int | None
+    eog: frozenset[int]  # ids that end a generation
+    add_bos: bool
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template."""
+
+    def __init__(self, hf_tokenizer, tokens: list[str], token_types: list[int], special: SpecialIds,
+                 chat_template: str | None):
+        self._tk = hf_tokenizer
+        self._tokens = tokens
+        self._types = token_types
+        self.special = special
+        self.chat_template = chat_template
+        self._token_bytes: list[bytes | None] = [None] * len(tokens)
+
+    @classmethod
+    def from_gguf(cls, f) -> Tokenizer:
+        from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models
+
+        model = f.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise UnsupportedModelError(f"tokenizer.ggml.model = {model!r} is not supported (only BPE 'gpt2')")
+        tokens: list[str] = f.get("tokenizer.ggml.tokens")
+        types: list[int] = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+        merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
+        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
+        tk = HFTokenizer(bpe)
+        tk.pre_tokenizer = _pre_tokenizer(f.get("tokenizer.ggml.pre", "default"))
+        tk.decoder = decoders.ByteLevel()
+        tk.add_special_tokens([
+            AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL
+        ])
+        tk.add_tokens([
+            AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED
+        ])
+        bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
+        eog = {i for i in (eos, f.get("tokenizer.ggml.eot_token_id", None), f.get("tokenizer.ggml.eom_token_id", None)) if i is not None}
+        # llama.cpp also ends on these control tokens whatever the metadata says (its EOT and FIM lists)
+        eog |= {i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _EOG_TEXTS}
+        special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", False)))
+        return cls(tk, tokens, types, special, f.get("tokenizer.chat_template", None))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """llama.cpp's ids for `text`, special tokens parsed; BOS only if the model asks for it."""
+        ids = self._tk.encode(text, add_special_tokens=False).ids
+        if (self.special.add_bos if add_bos is None else add_bos) and self.special.bos is not None:
+            ids = [self.special.bos, *ids]
+        return ids
+
+    def token_bytes(self, i: int) -> bytes:
+        """The bytes a token stands for (control tokens: their text)."""
+        b = self._token_bytes[i]
+        if b is None:
+            t = self._tokens[i]
+            if self._types[i] in (CONTROL, USER_DEFINED):
+                b = t.encode()
+            else:
+                dec = _byte_decoder()
+                b = bytes(dec[c] for c in t) if all(c in dec for c in t) else t.encode()
+            self._token_bytes[i] = b
+        return b
+
+    def is_control(self, i: int) -> bool:
+        return self._types[i] == CONTROL
+
+    def decode(self, ids, skip_special: bool = False) -> str:
+        data = b"".join(self.token_bytes(i) for i in ids if not (skip_special and self.is_control(i)))
+        return data.decode("utf-8", errors="replace")
+
+    def detokenizer(self, skip_special: bool = True) -> Detokenizer:
+        return Detokenizer(self, skip_special)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        from oxinfer.chat_template import render
+
+        if not self.chat_template:
+            raise UnsupportedModelError("the model has no chat template (tokenizer.chat_template); use raw prompts")
+        bos = self._tokens[self.special.bos] if self.special.bos is not None else ""
+        eos = self._tokens[self.special.eos] if self.special.eos is not None else ""
+        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=bos, eos_token=eos)
+
+
+class Detokenizer:
+    """Incremental, UTF-8 safe: bytes of a character split across tokens wait for the rest."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
+        self._tok = tokenizer
+        self._skip = skip_special
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, token_id: int) -> str:
+        """Text that became printable with this token ('' while a character is incomplete)."""
+        if self._skip and self._tok.is_control(token_id):
+            return ""
+        return self._utf8.decode(self._tok.token_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is left at the end (an incomplete character becomes U+FFFD)."""
+        return self._utf8.decode(b"", final=True)

@@ -1,0 +1,37 @@
+"""The `oxinfer` command as a user runs it."""
+
+import json
+import subprocess
+import sys
+
+
+def oxinfer(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "oxinfer.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_tokenize_prints_llama_cpp_ids(golden):
+    p = golden["prompts"][0]
+    r = oxinfer("tokenize", p["text"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == p["prompt_ids"]
+
+
+def test_run_raw_streams_greedy_text_and_stats(golden):
+    p = golden["prompts"][0]  # "The capital of France is" -> " Paris. ..."
+    r = oxinfer("run", "--raw", "--max-tokens", "4", p["text"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(" Paris.")
+    assert "prompt tokens" in r.stderr and "decode" in r.stderr and "tok/s" in r.stderr
+
+
+def test_run_chat_answers():
+    r = oxinfer("run", "--max-tokens", "12", "What is the capital of France?")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
+
+
+def test_run_with_a_bad_model_path_fails_cleanly(tmp_path):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"nope" * 10)
+    r = oxinfer("run", "--model", str(bad), "hi")
+    assert r.returncode == 2 and "not a GGUF file" in r.stderr and "Traceback" not in r.stderr

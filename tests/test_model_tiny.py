@@ -1,0 +1,85 @@
+"""The Llama forward against an independent float64 numpy transcription of the math, on a tiny model."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import quants
+
+import oxinfer
+from oxinfer.formats import GGUFFile
+from tiny_gguf import write_tiny_llama
+
+
+def reference_logits(path, tokens) -> np.ndarray:
+    """Logits at every position, written from the paper's equations with gguf-py's dequantizer."""
+    f = GGUFFile(path)
+    get = lambda n: quants.dequantize(np.asarray(f._tensors[n].data), f._tensors[n].tensor_type).astype(np.float64)  # noqa: E731
+    arch = lambda k: f.get("llama." + k)  # noqa: E731
+    d, H, KV = arch("embedding_length"), arch("attention.head_count"), arch("attention.head_count_kv")
+    hd, eps, base = d // H, arch("attention.layer_norm_rms_epsilon"), arch("rope.freq_base")
+    norm = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w  # noqa: E731
+    t = len(tokens)
+    pos = np.arange(t)
+
+    def rope(x):  # (t, heads, hd): rotate pairs (2i, 2i+1) by pos * base^(-2i/hd)
+        ang = pos[:, None, None] * base ** (-np.arange(0, hd, 2) / hd)
+        a, b = x[..., ::2], x[..., 1::2]
+        out = np.empty_like(x)
+        out[..., ::2] = a * np.cos(ang) - b * np.sin(ang)
+        out[..., 1::2] = a * np.sin(ang) + b * np.cos(ang)
+        return out
+
+    x = get("token_embd.weight")[tokens]
+    for i in range(arch("block_count")):
+        p = f"blk.{i}."
+        h = norm(x, get(p + "attn_norm.weight"))
+        q = rope((h @ get(p + "attn_q.weight").T).reshape(t, H, hd))
+        k = rope((h @ get(p + "attn_k.weight").T).reshape(t, KV, hd))
+        v = (h @ get(p + "attn_v.weight").T).reshape(t, KV, hd)
+        out = np.zeros((t, H, hd))
+        for head in range(H):
+            kv = head // (H // KV)
+            s = q[:, head] @ k[:, kv].T / np.sqrt(hd)
+            s[np.triu_indices(t, 1)] = -np.inf
+            pr = np.exp(s - s.max(-1, keepdims=True))
+            out[:, head] = (pr / pr.sum(-1, keepdims=True)) @ v[:, kv]
+        x = x + out.reshape(t, d) @ get(p + "attn_output.weight").T
+        h = norm(x, get(p + "ffn_norm.weight"))
+        g, u = h @ get(p + "ffn_gate.weight").T, h @ get(p + "ffn_up.weight").T
+        x = x + (g / (1 + np.exp(-g)) * u) @ get(p + "ffn_down.weight").T
+    head = "output.weight" if "output.weight" in f._tensors else "token_embd.weight"
+    return norm(x, get("output_norm.weight")) @ get(head).T
+
+
+@pytest.mark.parametrize("qtype,tied", [(T.Q4_1, True), (T.Q4_0, False), (T.Q8_0, True), (T.BF16, True), (T.F16, False)])
+async def test_forward_matches_reference(tmp_path, qtype, tied):
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, tied=tied, seed=7)
+    e = await oxinfer.Engine.load(path)
+    tokens = list(np.random.default_rng(0).integers(0, 256, size=11))
+    ref = reference_logits(path, tokens)
+    ours = await e.all_logits(tokens)
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=2e-4 * np.abs(ref).max())
+    last = await e.next_logits(tokens)
+    np.testing.assert_allclose(last, ref[-1], rtol=0, atol=2e-4 * np.abs(ref).max())
+
+
+async def test_incremental_decode_equals_one_batch(tmp_path):
+    """Feeding tokens one at a time through the KV cache gives the batch's logits."""
+    path = write_tiny_llama(tmp_path / "m.gguf")
+    e = await oxinfer.Engine.load(path)
+    tokens = np.arange(40, 60)
+    full = await e.all_logits(tokens)
+    cache = e.model.new_cache(4)  # small on purpose: it must grow
+    steps = [await e.model.forward(tokens[i:i + 1], cache) for i in range(len(tokens))]
+    np.testing.assert_allclose(np.concatenate(steps), full, atol=1e-4)
+    assert cache.offset == len(tokens)
+
+
+async def test_bad_prompts_raise(tmp_path):
+    e = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "m.gguf"))
+    with pytest.raises(ValueError, match="empty"):
+        await e.next_logits([])
+    with pytest.raises(ValueError, match="out of range"):
+        await e.next_logits([5, 100000])
+    with pytest.raises(ValueError, match="context length"):
+        [t async for t in e.generate_ids([1] * 200, max_tokens=100)]

@@ -1,0 +1,74 @@
+"""Codecs against gguf-py's reference dequantizers, bit for bit."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import quants as ref
+
+from oxinfer.errors import UnsupportedQuantError
+from oxinfer.formats.quants import CODECS, QuantMatrix, codec
+
+QUANTIZED = ["Q8_0", "Q4_0", "Q4_1"]
+
+
+def random_blocks(name: str, n_blocks: int, rng) -> np.ndarray:
+    """Random raw blocks with finite f16 scales (random bytes elsewhere, so every nibble/int8 occurs)."""
+    c = CODECS[name]
+    raw = rng.integers(0, 256, size=(n_blocks, c.block_bytes), dtype=np.uint8)
+    n_scales = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2}[name]
+    scales = rng.normal(0, 0.05, size=(n_blocks, n_scales)).astype(np.float16)
+    raw[:, : 2 * n_scales] = scales.view(np.uint8).reshape(n_blocks, -1)
+    return raw
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_block_codecs_match_gguf_bit_for_bit(name):
+    rng = np.random.default_rng(0)
+    raw = random_blocks(name, 4096, rng)
+    ours = codec(name).dequantize(raw.reshape(64, -1), 64 * 32)
+    theirs = ref.dequantize(raw.reshape(64, -1), T[name])
+    assert ours.dtype == np.float32
+    assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("name", QUANTIZED)
+def test_codecs_read_what_gguf_quantizes(name):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(48, 256)).astype(np.float32)
+    raw = ref.quantize(x, T[name])
+    ours = codec(name).dequantize(raw, 256)
+    assert np.array_equal(ours, ref.dequantize(raw, T[name]).astype(np.float32))
+    assert np.abs(ours - x).max() < 0.5  # and it is really x, quantized
+
+
+@pytest.mark.parametrize("name,dtype", [("F32", np.float32), ("F16", np.float16)])
+def test_float_codecs(name, dtype):
+    x = np.random.default_rng(2).normal(size=(8, 64)).astype(dtype)
+    ours = codec(name).dequantize(x.view(np.uint8).reshape(8, -1), 64)
+    assert np.array_equal(ours, x.astype(np.float32))
+
+
+def test_bf16_matches_gguf():
+    rng = np.random.default_rng(3)
+    bits = rng.integers(0, 2**16, size=(16, 64), dtype=np.uint16)
+    bits[(bits & 0x7F80) == 0x7F80] = 0x3F80  # no inf/NaN: compare values, not NaN payloads
+    raw = bits.view(np.uint8).reshape(16, -1)
+    ours = codec("BF16").dequantize(raw, 64)
+    assert np.array_equal(ours, ref.dequantize(raw, T.BF16).astype(np.float32))
+
+
+def test_unknown_quant_type_names_the_tensor():
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*Q5_K"):
+        codec("Q5_K", "blk.3.ffn_up.weight")
+
+
+def test_fuse_gives_row_views_of_one_matrix():
+    rng = np.random.default_rng(4)
+    parts = [QuantMatrix(n, "Q4_1", r, 64, random_blocks("Q4_1", r * 2, rng).reshape(r, -1))
+             for n, r in (("q", 8), ("k", 4), ("v", 4))]
+    views = QuantMatrix.fuse("qkv", parts)
+    base = views[0].base
+    assert base is views[2].base and base.n_out == 16
+    for p, v in zip(parts, views):
+        assert np.array_equal(p.dequantize(), v.dequantize())
+    assert [v.row0 for v in views] == [0, 8, 12]

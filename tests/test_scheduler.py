@@ -1,0 +1,94 @@
+"""The matmul scheduler: coalescing, stacking, flushing, cancellation, work off the loop thread."""
+
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime import CpuBackend, MatmulScheduler
+
+
+class RecordingCpu(CpuBackend):
+    """The CPU backend, noting each call's jobs, rows and thread."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[list[str], int, int]] = []
+
+    def matmul_sync(self, x, jobs):
+        self.calls.append(([j.weight.name for j in jobs], x.shape[0], threading.get_ident()))
+        super().matmul_sync(x, jobs)
+
+
+def f32_matrix(name, n_out, n_in, seed):
+    w = np.random.default_rng(seed).normal(size=(n_out, n_in)).astype(np.float32)
+    return QuantMatrix(name, "F32", n_out, n_in, w.view(np.uint8).reshape(n_out, -1)), w
+
+
+@pytest.fixture
+def setup():
+    cpu = RecordingCpu()
+    s = MatmulScheduler(cpu)
+    mats = {n: f32_matrix(n, o, 32, i) for i, (n, o) in enumerate([("a", 16), ("b", 8), ("c", 8)])}
+    for m, _ in mats.values():
+        s.register(m)
+    return s, cpu, mats
+
+
+async def test_jobs_over_one_input_are_one_call(setup):
+    s, cpu, mats = setup
+    x = np.random.default_rng(9).normal(size=(3, 32)).astype(np.float32)
+    ya, yb, yc = await s.linear(x, mats["a"][0], mats["b"][0], mats["c"][0])
+    assert [c[0] for c in cpu.calls] == [["a", "b", "c"]]
+    for y, (_, w) in zip((ya, yb, yc), (mats["a"], mats["b"], mats["c"])):
+        np.testing.assert_allclose(y, x @ w.T, rtol=1e-5)
+    assert cpu.calls[0][2] != threading.get_ident()  # BLAS ran in a worker thread
+
+
+async def test_concurrent_requests_on_one_weight_are_stacked(setup):
+    s, cpu, mats = setup
+    xs = [np.random.default_rng(i).normal(size=(i + 1, 32)).astype(np.float32) for i in range(4)]
+    out = [None] * 4
+
+    async def one(i):
+        out[i] = (await s.linear(xs[i], mats["a"][0], tag=f"r{i}"))[0]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    assert len(cpu.calls) == 1 and cpu.calls[0][1] == 1 + 2 + 3 + 4
+    assert s.counters.stacked_calls == 1 and s.counters.submissions == 4
+    for x, y in zip(xs, out):
+        np.testing.assert_allclose(y, x @ mats["a"][1].T, rtol=1e-5)
+
+
+async def test_cancelled_submission_is_dropped(setup):
+    s, cpu, mats = setup
+    x = np.ones((1, 32), np.float32)
+    results = []
+
+    async def survivor():
+        results.append(await s.linear(x, mats["b"][0]))
+
+    async with anyio.create_task_group() as tg:
+        with anyio.CancelScope() as doomed:
+            tg.start_soon(survivor)
+            doomed.cancel()
+            await s.linear(x, mats["a"][0])  # cancelled before the flush
+    assert len(results) == 1
+    assert all(c[0] == ["b"] for c in cpu.calls)
+    assert s.pending == 0
+
+
+async def test_real_model_coalesces_qkv_and_gate_up(engine):
+    """One forward of SmolLM2: per layer one q/k/v call (3 jobs), one gate/up call (2 jobs)."""
+    c0 = engine.scheduler.counters
+    calls, jobs, coalesced = c0.calls, c0.jobs, c0.coalesced_calls
+    await engine.next_logits([504, 3575, 282])
+    n = engine.config.n_layers
+    c = engine.scheduler.counters
+    assert c.calls - calls == 4 * n + 1  # qkv, o, gate_up, down per layer + head
+    assert c.jobs - jobs == 7 * n + 1
+    assert c.coalesced_calls - coalesced == 2 * n

@@ -1,0 +1,88 @@
+"""Write small random Llama GGUFs with gguf-py's writer: fast models for tests, and broken files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf import GGUFWriter
+from gguf import quants
+
+
+def _bytes_to_unicode() -> list[str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
+                     n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True) -> Path:
+    """A 2-layer Llama with a byte-level vocab (256 bytes + 3 control tokens) and random weights."""
+    rng = np.random.default_rng(seed)
+    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = len(tokens)
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(n_layers)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(d_ff)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv)
+    w.add_context_length(256)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    w.add_rope_dimension_count(d // n_heads)
+    w.add_vocab_size(vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 3, 3])
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(258)
+    w.add_add_bos_token(False)
+    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+    def mat(name, n_out, n_in, q=qtype):
+        x = rng.normal(0, 0.5 / np.sqrt(n_in), size=(n_out, n_in)).astype(np.float32)
+        if q == T.F32:
+            data = x
+        elif q in (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
+            data = quants.quantize(x, q)
+        else:  # gguf-py cannot quantize it: random bytes of the right size will do for refusal tests
+            block, nbytes = GGML_QUANT_SIZES[q]
+            data = rng.integers(0, 256, size=(n_out, n_in // block * nbytes), dtype=np.uint8)
+        w.add_tensor(name, data, raw_dtype=q)
+
+    def vec(name, n):
+        w.add_tensor(name, (1 + 0.1 * rng.normal(size=n)).astype(np.float32))
+
+    mat("token_embd.weight", vocab, d, T.Q8_0)
+    if not tied:
+        mat("output.weight", vocab, d)
+    vec("output_norm.weight", d)
+    hd = d // n_heads
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", d)
+        mat(p + "attn_q.weight", n_heads * hd, d)
+        mat(p + "attn_k.weight", n_kv * hd, d)
+        mat(p + "attn_v.weight", n_kv * hd, d)
+        mat(p + "attn_output.weight", d, n_heads * hd)
+        vec(p + "ffn_norm.weight", d)
+        mat(p + "ffn_gate.weight", d_ff, d)
+        mat(p + "ffn_up.weight", d_ff, d)
+        mat(p + "ffn_down.weight", d, d_ff)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
