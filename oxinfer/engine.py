@@ -16,6 +16,9 @@ from oxinfer.runtime import MatmulScheduler
 from oxinfer.tokenizer import Tokenizer
 
 
+SOLO_MAX_TOKENS = 4  # steps this small are decode: run them whole in a thread when alone
+
+
 @dataclass(frozen=True)
 class GenerationStats:
     """Per-generation numbers. Field names are the structlog keys."""
@@ -82,13 +85,13 @@ class Engine:
         """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
         ids = self._check_ids(ids)
         cache = self.model.new_cache(len(ids))
-        return (await self.model.forward(np.asarray(ids), cache))[-1].copy()
+        return (await self._forward(ids, cache))[-1].copy()
 
     async def all_logits(self, ids: list[int]) -> np.ndarray:
         """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
         ids = self._check_ids(ids)
         cache = self.model.new_cache(len(ids))
-        return (await self.model.forward(np.asarray(ids), cache, all_logits=True)).copy()
+        return (await self._forward(ids, cache, all_logits=True)).copy()
 
     async def generate_ids(self, ids: list[int], max_tokens: int, stop_on_eog: bool = True) -> AsyncIterator[int]:
         """Greedy token ids after `ids` (argmax, ties to the lowest id)."""
@@ -107,7 +110,7 @@ class Engine:
         t1 = t0
         try:
             while n < max_tokens:
-                logits = await self.model.forward(step, cache)
+                logits = await self._forward(step, cache)
                 if n == 0:
                     t1 = time.perf_counter()
                 tok = int(np.argmax(logits[-1]))
@@ -137,6 +140,11 @@ class Engine:
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         async for piece in self._stream_text(self.tokenizer.encode(prompt), max_tokens):
             yield piece
+
+    async def _forward(self, tokens, cache, **kw) -> np.ndarray:
+        """One forward through the scheduler; decode-sized steps may run solo (one thread hop)."""
+        tokens = np.asarray(tokens)
+        return await self.scheduler.run(self.model.forward, tokens, cache, small=len(tokens) <= SOLO_MAX_TOKENS, **kw)
 
     def _check_ids(self, ids) -> list[int]:
         ids = [int(i) for i in ids]

@@ -92,3 +92,35 @@ async def test_real_model_coalesces_qkv_and_gate_up(engine):
     assert c.calls - calls == 4 * n + 1  # qkv, o, gate_up, down per layer + head
     assert c.jobs - jobs == 7 * n + 1
     assert c.coalesced_calls - coalesced == 2 * n
+
+
+async def test_lone_decode_step_runs_solo_in_a_thread_with_the_same_result(engine):
+    """A decode step with no other forward in flight runs whole in a worker thread (one hop)."""
+    import numpy as np
+
+    m, s = engine.model, engine.scheduler
+    prompt = np.array([504, 3575, 282, 4649])
+    ref_cache, solo_cache = m.new_cache(8), m.new_cache(8)
+    await m.forward(prompt, ref_cache)
+    await s.run(m.forward, prompt, solo_cache)
+    ref = await m.forward(np.array([314]), ref_cache)  # on the loop, batched path
+    before = s.counters.solo_forwards
+    solo = await s.run(m.forward, np.array([314]), solo_cache, small=True)
+    assert s.counters.solo_forwards == before + 1
+    np.testing.assert_allclose(solo, ref, rtol=1e-5, atol=1e-4)
+
+
+async def test_no_solo_while_another_forward_runs(setup):
+    s, cpu, mats = setup
+    x = np.ones((1, 32), np.float32)
+    seen = []
+
+    async def fwd(tag):
+        seen.append((await s.linear(x, mats["a"][0], tag=tag))[0])
+        return tag
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(lambda i=i: s.run(fwd, i, small=True))
+    assert s.counters.solo_forwards == 1  # the first found the scheduler idle; the others batch
+    assert len(seen) == 3

@@ -40,8 +40,11 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    """Over the last axis, in place (x is a scratch array)."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 class Llama:
@@ -100,13 +103,15 @@ class Llama:
         t, H, hd = q.shape
         T, KV, _ = keys.shape
         g = H // KV
-        qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3)  # (KV, g, t, hd)
-        scores = (qg @ keys.transpose(1, 2, 0)[:, None]) * np.float32(hd ** -0.5)  # (KV, g, t, T)
+        # the g query heads that share a kv head become rows of one product per kv head
+        qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
+        scores = qg @ keys.transpose(1, 2, 0)  # (KV, g*t, T)
+        scores *= np.float32(hd ** -0.5)
         if t > 1:
             future = np.arange(T)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
-            scores[..., future] = -np.inf
-        out = softmax(scores) @ values.transpose(1, 0, 2)[:, None]  # (KV, g, t, hd)
-        return out.transpose(2, 0, 1, 3).reshape(t, H * hd)
+            scores.reshape(KV, g, t, T)[...] += np.where(future, -np.inf, 0).astype(np.float32)
+        out = softmax(scores) @ values.transpose(1, 0, 2)  # (KV, g*t, hd)
+        return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
 
     async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
                       tag=None) -> np.ndarray:

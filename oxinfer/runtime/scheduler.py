@@ -4,6 +4,11 @@ Rules (DESIGN.md): jobs over one input go to the backend as one call (q/k/v, gat
 different requests on the same weights are stacked row-wise into one call and split back; a flush
 happens once every runnable coroutine is waiting, with no timer; blocking work runs in threads.
 
+A forward that runs alone (no other request is mid-forward) and is small (a decode step) takes a
+shortcut: the whole coroutine runs in a worker thread and its matmuls are computed in place, so a
+token costs one thread round trip instead of one per matmul (~90 us each on the 2-core dev VM, x121
+for SmolLM2: more than a third of a token). This is DESIGN.md's device-resident chain, for the CPU.
+
 There is no background task: the first waiting submission becomes the *flusher*. It lets the loop
 run until the queue stops growing (everyone runnable has queued), runs the batch, wakes the owners,
 and hands the role to the next queued submission when it leaves. That works under any anyio backend
@@ -12,8 +17,10 @@ and needs nothing to be started or stopped.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import time
+from collections.abc import Awaitable, Callable
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +36,8 @@ from oxinfer.runtime.cpu import CpuBackend
 
 log = structlog.get_logger("oxinfer.scheduler")
 
+_in_solo_thread = contextvars.ContextVar("oxinfer_solo", default=False)
+
 
 @dataclass
 class SchedulerStats:
@@ -41,6 +50,7 @@ class SchedulerStats:
     submissions: int = 0  # linear() awaits served
     coalesced_calls: int = 0  # calls that carried more than one job over one input
     stacked_calls: int = 0  # calls that stacked rows of more than one submission
+    solo_forwards: int = 0  # forwards run whole in a worker thread (alone, small)
     gpu_calls: int = 0
     fallbacks: int = 0  # GPU calls rerun on the CPU
     queue_wait_s: float = 0.0
@@ -80,6 +90,9 @@ class MatmulScheduler:
         self._queue: list[_Submission] = []
         self._flushing = False
         self._ids = itertools.count(1)
+        self._forwards = 0  # forwards in progress (solo or on the loop)
+        self._on_loop = 0  # of which run on the loop, submitting to the queue
+        self._solo_limiter = anyio.CapacityLimiter(1)
         self.counters = SchedulerStats()
 
     # --- weights ------------------------------------------------------------------------------
@@ -90,12 +103,35 @@ class MatmulScheduler:
             self._on_gpu.add(w)
 
     # --- the awaited API ----------------------------------------------------------------------
+    async def run(self, forward: Callable[..., Awaitable[Any]], *args, small: bool = False, **kwargs) -> Any:
+        """Await `forward(*args, **kwargs)`, a coroutine whose matmuls go through `linear`.
+
+        `small` (a decode step): when no other forward is in progress, the whole coroutine runs in a
+        worker thread instead (see the module docstring). Otherwise it runs on the loop, batched.
+        """
+        solo = small and self._forwards == 0
+        self._forwards += 1
+        self._on_loop += not solo
+        try:
+            if solo:
+                self.counters.solo_forwards += 1
+                return await anyio.to_thread.run_sync(_drive, forward, args, kwargs, limiter=self._solo_limiter)
+            return await forward(*args, **kwargs)
+        finally:
+            self._forwards -= 1
+            self._on_loop -= not solo
+
     async def linear(self, x: np.ndarray, *weights: QuantMatrix, tag: Any = None) -> list[np.ndarray]:
         """x (t, n_in) @ w.T for each weight -> [(t, n_out) ...], computed in a batch."""
         x = np.ascontiguousarray(x, dtype=np.float32)
         for w in weights:
             if x.ndim != 2 or x.shape[1] != w.n_in:
                 raise ValueError(f"linear: x {x.shape} does not fit {w.name} ({w.n_out}, {w.n_in})")
+        if _in_solo_thread.get():
+            jobs = [Job(w) for w in weights]
+            self._compute_now(x, jobs)
+            self._count(1, jobs, x.shape[0])
+            return [j.out for j in jobs]
         sub = _Submission(x, weights, tag)
         self._queue.append(sub)
         if not self._flushing:
@@ -130,9 +166,10 @@ class MatmulScheduler:
             return
 
     async def _flush_once(self) -> None:
-        # let every runnable coroutine reach its next await: stop when a loop pass adds no job
+        # let every runnable coroutine reach its next await: stop when a loop pass adds no job, or
+        # at once when every forward known to run() has queued
         n = -1
-        while n != len(self._queue):
+        while n != len(self._queue) and not (0 < self._on_loop <= len(self._queue)):
             n = len(self._queue)
             await anyio.lowlevel.checkpoint()
         batch, self._queue = self._queue, []
@@ -178,7 +215,7 @@ class MatmulScheduler:
                 cpu_jobs = jobs
         if cpu_jobs:
             await self.cpu.matmul(x, cpu_jobs)
-        self._count(subs, jobs, t)
+        self._count(len(subs), jobs, t)
         log.debug("matmul", submission_id=sid, jobs=len(jobs), rows=t, requests=len(subs),
                   gpu_jobs=len(gpu_jobs) if cpu_jobs is not jobs else 0,
                   gflop=sum(j.flop(t) for j in jobs) / 1e9, seconds=time.perf_counter() - t0,
@@ -192,11 +229,27 @@ class MatmulScheduler:
     def _gpu_takes(self, w: QuantMatrix, t: int) -> bool:
         return self.gpu is not None and w in self._on_gpu and self.gpu.wants(w.n_out, w.n_in, t)
 
-    def _count(self, subs: Sequence[_Submission], jobs: Sequence[Job], t: int) -> None:
+    def _compute_now(self, x: np.ndarray, jobs: list[Job]) -> None:
+        """Inside a solo forward's worker thread: run the jobs right here."""
+        self.cpu.matmul_sync(x, jobs)
+
+    def _count(self, n_subs: int, jobs: Sequence[Job], t: int) -> None:
         c = self.counters
         c.calls += 1
         c.jobs += len(jobs)
         c.rows += t
-        c.submissions += len(subs)
+        c.submissions += n_subs
         c.coalesced_calls += len(jobs) > 1
-        c.stacked_calls += len(subs) > 1
+        c.stacked_calls += n_subs > 1
+
+
+def _drive(forward, args, kwargs):
+    """Run a coroutine to completion in this (worker) thread; its linear() calls never suspend."""
+    _in_solo_thread.set(True)
+    coro = forward(*args, **kwargs)
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("a solo forward awaited something other than the scheduler")
