@@ -22,6 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
+    run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
+                     help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")
@@ -32,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _run(args) -> None:
     from oxinfer.engine import Engine
 
-    engine = await Engine.load(args.model)
+    engine = await Engine.load(args.model, backend=args.backend)
     if args.raw:
         stream = engine.generate_text(args.prompt, max_tokens=args.max_tokens)
     else:

@@ -12,7 +12,8 @@ import numpy as np
 
 from oxinfer.formats import GGUFFile, default_model_path
 from oxinfer.models import Llama, ModelConfig
-from oxinfer.runtime import MatmulScheduler
+from oxinfer.runtime import Backend, MatmulScheduler
+from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.tokenizer import Tokenizer
 
 
@@ -55,17 +56,21 @@ class Engine:
         return self.model.cfg
 
     @classmethod
-    async def load(cls, path: str | Path | None = None) -> Engine:
-        """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop."""
-        return await anyio.to_thread.run_sync(cls._load_sync, path)
+    async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu: Backend | None = None) -> Engine:
+        """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop.
+
+        backend: "cpu" (numpy), "webgpu" (a WebGPU adapter, or an error) or "auto" (a real GPU when
+        one exists). `gpu` passes a ready Backend instead (tests, custom thresholds).
+        """
+        return await anyio.to_thread.run_sync(cls._load_sync, path, backend, gpu)
 
     @classmethod
-    def _load_sync(cls, path: str | Path | None) -> Engine:
+    def _load_sync(cls, path: str | Path | None, backend: str = "cpu", gpu: Backend | None = None) -> Engine:
         path = Path(path) if path is not None else default_model_path()
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
         tokenizer = Tokenizer.from_gguf(f)
-        scheduler = MatmulScheduler()
+        scheduler = MatmulScheduler(gpu=gpu if gpu is not None else select_gpu_backend(backend))
         model = Llama.from_gguf(f, cfg, scheduler.linear)
         for m in model.matrices():
             scheduler.register(m)

@@ -99,7 +99,14 @@ class MatmulScheduler:
     def register(self, w: QuantMatrix) -> None:
         """Prepare w on the CPU and, when the GPU backend takes it, on the GPU."""
         self.cpu.upload(w)
-        if self.gpu is not None and self.gpu.upload(w) is not None:
+        if self.gpu is None:
+            return
+        try:
+            on_gpu = self.gpu.upload(w) is not None
+        except Exception as e:  # noqa: BLE001 - an upload fault keeps the matrix on the CPU
+            log.warning("gpu_upload_failed", weight=w.name, backend=self.gpu.name, reason=repr(e))
+            on_gpu = False
+        if on_gpu:
             self._on_gpu.add(w)
 
     # --- the awaited API ----------------------------------------------------------------------
@@ -204,20 +211,13 @@ class MatmulScheduler:
         cpu_jobs = [j for j in jobs if j not in gpu_jobs]
         sid = next(self._ids)
         t0 = time.perf_counter()
-        if gpu_jobs:
-            if await self.gpu.matmul(x, gpu_jobs):
-                self.counters.gpu_calls += 1
-            else:
-                self.counters.fallbacks += 1
-                log.warning("gpu_fallback", submission_id=sid, backend=self.gpu.name,
-                            jobs=len(gpu_jobs), reason="matmul failed; rerunning on the CPU",
-                            request_id=[s.tag for s in subs])
-                cpu_jobs = jobs
+        if gpu_jobs and not await self._gpu_matmul(x, gpu_jobs, sid, subs):
+            cpu_jobs = jobs
+            gpu_jobs = []
         if cpu_jobs:
             await self.cpu.matmul(x, cpu_jobs)
         self._count(len(subs), jobs, t)
-        log.debug("matmul", submission_id=sid, jobs=len(jobs), rows=t, requests=len(subs),
-                  gpu_jobs=len(gpu_jobs) if cpu_jobs is not jobs else 0,
+        log.debug("matmul", submission_id=sid, jobs=len(jobs), rows=t, requests=len(subs), gpu_jobs=len(gpu_jobs),
                   gflop=sum(j.flop(t) for j in jobs) / 1e9, seconds=time.perf_counter() - t0,
                   request_id=[s.tag for s in subs])
         r = 0
@@ -225,6 +225,21 @@ class MatmulScheduler:
             n = s.x.shape[0]
             s.out = [j.out[r:r + n] for j in jobs]
             r += n
+
+    async def _gpu_matmul(self, x: np.ndarray, jobs: list[Job], sid: int, subs: list[_Submission]) -> bool:
+        """Run jobs on the GPU; False (logged) when it failed, so that the CPU reruns them."""
+        try:
+            ok = await self.gpu.matmul(x, jobs)
+            reason = "matmul returned False"
+        except Exception as e:  # noqa: BLE001 - a GPU fault must never lose a request
+            ok, reason = False, repr(e)
+        if ok:
+            self.counters.gpu_calls += 1
+            return True
+        self.counters.fallbacks += 1
+        log.warning("gpu_fallback", submission_id=sid, backend=self.gpu.name, jobs=len(jobs), reason=reason,
+                    action="rerunning on the CPU", request_id=[s.tag for s in subs])
+        return False
 
     def _gpu_takes(self, w: QuantMatrix, t: int) -> bool:
         return self.gpu is not None and w in self._on_gpu and self.gpu.wants(w.n_out, w.n_in, t)
