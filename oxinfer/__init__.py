@@ -1,8 +1,12 @@
 """oxinfer: an asyncio-native LLM inference runtime (GGUF models, WebGPU or numpy matmuls)."""
 
-from oxinfer.engine import Engine, GenerationStats
+from oxinfer.engine import Engine
+from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
+from oxinfer.sampling import SamplingParams
 from oxinfer.logs import configure_logging, ensure_configured
 from oxinfer.errors import (
+    ContextOverflowError,
+    EngineOverloaded,
     ModelFormatError,
     ModelNotFoundError,
     OxinferError,
@@ -11,8 +15,15 @@ from oxinfer.errors import (
 )
 
 __all__ = [
+    "ContextOverflowError",
     "Engine",
-    "GenerationStats",
+    "EngineOverloaded",
+    "EngineStats",
+    "Event",
+    "Finished",
+    "GenerationResult",
+    "SamplingParams",
+    "Token",
     "ModelFormatError",
     "ModelNotFoundError",
     "OxinferError",

@@ -21,6 +21,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("prompt")
     run.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
     run.add_argument("--max-tokens", type=int, default=256)
+    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    run.add_argument("--seed", type=int)
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
     run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
@@ -33,18 +35,22 @@ def _parser() -> argparse.ArgumentParser:
 
 async def _run(args) -> None:
     from oxinfer.engine import Engine
+    from oxinfer.events import Finished
+    from oxinfer.sampling import SamplingParams
 
     engine = await Engine.load(args.model, backend=args.backend)
-    if args.raw:
-        stream = engine.generate_text(args.prompt, max_tokens=args.max_tokens)
-    else:
-        stream = engine.chat_text([{"role": "user", "content": args.prompt}], max_tokens=args.max_tokens)
-    async for piece in stream:
-        sys.stdout.write(piece)
-        sys.stdout.flush()
-    s = engine.last_stats
-    print(f"\n-- {s.prompt_tokens} prompt tokens, prefill {s.prompt_tps:.1f} tok/s, "
-          f"{s.completion_tokens} generated, decode {s.generation_tps:.1f} tok/s", file=sys.stderr)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
+    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    async for ev in engine.stream(prompt, params):
+        if isinstance(ev, Finished):
+            print(f"\n-- {ev.prompt_tokens} prompt tokens, prefill {ev.prompt_tps:.1f} tok/s, "
+                  f"{ev.completion_tokens} generated, decode {ev.generation_tps:.1f} tok/s ({ev.reason})",
+                  file=sys.stderr)
+        else:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    if engine.scheduler.gpu is not None:
+        print(f"-- gpu: {engine.scheduler.gpu.stats().summary()}", file=sys.stderr)
 
 
 async def _tokenize(args) -> None:

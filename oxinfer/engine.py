@@ -1,71 +1,97 @@
-"""The engine: one loaded model, its tokenizer and scheduler, and the async generation API."""
+"""The engine: one loaded model and the async API over it (streams, requests, limits, cancellation).
+
+Each request runs in the task that iterates its stream. Its matmuls meet the other requests' in the
+scheduler, which stacks them: continuous batching emerges from many streams awaiting at once.
+"""
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import anyio.to_thread
 import numpy as np
+import structlog
 
+from oxinfer.errors import ContextOverflowError, EngineOverloaded
+from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
 from oxinfer.formats import GGUFFile, default_model_path
-from oxinfer.models import Llama, ModelConfig
+from oxinfer.models import KVCache, Llama, ModelConfig
 from oxinfer.runtime import Backend, MatmulScheduler
 from oxinfer.runtime.select import select_gpu_backend
+from oxinfer.sampling import Sampler, SamplingParams
+from oxinfer.stop import StopMatcher
 from oxinfer.tokenizer import Tokenizer
 
+log = structlog.get_logger("oxinfer.engine")
 
 SOLO_MAX_TOKENS = 4  # steps this small are decode: run them whole in a thread when alone
+PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
+GREEDY = SamplingParams(temperature=0.0)
+
+Prompt = str | Sequence[int] | Sequence[dict]  # text, token ids, or chat messages
 
 
-@dataclass(frozen=True)
-class GenerationStats:
-    """Per-generation numbers. Field names are the structlog keys."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    prompt_s: float
-    generation_s: float
-
-    @property
-    def prompt_tps(self) -> float:
-        return self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
-
-    @property
-    def generation_tps(self) -> float:
-        # the first token comes out of the prefill; decode speed counts the ones after it
-        n = self.completion_tokens - 1
-        return n / self.generation_s if n > 0 and self.generation_s else 0.0
+@dataclass(eq=False)
+class _Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrived: float = field(default_factory=time.perf_counter)
+    admitted: anyio.Event | None = None  # set when a slot frees up (while queued)
+    aborted: bool = False
+    scope: anyio.CancelScope | None = None  # around the forward in flight
+    cache: KVCache | None = None
 
 
 class Engine:
-    """A loaded model ready to generate. `await Engine.load()` or `async with await Engine.load()`."""
+    """A loaded model ready to serve. `await Engine.load()`, or `async with await Engine.load()`."""
 
-    def __init__(self, path: Path, gguf: GGUFFile, tokenizer: Tokenizer, model: Llama, scheduler: MatmulScheduler):
+    def __init__(self, path: Path, tokenizer: Tokenizer, model: Llama, scheduler: MatmulScheduler,
+                 max_concurrent: int = 16, max_queue: int = 256):
+        if max_concurrent < 1 or max_queue < 0:
+            raise ValueError(f"max_concurrent must be >= 1 and max_queue >= 0, got {max_concurrent}, {max_queue}")
         self.path = path
-        self.gguf = gguf
         self.tokenizer = tokenizer
         self.model = model
         self.scheduler = scheduler
-        self.last_stats: GenerationStats | None = None
+        self.max_concurrent = max_concurrent
+        self.max_queue = max_queue
+        self._running: dict[str, _Request] = {}
+        self._queued: deque[_Request] = deque()
+        self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0)
+        self._ids = itertools.count(1)
 
     @property
     def config(self) -> ModelConfig:
         return self.model.cfg
 
+    @property
+    def model_name(self) -> str:
+        return self.path.stem
+
+    # --- loading ------------------------------------------------------------------------------
     @classmethod
-    async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu: Backend | None = None) -> Engine:
+    async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu: Backend | None = None,
+                   max_concurrent: int = 16, max_queue: int = 256) -> Engine:
         """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop.
 
         backend: "cpu" (numpy), "webgpu" (a WebGPU adapter, or an error) or "auto" (a real GPU when
         one exists). `gpu` passes a ready Backend instead (tests, custom thresholds).
+        max_concurrent requests run at once; up to max_queue more wait in order; beyond that,
+        EngineOverloaded.
         """
-        return await anyio.to_thread.run_sync(cls._load_sync, path, backend, gpu)
+        return await anyio.to_thread.run_sync(cls._load_sync, path, backend, gpu, max_concurrent, max_queue)
 
     @classmethod
-    def _load_sync(cls, path: str | Path | None, backend: str = "cpu", gpu: Backend | None = None) -> Engine:
+    def _load_sync(cls, path: str | Path | None, backend: str = "cpu", gpu: Backend | None = None,
+                   max_concurrent: int = 16, max_queue: int = 256) -> Engine:
         path = Path(path) if path is not None else default_model_path()
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
@@ -74,7 +100,7 @@ class Engine:
         model = Llama.from_gguf(f, cfg, scheduler.linear)
         for m in model.matrices():
             scheduler.register(m)
-        return cls(path, f, tokenizer, model, scheduler)
+        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue)
 
     async def __aenter__(self) -> Engine:
         return self
@@ -83,79 +109,222 @@ class Engine:
         await self.aclose()
 
     async def aclose(self) -> None:
-        pass
+        for rid in list(self._running) + [r.id for r in self._queued]:
+            self.abort(rid)
 
-    # --- generation ---------------------------------------------------------------------------
-    async def next_logits(self, ids: list[int]) -> np.ndarray:
-        """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
-        ids = self._check_ids(ids)
-        cache = self.model.new_cache(len(ids))
-        return (await self._forward(ids, cache))[-1].copy()
+    # --- the streaming API --------------------------------------------------------------------
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None,
+               truncate: bool = False) -> AsyncIterator[Event]:
+        """Start a request; iterate the result for `Token` events and one final `Finished`.
 
-    async def all_logits(self, ids: list[int]) -> np.ndarray:
-        """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
-        ids = self._check_ids(ids)
-        cache = self.model.new_cache(len(ids))
-        return (await self._forward(ids, cache, all_logits=True)).copy()
+        prompt: text (used as is), token ids, or chat messages (the model's chat template is
+        applied). Everything is validated here, before any work: an empty prompt, a prompt that
+        does not fit the context with max_tokens (unless truncate=True: the oldest prompt tokens
+        are dropped), a full queue (EngineOverloaded) all raise at once.
+        """
+        params = params or SamplingParams()
+        ids = self._prompt_ids(prompt)
+        ctx = self.config.context_length
+        if params.max_tokens >= ctx:
+            raise ContextOverflowError(f"max_tokens ({params.max_tokens}) must be below the context length ({ctx})")
+        if len(ids) + params.max_tokens > ctx:
+            if not truncate:
+                raise ContextOverflowError(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                    f"length ({ctx}); shorten the prompt, lower max_tokens, or pass truncate=True")
+            ids = ids[len(ids) + params.max_tokens - ctx:]
+        if len(self._running) >= self.max_concurrent and len(self._queued) >= self.max_queue:
+            raise EngineOverloaded(f"{len(self._running)} requests running and {len(self._queued)} queued "
+                                   f"(max_queue={self.max_queue}); retry later")
+        rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        if rid in self._running or any(r.id == rid for r in self._queued):
+            raise ValueError(f"request_id {rid!r} is already in use")
+        return self._generate(_Request(rid, ids, params))
 
-    async def generate_ids(self, ids: list[int], max_tokens: int, stop_on_eog: bool = True) -> AsyncIterator[int]:
-        """Greedy token ids after `ids` (argmax, ties to the lowest id)."""
-        ids = self._check_ids(ids)
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
-        if len(ids) + max_tokens > self.config.context_length:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the context length "
-                f"({self.config.context_length})"
-            )
-        cache = self.model.new_cache(len(ids) + max_tokens)
-        t0 = time.perf_counter()
-        step = np.asarray(ids)
-        n = 0
-        t1 = t0
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, **kw) -> AsyncIterator[Event]:
+        """`stream` over chat messages ([{"role": ..., "content": ...}]), the chat template applied."""
+        if isinstance(messages, str) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        return self.stream(list(messages), params, **kw)
+
+    async def generate(self, prompt: Prompt, params: SamplingParams | None = None, **kw) -> GenerationResult:
+        """The whole answer at once."""
+        text, ids, lps, fin = [], [], [], None
+        async for ev in self.stream(prompt, params, **kw):
+            if isinstance(ev, Token):
+                text.append(ev.text)
+                ids.append(ev.token_id)
+                lps.append(ev.logprob)
+            else:
+                fin = ev
+        want_lp = params is not None and params.logprobs is not None
+        return GenerationResult("".join(text), tuple(ids), fin, tuple(lps) if want_lp else None)
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now: its stream ends with Finished(reason="cancelled"). False if unknown."""
+        req = self._running.get(request_id) or next((r for r in self._queued if r.id == request_id), None)
+        if req is None:
+            return False
+        req.aborted = True
+        if req.scope is not None:
+            req.scope.cancel()
+        if req.admitted is not None:
+            req.admitted.set()
+        return True
+
+    def stats(self) -> EngineStats:
+        t = self._totals
+        return EngineStats(
+            running=len(self._running), queued=len(self._queued), requests_total=t["requests"],
+            finished_stop=t["stop"], finished_length=t["length"], finished_cancelled=t["cancelled"],
+            prompt_tokens_total=t["prompt_tokens"], generation_tokens_total=t["generation_tokens"],
+            kv_bytes=sum(r.cache.nbytes for r in self._running.values() if r.cache is not None),
+            pending_jobs=self.scheduler.pending,
+        )
+
+    # --- one request --------------------------------------------------------------------------
+    async def _generate(self, req: _Request) -> AsyncIterator[Event]:
+        self._totals["requests"] += 1
+        rlog = log.bind(request_id=req.id)
         try:
-            while n < max_tokens:
-                logits = await self._forward(step, cache)
-                if n == 0:
-                    t1 = time.perf_counter()
-                tok = int(np.argmax(logits[-1]))
-                n += 1
-                yield tok
-                if stop_on_eog and tok in self.tokenizer.special.eog:
-                    break
-                step = np.asarray([tok])
+            await self._admit(req)
+            rlog.debug("request_started", prompt_tokens=len(req.prompt_ids), queue_s=time.perf_counter() - req.arrived)
+            async for ev in self._decode_loop(req):
+                if isinstance(ev, Finished):
+                    self._totals[ev.reason] += 1
+                    self._totals["prompt_tokens"] += ev.prompt_tokens
+                    self._totals["generation_tokens"] += ev.completion_tokens
+                    rlog.info("request_finished", reason=ev.reason, prompt_tokens=ev.prompt_tokens,
+                              completion_tokens=ev.completion_tokens, ttft_s=round(ev.ttft_s, 4),
+                              prompt_tps=round(ev.prompt_tps, 1), generation_tps=round(ev.generation_tps, 1))
+                yield ev
         finally:
-            self.last_stats = GenerationStats(len(ids), n, t1 - t0, time.perf_counter() - t1)
+            # break, aclose(), task cancellation, abort or the end: nothing of this request remains
+            if req in self._queued:
+                self._queued.remove(req)
+            if self._running.pop(req.id, None) is not None:
+                self._admit_next()
+            req.cache = None
 
-    async def generate_text(self, prompt: str, max_tokens: int = 128) -> AsyncIterator[str]:
-        """Stream greedy text continuing the raw prompt (no chat template)."""
-        async for piece in self._stream_text(self.tokenizer.encode(prompt), max_tokens):
-            yield piece
+    async def _admit(self, req: _Request) -> None:
+        """Take a slot, or wait in line (first come, first served) for one."""
+        if len(self._running) < self.max_concurrent and not self._queued:
+            self._running[req.id] = req
+            return
+        req.admitted = anyio.Event()
+        self._queued.append(req)
+        await req.admitted.wait()  # set by _admit_next (it moved us to _running) or abort()
 
-    async def _stream_text(self, ids: list[int], max_tokens: int) -> AsyncIterator[str]:
+    def _admit_next(self) -> None:
+        while self._queued and len(self._running) < self.max_concurrent:
+            nxt = self._queued.popleft()
+            self._running[nxt.id] = nxt
+            nxt.admitted.set()
+
+    async def _decode_loop(self, req: _Request) -> AsyncIterator[Event]:
+        p = req.params
+        sampler = Sampler(p, req.prompt_ids)
         detok = self.tokenizer.detokenizer()
-        async for tok in self.generate_ids(ids, max_tokens):
-            if piece := detok.add(tok):
-                yield piece
-        if tail := detok.flush():
-            yield tail
+        stops = StopMatcher(p.stop)
+        eog = frozenset() if p.ignore_eos else self.tokenizer.special.eog
+        n, reason = 0, None
+        t_first = t_prompt = None
+        step = req.prompt_ids
+        if not req.aborted:
+            req.cache = self.model.new_cache(len(req.prompt_ids) + p.max_tokens)
+        while not req.aborted:
+            t0 = time.perf_counter()
+            with anyio.CancelScope() as req.scope:
+                logits = await self._forward(step, req.cache, tag=req.id)
+            req.scope = None
+            if req.aborted:
+                break
+            tok, lp, top = sampler(logits[-1])
+            n += 1
+            if t_first is None:
+                t_first, t_prompt = time.perf_counter(), time.perf_counter() - t0
+            if tok in eog:
+                reason = "stop"
+                text, _ = stops.push(detok.flush())
+                text += stops.flush()
+                if text:
+                    yield Token(text, tok, lp, tuple(top) if top else None)
+                break
+            piece = detok.add(tok)
+            if n == p.max_tokens:
+                piece += detok.flush()
+            text, stopped = stops.push(piece)
+            if n == p.max_tokens and not stopped:
+                text += stops.flush()
+            yield Token(text, tok, lp, tuple(top) if top else None)
+            if stopped or n == p.max_tokens:
+                reason = "stop" if stopped else "length"
+                break
+            step = [tok]
+        now = time.perf_counter()
+        t_first = t_first or now
+        yield Finished(
+            reason=reason or "cancelled", request_id=req.id, prompt_tokens=len(req.prompt_ids), completion_tokens=n,
+            ttft_s=t_first - req.arrived, prompt_tps=len(req.prompt_ids) / t_prompt if t_prompt else 0.0,
+            generation_tps=(n - 1) / (now - t_first) if n > 1 and now > t_first else 0.0,
+        )
 
-    async def chat_text(self, messages: list[dict], max_tokens: int = 256) -> AsyncIterator[str]:
-        """Stream a greedy chat reply (the model's chat template applied)."""
-        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        async for piece in self._stream_text(self.tokenizer.encode(prompt), max_tokens):
-            yield piece
-
-    async def _forward(self, tokens, cache, **kw) -> np.ndarray:
-        """One forward through the scheduler; decode-sized steps may run solo (one thread hop)."""
+    async def _forward(self, tokens, cache: KVCache, all_logits: bool = False, **kw) -> np.ndarray:
+        """Forward through the scheduler, long prompts in chunks of PREFILL_CHUNK tokens (bounds the
+        attention scores: 8k tokens at once would be 2.4 GB). A decode step of the only running
+        request runs solo (whole in a worker thread: one thread hop per token, not one per matmul)."""
         tokens = np.asarray(tokens)
-        return await self.scheduler.run(self.model.forward, tokens, cache, small=len(tokens) <= SOLO_MAX_TOKENS, **kw)
+        small = len(tokens) <= SOLO_MAX_TOKENS and len(self._running) <= 1
+        outs = []
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[i:i + PREFILL_CHUNK]
+            last = i + PREFILL_CHUNK >= len(tokens)
+            if all_logits or last:
+                outs.append(await self.scheduler.run(self.model.forward, chunk, cache, small=small,
+                                                     all_logits=all_logits, **kw))
+            else:
+                await self.scheduler.run(self.model.forward_hidden, chunk, cache, **kw)
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
-    def _check_ids(self, ids) -> list[int]:
-        ids = [int(i) for i in ids]
+    # --- prompts ------------------------------------------------------------------------------
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("the prompt is empty")
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True))
+        elif isinstance(prompt, (Sequence, np.ndarray)) and all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
+            ids = [int(i) for i in prompt]
+        else:
+            raise ValueError("prompt must be a string, a list of token ids, or a list of chat messages")
         if not ids:
             raise ValueError("the prompt is empty: at least one token is needed")
         bad = [i for i in ids if not 0 <= i < self.config.vocab_size]
         if bad:
             raise ValueError(f"token ids out of range [0, {self.config.vocab_size}): {bad[:5]}")
         return ids
+
+    # --- convenience (greedy) -----------------------------------------------------------------
+    async def generate_text(self, prompt: Prompt, max_tokens: int = 128) -> AsyncIterator[str]:
+        """Stream greedy text continuing the prompt (raw text: no chat template)."""
+        async for ev in self.stream(prompt, SamplingParams(temperature=0.0, max_tokens=max_tokens)):
+            if isinstance(ev, Token) and ev.text:
+                yield ev.text
+
+    async def generate_ids(self, ids: Sequence[int], max_tokens: int, stop_on_eog: bool = True) -> AsyncIterator[int]:
+        """Greedy token ids after `ids` (argmax, ties to the lowest id)."""
+        params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not stop_on_eog)
+        async for ev in self.stream(list(ids), params):
+            if isinstance(ev, Token):
+                yield ev.token_id
+
+    async def next_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
+        ids = self._prompt_ids(list(ids))
+        return (await self._forward(ids, self.model.new_cache(len(ids))))[-1].copy()
+
+    async def all_logits(self, ids: Sequence[int]) -> np.ndarray:
+        """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
+        ids = self._prompt_ids(list(ids))
+        return (await self._forward(ids, self.model.new_cache(len(ids)), all_logits=True)).copy()

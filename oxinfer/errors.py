@@ -21,3 +21,11 @@ class UnsupportedModelError(OxinferError):
 
 class ModelNotFoundError(OxinferError):
     """No model path was given and the default model is not installed."""
+
+
+class EngineOverloaded(OxinferError):
+    """The request queue is full (max_queue); try again later."""
+
+
+class ContextOverflowError(OxinferError, ValueError):
+    """prompt + max_tokens does not fit the model's context."""

@@ -124,3 +124,31 @@ async def test_no_solo_while_another_forward_runs(setup):
             tg.start_soon(lambda i=i: s.run(fwd, i, small=True))
     assert s.counters.solo_forwards == 1  # the first found the scheduler idle; the others batch
     assert len(seen) == 3
+
+
+async def test_native_cancel_of_the_flusher_mid_batch_strands_nobody(setup):
+    """asyncio's task.cancel() goes through anyio shields: the others' jobs must still run."""
+    import asyncio
+
+    s, cpu, mats = setup
+    gate = threading.Event()
+    real = cpu.matmul
+
+    async def slow_matmul(x, jobs):  # the first group's BLAS takes a while, in its worker thread
+        await anyio.to_thread.run_sync(gate.wait, 5)
+        return await real(x, jobs)
+
+    cpu.matmul = slow_matmul
+    x = np.ones((1, 32), np.float32)
+    flusher = asyncio.create_task(s.linear(x, mats["a"][0], tag="flusher"))
+    others = [asyncio.create_task(s.linear(x, mats[n][0], tag=n)) for n in ("b", "c")]
+    await anyio.sleep(0.01)  # the flusher has taken all three into its batch and waits in the first group
+    assert s.pending == 0 and not any(o.done() for o in others)
+    flusher.cancel()
+    await anyio.sleep(0.01)
+    gate.set()
+    with anyio.fail_after(5):
+        b, c = await asyncio.gather(*others)
+    np.testing.assert_allclose(b[0], x @ mats["b"][1].T, rtol=1e-5)
+    np.testing.assert_allclose(c[0], x @ mats["c"][1].T, rtol=1e-5)
+    assert flusher.cancelled() and s.pending == 0

@@ -116,6 +116,12 @@ class Llama:
     async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
                       tag=None) -> np.ndarray:
         """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""
+        x = await self.forward_hidden(tokens, cache, tag=tag)  # (t, d)
+        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.cfg.rms_eps)  # (t or 1, d)
+        return (await self.linear(x, self.head, tag=tag))[0]  # (t or 1, vocab)
+
+    async def forward_hidden(self, tokens: np.ndarray, cache: KVCache, *, tag=None) -> np.ndarray:
+        """The last block's output (t, d) for `tokens`; fills and advances the cache."""
         c = self.cfg
         t = len(tokens)
         start = cache.offset
@@ -135,5 +141,4 @@ class Llama:
             gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (t, d_ff) x2
             x = x + (await self.linear(silu(gate) * up, b.w_down, tag=tag))[0]
         cache.advance(t)
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, c.rms_eps)  # (t or 1, d)
-        return (await self.linear(x, self.head, tag=tag))[0]  # (t or 1, vocab)
+        return x

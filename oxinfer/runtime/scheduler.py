@@ -180,8 +180,13 @@ class MatmulScheduler:
             n = len(self._queue)
             await anyio.lowlevel.checkpoint()
         batch, self._queue = self._queue, []
-        with anyio.CancelScope(shield=True):  # a batch, once taken, always completes
-            await self._run(batch)
+        try:
+            with anyio.CancelScope(shield=True):  # anyio cancellation waits for the batch...
+                await self._run(batch)
+        finally:
+            # ...but asyncio's task.cancel() goes through shields: whatever the interrupted batch left
+            # undone goes back to the front of the queue, and the flusher role is handed on
+            self._queue[:0] = [s for s in batch if not s.done]
 
     # --- running a batch ----------------------------------------------------------------------
     async def _run(self, batch: list[_Submission]) -> None:

@@ -1,0 +1,137 @@
+"""Sampling parameters and the per-request sampler (numpy). Semantics follow vLLM / OpenAI."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. Invalid values raise ValueError naming the field, before any work."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0  # 0 = greedy (argmax, ties to the lowest id)
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0  # > 1 discourages tokens of the prompt and the output (vLLM)
+    presence_penalty: float = 0.0  # OpenAI: subtract once per token present in the output
+    frequency_penalty: float = 0.0  # OpenAI: subtract per occurrence in the output
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # never emitted, even when split across tokens
+    logprobs: int | None = None  # top-n alternatives per token (0 = only the chosen token's)
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_num("temperature", self.temperature, 0.0, 100.0)
+        _check_int("top_k", self.top_k, 0)
+        _check_num("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_num("min_p", self.min_p, 0.0, 1.0)
+        _check_num("repetition_penalty", self.repetition_penalty, 0.0, 100.0, low_open=True)
+        _check_num("presence_penalty", self.presence_penalty, -2.0, 2.0)
+        _check_num("frequency_penalty", self.frequency_penalty, -2.0, 2.0)
+        if self.seed is not None:
+            _check_int("seed", self.seed, 0)
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
+        if len(self.stop) > 16:
+            raise ValueError(f"stop takes at most 16 strings, got {len(self.stop)}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, 20)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def _check_int(name: str, v, low: int, high: int | None = None) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if v < low or (high is not None and v > high):
+        raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {v}")
+
+
+def _check_num(name: str, v, low: float, high: float, low_open: bool = False) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) or not math.isfinite(v):
+        raise ValueError(f"{name} must be a finite number, got {v!r}")
+    if v < low or v > high or (low_open and v == low):
+        raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {v}")
+
+
+@dataclass
+class Sampler:
+    """One request's sampler: its own RNG, so a seed gives the same text alone or in a crowd."""
+
+    params: SamplingParams
+    prompt_ids: list[int]
+    rng: np.random.Generator = field(init=False)
+    counts: dict[int, int] = field(default_factory=dict)  # output token -> occurrences
+
+    def __post_init__(self):
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray) -> tuple[int, float | None, list[tuple[int, float]] | None]:
+        """(token, its logprob, top-n [(id, logprob)]) from one logits row (vocab,)."""
+        p = self.params
+        lp = top = None
+        if p.logprobs is not None:
+            logsm = _log_softmax(logits)
+        x = self._penalize(logits)
+        if p.greedy:
+            tok = int(np.argmax(x))
+        else:
+            tok = self._sample(x / np.float32(p.temperature))
+        if p.logprobs is not None:
+            lp = float(logsm[tok])
+            if p.logprobs:
+                ids = np.argpartition(-logsm, p.logprobs)[: p.logprobs]
+                ids = ids[np.argsort(-logsm[ids], kind="stable")]
+                top = [(int(i), float(logsm[i])) for i in ids]
+        self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok, lp, top
+
+    def _penalize(self, logits: np.ndarray) -> np.ndarray:
+        p = self.params
+        if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+            return logits
+        x = logits.astype(np.float32, copy=True)
+        if p.repetition_penalty != 1.0:
+            seen = np.unique(np.fromiter([*self.prompt_ids, *self.counts], np.int64))
+            v = x[seen]
+            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        if self.counts and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(self.counts, np.int64)
+            n = np.fromiter(self.counts.values(), np.float32)
+            x[ids] -= p.frequency_penalty * n + p.presence_penalty
+        return x
+
+    def _sample(self, x: np.ndarray) -> int:
+        p = self.params
+        if p.top_k and p.top_k < len(x):
+            keep = np.argpartition(-x, p.top_k)[: p.top_k]
+        else:  # beyond 30 nats below the best a token's probability is < 1e-13: skip sorting them
+            keep = np.flatnonzero(x >= x.max() - np.float32(30))
+        order = keep[np.argsort(-x[keep], kind="stable")]  # candidate ids, most likely first
+        probs = np.exp(x[order] - x[order[0]])
+        probs /= probs.sum()
+        n = len(order)
+        if p.top_p < 1.0:  # smallest prefix whose mass reaches top_p
+            n = min(n, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        if p.min_p > 0.0:
+            n = min(n, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
+        probs = probs[:n] / probs[:n].sum()
+        return int(order[min(int(np.searchsorted(np.cumsum(probs), self.rng.random())), n - 1)])
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max()
+    return x - m - np.log(np.exp(x - m).sum())

@@ -1,0 +1,29 @@
+// Shared by every matmul kernel: the dispatch parameters, the activations x and the output y.
+// A dispatch computes y = x @ W[row0 : row0 + n_out].T, where W is one uploaded (possibly fused
+// q/k/v or gate/up) matrix whose bytes are bound at binding 3 by the per-format decode_*.wgsl.
+
+struct Params {
+    n_out: u32,  // rows of W computed by this dispatch
+    n_in: u32,   // columns of W and of x; a multiple of 32 (one quant block)
+    row0: u32,   // first of those rows inside the uploaded matrix
+    t: u32,      // rows of x
+};
+
+@group(0) @binding(0) var<uniform> P: Params;
+@group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // (t, n_in) f32, row-major
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (t, n_out) f32, row-major
+
+// Every decode_*.wgsl defines
+//   fn w8(row: u32, c: u32) -> array<vec4<f32>, 2>
+// = the 8 dequantized weights W[row0 + row, 8c .. 8c + 7], bit-exact with oxinfer/formats/quants.py
+// up to the rounding of one fused multiply-add.
+
+// 4 nibbles of q at byte lanes 0..3 (low nibbles, or high ones when hi = 4), as floats
+fn nib4(q: u32, hi: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(q) >> (vec4<u32>(0u, 8u, 16u, 24u) + vec4<u32>(hi))) & vec4<u32>(15u));
+}
+
+// the 4 signed bytes of q, in memory order
+fn i8x4(q: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}

@@ -1,0 +1,181 @@
+// mm_tiled, mm_tiled64: y = x @ W.T for many rows of x (prefill; webgpu.py picks the switch from the matvec), appended to common.wgsl + one
+// decode_*.wgsl (which says which GGUF byte layout it reads).
+//
+// A workgroup of 256 invocations computes a 128 (tokens) x 128 (outputs) tile of y, walking k in
+// steps of 16: each step the x tile (128 x 16 f32) and the dequantized W tile (128 x 16) are staged
+// in workgroup memory, 2 x 8 KiB = 16 KiB, exactly WebGPU's default limit. Each invocation keeps an
+// 8 x 8 block of outputs in registers (16 vec4): per k it reads 4 vec4 from workgroup memory for 64
+// FMAs, twice the reuse of a 4 x 4 block, which is what bounds these kernels. The global loads of
+// step k+1 are issued before the FMAs of step k, so their latency hides behind the arithmetic.
+// Rows past t and outputs past n_out are clamped on load (computed on valid data, never stored),
+// so the inner loops have no branches.
+
+const TK: u32 = 16u;     // k per step: half a quant block, the two halves of a Q4 block's nibbles
+var<workgroup> xs: array<vec4<f32>, 512>;   // [k 0..15][m/4 0..31], component m % 4
+var<workgroup> ws: array<vec4<f32>, 512>;   // [k 0..15][n/4 0..31], component n % 4
+
+fn store_row(m: u32, n: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    if (m >= P.t) {
+        return;
+    }
+    let base = m * P.n_out;
+    for (var j = 0u; j < 4u; j++) {
+        if (n + j < P.n_out) {
+            y[base + n + j] = lo[j];
+        }
+        if (n + 64u + j < P.n_out) {
+            y[base + n + 64u + j] = hi[j];
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * 128u;
+    let m0 = wid.y * 128u;
+    let tx = lid & 15u;        // outputs n0 + 4tx .. +3 and n0 + 64 + 4tx .. +3
+    let ty = lid >> 4u;        // tokens  m0 + 4ty .. +3 and m0 + 64 + 4ty .. +3
+    // loaders: x rows xm and xm + 64, k quarter xq; W row wn, k half wh
+    let xm = lid >> 2u;
+    let xq = lid & 3u;
+    let wn = lid >> 1u;
+    let wh = lid & 1u;
+    let row_x0 = min(m0 + xm, P.t - 1u) * (P.n_in >> 2u) + xq;
+    let row_x1 = min(m0 + xm + 64u, P.t - 1u) * (P.n_in >> 2u) + xq;
+    let row_w = min(n0 + wn, P.n_out - 1u);
+    let steps = P.n_in / TK;
+
+    // c{i}a: token row i (0..3: m0 + 4ty + i, 4..7: m0 + 64 + 4ty + i - 4) x outputs n0 + 4tx .. +3,
+    // c{i}b: the same row x outputs n0 + 64 + 4tx .. +3. Named, not an array: registers on every driver.
+    var c0a = vec4<f32>(0.0);
+    var c0b = vec4<f32>(0.0);
+    var c1a = vec4<f32>(0.0);
+    var c1b = vec4<f32>(0.0);
+    var c2a = vec4<f32>(0.0);
+    var c2b = vec4<f32>(0.0);
+    var c3a = vec4<f32>(0.0);
+    var c3b = vec4<f32>(0.0);
+    var c4a = vec4<f32>(0.0);
+    var c4b = vec4<f32>(0.0);
+    var c5a = vec4<f32>(0.0);
+    var c5b = vec4<f32>(0.0);
+    var c6a = vec4<f32>(0.0);
+    var c6b = vec4<f32>(0.0);
+    var c7a = vec4<f32>(0.0);
+    var c7b = vec4<f32>(0.0);
+    var xa = x[row_x0];
+    var xb = x[row_x1];
+    var w = w8(row_w, wh);
+    for (var s = 0u; s < steps; s++) {
+        for (var j = 0u; j < 4u; j++) {
+            xs[(4u * xq + j) * 32u + (xm >> 2u)][xm & 3u] = xa[j];
+            xs[(4u * xq + j) * 32u + 16u + (xm >> 2u)][xm & 3u] = xb[j];
+            ws[(8u * wh + j) * 32u + (wn >> 2u)][wn & 3u] = w[0][j];
+            ws[(8u * wh + 4u + j) * 32u + (wn >> 2u)][wn & 3u] = w[1][j];
+        }
+        workgroupBarrier();
+        if (s + 1u < steps) {
+            xa = x[row_x0 + 4u * (s + 1u)];
+            xb = x[row_x1 + 4u * (s + 1u)];
+            w = w8(row_w, 2u * (s + 1u) + wh);
+        }
+        for (var k = 0u; k < TK; k++) {
+            let a0 = xs[k * 32u + ty];
+            let a1 = xs[k * 32u + 16u + ty];
+            let b0 = ws[k * 32u + tx];
+            let b1 = ws[k * 32u + 16u + tx];
+            c0a += a0.x * b0;
+            c0b += a0.x * b1;
+            c1a += a0.y * b0;
+            c1b += a0.y * b1;
+            c2a += a0.z * b0;
+            c2b += a0.z * b1;
+            c3a += a0.w * b0;
+            c3b += a0.w * b1;
+            c4a += a1.x * b0;
+            c4b += a1.x * b1;
+            c5a += a1.y * b0;
+            c5b += a1.y * b1;
+            c6a += a1.z * b0;
+            c6b += a1.z * b1;
+            c7a += a1.w * b0;
+            c7b += a1.w * b1;
+        }
+        workgroupBarrier();
+    }
+    let n = n0 + 4u * tx;
+    store_row(m0 + 4u * ty + 0u, n, c0a, c0b);
+    store_row(m0 + 4u * ty + 1u, n, c1a, c1b);
+    store_row(m0 + 4u * ty + 2u, n, c2a, c2b);
+    store_row(m0 + 4u * ty + 3u, n, c3a, c3b);
+    store_row(m0 + 64u + 4u * ty + 0u, n, c4a, c4b);
+    store_row(m0 + 64u + 4u * ty + 1u, n, c5a, c5b);
+    store_row(m0 + 64u + 4u * ty + 2u, n, c6a, c6b);
+    store_row(m0 + 64u + 4u * ty + 3u, n, c7a, c7b);
+}
+
+// mm_tiled64: the same product with 64 x 64 tiles, k steps of 32 (one quant block), 4 x 4 outputs per
+// invocation, same 16 KiB of workgroup memory. webgpu.py takes it when 128 x 128 tiles would leave the
+// GPU's cores idle: (n_out / 128) * (t / 128) workgroups is below ~2 per core for prefill-sized t
+// (on an H200, 2048 x 4096 gives 512 big tiles, but 512 x 1536 only 48).
+var<workgroup> xs64: array<vec4<f32>, 512>;   // [k 0..31][m/4 0..15], component m % 4
+var<workgroup> ws64: array<vec4<f32>, 512>;   // [k 0..31][n/4 0..15], component n % 4
+
+fn store4(m: u32, n: u32, v: vec4<f32>) {
+    if (m >= P.t) {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (n + j < P.n_out) {
+            y[m * P.n_out + n + j] = v[j];
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * 64u;
+    let m0 = wid.y * 64u;
+    let tx = lid & 15u;        // outputs n0 + 4tx .. +3
+    let ty = lid >> 4u;        // tokens  m0 + 4ty .. +3
+    let lr = lid >> 2u;        // loaders: x row m0 + lr and W row n0 + lr ...
+    let lq = lid & 3u;         // ... k = 8lq .. 8lq + 7 of the step
+    let row_x = min(m0 + lr, P.t - 1u) * (P.n_in >> 2u) + 2u * lq;
+    let row_w = min(n0 + lr, P.n_out - 1u);
+    let steps = P.n_in >> 5u;
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
+    var xa = x[row_x];
+    var xb = x[row_x + 1u];
+    var w = w8(row_w, lq);
+    for (var s = 0u; s < steps; s++) {
+        for (var j = 0u; j < 4u; j++) {
+            xs64[(8u * lq + j) * 16u + (lr >> 2u)][lr & 3u] = xa[j];
+            xs64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = xb[j];
+            ws64[(8u * lq + j) * 16u + (lr >> 2u)][lr & 3u] = w[0][j];
+            ws64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = w[1][j];
+        }
+        workgroupBarrier();
+        if (s + 1u < steps) {   // next step's global loads overlap this step's FMAs
+            xa = x[row_x + 8u * (s + 1u)];
+            xb = x[row_x + 8u * (s + 1u) + 1u];
+            w = w8(row_w, 4u * (s + 1u) + lq);
+        }
+        for (var k = 0u; k < 32u; k++) {
+            let a = xs64[k * 16u + ty];
+            let b = ws64[k * 16u + tx];
+            c0 += a.x * b;
+            c1 += a.y * b;
+            c2 += a.z * b;
+            c3 += a.w * b;
+        }
+        workgroupBarrier();
+    }
+    let n = n0 + 4u * tx;
+    store4(m0 + 4u * ty, n, c0);
+    store4(m0 + 4u * ty + 1u, n, c1);
+    store4(m0 + 4u * ty + 2u, n, c2);
+    store4(m0 + 4u * ty + 3u, n, c3);
+}

@@ -1,0 +1,261 @@
+"""The async engine on the real model: streaming, batching across requests, cancellation, limits."""
+
+import asyncio
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+from oxinfer import ContextOverflowError, Engine, EngineOverloaded, Finished, SamplingParams, Token
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "import numpy as np\n",
+    "My favourite food is",
+    "The quick brown fox",
+    "Water boils at a temperature of",
+    "In 1969, the first man on the moon was",
+    "List three planets:",
+]
+N_TOKENS = 20
+
+
+async def tokens_of(engine, prompt, params, **kw):
+    out = []
+    async for ev in engine.stream(prompt, params, **kw):
+        if isinstance(ev, Token):
+            out.append(ev.token_id)
+        else:
+            fin = ev
+    return out, fin
+
+
+@pytest.fixture(scope="module")
+async def solo(engine):
+    """Each prompt's greedy tokens when it runs alone."""
+    params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+    return {p: (await tokens_of(engine, p, params))[0] for p in PROMPTS}
+
+
+def idle(engine):
+    s = engine.stats()
+    return s.running == 0 and s.queued == 0 and s.kv_bytes == 0 and s.pending_jobs == 0
+
+
+async def test_stream_yields_tokens_then_finished(engine):
+    events = [ev async for ev in engine.stream("The capital of France is", SamplingParams(temperature=0, max_tokens=6))]
+    assert all(isinstance(e, Token) for e in events[:-1]) and isinstance(events[-1], Finished)
+    fin = events[-1]
+    assert fin.reason == "length" and fin.completion_tokens == 6 and fin.prompt_tokens == 5
+    assert "".join(e.text for e in events[:-1]).startswith(" Paris")
+    assert fin.ttft_s > 0 and fin.prompt_tps > 0 and fin.generation_tps > 0
+
+
+async def test_chat_stops_at_end_of_turn(engine):
+    r = await engine.generate([{"role": "user", "content": "What is the capital of France?"}],
+                              SamplingParams(temperature=0, max_tokens=64))
+    assert r.finish_reason == "stop" and "Paris" in r.text and "<|im_end|>" not in r.text
+    assert r.finished.completion_tokens == len(r.token_ids) + 1  # the end-of-turn token counts, unseen
+    assert not set(r.token_ids) & engine.tokenizer.special.eog
+
+
+async def test_concurrent_greedy_streams_equal_solo_and_are_stacked(engine, solo):
+    c0 = engine.scheduler.counters
+    calls0, rows0, stacked0 = c0.calls, c0.rows, c0.stacked_calls
+    results = {}
+    params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+
+    async def one(p):
+        results[p] = (await tokens_of(engine, p, params))[0]
+
+    async with anyio.create_task_group() as tg:
+        for p in PROMPTS[:8]:
+            tg.start_soon(one, p)
+    for p in PROMPTS[:8]:
+        assert results[p] == solo[p], p
+    c = engine.scheduler.counters
+    assert (c.rows - rows0) / (c.calls - calls0) > 4  # 8 streams: most calls carry many requests' rows
+    assert c.stacked_calls > stacked0
+    assert idle(engine)
+
+
+async def test_cancel_three_of_ten(engine, solo):
+    params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
+    kv0 = engine.stats().kv_bytes
+    done = {}
+
+    async def survivor(p):
+        done[p] = (await tokens_of(engine, p, params))[0]
+
+    async def breaker(p):  # the client goes away mid-stream
+        n = 0
+        async for ev in engine.stream(p, params):
+            n += 1
+            if n == 5:
+                break
+
+    async def aborted(p):
+        out = []
+        async for ev in engine.stream(p, params, request_id="to-abort"):
+            out.append(ev)
+            if len(out) == 4:
+                assert engine.abort("to-abort")
+        done["aborted"] = out
+
+    async with anyio.create_task_group() as tg:
+        for p in PROMPTS[:7]:
+            tg.start_soon(survivor, p)
+        tg.start_soon(breaker, PROMPTS[7])
+        tg.start_soon(aborted, PROMPTS[8])
+        victim = asyncio.create_task(_drain(engine, PROMPTS[9], params))
+        await anyio.sleep(0.3)
+        victim.cancel()  # task.cancel() mid-generation
+    assert victim.cancelled()
+    for p in PROMPTS[:7]:
+        assert done[p] == solo[p], p
+    ab = done["aborted"]
+    assert isinstance(ab[-1], Finished) and ab[-1].reason == "cancelled" and ab[-1].completion_tokens < N_TOKENS
+    await anyio.sleep(0.05)  # the broken-off generator is finalized by the loop
+    assert idle(engine) and engine.stats().kv_bytes == kv0 == 0
+
+
+async def _drain(engine, prompt, params):
+    async for _ in engine.stream(prompt, params):
+        pass
+
+
+async def test_stop_strings_split_across_tokens_are_never_emitted(engine, solo):
+    prompt = PROMPTS[2]
+    ids = solo[prompt]
+    pieces = [engine.tokenizer.decode([i]) for i in ids]
+    # a stop string that starts inside one token and ends inside a later one
+    k = next(i for i in range(3, len(pieces) - 1) if len(pieces[i]) >= 2 and len(pieces[i + 1]) >= 2)
+    full = "".join(pieces)
+    start = sum(map(len, pieces[:k])) + len(pieces[k]) - 1
+    stop = full[start:start + 3]
+    r = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=N_TOKENS, stop=["zzzz", stop]))
+    assert r.finish_reason == "stop"
+    assert r.text == full[: full.index(stop)]
+    assert stop not in r.text
+
+
+async def test_seeded_sampling_is_reproducible_alone_and_in_a_crowd(engine):
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=16, seed=1234)
+    alone = (await tokens_of(engine, PROMPTS[2], params))[0]
+    again = (await tokens_of(engine, PROMPTS[2], params))[0]
+    assert alone == again
+    crowd = {}
+
+    async def one(i):
+        p = params if i == 0 else SamplingParams(temperature=0.9, max_tokens=16, seed=i)
+        crowd[i] = (await tokens_of(engine, PROMPTS[2] if i == 0 else PROMPTS[i % 10], p))[0]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(16):
+            tg.start_soon(one, i)
+    assert crowd[0] == alone
+    other = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=16, seed=99)
+    assert (await tokens_of(engine, PROMPTS[2], other))[0] != alone  # the seed matters
+
+
+@pytest.mark.parametrize("field,value", [
+    ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -0.1), ("temperature", float("nan")),
+    ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.1), ("min_p", 2.0),
+    ("repetition_penalty", 0.0), ("presence_penalty", 3.0), ("frequency_penalty", -2.5),
+    ("seed", -1), ("seed", "x"), ("stop", [""]), ("stop", [1]), ("logprobs", 50), ("logprobs", -1),
+])
+def test_invalid_sampling_params_raise(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+async def test_bad_prompts_raise_before_any_work(engine):
+    calls = engine.scheduler.counters.calls
+    with pytest.raises(ValueError, match="empty"):
+        engine.stream("")
+    with pytest.raises(ValueError, match="empty"):
+        engine.stream([])
+    with pytest.raises(ValueError, match="prompt must be"):
+        engine.stream([{"role": "user", "content": "hi"}, 3])
+    long = "hello " * 9000
+    with pytest.raises(ContextOverflowError, match="context length"):
+        engine.stream(long, SamplingParams(max_tokens=16))
+    assert engine.scheduler.counters.calls == calls
+    assert idle(engine)
+
+
+async def test_truncation_only_when_asked(tmp_path):
+    from tiny_gguf import write_tiny_llama
+
+    tiny = await Engine.load(write_tiny_llama(tmp_path / "t.gguf"))  # context length 256
+    ids = [i % 250 for i in range(300)]
+    with pytest.raises(ContextOverflowError):
+        tiny.stream(ids, SamplingParams(max_tokens=4))
+    events = [e async for e in tiny.stream(ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), truncate=True)]
+    assert events[-1].prompt_tokens == 256 - 4 and events[-1].completion_tokens == 4
+
+
+async def test_long_prompt_prefills_in_chunks_like_one_batch(engine):
+    ids = engine.tokenizer.encode("The history of the river is long and winding. " * 120)[:1100]
+    whole = await engine.model.forward(np.asarray(ids), engine.model.new_cache(len(ids)))  # one batch
+    chunked = await engine.next_logits(ids)  # 512 + 512 + 76
+    np.testing.assert_allclose(chunked, whole[-1], atol=2e-3)
+
+
+async def test_limits_queue_in_order_then_overload(engine):
+    small = Engine(engine.path, engine.tokenizer, engine.model, engine.scheduler, max_concurrent=2, max_queue=2)
+    params = SamplingParams(temperature=0, max_tokens=3)
+    order = []
+    streams = [small.stream(PROMPTS[i], params, request_id=f"r{i}") for i in range(4)]
+
+    async def consume(i, s):
+        async for ev in s:
+            if isinstance(ev, Finished):
+                order.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i, s in enumerate(streams):
+            tg.start_soon(consume, i, s)
+            await anyio.sleep(0)
+        await anyio.sleep(0)
+        st = small.stats()
+        assert st.running == 2 and st.queued == 2
+        with pytest.raises(EngineOverloaded, match="max_queue"):
+            small.stream(PROMPTS[5], params)
+    assert sorted(order[:2]) == [0, 1] and order[2:] == [2, 3]
+    assert idle(small)
+
+
+async def test_logprobs(engine):
+    r = await engine.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=3, logprobs=3))
+    assert len(r.logprobs) == 3 and all(lp <= 0 for lp in r.logprobs)
+    events = [e async for e in engine.stream("The capital of France is", SamplingParams(temperature=0, max_tokens=2, logprobs=3))]
+    tok = events[0]
+    assert tok.top_logprobs[0][0] == tok.token_id and tok.top_logprobs[0][1] == pytest.approx(tok.logprob)
+    assert [lp for _, lp in tok.top_logprobs] == sorted([lp for _, lp in tok.top_logprobs], reverse=True)
+
+
+async def test_loop_never_stalls_while_eight_streams_generate(engine):
+    gaps, stop = [], anyio.Event()
+
+    async def ticker():
+        last = time.perf_counter()
+        while not stop.is_set():
+            await anyio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    params = SamplingParams(temperature=0.7, max_tokens=16, seed=3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        async with anyio.create_task_group() as streams:
+            for p in PROMPTS[:8]:
+                streams.start_soon(tokens_of, engine, p, params)
+        stop.set()
+    assert len(gaps) > 20
+    assert max(gaps) < 0.050, f"loop stalled {max(gaps) * 1e3:.1f} ms"

@@ -1,0 +1,274 @@
+"""The WebGPU backend: kernels against the numpy codecs, the real model with prefill on the GPU,
+event-loop responsiveness during a long GPU matmul, and faults that fall back to the CPU.
+
+Runs on any adapter wgpu finds; in CI that is lavapipe (a software Vulkan on 2 cores), so shapes
+stay small. Skipped only when there is no adapter at all.
+"""
+
+import logging
+import time
+
+import anyio
+import numpy as np
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+import oxinfer
+from oxinfer.formats.quants import CODECS, QuantMatrix
+from oxinfer.runtime.backend import Job
+from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not available(allow_cpu_adapter=True),
+                       reason="no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)"),
+]
+
+FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
+ROWS = [1, 15, 16, 17, 300]  # around the matvec / tiled switch at 16, and past one 128-row tile
+TOL = 1e-4  # max abs error / max abs reference
+
+
+def random_blocks(qtype: str, n_blocks: int, rng) -> np.ndarray:
+    """Random raw blocks with finite f16 scales, as tests/test_quants.py makes them (kept here so that
+    this file needs no gguf-py)."""
+    c = CODECS[qtype]
+    raw = rng.integers(0, 256, size=(n_blocks, c.block_bytes), dtype=np.uint8)
+    n_scales = 2 if qtype == "Q4_1" else 1
+    raw[:, :2 * n_scales] = rng.normal(0, 0.05, (n_blocks, n_scales)).astype(np.float16).view(np.uint8)
+    return raw
+
+
+def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
+    """Random weights in their stored bytes, with sane f16 scales (bf16: rounded normals)."""
+    if qtype == "BF16":
+        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        data = bits.view(np.uint8).reshape(n_out, -1)
+    else:
+        data = random_blocks(qtype, n_out * n_in // 32, rng).reshape(n_out, -1)
+    return QuantMatrix(name, qtype, n_out, n_in, data)
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def gpu() -> WebGpuBackend:
+    return WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0, timestamps=True)
+
+
+def kernels(gpu: WebGpuBackend) -> list[str | None]:
+    """None (the automatic choice) and every kernel this adapter can run, forced."""
+    ks = [None, "mv_rows", "mv_wg", "mm_tiled", "mm_tiled64"]
+    return ks + ["mv_subgroup"] if "subgroup" in gpu.features else ks
+
+
+# --- kernels against numpy --------------------------------------------------------------------
+
+@pytest.mark.parametrize("qtype", FORMATS)
+@pytest.mark.parametrize("n_out,n_in", [(200, 96), (256, 256)])  # 200: not a multiple of any tile
+def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
+    rng = np.random.default_rng(FORMATS.index(qtype) * 1000 + n_out)
+    w = random_matrix(qtype, n_out, n_in, rng)
+    assert gpu.upload(w) is not None
+    wf = w.dequantize()
+    for t in ROWS:
+        x = rng.standard_normal((t, n_in), dtype=np.float32)
+        ref = x @ wf.T
+        for kernel in kernels(gpu):
+            job = Job(w)
+            assert gpu.matmul_sync(x, [job], kernel=kernel), (t, kernel)
+            assert job.out.shape == (t, n_out)
+            assert rel_err(job.out, ref) <= TOL, (t, kernel, rel_err(job.out, ref))
+
+
+@pytest.mark.parametrize("qtype", FORMATS)
+async def test_fused_views_coalesce_into_one_submission(gpu, qtype):
+    """q/k/v as row views of one base: one upload, one dispatch, one submission; odd row offsets
+    put Q4_0 blocks at 2-byte offsets. Non-adjacent views still come back right."""
+    rng = np.random.default_rng(7)
+    parts = [random_matrix(qtype, n, 64, rng, name) for name, n in (("q", 96), ("k", 33), ("v", 31))]
+    q, k, v = QuantMatrix.fuse("qkv", parts)
+    before = gpu.stats().extra["resident_bytes"]
+    for m in (q, k, v):
+        assert gpu.upload(m) is not None
+    assert gpu.stats().extra["resident_bytes"] - before == device_bytes(q.base).nbytes  # the base, once
+    for t in (3, 40):
+        x = rng.standard_normal((t, 64), dtype=np.float32)
+        jobs = [Job(m) for m in (q, k, v, k)]
+        calls = gpu.stats().calls
+        assert await gpu.matmul(x, jobs)
+        assert gpu.stats().calls == calls + 1
+        assert gpu.last.jobs == 4 and gpu.last.dispatches == 2  # q|k|v adjacent, then k again
+        for job, p in zip(jobs, (*parts, parts[1])):
+            assert rel_err(job.out, x @ p.dequantize().T) <= TOL
+
+
+def test_upload_refuses_what_it_cannot_hold(gpu, monkeypatch):
+    rng = np.random.default_rng(3)
+    f32 = QuantMatrix("f", "F32", 64, 64, rng.standard_normal((64, 64), dtype=np.float32).view(np.uint8))
+    assert gpu.upload(f32) is None
+    big = random_matrix("Q8_0", 64, 64, rng)
+    monkeypatch.setattr(gpu, "_max_binding", 1024)  # as if over max-storage-buffer-binding-size
+    assert gpu.upload(big) is None
+    monkeypatch.undo()
+    assert not gpu.matmul_sync(np.ones((2, 64), np.float32), [Job(big)])  # not resident: False, no raise
+
+
+def test_wants_follows_the_thresholds():
+    b = WebGpuBackend.create(allow_cpu_adapter=True)
+    assert b.wants(4096, 4096, 16) and not b.wants(4096, 4096, 15)
+    assert not b.wants(200, 4096, 64) and not b.wants(4096, 100, 64)
+    assert not b.wants(64, 64, 16)  # 131k FLOPs: the round trip costs more than numpy
+    assert b.stats().backend == "webgpu"
+
+
+def test_cpu_adapter_needs_consent():
+    if WebGpuBackend.create(allow_cpu_adapter=True).cpu_adapter:
+        with pytest.raises(WebGpuUnavailable, match="CPU adapter"):
+            WebGpuBackend.create(allow_cpu_adapter=False)
+
+
+def test_submission_is_logged(gpu):
+    rng = np.random.default_rng(5)
+    w = random_matrix("Q4_1", 64, 64, rng)
+    gpu.upload(w)
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
+    try:
+        with capture_logs() as logs:
+            assert gpu.matmul_sync(np.ones((2, 64), np.float32), [Job(w), Job(w)])
+    finally:
+        structlog.configure(**saved)
+    ev = [e for e in logs if e["event"] == "gpu_submission"]
+    assert len(ev) == 1
+    for key in ("submission_id", "jobs", "rows", "gflop", "bytes_up", "bytes_down", "encode_s", "submit_s", "wait_s"):
+        assert key in ev[0]
+    assert ev[0]["jobs"] == 2 and ev[0]["rows"] == 2
+    assert "GFLOP/s incl. host round trips" in gpu.stats().summary()
+
+
+# --- the event loop stays responsive ------------------------------------------------------------
+
+async def test_loop_ticks_during_a_long_gpu_matmul(gpu):
+    """A task sleeping 5 ms never waits more than 50 ms while GPU matmuls of several hundred ms run."""
+    rng = np.random.default_rng(11)
+    w = random_matrix("Q4_1", 2048, 2048, rng)
+    gpu.upload(w)
+    x = rng.standard_normal((256, 2048), dtype=np.float32)  # ~0.4 s on lavapipe (2 cores)
+    assert await gpu.matmul(x[:16], [Job(w)])  # pipeline built, buffers pooled: time only the steady state
+    gaps: list[float] = []
+    done = False
+
+    async def ticker():
+        last = time.perf_counter()
+        while not done:
+            await anyio.sleep(0.005)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await anyio.sleep(0.02)
+        t0 = time.perf_counter()
+        longest = 0.0
+        while time.perf_counter() - t0 < 0.3:  # one call on lavapipe; several on a fast GPU
+            t1 = time.perf_counter()
+            assert await gpu.matmul(x, [Job(w)])
+            longest = max(longest, time.perf_counter() - t1)
+        done = True
+    assert len(gaps) > 20
+    assert max(gaps) < 0.050, f"loop blocked {max(gaps) * 1e3:.0f} ms (longest matmul {longest * 1e3:.0f} ms)"
+
+
+# --- the real model with its prefill on the GPU -------------------------------------------------
+
+GOLDEN_PROMPTS = [0, 2]  # plain_capital, code_fibonacci: short, so lavapipe keeps up
+MARGIN = 1.0  # as tests/test_golden.py
+
+
+@pytest.fixture(scope="module")
+async def gpu_engine():
+    """The default model, every prefill matmul on the GPU (thresholds lowered to zero)."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0)
+    async with await oxinfer.Engine.load(gpu=backend) as e:
+        yield e
+
+
+@pytest.mark.parametrize("index", GOLDEN_PROMPTS)
+async def test_golden_top5_on_gpu(gpu_engine, golden, index):
+    prompt = golden["prompts"][index]
+    calls = gpu_engine.scheduler.counters.gpu_calls
+    logits = await gpu_engine.next_logits(prompt["prompt_ids"])
+    assert gpu_engine.scheduler.counters.gpu_calls > calls
+    top5 = prompt["last_prompt_top5"]
+    assert int(np.argmax(logits)) == top5[0][0]
+    for tok, value in top5:
+        assert abs(logits[tok] - value) <= 1.0, (tok, logits[tok], value)
+
+
+@pytest.mark.parametrize("index", GOLDEN_PROMPTS)
+async def test_golden_teacher_forced_on_gpu(gpu_engine, golden, index):
+    prompt = golden["prompts"][index]
+    ids = prompt["prompt_ids"] + prompt["greedy_ids"]
+    logits = await gpu_engine.all_logits(ids[:-1])  # 36 rows: the tiled kernel
+    n = len(prompt["prompt_ids"])
+    checked = 0
+    for i, step in enumerate(prompt["greedy_steps"]):
+        if step["margin_top1_top2"] > MARGIN:
+            assert int(np.argmax(logits[n - 1 + i])) == prompt["greedy_ids"][i], f"step {i}"
+            checked += 1
+    assert checked >= 5
+
+
+async def test_gpu_stats_show_coalesced_jobs(gpu_engine):
+    await gpu_engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
+    assert gpu_engine.scheduler.counters.gpu_calls > 0
+    s = gpu_engine.scheduler.gpu.stats()
+    assert s.calls > 0 and s.jobs / s.calls > 1, s  # q/k/v and gate/up ride one submission
+    assert s.extra["dispatches"] < s.jobs  # ... and adjacent fused rows one dispatch
+
+
+# --- faults fall back to the CPU with the same answer -------------------------------------------
+
+class FlakyGpu(WebGpuBackend):
+    """Uploads of layer 1 raise, layer 2's attn_output is refused; matmul calls 3 and 7 fail."""
+
+    calls = 0
+
+    def upload(self, w):
+        if w.name.startswith("blk.1."):
+            raise RuntimeError("injected upload fault")
+        if w.name.startswith("blk.2.attn_output"):
+            return None
+        return super().upload(w)
+
+    async def matmul(self, x, jobs):
+        self.calls += 1
+        if self.calls == 3:
+            return False
+        if self.calls == 7:
+            raise RuntimeError("injected device loss")
+        return await super().matmul(x, jobs)
+
+
+async def test_faults_fall_back_to_the_cpu(engine, golden):
+    prompt = golden["prompts"][0]["prompt_ids"]
+    want_ids = [t async for t in engine.generate_ids(prompt, 6, stop_on_eog=False)]
+    want_logits = await engine.all_logits(prompt)
+    with capture_logs() as logs:
+        flaky = FlakyGpu.create(allow_cpu_adapter=True, min_t=1, min_flop=0)
+        async with await oxinfer.Engine.load(gpu=flaky) as e:
+            got_ids = [t async for t in e.generate_ids(prompt, 6, stop_on_eog=False)]
+            got_logits = await e.all_logits(prompt)
+            counters = e.scheduler.counters
+    events = [x["event"] for x in logs]
+    assert got_ids == want_ids
+    assert np.array_equal(got_logits.argmax(-1), want_logits.argmax(-1))
+    np.testing.assert_allclose(got_logits, want_logits, atol=0.05, rtol=0)
+    assert "gpu_upload_failed" in events
+    assert events.count("gpu_fallback") == 2 and counters.fallbacks == 2
+    assert counters.gpu_calls > 0
