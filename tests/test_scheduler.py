@@ -141,14 +141,14 @@ async def test_native_cancel_of_the_flusher_mid_batch_strands_nobody(setup):
     cpu.matmul = slow_matmul
     x = np.ones((1, 32), np.float32)
     flusher = asyncio.create_task(s.linear(x, mats["a"][0], tag="flusher"))
-    others = [asyncio.create_task(s.linear(x, mats[n][0], tag=n)) for n in ("b", "c")]
-    await anyio.sleep(0.01)  # the flusher has taken all three into its batch and waits in the first group
+    others = [asyncio.create_task(s.linear(x + i, mats["a"][0], tag=i)) for i in (1, 2)]
+    await anyio.sleep(0.01)  # the flusher has stacked all three into its batch and waits in the BLAS
     assert s.pending == 0 and not any(o.done() for o in others)
     flusher.cancel()
     await anyio.sleep(0.01)
     gate.set()
     with anyio.fail_after(5):
         b, c = await asyncio.gather(*others)
-    np.testing.assert_allclose(b[0], x @ mats["b"][1].T, rtol=1e-5)
-    np.testing.assert_allclose(c[0], x @ mats["c"][1].T, rtol=1e-5)
+    np.testing.assert_allclose(b[0], (x + 1) @ mats["a"][1].T, rtol=1e-5)
+    np.testing.assert_allclose(c[0], (x + 2) @ mats["a"][1].T, rtol=1e-5)
     assert flusher.cancelled() and s.pending == 0

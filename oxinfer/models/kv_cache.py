@@ -8,23 +8,24 @@ CHUNK = 256  # tokens added per growth step
 
 
 class LayerCache:
-    """Keys and values of one layer: (capacity, n_kv_heads, head_dim) float32 each."""
+    """Keys and values of one layer: (n_kv_heads, capacity, head_dim) float32 each, so that one kv
+    head's keys are contiguous for the attention products."""
 
     def __init__(self, owner: KVCache):
         self._owner = owner
-        shape = (owner.capacity, owner.n_kv_heads, owner.head_dim)
+        shape = (owner.n_kv_heads, owner.capacity, owner.head_dim)
         self.keys = np.zeros(shape, np.float32)
         self.values = np.zeros(shape, np.float32)
 
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Append (t, n_kv, hd) at the cache's offset; return every key and value so far."""
+        """Append (t, n_kv, hd) at the cache's offset; return all keys and values so far, (n_kv, T, hd)."""
         start = self._owner.offset
         end = start + k.shape[0]
-        if end > self.keys.shape[0]:
+        if end > self.keys.shape[1]:
             self._grow(end)
-        self.keys[start:end] = k
-        self.values[start:end] = v
-        return self.keys[:end], self.values[:end]
+        self.keys[:, start:end] = k.transpose(1, 0, 2)
+        self.values[:, start:end] = v.transpose(1, 0, 2)
+        return self.keys[:, :end], self.values[:, :end]
 
     def _grow(self, need: int) -> None:
         cap = min(-(-need // CHUNK) * CHUNK, self._owner.max_tokens)
@@ -32,8 +33,8 @@ class LayerCache:
             raise ValueError(f"KV cache full: {need} tokens > limit {self._owner.max_tokens}")
         for name in ("keys", "values"):
             old = getattr(self, name)
-            new = np.zeros((cap, *old.shape[1:]), np.float32)
-            new[: old.shape[0]] = old
+            new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+            new[:, : old.shape[1]] = old
             setattr(self, name, new)
         self._owner.capacity = max(self._owner.capacity, cap)
 

@@ -23,7 +23,7 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self):
-        self._f32: dict[QuantMatrix, np.ndarray] = {}  # fused base (or plain matrix) -> float32 copy
+        self._f32: dict[QuantMatrix, np.ndarray] = {}  # fused base (or plain matrix) -> float32 W^T
         self._limiter = anyio.CapacityLimiter(1)  # BLAS already uses every core
         self._stats = BackendStats("cpu")
 
@@ -31,12 +31,15 @@ class CpuBackend:
         return True
 
     def upload(self, w: QuantMatrix) -> np.ndarray:
-        """The float32 rows of w; a fused base is dequantized once for all its views."""
+        """w transposed, (n_in, n_out) float32; a fused base is dequantized once for all its views.
+
+        Stored as W^T: OpenBLAS ran a SmolLM2 layer sweep 10% faster so at 1 row and 20% faster at
+        16 stacked rows (42.7 vs 53.5 ms) than with x @ W.T on the GGUF (n_out, n_in) layout."""
         base = w.base or w
         full = self._f32.get(base)
         if full is None:
-            full = self._f32[base] = base.dequantize()
-        return full[w.row0:w.row0 + w.n_out]
+            full = self._f32[base] = np.ascontiguousarray(base.dequantize().T)
+        return full[:, w.row0:w.row0 + w.n_out]
 
     @property
     def resident_bytes(self) -> int:
@@ -51,10 +54,10 @@ class CpuBackend:
         for run in _fused_runs(jobs):
             first, last = run[0].weight, run[-1].weight
             if len(run) == 1:
-                run[0].out = x @ self.upload(first).T
+                run[0].out = x @ self.upload(first)
                 continue
             # consecutive row ranges of one fused matrix: one GEMM, then split the columns
-            y = x @ self.upload(first.base)[first.row0:last.row0 + last.n_out].T
+            y = x @ self.upload(first.base)[:, first.row0:last.row0 + last.n_out]
             c = 0
             for j in run:
                 j.out = y[:, c:c + j.weight.n_out]

@@ -87,6 +87,7 @@ class MatmulScheduler:
         self.cpu = cpu or CpuBackend()
         self.gpu = gpu
         self._on_gpu: set[QuantMatrix] = set()
+        self._order: dict[QuantMatrix, int] = {}  # registration order = order in the forward pass
         self._queue: list[_Submission] = []
         self._flushing = False
         self._ids = itertools.count(1)
@@ -98,6 +99,7 @@ class MatmulScheduler:
     # --- weights ------------------------------------------------------------------------------
     def register(self, w: QuantMatrix) -> None:
         """Prepare w on the CPU and, when the GPU backend takes it, on the GPU."""
+        self._order.setdefault(w, len(self._order))
         self.cpu.upload(w)
         if self.gpu is None:
             return
@@ -179,7 +181,7 @@ class MatmulScheduler:
         while n != len(self._queue) and not (0 < self._on_loop <= len(self._queue)):
             n = len(self._queue)
             await anyio.lowlevel.checkpoint()
-        batch, self._queue = self._queue, []
+        batch = self._next_group()
         try:
             with anyio.CancelScope(shield=True):  # anyio cancellation waits for the batch...
                 await self._run(batch)
@@ -188,24 +190,33 @@ class MatmulScheduler:
             # undone goes back to the front of the queue, and the flusher role is handed on
             self._queue[:0] = [s for s in batch if not s.done]
 
+    def _next_group(self) -> list[_Submission]:
+        """Take the submissions of ONE weight group out of the queue: the one most requests wait
+        on, ties to the earliest in the model. Requests at other layers wait a turn, so laggards
+        catch up and everyone runs in step (8 out-of-phase streams would otherwise read every
+        weight 8 times per token, each read a thread round trip)."""
+        groups: dict[tuple[int, ...], list[_Submission]] = {}
+        for s in self._queue:
+            groups.setdefault(tuple(map(id, s.weights)), []).append(s)
+        best = max(groups.values(), key=lambda g: (len(g), -self._order.get(g[0].weights[0], 1 << 30)))
+        self._queue = [s for s in self._queue if s not in best]
+        return best
+
     # --- running a batch ----------------------------------------------------------------------
-    async def _run(self, batch: list[_Submission]) -> None:
+    async def _run(self, subs: list[_Submission]) -> None:
         c = self.counters
         c.flushes += 1
         now = time.perf_counter()
-        groups: dict[tuple[int, ...], list[_Submission]] = {}
-        for s in batch:
+        for s in subs:
             c.queue_wait_s += now - s.queued_at
-            groups.setdefault(tuple(map(id, s.weights)), []).append(s)
-        for subs in groups.values():
-            try:
-                await self._run_group(subs)
-            except Exception as e:  # noqa: BLE001 - the owners get the error, the batch goes on
-                log.error("matmul_failed", error=repr(e), request_id=[s.tag for s in subs])
-                for s in subs:
-                    s.error = e
+        try:
+            await self._run_group(subs)
+        except Exception as e:  # noqa: BLE001 - the owners get the error, the scheduler goes on
+            log.error("matmul_failed", error=repr(e), request_id=[s.tag for s in subs])
             for s in subs:
-                s.wake.set()
+                s.error = e
+        for s in subs:
+            s.wake.set()
 
     async def _run_group(self, subs: list[_Submission]) -> None:
         """One backend call per device for submissions that share their weights."""

@@ -1,0 +1,27 @@
+"""`python -m oxinfer.server [serve flags]`: the same as `oxinfer serve`."""
+
+import argparse
+import sys
+
+import anyio
+
+from oxinfer.logs import configure_logging
+from oxinfer.server.cli import add_serve_parser, run_serve
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m oxinfer.server")
+    p.add_argument("--log-level", default="INFO")
+    sub = p.add_subparsers(dest="command")
+    add_serve_parser(sub)
+    args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    configure_logging(args.log_level)
+    try:
+        anyio.run(run_serve, args)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

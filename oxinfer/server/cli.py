@@ -1,0 +1,31 @@
+"""`oxinfer serve`: the parser and the command, wired into oxinfer/cli.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="serve the model over OpenAI's HTTP API")
+    p.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API routes")
+    p.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
+                   help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
+    p.add_argument("--max-concurrent", type=int, default=16, help="requests generating at once")
+    p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that (then 503)")
+    p.add_argument("--served-model-name", help="the model id clients use (default: the file's stem)")
+    return p
+
+
+async def run_serve(args) -> None:
+    from oxinfer.engine import Engine
+    from oxinfer.server.runner import serve
+
+    engine = await Engine.load(args.model, backend=args.backend, max_concurrent=args.max_concurrent,
+                               max_queue=args.max_queue)
+    name = args.served_model_name or engine.model_name
+    print(f"oxinfer: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    await serve(engine, host=args.host, port=args.port, api_key=args.api_key, model_name=name)

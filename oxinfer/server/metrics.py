@@ -1,0 +1,94 @@
+"""Prometheus metrics of one app, in its own CollectorRegistry (two apps in one process, as in the
+tests, must not share or clash). Names follow the engine's vocabulary (events.py, SchedulerStats)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
+
+from oxinfer.events import Finished
+
+# Latency buckets from 5 ms (a decode step of a lone request) to 2 min (a long answer under load).
+_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+            40.0, 80.0, 120.0)
+_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class Metrics:
+    def __init__(self, engine):
+        self.engine = engine
+        self.registry = r = CollectorRegistry(auto_describe=True)
+        # read at scrape time from the engine: the server keeps no request table of its own
+        Gauge("oxinfer_requests_running", "Requests generating now", registry=r).set_function(
+            lambda: engine.stats().running)
+        Gauge("oxinfer_requests_queued", "Requests waiting for a slot", registry=r).set_function(
+            lambda: engine.stats().queued)
+        Gauge("oxinfer_kv_bytes", "KV cache memory held by live requests", registry=r).set_function(
+            lambda: engine.stats().kv_bytes)
+        self.prompt_tokens = Counter("oxinfer_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("oxinfer_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("oxinfer_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
+        self.ttft = Histogram("oxinfer_time_to_first_token_seconds", "Arrival to first token (queue included)",
+                              buckets=_LATENCY, registry=r)
+        self.itl = Histogram("oxinfer_inter_token_latency_seconds", "Time between two tokens of one request",
+                             buckets=_LATENCY, registry=r)
+        self.e2e = Histogram("oxinfer_e2e_request_latency_seconds", "Request received to last token",
+                             buckets=_LATENCY, registry=r)
+        # The scheduler keeps totals only; sampling their change at each token gives the distribution
+        # per decode step (all calls of one step carry the same rows), without a hook in the hot path.
+        self.jobs_per_call = Histogram("oxinfer_scheduler_jobs_per_call",
+                                       "Matmul jobs per backend call (one submission), mean per sample",
+                                       buckets=_COUNTS, registry=r)
+        self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
+                                       "Rows of x per backend call (requests stacked), mean per sample",
+                                       buckets=_COUNTS, registry=r)
+        r.register(_SchedulerCollector(engine))
+        self._last = (0, 0, 0)
+
+    def token(self, gap_s: float | None, prompt_tokens: int = 0) -> None:
+        """A token went out; gap_s since the previous token of its request (None for the first, which
+        also brings its prompt_tokens: counted once prefilled, so cancelled requests count right)."""
+        self.generation_tokens.inc()
+        if gap_s is not None:
+            self.itl.observe(gap_s)
+        if prompt_tokens:
+            self.prompt_tokens.inc(prompt_tokens)
+        c = self.engine.scheduler.counters
+        calls, jobs, rows = c.calls, c.jobs, c.rows
+        d_calls = calls - self._last[0]
+        if d_calls > 0:
+            self.jobs_per_call.observe((jobs - self._last[1]) / d_calls)
+            self.rows_per_call.observe((rows - self._last[2]) / d_calls)
+        self._last = (calls, jobs, rows)
+
+    def finished_request(self, fin: Finished, e2e_s: float) -> None:
+        self.finished.labels(reason=fin.reason).inc()
+        if fin.completion_tokens:
+            self.ttft.observe(fin.ttft_s)
+            self.e2e.observe(e2e_s)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _SchedulerCollector:
+    """The scheduler's own totals as counters, read at scrape time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        c = self.engine.scheduler.counters
+        for name, help_, value in (
+            ("calls", "Backend matmul calls", c.calls),
+            ("jobs", "Matmul products computed", c.jobs),
+            ("rows", "Rows of x over all calls", c.rows),
+            ("submissions", "linear() awaits served", c.submissions),
+            ("solo_forwards", "Forwards run whole in a worker thread", c.solo_forwards),
+            ("gpu_calls", "Calls run on the GPU", c.gpu_calls),
+            ("fallbacks", "GPU calls rerun on the CPU", c.fallbacks),
+        ):
+            yield CounterMetricFamily(f"oxinfer_scheduler_{name}", help_, value=value)

@@ -1,0 +1,42 @@
+"""Running the app under uvicorn, on an engine that is already loaded (tests, embedding) or one that
+`run_server` loads."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from oxinfer.server.app import MAX_BODY_BYTES, create_app
+
+
+def make_server(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> uvicorn.Server:
+    """A uvicorn.Server for `engine`, not started (`await server.serve()`; `server.should_exit = True`)."""
+    app = create_app(engine, api_key=api_key, model_name=model_name, max_body_bytes=max_body_bytes)
+    config = uvicorn.Config(
+        app, host=host, port=port,
+        log_config=None,  # keep the process's logging as configured; structlog writes the access log
+        access_log=False, lifespan="off", timeout_graceful_shutdown=5,
+    )
+    return uvicorn.Server(config)
+
+
+async def serve(engine, **kw) -> None:
+    """Serve `engine` until interrupted (Ctrl-C / SIGTERM), then abort what still runs."""
+    try:
+        await make_server(engine, **kw).serve()
+    finally:
+        await engine.aclose()
+
+
+def run_server(model: str | None = None, *, backend: str = "auto", max_concurrent: int = 16,
+               max_queue: int = 256, **kw) -> None:
+    """Load a model and serve it (blocking): `run_server(port=8000)`."""
+    import anyio
+
+    from oxinfer.engine import Engine
+
+    async def main() -> None:
+        engine = await Engine.load(model, backend=backend, max_concurrent=max_concurrent, max_queue=max_queue)
+        await serve(engine, **kw)
+
+    anyio.run(main)

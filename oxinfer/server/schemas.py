@@ -1,0 +1,227 @@
+"""Request bodies of the OpenAI API as pydantic models, and their translation to engine inputs.
+
+Validation is strict (JSON types as OpenAI documents them: "1" is not a number, true is not an
+integer) and every failure becomes a 400 naming the field, so that no body reaches the engine in a
+shape it would choke on. Unknown fields are ignored, as OpenAI-compatible tools send many.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+
+from oxinfer.sampling import SamplingParams
+from oxinfer.server.errors import APIError, bad_request
+
+
+def _utf8(s: str) -> str:
+    # a lone surrogate ("\ud800" is valid JSON) is not text: the tokenizer would raise a TypeError
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (no lone surrogates)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+
+    def as_engine_message(self) -> dict:
+        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+        # "developer" is OpenAI's new name for the system role; chat templates know only "system"
+        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+
+
+class StreamOptions(_Body):
+    include_usage: bool | None = None
+
+
+class _Sampling(_Body):
+    """The fields both endpoints share: what the engine's SamplingParams takes."""
+
+    model: Text | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: Text | list[Text] | None = None
+    n: int | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    user: str | None = None
+
+    def check_common(self) -> None:
+        if self.n is not None and self.n != 1:
+            raise bad_request(f"n: only n=1 is supported, got {self.n}", param="n")
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty", "seed", "ignore_eos")
+        kw = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
+        if self.stop is not None:
+            kw["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        return kw
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if not self.messages:
+            raise bad_request("messages: at least one message is needed", param="messages")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprobs_n(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def prompt(self) -> list[dict]:
+        return [m.as_engine_message() for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: Text | list[int] | list[Text] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check(self) -> None:
+        self.check_common()
+        if self.echo:
+            raise bad_request("echo: not supported", param="echo")
+        if self.suffix:
+            raise bad_request("suffix: not supported", param="suffix")
+        if self.best_of is not None and self.best_of != 1:
+            raise bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise bad_request(f"logprobs: must be in [0, 20], got {self.logprobs}", param="logprobs")
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)) and len(p) != 1:
+            raise bad_request("prompt: only one prompt per request is supported", param="prompt")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def logprobs_n(self) -> int | None:
+        return self.logprobs
+
+    def engine_prompt(self) -> str | list[int]:
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            p = p[0]
+        if not p:
+            raise bad_request("prompt: the prompt is empty", param="prompt")
+        return p
+
+
+class TokenizeRequest(_Body):
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+
+    def check(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise bad_request("prompt: give either prompt or messages", param="prompt")
+        if self.messages is not None and not self.messages:
+            raise bad_request("messages: at least one message is needed", param="messages")
+
+
+class DetokenizeRequest(_Body):
+    model: Text | None = None
+    tokens: list[int]
+
+
+def parse_body(raw: bytes, model: type[_Body]) -> Any:
+    """Bytes to a validated request, or an APIError(400) naming what is wrong."""
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise bad_request(f"malformed JSON body: {e}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"the body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+    try:
+        req = model.model_validate_json(raw, strict=True)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        param = _param(err["loc"])
+        raise bad_request(f"{param or 'body'}: {err['msg']}", param=param or None,
+                          code="invalid_type" if "type" in err["type"] else "invalid_value") from None
+    except RecursionError:
+        raise bad_request("the body is nested too deeply", code="invalid_json") from None
+    check = getattr(req, "check", None)
+    if check is not None:
+        check()
+    return req
+
+
+def sampling_params(kw: dict[str, Any], logprobs_param: str = "logprobs") -> SamplingParams:
+    """SamplingParams(**kw); its ValueError (which starts with the field's name) becomes a 400."""
+    try:
+        return SamplingParams(**kw)
+    except ValueError as e:
+        message = str(e)
+        field = message.split(" ", 1)[0]
+        if field == "logprobs":  # the engine's name; chat requests call it top_logprobs
+            field, message = logprobs_param, logprobs_param + message[len("logprobs"):]
+        raise bad_request(message, param=field if field in kw or field == logprobs_param else None,
+                          code="invalid_value") from None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "none", "list", "dict"}
+
+
+def _param(loc: tuple) -> str:
+    """pydantic's error location without its union-member tags: ('stop', 'list[str]', 0) -> 'stop.0'."""
+    parts = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(str(p))
+        elif p in _TYPE_TAGS or "[" in p or p[:1].isupper() or "-" in p:
+            continue
+        else:
+            parts.append(p)
+    return ".".join(parts)
