@@ -10,6 +10,7 @@ import anyio
 
 from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
+from oxinfer.server.cli import add_serve_parser, run_serve  # needs no server extra until it runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")
     tok.add_argument("--model")
+
+    add_serve_parser(sub)
     return p
 
 
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
-        anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)
+        anyio.run({"run": _run, "tokenize": _tokenize, "serve": run_serve}[args.command], args)
     except OxinferError as e:
         print(f"oxinfer: error: {e}", file=sys.stderr)
         return 2

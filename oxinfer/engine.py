@@ -123,7 +123,7 @@ class Engine:
         are dropped), a full queue (EngineOverloaded) all raise at once.
         """
         params = params or SamplingParams()
-        ids = self._prompt_ids(prompt)
+        ids = self.prompt_ids(prompt)
         ctx = self.config.context_length
         if params.max_tokens >= ctx:
             raise ContextOverflowError(f"max_tokens ({params.max_tokens}) must be below the context length ({ctx})")
@@ -186,11 +186,13 @@ class Engine:
     async def _generate(self, req: _Request) -> AsyncIterator[Event]:
         self._totals["requests"] += 1
         rlog = log.bind(request_id=req.id)
+        finished = False
         try:
             await self._admit(req)
             rlog.debug("request_started", prompt_tokens=len(req.prompt_ids), queue_s=time.perf_counter() - req.arrived)
             async for ev in self._decode_loop(req):
                 if isinstance(ev, Finished):
+                    finished = True
                     self._totals[ev.reason] += 1
                     self._totals["prompt_tokens"] += ev.prompt_tokens
                     self._totals["generation_tokens"] += ev.completion_tokens
@@ -199,6 +201,9 @@ class Engine:
                               prompt_tps=round(ev.prompt_tps, 1), generation_tps=round(ev.generation_tps, 1))
                 yield ev
         finally:
+            if not finished:  # the consumer went away (break, aclose, task cancelled)
+                self._totals["cancelled"] += 1
+                rlog.info("request_finished", reason="cancelled", consumer="gone")
             # break, aclose(), task cancellation, abort or the end: nothing of this request remains
             if req in self._queued:
                 self._queued.remove(req)
@@ -287,7 +292,8 @@ class Engine:
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     # --- prompts ------------------------------------------------------------------------------
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The token ids a prompt (text, ids or chat messages) stands for; ValueError if unusable."""
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("the prompt is empty")
@@ -321,10 +327,10 @@ class Engine:
 
     async def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
-        ids = self._prompt_ids(list(ids))
+        ids = self.prompt_ids(list(ids))
         return (await self._forward(ids, self.model.new_cache(len(ids))))[-1].copy()
 
     async def all_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
-        ids = self._prompt_ids(list(ids))
+        ids = self.prompt_ids(list(ids))
         return (await self._forward(ids, self.model.new_cache(len(ids)), all_logits=True)).copy()

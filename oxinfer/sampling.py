@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. Invalid values raise ValueError naming the field, before any work."""
@@ -49,7 +52,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below 1e-5 the scaled logits overflow float32 (x / 1e-40 = inf): that is argmax anyway
+        return self.temperature < GREEDY_BELOW
 
 
 def _check_int(name: str, v, low: int, high: int | None = None) -> None:

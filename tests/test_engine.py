@@ -86,6 +86,7 @@ async def test_concurrent_greedy_streams_equal_solo_and_are_stacked(engine, solo
 async def test_cancel_three_of_ten(engine, solo):
     params = SamplingParams(temperature=0.0, max_tokens=N_TOKENS, ignore_eos=True)
     kv0 = engine.stats().kv_bytes
+    cancelled0 = engine.stats().finished_cancelled
     done = {}
 
     async def survivor(p):
@@ -121,6 +122,7 @@ async def test_cancel_three_of_ten(engine, solo):
     assert isinstance(ab[-1], Finished) and ab[-1].reason == "cancelled" and ab[-1].completion_tokens < N_TOKENS
     await anyio.sleep(0.05)  # the broken-off generator is finalized by the loop
     assert idle(engine) and engine.stats().kv_bytes == kv0 == 0
+    assert engine.stats().finished_cancelled == cancelled0 + 3  # the break, the task.cancel(), the abort
 
 
 async def _drain(engine, prompt, params):

@@ -11,9 +11,8 @@ from oxinfer.server.cli import add_serve_parser, run_serve
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m oxinfer.server")
-    p.add_argument("--log-level", default="INFO")
     sub = p.add_subparsers(dest="command")
-    add_serve_parser(sub)
+    add_serve_parser(sub).add_argument("--log-level", default="INFO", help="structlog level")
     args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     configure_logging(args.log_level)
     try:

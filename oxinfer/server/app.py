@@ -77,7 +77,7 @@ class _Server:
         """Validate everything and start the engine's stream; any refusal is an APIError."""
         engine = self.engine
         try:
-            ids = engine._prompt_ids(prompt)  # noqa: SLF001 - see the report: wants to be public
+            ids = engine.prompt_ids(prompt)
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{prompt_param}: {e}", param=prompt_param) from None
         max_tokens = req.requested_max_tokens
@@ -90,7 +90,8 @@ class _Server:
             events = engine.stream(ids, params, request_id=rid)
         except ContextOverflowError as e:
             param = "max_tokens" if str(e).startswith("max_tokens") else prompt_param
-            raise bad_request(str(e), param=param, code="context_length_exceeded") from None
+            message = str(e) if str(e).startswith(param) else f"{param}: {e}"
+            raise bad_request(message, param=param, code="context_length_exceeded") from None
         except EngineOverloaded as e:
             raise from_status(503, str(e), code="engine_overloaded",
                               headers={"retry-after": str(RETRY_AFTER_S)}) from None
@@ -133,7 +134,7 @@ class _Server:
         if req.stream:
             return EventStreamResponse(self.stream(events, answer, req.include_usage))
         try:
-            await until_disconnect(request.receive, lambda: self.collect(events, answer))
+            await until_disconnect(request.scope, request.receive, lambda: self.collect(events, answer))
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it; the access log records it
         return JSONResponse(answer.full())

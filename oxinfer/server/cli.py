@@ -22,7 +22,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
 
 async def run_serve(args) -> None:
     from oxinfer.engine import Engine
-    from oxinfer.server.runner import serve
+
+    try:
+        from oxinfer.server.runner import serve
+    except ImportError as e:
+        raise SystemExit(f"oxinfer serve needs the server extra (pip install 'oxinfer[server]'): {e}") from None
 
     engine = await Engine.load(args.model, backend=args.backend, max_concurrent=args.max_concurrent,
                                max_queue=args.max_queue)

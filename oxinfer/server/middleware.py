@@ -14,6 +14,7 @@ import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oxinfer.server.errors import APIError
+from oxinfer.server.sse import DISCONNECTED_KEY
 
 log = structlog.get_logger("oxinfer.server")
 
@@ -48,7 +49,8 @@ class AccessLog:
                 client = scope.get("client")
                 log.info("http_request", method=scope["method"], path=scope["path"],
                          status=status[0] if status else 500, duration_s=round(time.perf_counter() - t0, 4),
-                         client=f"{client[0]}:{client[1]}" if client else None)
+                         client=f"{client[0]}:{client[1]}" if client else None,
+                         disconnected=scope.get(DISCONNECTED_KEY, False))
 
 
 class ApiKeyAuth:

@@ -17,6 +17,8 @@ from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
 
+DISCONNECTED_KEY = "oxinfer.disconnected"
+
 
 class ClientDisconnected(Exception):
     """The client closed the connection before the answer was complete."""
@@ -37,7 +39,7 @@ async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, flag: li
             return
 
 
-async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
+async def until_disconnect(scope: Scope, receive: Receive, work: Callable[[], Awaitable[T]]) -> T:
     """Await work(); if the client disconnects first, cancel it and raise ClientDisconnected."""
     result: list[T] = []
     errors: list[Exception] = []
@@ -55,6 +57,7 @@ async def until_disconnect(receive: Receive, work: Callable[[], Awaitable[T]]) -
     if errors:
         raise errors[0]
     if not result:
+        scope[DISCONNECTED_KEY] = True
         raise ClientDisconnected()
     return result[0]
 
@@ -86,3 +89,5 @@ class EventStreamResponse:
             tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, gone)
             tg.start_soon(pump)
         self.disconnected = bool(gone)
+        if gone:
+            scope[DISCONNECTED_KEY] = True  # for the access log line

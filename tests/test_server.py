@@ -1,0 +1,382 @@
+"""The OpenAI-compatible server, end to end: real uvicorn on loopback, the official `openai` client.
+
+One engine is loaded for the module, in the server's own thread and event loop (engine objects
+belong to the loop that uses them); tests talk HTTP to it, and reach the engine through
+`srv.call(coro)` when they need its answer for comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import oxinfer  # noqa: E402
+from oxinfer.server import make_server  # noqa: E402
+
+API_KEY = "test-key-123"
+CONCURRENT = 16
+CHAT = [{"role": "user", "content": "Say hi"}]
+GREEDY = dict(temperature=0.0, max_tokens=8)
+
+
+class ServerThread:
+    """The engine and two uvicorn servers over it (open, and with an API key) in one thread."""
+
+    def __init__(self):
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="oxinfer-server", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as e:  # noqa: BLE001 - reported to the fixture
+            self.error = e
+            self.ready.set()
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.stop = asyncio.Event()
+        # max_queue=0: the 17th request while 16 run is the "queue full" case
+        self.engine = await oxinfer.Engine.load(backend="cpu", max_concurrent=CONCURRENT, max_queue=0)
+        servers = [make_server(self.engine, port=0), make_server(self.engine, port=0, api_key=API_KEY)]
+        tasks = [asyncio.create_task(s.serve()) for s in servers]
+        while not all(s.started for s in servers):
+            if any(t.done() for t in tasks):
+                raise RuntimeError("uvicorn did not start")
+            await asyncio.sleep(0.02)
+        self.url, self.key_url = (f"http://127.0.0.1:{s.servers[0].sockets[0].getsockname()[1]}" for s in servers)
+        self.ready.set()
+        await self.stop.wait()
+        for s in servers:
+            s.should_exit = True
+        await asyncio.gather(*tasks)
+        await self.engine.aclose()
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        assert self.ready.wait(120), "server did not start"
+        if self.error:
+            raise self.error
+        return self
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.stop.set)
+        self.thread.join(30)
+
+    def call(self, coro, timeout: float = 120):
+        """Run a coroutine on the server's loop (the engine's), from a test."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = ServerThread().start()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(srv):
+    with httpx.Client(base_url=srv.url, timeout=120) as c:
+        yield c
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def engine_answer(srv, prompt, **params):
+    return srv.call(srv.engine.generate(prompt, oxinfer.SamplingParams(**params)))
+
+
+# --- happy paths ------------------------------------------------------------------------------------
+def test_models_health_and_tokenize(client, http, srv):
+    assert [m.id for m in client.models.list().data] == [srv.engine.model_name]
+    assert http.get("/health").json()["status"] == "ok"
+    ids = http.post("/tokenize", json={"prompt": "hello world"}).json()["tokens"]
+    assert ids == srv.engine.tokenizer.encode("hello world")
+    assert http.post("/detokenize", json={"tokens": ids}).json()["prompt"] == "hello world"
+    r = http.post("/tokenize", json={"messages": CHAT})
+    assert r.json()["count"] == engine_answer(srv, CHAT, **GREEDY).finished.prompt_tokens
+    assert r.headers["x-request-id"]
+
+
+def test_chat_greedy_equals_engine(client, srv):
+    want = engine_answer(srv, CHAT, **GREEDY)
+    r = client.chat.completions.create(model=srv.engine.model_name, messages=CHAT, **GREEDY)
+    assert r.choices[0].message.content == want.text
+    assert r.choices[0].finish_reason == want.finish_reason
+    assert r.usage.prompt_tokens == want.finished.prompt_tokens
+    assert r.usage.completion_tokens == len(want.token_ids) == 8
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+
+
+def test_chat_stream_with_usage_and_logprobs(client, srv):
+    want = engine_answer(srv, CHAT, **GREEDY)
+    stream = client.chat.completions.create(model=srv.engine.model_name, messages=CHAT, stream=True,
+                                            stream_options={"include_usage": True}, logprobs=True,
+                                            top_logprobs=2, **GREEDY)
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == want.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    lps = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert len(lps) == 8 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in lps)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens == want.finished.prompt_tokens
+
+
+def test_completions_plain_and_streamed(client, srv):
+    prompt = "The capital of France is"
+    want = engine_answer(srv, prompt, **GREEDY)
+    r = client.completions.create(model=srv.engine.model_name, prompt=prompt, **GREEDY)
+    assert r.choices[0].text == want.text
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (want.finished.prompt_tokens, 8)
+    stream = client.completions.create(model=srv.engine.model_name, prompt=prompt, stream=True,
+                                       stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want.text
+    assert chunks[-1].usage.completion_tokens == 8
+    ids = srv.engine.tokenizer.encode(prompt)  # a prompt of token ids gives the same answer
+    assert client.completions.create(model=srv.engine.model_name, prompt=ids, **GREEDY).choices[0].text == want.text
+
+
+def test_stop_and_seed(client, srv):
+    want = engine_answer(srv, CHAT, **GREEDY)
+    stop = want.text.split()[1]
+    r = client.chat.completions.create(model=srv.engine.model_name, messages=CHAT, stop=[stop], **GREEDY)
+    assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].message.content
+    kw = dict(model=srv.engine.model_name, messages=CHAT, temperature=1.0, top_p=0.9, seed=7, max_tokens=6)
+    assert (client.chat.completions.create(**kw).choices[0].message.content
+            == client.chat.completions.create(**kw).choices[0].message.content)
+
+
+# --- concurrency and cancellation ----------------------------------------------------------------
+async def test_concurrent_streams_with_dropped_clients(srv, http):
+    """16 streams; 4 clients go away after two tokens: their requests end at once, the other 12
+    finish whole; a 17th request meanwhile gets 503 + Retry-After (max_queue=0)."""
+    n_tokens = 40
+    dropped = {1, 5, 9, 13}
+    first = [asyncio.Event() for _ in range(CONCURRENT)]
+    done = [False] * CONCURRENT
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    cancelled_before = metric(http, 'oxinfer_requests_finished_total{reason="cancelled"}') if \
+        "cancelled" in http.get("/metrics").text else 0.0
+
+    async def one(i: int):
+        stream = await client.chat.completions.create(
+            model=srv.engine.model_name, messages=[{"role": "user", "content": f"Count to {i + 3}."}],
+            stream=True, stream_options={"include_usage": True}, temperature=0.0, max_tokens=n_tokens,
+            extra_body={"ignore_eos": True})
+        seen, usage, reason = 0, None, None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                seen += 1
+                first[i].set()
+                if i in dropped and seen >= 2:
+                    await stream.close()
+                    done[i] = True
+                    return "dropped", None
+            if chunk.choices and chunk.choices[0].finish_reason:
+                reason = chunk.choices[0].finish_reason
+            if chunk.usage:
+                usage = chunk.usage
+        done[i] = True
+        return reason, usage
+
+    tasks = [asyncio.create_task(one(i)) for i in range(CONCURRENT)]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(e.wait() for e in first)), 120)
+        async with httpx.AsyncClient(base_url=srv.url, timeout=30) as h:
+            r = await h.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2})
+            assert r.status_code == 503 and r.headers["retry-after"].isdigit()
+            assert r.json()["error"]["code"] == "engine_overloaded"
+            await asyncio.wait_for(asyncio.gather(*(tasks[i] for i in dropped)), 60)
+            deadline = time.monotonic() + 5
+            while True:  # the dropped requests leave the engine as soon as their connections close
+                running = metric(http, "oxinfer_requests_running")
+                if running <= CONCURRENT - len(dropped) or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert running <= CONCURRENT - len(dropped), f"{running} still running after 4 clients left"
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 300)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await client.close()
+    for i, (reason, usage) in enumerate(results):
+        if i in dropped:
+            assert reason == "dropped"
+        else:
+            assert reason == "length" and usage.completion_tokens == n_tokens, (i, reason, usage)
+    assert http.get("/health").status_code == 200
+    assert metric(http, "oxinfer_requests_running") == 0
+    assert metric(http, 'oxinfer_requests_finished_total{reason="cancelled"}') == cancelled_before + len(dropped)
+    assert srv.engine.stats().running == 0 and srv.engine.stats().queued == 0
+
+
+# --- refusals -------------------------------------------------------------------------------------
+def _chat(**extra) -> dict:
+    return {"messages": CHAT, "max_tokens": 2, **extra}
+
+
+BAD = [
+    ("malformed JSON", b'{"messages": [', 400, None),
+    ("not an object", b"[1, 2]", 400, None),
+    ("NaN", b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', 400, None),
+    ("no messages", {"max_tokens": 2}, 400, "messages"),
+    ("empty messages", {"messages": [], "max_tokens": 2}, 400, "messages"),
+    ("content type", {"messages": [{"role": "user", "content": 5}], "max_tokens": 2}, 400, "messages.0.content"),
+    ("role", {"messages": [{"role": "robot", "content": "x"}], "max_tokens": 2}, 400, "messages.0.role"),
+    ("temperature type", _chat(temperature="hot"), 400, "temperature"),
+    ("max_tokens bool", _chat(max_tokens=True), 400, "max_tokens"),
+    ("unknown model", _chat(model="gpt-17"), 400, "model"),
+    ("temperature range", _chat(temperature=-1), 400, "temperature"),
+    ("top_p range", _chat(top_p=0), 400, "top_p"),
+    ("max_tokens zero", _chat(max_tokens=0), 400, "max_tokens"),
+    ("penalty range", _chat(presence_penalty=3), 400, "presence_penalty"),
+    ("top_logprobs range", _chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
+    ("empty stop", _chat(stop=[""]), 400, "stop"),
+    ("n", _chat(n=2), 400, "n"),
+    ("max_tokens over context", _chat(max_tokens=10**6), 400, "max_tokens"),
+    ("prompt over context", {"messages": [{"role": "user", "content": "hello " * 9000}], "max_tokens": 2},
+     400, "messages"),
+    ("lone surrogate", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', 400, None),
+]
+
+
+@pytest.mark.parametrize("body,status,param", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_chat_bodies(http, body, status, param):
+    r = http.post("/v1/chat/completions", content=body if isinstance(body, bytes) else json.dumps(body),
+                  headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["message"] and err["type"] == "invalid_request_error"
+    if param is not None:
+        assert err["param"] == param and param.split(".")[0] in err["message"]
+    assert r.headers["x-request-id"]
+
+
+def test_bad_inputs_through_the_openai_client(client, srv):
+    name = srv.engine.model_name
+    with pytest.raises(openai.BadRequestError, match="model"):
+        client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="top_p"):
+        client.completions.create(model=name, prompt="hi", top_p=7, max_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="context"):
+        client.completions.create(model=name, prompt="hi " * 9000, max_tokens=2)
+
+
+def test_other_refusals(http, srv):
+    r = http.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert http.get("/v1/chat/completions").status_code == 405
+    big = b'{"messages": [{"role": "user", "content": "' + b"a" * (2 << 20) + b'"}]}'
+    r = http.post("/v1/chat/completions", content=big)
+    assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
+    assert http.post("/detokenize", json={"tokens": [-1]}).status_code == 400
+    assert http.get("/health").status_code == 200  # still serving
+
+
+def test_api_key(srv):
+    def ask(key):
+        return openai.OpenAI(base_url=srv.key_url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+    with pytest.raises(openai.AuthenticationError):
+        ask("wrong").models.list()
+    r = httpx.get(srv.key_url + "/v1/models")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+    assert httpx.get(srv.key_url + "/health").status_code == 200  # probes need no key
+    r = ask(API_KEY).chat.completions.create(model=srv.engine.model_name, messages=CHAT, max_tokens=2)
+    assert r.usage.completion_tokens == 2
+
+
+# --- fuzz -------------------------------------------------------------------------------------
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=12,
+)
+_message = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "bot"]) | _json},
+    optional={"content": st.text(max_size=30) | _json | st.lists(st.fixed_dictionaries({"type": st.just("text"),
+                                                                                          "text": st.text(max_size=10)}))},
+)
+_near_valid = st.fixed_dictionaries(
+    {"messages": st.lists(_message, min_size=0, max_size=3) | _json,
+     # tiny max_tokens keeps the bodies that are valid cheap to answer
+     "max_tokens": st.integers(-2, 2) | _json},
+    optional={k: v for k, v in {
+        "model": st.just("SmolLM2-135M-Instruct.Q4_1") | st.text(max_size=8),
+        "temperature": st.floats(-1, 3) | _json, "top_p": st.floats(-0.5, 1.5) | _json,
+        "top_k": st.integers(-3, 50) | _json, "min_p": st.floats(-0.5, 1.5), "seed": st.integers(-5, 2**66) | _json,
+        "stop": st.text(max_size=3) | st.lists(st.text(max_size=3), max_size=20) | _json,
+        "presence_penalty": st.floats(-3, 3), "frequency_penalty": st.floats(-3, 3) | _json,
+        "repetition_penalty": st.floats(-1, 3), "n": st.integers(0, 3) | _json,
+        "stream": st.booleans() | _json, "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}) | _json,
+        "logprobs": st.booleans() | _json, "top_logprobs": st.integers(-1, 25) | _json,
+        "max_completion_tokens": st.integers(-1, 2),
+    }.items()},
+)
+# bodies in the valid domain (edges included), so that generation and streaming get fuzzed too
+_valid = st.fixed_dictionaries(
+    {"messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
+                                                 "content": st.text(min_size=1, max_size=20)}), min_size=1, max_size=2),
+     "max_tokens": st.integers(1, 2)},
+    optional={"temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(0, 40),
+              "min_p": st.floats(0, 1), "seed": st.integers(0, 2**64), "stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
+              "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
+              "repetition_penalty": st.floats(0.5, 2), "n": st.just(1), "stream": st.booleans(),
+              "logprobs": st.just(True), "top_logprobs": st.integers(0, 20), "ignore_eos": st.booleans()},
+)
+_bodies = (
+    _valid.map(lambda d: json.dumps(d).encode())
+    | _near_valid.map(lambda d: json.dumps(d).encode())
+    | _json.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=64)
+    | _near_valid.map(lambda d: json.dumps(d).encode()[: max(1, len(json.dumps(d)) // 2)])
+)
+
+
+@settings(max_examples=220, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(body=_bodies)
+def test_fuzz_chat_never_500(http, body):
+    r = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert r.status_code in (200, 400), (r.status_code, body, r.text)
+    hypothesis.event(f"status {r.status_code}")
+    if r.status_code == 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    elif r.headers["content-type"].startswith("text/event-stream"):
+        assert r.text.rstrip().endswith("data: [DONE]")
+    else:
+        assert r.json()["object"] == "chat.completion"
+
+
+def test_after_fuzz_a_valid_stream_works(client, srv, http):
+    chunks = list(client.chat.completions.create(model=srv.engine.model_name, messages=CHAT, stream=True,
+                                                 **GREEDY))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == engine_answer(srv, CHAT, **GREEDY).text
+    assert metric(http, "oxinfer_requests_running") == 0
+    assert metric(http, "oxinfer_time_to_first_token_seconds_count") > 0
+    assert metric(http, "oxinfer_scheduler_rows_per_call_count") > 0
