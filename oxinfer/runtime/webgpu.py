@@ -39,7 +39,17 @@ else:
 
 log = structlog.get_logger("oxinfer.webgpu")
 
-SHADER_DIR = Path(__file__).resolve().parents[2] / "shaders"
+def _shader_dir() -> Path:
+    """shaders/ of a source checkout, else where a wheel installs them (pyproject data-files)."""
+    import sys
+
+    for d in (Path(__file__).resolve().parents[2] / "shaders", Path(sys.prefix) / "share" / "oxinfer" / "shaders"):
+        if (d / "common.wgsl").is_file():
+            return d
+    raise WebGpuUnavailable("the WGSL kernels (shaders/*.wgsl) are not installed")
+
+
+
 
 MM_MIN_T = 16  # from this many rows of x on, the tiled kernels beat mv_rows on CPU adapters (lavapipe)
 # on GPUs the matvec (re-reading W from L2 per token) stays ahead longer: on the H200 mv_subgroup was
@@ -151,7 +161,8 @@ def available(allow_cpu_adapter: bool = True) -> bool:
 def shader_source(qtype: str, kind: str) -> str:
     """The WGSL of one kernel for one weight format: common + decoder + kernel file."""
     parts = ["common", _DECODERS[qtype], _KERNELS[kind][0]]
-    return "\n".join((SHADER_DIR / f"{p}.wgsl").read_text() for p in parts)
+    d = _shader_dir()
+    return "\n".join((d / f"{p}.wgsl").read_text() for p in parts)
 
 
 def device_bytes(w: QuantMatrix) -> np.ndarray:
