@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/concurrency.py [--streams 1 4 8 16] [--prompt-tokens 128] [--decode-tokens 128]
 
 llama-cpp-python (from .bench-venv, `make bench-venv`) serves one sequence at a time, so its
-aggregate for N streams is N sequences one after another. Decode throughput counts generated
-tokens over the wall time of the whole batch of streams (prefill included, as a server sees it).
+aggregate for N streams is N sequences one after another. Two figures per engine: end to end
+(generated tokens over the wall time of the whole batch of streams, prefill included, as a server
+sees it) and decode only (oxinfer: from the moment every stream has its first token to the end;
+llama.cpp: the sum of its decode loops).
 """
 
 from __future__ import annotations
@@ -29,12 +31,15 @@ llm = Llama(model_path=path, n_ctx=2048, n_threads=2, n_batch=512, verbose=False
 out = {}
 for n in streams:
     t = time.perf_counter()
+    decode_s = 0.0
     for s in range(n):
         llm.reset()
         llm.eval([(i * 7919 + s * 13) % 30000 + 1000 for i in range(n_prompt)])
+        t1 = time.perf_counter()
         for i in range(n_decode):
             llm.eval([504 + i])
-    out[n] = n * n_decode / (time.perf_counter() - t)
+        decode_s += time.perf_counter() - t1
+    out[n] = [n * n_decode / (time.perf_counter() - t), n * n_decode / decode_s]
 print(json.dumps(out))
 """
 
@@ -53,14 +58,24 @@ def oxinfer_run(streams: list[int], n_prompt: int, n_decode: int) -> dict[int, f
             prompts = [[(i * 7919 + s * 13) % 30000 + 1000 for i in range(n_prompt)] for s in range(n)]
             c0 = engine.scheduler.counters
             calls0, rows0 = c0.calls, c0.rows
+            firsts: list[float] = []
             t = time.perf_counter()
+
+            async def one(p):
+                stream = engine.stream(p, params)
+                await anext(stream)  # the first token: this stream's prefill is done
+                firsts.append(time.perf_counter())
+                async for _ in stream:
+                    pass
+
             async with anyio.create_task_group() as tg:
                 for p in prompts:
-                    tg.start_soon(engine.generate, p, params)
-            out[n] = n * n_decode / (time.perf_counter() - t)
+                    tg.start_soon(one, p)
+            end = time.perf_counter()
+            out[n] = (n * n_decode / (end - t), n * (n_decode - 1) / (end - max(firsts)))
             c = engine.scheduler.counters
-            print(f"  oxinfer {n:>2} streams: {out[n]:7.1f} tok/s, {(c.rows - rows0) / (c.calls - calls0):.1f} rows per call",
-                  flush=True)
+            print(f"  oxinfer {n:>2} streams: {out[n][0]:7.1f} tok/s end to end, {out[n][1]:7.1f} decode only, "
+                  f"{(c.rows - rows0) / (c.calls - calls0):.1f} rows per call", flush=True)
         return out
 
     return anyio.run(main)
@@ -86,12 +101,13 @@ def main() -> None:
         ll = {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
     elif not a.no_llama_cpp:
         print("(no .bench-venv: `make bench-venv` builds llama-cpp-python for the comparison)")
-    print(f"\n| streams | oxinfer tok/s | llama-cpp-python tok/s | ratio |   "
-          f"({a.prompt_tokens}-token prompts, {a.decode_tokens} generated each)")
-    print("|---:|---:|---:|---:|")
+    print(f"\n({a.prompt_tokens}-token prompts, {a.decode_tokens} generated each; tok/s aggregate)\n")
+    print("| streams | oxinfer end to end | llama-cpp-python end to end | ratio | oxinfer decode only | llama-cpp-python decode only | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    nan = (float("nan"), float("nan"))
     for n in a.streams:
-        l = ll[n] if ll else float("nan")
-        print(f"| {n} | {ox[n]:.1f} | {l:.1f} | {ox[n] / l:.2f} |")
+        (oe, od), (le, ld) = ox[n], (ll[n] if ll else nan)
+        print(f"| {n} | {oe:.1f} | {le:.1f} | {oe / le:.2f} | {od:.1f} | {ld:.1f} | {od / ld:.2f} |")
 
 
 if __name__ == "__main__":
