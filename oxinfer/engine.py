@@ -24,6 +24,7 @@ from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
 from oxinfer.formats import GGUFFile, default_model_path
 from oxinfer.models import KVCache, Llama, ModelConfig
 from oxinfer.runtime import Backend, MatmulScheduler
+from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher
@@ -47,6 +48,7 @@ class _Request:
     admitted: anyio.Event | None = None  # set when a slot frees up (while queued)
     aborted: bool = False
     scope: anyio.CancelScope | None = None  # around the forward in flight
+    decoding: bool = False  # past the prompt: counted in Engine._decoding
     cache: KVCache | None = None
 
 
@@ -67,6 +69,11 @@ class Engine:
         self._queued: deque[_Request] = deque()
         self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0)
         self._ids = itertools.count(1)
+        self._decoding = 0  # running requests past their prompt: the decode steps to expect
+        # decode steps of concurrent requests run as one forward_batch (rows stacked for every
+        # matmul and norm, attention per request); isolate: a batch advances KV caches, so it must
+        # finish even if its flusher's task is cancelled
+        self._steps = Batcher(self._run_steps, expected=lambda: self._decoding, isolate=True)
 
     @property
     def config(self) -> ModelConfig:
@@ -179,7 +186,7 @@ class Engine:
             finished_stop=t["stop"], finished_length=t["length"], finished_cancelled=t["cancelled"],
             prompt_tokens_total=t["prompt_tokens"], generation_tokens_total=t["generation_tokens"],
             kv_bytes=sum(r.cache.nbytes for r in self._running.values() if r.cache is not None),
-            pending_jobs=self.scheduler.pending,
+            pending_jobs=self.scheduler.pending + self._steps.pending,
         )
 
     # --- one request --------------------------------------------------------------------------
@@ -209,6 +216,9 @@ class Engine:
                 self._queued.remove(req)
             if self._running.pop(req.id, None) is not None:
                 self._admit_next()
+            if req.decoding:
+                req.decoding = False
+                self._decoding -= 1
             req.cache = None
 
     async def _admit(self, req: _Request) -> None:
@@ -240,7 +250,10 @@ class Engine:
         while not req.aborted:
             t0 = time.perf_counter()
             with anyio.CancelScope() as req.scope:
-                logits = await self._forward(step, req.cache, tag=req.id)
+                if n == 0:  # the prompt
+                    logits = await self._forward(step, req.cache, tag=req.id)
+                else:  # one token: batched with every other request's decode step
+                    logits = await self._steps.submit((step[0], req.cache), tag=req.id)
             req.scope = None
             if req.aborted:
                 break
@@ -248,6 +261,8 @@ class Engine:
             n += 1
             if t_first is None:
                 t_first, t_prompt = time.perf_counter(), time.perf_counter() - t0
+                self._decoding += 1
+                req.decoding = True
             if tok in eog:
                 reason = "stop"
                 text, _ = stops.push(detok.flush())
@@ -274,6 +289,16 @@ class Engine:
             generation_tps=(n - 1) / (now - t_first) if n > 1 and now > t_first else 0.0,
         )
 
+    async def _run_steps(self, batch: list[Ticket]) -> None:
+        """One decode step for every ticket ((token, cache) each), as one batched forward. Alone
+        (no prefill in flight) it runs whole in a worker thread: one thread hop per step."""
+        seqs = [np.asarray([t.payload[0]]) for t in batch]
+        caches = [t.payload[1] for t in batch]
+        logits = await self.scheduler.run(self.model.forward_batch, seqs, caches, small=True,
+                                          tag=",".join(str(t.tag) for t in batch))
+        for t, row in zip(batch, logits):
+            t.out = row[None]  # (1, vocab)
+
     async def _forward(self, tokens, cache: KVCache, all_logits: bool = False, **kw) -> np.ndarray:
         """Forward through the scheduler, long prompts in chunks of PREFILL_CHUNK tokens (bounds the
         attention scores: 8k tokens at once would be 2.4 GB). A decode step of the only running
@@ -288,7 +313,7 @@ class Engine:
                 outs.append(await self.scheduler.run(self.model.forward, chunk, cache, small=small,
                                                      all_logits=all_logits, **kw))
             else:
-                await self.scheduler.run(self.model.forward_hidden, chunk, cache, **kw)
+                await self.scheduler.run(self.model.hidden, [chunk], [cache], **kw)
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     # --- prompts ------------------------------------------------------------------------------

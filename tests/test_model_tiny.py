@@ -83,3 +83,19 @@ async def test_bad_prompts_raise(tmp_path):
         await e.next_logits([5, 100000])
     with pytest.raises(ValueError, match="context length"):
         [t async for t in e.generate_ids([1] * 200, max_tokens=100)]
+
+
+async def test_forward_batch_equals_one_sequence_at_a_time(tmp_path):
+    """Several sequences at different positions in one pass give each its own logits."""
+    e = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "m.gguf"))
+    m = e.model
+    prompts = [np.arange(10, 15), np.arange(40, 49), np.arange(90, 92)]
+    solo_caches, batch_caches = [m.new_cache(16) for _ in prompts], [m.new_cache(16) for _ in prompts]
+    for p, c1, c2 in zip(prompts, solo_caches, batch_caches):
+        await m.forward(p, c1)
+        await m.forward(p, c2)
+    nxt = [np.array([7]), np.array([8]), np.array([9])]
+    solo = np.concatenate([await m.forward(t, c) for t, c in zip(nxt, solo_caches)])
+    batched = await m.forward_batch(nxt, batch_caches)  # positions 5, 9 and 2 in one pass
+    np.testing.assert_allclose(batched, solo, atol=1e-4)
+    assert [c.offset for c in batch_caches] == [6, 10, 3]

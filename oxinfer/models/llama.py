@@ -88,7 +88,7 @@ class Llama:
         c = self.cfg
         return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
 
-    def rope(self, x: np.ndarray, pos: slice) -> np.ndarray:
+    def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
         """Rotate adjacent pairs (x[2i], x[2i+1]): GGUF stores llama q/k rows permuted for this.
         A pair is a complex number, so the rotation is one complex product."""
         n = self.cfg.rope_dim
@@ -117,29 +117,44 @@ class Llama:
     async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
                       tag=None) -> np.ndarray:
         """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""
-        x = await self.forward_hidden(tokens, cache, tag=tag)  # (t, d)
-        x = rms_norm(x if all_logits else x[-1:], self.out_norm, self.cfg.rms_eps)  # (t or 1, d)
-        return (await self.linear(x, self.head, tag=tag))[0]  # (t or 1, vocab)
+        return await self.forward_batch([tokens], [cache], all_logits=all_logits, tag=tag)
 
-    async def forward_hidden(self, tokens: np.ndarray, cache: KVCache, *, tag=None) -> np.ndarray:
-        """The last block's output (t, d) for `tokens`; fills and advances the cache."""
+    async def forward_batch(self, seqs: list[np.ndarray], caches: list[KVCache], *, all_logits: bool = False,
+                            tag=None) -> np.ndarray:
+        """Logits for several sequences in one pass (seqs[i] continues caches[i]): every position
+        (sum t_i, vocab) with all_logits, else each sequence's last (n_seqs, vocab)."""
+        x = await self.hidden(seqs, caches, tag=tag)  # (sum t_i, d)
+        if not all_logits:
+            x = x[np.cumsum([len(s) for s in seqs]) - 1]  # (n_seqs, d)
+        x = rms_norm(x, self.out_norm, self.cfg.rms_eps)
+        return (await self.linear(x, self.head, tag=tag))[0]  # (rows, vocab)
+
+    async def hidden(self, seqs: list[np.ndarray], caches: list[KVCache], *, tag=None) -> np.ndarray:
+        """The last block's output (sum t_i, d): the sequences' rows are stacked for every matmul and
+        norm; only attention runs per sequence. Fills and advances the caches."""
         c = self.cfg
-        t = len(tokens)
-        start = cache.offset
-        pos = slice(start, start + t)
-        if start + t > c.context_length:
-            raise ValueError(f"context overflow: {start + t} tokens > context length {c.context_length}")
-        x = self.embed.dequantize(np.asarray(tokens))  # (t, d)
-        for b, layer_cache in zip(self.blocks, cache.layers):
+        starts = [cache.offset for cache in caches]
+        lens = [len(s) for s in seqs]
+        for s0, n in zip(starts, lens):
+            if s0 + n > c.context_length:
+                raise ValueError(f"context overflow: {s0 + n} tokens > context length {c.context_length}")
+        pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,) position of each row
+        rows = np.cumsum([0, *lens])  # sequence i owns rows rows[i]:rows[i+1]
+        x = self.embed.dequantize(np.concatenate(seqs))  # (T, d)
+        for li, b in enumerate(self.blocks):
             h = rms_norm(x, b.attn_norm, c.rms_eps)
-            q, k, v = await self.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (t, H*hd), (t, KV*hd) x2
-            q = self.rope(q.reshape(t, c.n_heads, c.head_dim), pos)  # (t, H, hd)
-            k = self.rope(k.reshape(t, c.n_kv_heads, c.head_dim), pos)  # (t, KV, hd)
-            keys, values = layer_cache.update_and_fetch(k, v.reshape(t, c.n_kv_heads, c.head_dim))
-            a = self.attention(q, keys, values, start)  # (t, H*hd)
+            q, k, v = await self.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (T, H*hd), (T, KV*hd) x2
+            q = self.rope(q.reshape(-1, c.n_heads, c.head_dim), pos)  # (T, H, hd)
+            k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), pos)  # (T, KV, hd)
+            v = v.reshape(-1, c.n_kv_heads, c.head_dim)
+            a = np.empty((len(pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
+            for cache, s0, r0, r1 in zip(caches, starts, rows[:-1], rows[1:]):
+                keys, values = cache.layers[li].update_and_fetch(k[r0:r1], v[r0:r1])  # (KV, s0+t, hd)
+                a[r0:r1] = self.attention(q[r0:r1], keys, values, s0)
             x = x + (await self.linear(a, b.wo, tag=tag))[0]
             h = rms_norm(x, b.ffn_norm, c.rms_eps)
-            gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (t, d_ff) x2
+            gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (T, d_ff) x2
             x = x + (await self.linear(silu(gate) * up, b.w_down, tag=tag))[0]
-        cache.advance(t)
+        for cache, n in zip(caches, lens):
+            cache.advance(n)
         return x

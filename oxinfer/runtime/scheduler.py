@@ -9,10 +9,7 @@ shortcut: the whole coroutine runs in a worker thread and its matmuls are comput
 token costs one thread round trip instead of one per matmul (~90 us each on the 2-core dev VM, x121
 for SmolLM2: more than a third of a token). This is DESIGN.md's device-resident chain, for the CPU.
 
-There is no background task: the first waiting submission becomes the *flusher*. It lets the loop
-run until the queue stops growing (everyone runnable has queued), runs the batch, wakes the owners,
-and hands the role to the next queued submission when it leaves. That works under any anyio backend
-and needs nothing to be started or stopped.
+The queue is a Batcher (runtime/batcher.py): no background task, no timer.
 """
 
 from __future__ import annotations
@@ -20,18 +17,18 @@ from __future__ import annotations
 import contextvars
 import itertools
 import time
-from collections.abc import Awaitable, Callable
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 import structlog
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Backend, Job
+from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.cpu import CpuBackend
 
 log = structlog.get_logger("oxinfer.scheduler")
@@ -64,20 +61,12 @@ class SchedulerStats:
         return self.rows / self.calls if self.calls else 0.0
 
 
-@dataclass(eq=False)
-class _Submission:
-    x: np.ndarray  # (t, n_in)
-    weights: tuple[QuantMatrix, ...]
-    tag: Any  # request id, for logs
-    wake: anyio.Event = field(default_factory=anyio.Event)
-    queued_at: float = field(default_factory=time.perf_counter)
-    out: list[np.ndarray] | None = None
-    error: BaseException | None = None
-    flusher: bool = False
+@dataclass(frozen=True, eq=False)
+class _Product:
+    """What one linear() call asks for: x (t, n_in) times each weight."""
 
-    @property
-    def done(self) -> bool:
-        return self.out is not None or self.error is not None
+    x: np.ndarray
+    weights: tuple[QuantMatrix, ...]
 
 
 class MatmulScheduler:
@@ -88,8 +77,7 @@ class MatmulScheduler:
         self.gpu = gpu
         self._on_gpu: set[QuantMatrix] = set()
         self._order: dict[QuantMatrix, int] = {}  # registration order = order in the forward pass
-        self._queue: list[_Submission] = []
-        self._flushing = False
+        self._batcher = Batcher(self._run, pick=self._next_group, expected=lambda: self._on_loop)
         self._ids = itertools.count(1)
         self._forwards = 0  # forwards in progress (solo or on the loop)
         self._on_loop = 0  # of which run on the loop, submitting to the queue
@@ -141,69 +129,25 @@ class MatmulScheduler:
             self._compute_now(x, jobs)
             self._count(1, jobs, x.shape[0])
             return [j.out for j in jobs]
-        sub = _Submission(x, weights, tag)
-        self._queue.append(sub)
-        if not self._flushing:
-            self._flushing = sub.flusher = True
-        try:
-            while not sub.done:
-                if sub.flusher:
-                    await self._flush_once()
-                else:
-                    await sub.wake.wait()
-                    sub.wake = anyio.Event()
-        finally:
-            if not sub.done and sub in self._queue:
-                self._queue.remove(sub)  # cancelled: its jobs never run
-            if sub.flusher:
-                self._hand_off(sub)
-        if sub.error is not None:
-            raise sub.error
-        return sub.out
+        return await self._batcher.submit(_Product(x, weights), tag)
 
     @property
     def pending(self) -> int:
         """Submissions queued and not yet taken into a batch."""
-        return len(self._queue)
+        return self._batcher.pending
 
-    def _hand_off(self, leaving: _Submission) -> None:
-        leaving.flusher = False
-        self._flushing = False
-        for s in self._queue:
-            s.flusher = self._flushing = True
-            s.wake.set()
-            return
-
-    async def _flush_once(self) -> None:
-        # let every runnable coroutine reach its next await: stop when a loop pass adds no job, or
-        # at once when every forward known to run() has queued
-        n = -1
-        while n != len(self._queue) and not (0 < self._on_loop <= len(self._queue)):
-            n = len(self._queue)
-            await anyio.lowlevel.checkpoint()
-        batch = self._next_group()
-        try:
-            with anyio.CancelScope(shield=True):  # anyio cancellation waits for the batch...
-                await self._run(batch)
-        finally:
-            # ...but asyncio's task.cancel() goes through shields: whatever the interrupted batch left
-            # undone goes back to the front of the queue, and the flusher role is handed on
-            self._queue[:0] = [s for s in batch if not s.done]
-
-    def _next_group(self) -> list[_Submission]:
-        """Take the submissions of ONE weight group out of the queue: the one most requests wait
-        on, ties to the earliest in the model. Requests at other layers wait a turn, so laggards
-        catch up and everyone runs in step (8 out-of-phase streams would otherwise read every
-        weight 8 times per token, each read a thread round trip)."""
-        groups: dict[tuple[int, ...], list[_Submission]] = {}
-        for s in self._queue:
-            groups.setdefault(tuple(map(id, s.weights)), []).append(s)
-        best = max(groups.values(), key=lambda g: (len(g), -self._order.get(g[0].weights[0], 1 << 30)))
-        self._queue = [s for s in self._queue if s not in best]
-        return best
+    def _next_group(self, queue: list[Ticket]) -> list[Ticket]:
+        """The tickets of ONE weight group: the one most requests wait on, ties to the earliest in
+        the model. Requests at other layers wait a turn, so laggards catch up and everyone runs in
+        step (8 out-of-phase streams would otherwise read every weight 8 times per token, each read
+        a thread round trip)."""
+        groups: dict[tuple[int, ...], list[Ticket]] = {}
+        for t in queue:
+            groups.setdefault(tuple(map(id, t.payload.weights)), []).append(t)
+        return max(groups.values(), key=lambda g: (len(g), -self._order.get(g[0].payload.weights[0], 1 << 30)))
 
     # --- running a batch ----------------------------------------------------------------------
-    async def _run(self, subs: list[_Submission]) -> None:
+    async def _run(self, subs: list[Ticket]) -> None:
         c = self.counters
         c.flushes += 1
         now = time.perf_counter()
@@ -211,18 +155,16 @@ class MatmulScheduler:
             c.queue_wait_s += now - s.queued_at
         try:
             await self._run_group(subs)
-        except Exception as e:  # noqa: BLE001 - the owners get the error, the scheduler goes on
+        except Exception as e:
             log.error("matmul_failed", error=repr(e), request_id=[s.tag for s in subs])
-            for s in subs:
-                s.error = e
-        for s in subs:
-            s.wake.set()
+            raise
 
-    async def _run_group(self, subs: list[_Submission]) -> None:
+    async def _run_group(self, subs: list[Ticket]) -> None:
         """One backend call per device for submissions that share their weights."""
-        x = subs[0].x if len(subs) == 1 else np.concatenate([s.x for s in subs])  # (sum t, n_in)
+        xs = [s.payload.x for s in subs]
+        x = xs[0] if len(xs) == 1 else np.concatenate(xs)  # (sum t, n_in)
         t = x.shape[0]
-        jobs = [Job(w) for w in subs[0].weights]
+        jobs = [Job(w) for w in subs[0].payload.weights]
         gpu_jobs = [j for j in jobs if self._gpu_takes(j.weight, t)]
         cpu_jobs = [j for j in jobs if j not in gpu_jobs]
         sid = next(self._ids)
@@ -238,11 +180,11 @@ class MatmulScheduler:
                   request_id=[s.tag for s in subs])
         r = 0
         for s in subs:
-            n = s.x.shape[0]
+            n = s.payload.x.shape[0]
             s.out = [j.out[r:r + n] for j in jobs]
             r += n
 
-    async def _gpu_matmul(self, x: np.ndarray, jobs: list[Job], sid: int, subs: list[_Submission]) -> bool:
+    async def _gpu_matmul(self, x: np.ndarray, jobs: list[Job], sid: int, subs: list[Ticket]) -> bool:
         """Run jobs on the GPU; False (logged) when it failed, so that the CPU reruns them."""
         try:
             ok = await self.gpu.matmul(x, jobs)
