@@ -216,6 +216,19 @@ async def test_golden_teacher_forced_on_gpu(gpu_engine, golden, index):
     assert_teacher_forced(logits, prompt)
 
 
+async def test_solo_decode_steps_reach_the_gpu(gpu_engine, golden):
+    """A lone request's decode steps run whole in a worker thread; their matmuls still go to the
+    GPU (synchronously) when it takes them, and the greedy tokens are llama.cpp's."""
+    prompt = golden["prompts"][0]
+    c = gpu_engine.scheduler.counters
+    solo0, gpu0 = c.solo_forwards, c.gpu_calls
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=4)
+    r = await gpu_engine.generate(prompt["prompt_ids"], params)
+    assert list(r.token_ids) == prompt["greedy_ids"][:4]  # margins 2.5, 1.2, 1.4, 1.5: clear
+    assert c.solo_forwards >= solo0 + 3
+    assert c.gpu_calls >= gpu0 + 3 * (4 * gpu_engine.config.n_layers + 1)
+
+
 async def test_gpu_stats_show_coalesced_jobs(gpu_engine):
     await gpu_engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
     assert gpu_engine.scheduler.counters.gpu_calls > 0

@@ -126,7 +126,7 @@ class MatmulScheduler:
                 raise ValueError(f"linear: x {x.shape} does not fit {w.name} ({w.n_out}, {w.n_in})")
         if _in_solo_thread.get():
             jobs = [Job(w) for w in weights]
-            self._compute_now(x, jobs)
+            self._compute_now(x, jobs, tag)
             self._count(1, jobs, x.shape[0])
             return [j.out for j in jobs]
         return await self._batcher.submit(_Product(x, weights), tag)
@@ -188,23 +188,38 @@ class MatmulScheduler:
         """Run jobs on the GPU; False (logged) when it failed, so that the CPU reruns them."""
         try:
             ok = await self.gpu.matmul(x, jobs)
-            reason = "matmul returned False"
         except Exception as e:  # noqa: BLE001 - a GPU fault must never lose a request
-            ok, reason = False, repr(e)
-        if ok:
+            ok = e
+        return self._gpu_outcome(ok, sid, len(jobs), [s.tag for s in subs])
+
+    def _gpu_outcome(self, ok: bool | Exception, sid: int, n_jobs: int, tags: list) -> bool:
+        if ok is True:
             self.counters.gpu_calls += 1
             return True
         self.counters.fallbacks += 1
-        log.warning("gpu_fallback", submission_id=sid, backend=self.gpu.name, jobs=len(jobs), reason=reason,
-                    action="rerunning on the CPU", request_id=[s.tag for s in subs])
+        log.warning("gpu_fallback", submission_id=sid, backend=self.gpu.name, jobs=n_jobs,
+                    reason=repr(ok) if isinstance(ok, Exception) else "matmul returned False",
+                    action="rerunning on the CPU", request_id=tags)
         return False
 
     def _gpu_takes(self, w: QuantMatrix, t: int) -> bool:
         return self.gpu is not None and w in self._on_gpu and self.gpu.wants(w.n_out, w.n_in, t)
 
-    def _compute_now(self, x: np.ndarray, jobs: list[Job]) -> None:
-        """Inside a solo forward's worker thread: run the jobs right here."""
-        self.cpu.matmul_sync(x, jobs)
+    def _compute_now(self, x: np.ndarray, jobs: list[Job], tag: Any) -> None:
+        """Inside a solo forward's worker thread: run the jobs right here (on the GPU too when it
+        takes them and can be called synchronously: batched decode steps of 16+ rows qualify)."""
+        t = x.shape[0]
+        gpu_jobs = [j for j in jobs if self._gpu_takes(j.weight, t)]
+        cpu_jobs = jobs
+        if gpu_jobs and hasattr(self.gpu, "matmul_sync"):
+            try:
+                ok = self.gpu.matmul_sync(x, gpu_jobs)
+            except Exception as e:  # noqa: BLE001 - a GPU fault must never lose a request
+                ok = e
+            if self._gpu_outcome(ok, next(self._ids), len(gpu_jobs), [tag]):
+                cpu_jobs = [j for j in jobs if j not in gpu_jobs]
+        if cpu_jobs:
+            self.cpu.matmul_sync(x, cpu_jobs)
 
     def _count(self, n_subs: int, jobs: Sequence[Job], t: int) -> None:
         c = self.counters
