@@ -99,14 +99,15 @@ class Llama:
         out[..., :n] = (np.ascontiguousarray(x[..., :n]).view(np.complex64) * self._rot[pos]).view(np.float32)
         return out
 
-    def attention(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
-        """Causal GQA. q (t, H, hd) at positions start.., keys/values (KV, T, hd) -> (t, H*hd)."""
+    def attention(self, q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+        """Causal GQA. q (t, H, hd) at positions start.., keys_t (KV, hd, T), values (KV, T, hd)
+        -> (t, H*hd)."""
         t, H, hd = q.shape
-        KV, T, _ = keys.shape
+        KV, _, T = keys_t.shape
         g = H // KV
         # the g query heads that share a kv head become rows of one product per kv head
         qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
-        scores = qg @ keys.transpose(0, 2, 1)  # (KV, g*t, T)
+        scores = qg @ keys_t  # (KV, g*t, T)
         scores *= np.float32(hd ** -0.5)
         if t > 1:
             future = np.arange(T)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
@@ -149,8 +150,8 @@ class Llama:
             v = v.reshape(-1, c.n_kv_heads, c.head_dim)
             a = np.empty((len(pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
             for cache, s0, r0, r1 in zip(caches, starts, rows[:-1], rows[1:]):
-                keys, values = cache.layers[li].update_and_fetch(k[r0:r1], v[r0:r1])  # (KV, s0+t, hd)
-                a[r0:r1] = self.attention(q[r0:r1], keys, values, s0)
+                keys_t, values = cache.layers[li].update_and_fetch(k[r0:r1], v[r0:r1])
+                a[r0:r1] = self.attention(q[r0:r1], keys_t, values, s0)
             x = x + (await self.linear(a, b.wo, tag=tag))[0]
             h = rms_norm(x, b.ffn_norm, c.rms_eps)
             gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (T, d_ff) x2
