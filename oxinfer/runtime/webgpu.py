@@ -16,6 +16,7 @@ import itertools
 import threading
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -127,6 +128,31 @@ def _adapter_rank(a) -> tuple[int, int]:
     return kind, api
 
 
+@contextmanager
+def _native_stderr_to_log():
+    """Drivers print to fd 2 while adapters are probed (Mesa on a headless box: 'XDG_RUNTIME_DIR is
+    invalid', once per probe): keep that off the user's terminal, in the debug log instead."""
+    import os
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 to redirect
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace").strip()
+            if text:
+                log.debug("driver_stderr", text=text[:2000])
+
+
 def _is_cpu(a) -> bool:
     return a.info.get("adapter_type") == "CPU"
 
@@ -136,7 +162,8 @@ def _best_adapter(allow_cpu_adapter: bool):
     if wgpu is None:
         raise WebGpuUnavailable(f"wgpu cannot be imported: {_IMPORT_ERROR!r}")
     try:
-        adapters = list(wgpu.gpu.enumerate_adapters_sync())
+        with _native_stderr_to_log():
+            adapters = list(wgpu.gpu.enumerate_adapters_sync())
     except Exception as e:  # noqa: BLE001 - a broken loader or driver
         raise WebGpuUnavailable(f"enumerating WebGPU adapters failed: {e!r}") from e
     if not adapters:
