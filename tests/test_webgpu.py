@@ -19,7 +19,7 @@ from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
 
-from golden_checks import assert_teacher_forced, assert_top5
+from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
 pytestmark = [
     pytest.mark.gpu,
@@ -188,7 +188,7 @@ async def test_loop_ticks_during_a_long_gpu_matmul(gpu):
 
 # --- the real model with its prefill on the GPU -------------------------------------------------
 
-GOLDEN_PROMPTS = [0, 2]  # plain_capital, code_fibonacci: short, so lavapipe keeps up
+GOLDEN_PROMPTS = range(6)  # all six, as tests/test_golden.py (the long one takes lavapipe ~10 s)
 
 
 @pytest.fixture(scope="module")
@@ -214,6 +214,16 @@ async def test_golden_teacher_forced_on_gpu(gpu_engine, golden, index):
     ids = prompt["prompt_ids"] + prompt["greedy_ids"]
     logits = await gpu_engine.all_logits(ids[:-1])  # 36 rows: the tiled kernel
     assert_teacher_forced(logits, prompt)
+
+
+@pytest.mark.parametrize("index", GOLDEN_PROMPTS)
+async def test_golden_free_running_on_gpu(gpu_engine, golden, index):
+    """Greedy decode with every matmul on the GPU matches llama.cpp up to its first close call."""
+    prompt = golden["prompts"][index]
+    ours = [t async for t in gpu_engine.generate_ids(prompt["prompt_ids"], 32, stop_on_eog=False)]
+    margins = [s["margin_top1_top2"] for s in prompt["greedy_steps"]]
+    first_close = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
+    assert ours[:first_close] == prompt["greedy_ids"][:first_close]
 
 
 async def test_solo_decode_steps_reach_the_gpu(gpu_engine, golden):
