@@ -191,7 +191,7 @@ async def test_bad_prompts_raise_before_any_work(engine):
 
 
 async def test_truncation_only_when_asked(tmp_path):
-    from tiny_gguf import write_tiny_llama
+    from oxinfer.testing import write_tiny_llama
 
     tiny = await Engine.load(write_tiny_llama(tmp_path / "t.gguf"))  # context length 256
     ids = [i % 250 for i in range(300)]

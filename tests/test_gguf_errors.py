@@ -7,7 +7,7 @@ from gguf import GGMLQuantizationType as T
 import oxinfer
 from oxinfer.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError, UnsupportedQuantError
 from oxinfer.formats import GGUFFile, default_model_path
-from tiny_gguf import write_tiny_llama
+from oxinfer.testing import write_tiny_llama
 
 
 @pytest.fixture(scope="module")

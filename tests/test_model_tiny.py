@@ -7,7 +7,7 @@ from gguf import quants
 
 import oxinfer
 from oxinfer.formats import GGUFFile
-from tiny_gguf import write_tiny_llama
+from oxinfer.testing import write_tiny_llama
 
 
 def reference_logits(path, tokens) -> np.ndarray:

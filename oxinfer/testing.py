@@ -1,4 +1,5 @@
-"""Write small random Llama GGUFs with gguf-py's writer: fast models for tests, and broken files."""
+"""Random Llama GGUFs written with gguf-py's writer: tiny models for tests (and broken files for
+the error tests), bigger ones for benchmarks on machines that hold no real model."""
 
 from __future__ import annotations
 
@@ -23,11 +24,30 @@ def _bytes_to_unicode() -> list[str]:
     return [chr(table[b]) for b in range(256)]
 
 
+def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:
+    """Raw Q4_1 / Q8_0 rows of random values, scaled like weights of std ~0.5/sqrt(n_in)."""
+    block, nbytes = GGML_QUANT_SIZES[q]
+    nb = n_out * n_in // block
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    scale = 0.5 / np.sqrt(n_in)
+    if q == T.Q4_1:  # value = d * q + m, q in 0..15: centred when m = -7.5 d
+        d = np.full(nb, scale / 4.6, np.float16)
+        raw[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+        raw[:, 2:4] = (-7.5 * d.astype(np.float32)).astype(np.float16).view(np.uint8).reshape(nb, 2)
+    else:  # Q8_0: value = d * q, q in -128..127
+        raw[:, 0:2] = np.full(nb, scale / 74, np.float16).view(np.uint8).reshape(nb, 2)
+    return raw.reshape(n_out, -1)
+
+
 def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
-                     n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True) -> Path:
-    """A 2-layer Llama with a byte-level vocab (256 bytes + 3 control tokens) and random weights."""
+                     n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
+                     extra_vocab: int = 0, context: int = 256, fast: bool = False) -> Path:
+    """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
+    `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
+    quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
     vocab = len(tokens)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layers)
@@ -35,7 +55,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     w.add_feed_forward_length(d_ff)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv)
-    w.add_context_length(256)
+    w.add_context_length(context)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
     w.add_rope_dimension_count(d // n_heads)
@@ -43,7 +63,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 3])
+    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * extra_vocab)
     w.add_token_merges([])
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)
@@ -52,6 +72,9 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
     def mat(name, n_out, n_in, q=qtype):
+        if fast and q in (T.Q4_1, T.Q8_0):
+            w.add_tensor(name, _random_blocks(rng, q, n_out, n_in), raw_dtype=q)
+            return
         x = rng.normal(0, 0.5 / np.sqrt(n_in), size=(n_out, n_in)).astype(np.float32)
         if q == T.F32:
             data = x
