@@ -3,7 +3,7 @@
 The requests never wait for each other: their matmuls meet in the scheduler, which stacks the rows
 of jobs that share a weight into one product (continuous batching by awaiting).
 
-    python examples/concurrent.py
+    python examples/concurrent_streams.py
 """
 
 import time
