@@ -39,9 +39,12 @@ def setup():
 
 async def test_jobs_over_one_input_are_one_call(setup):
     s, cpu, mats = setup
+    seen = []
+    s.call_observers.append(lambda jobs, rows: seen.append((jobs, rows)))
     x = np.random.default_rng(9).normal(size=(3, 32)).astype(np.float32)
     ya, yb, yc = await s.linear(x, mats["a"][0], mats["b"][0], mats["c"][0])
     assert [c[0] for c in cpu.calls] == [["a", "b", "c"]]
+    assert seen == [(3, 3)]  # one call, 3 jobs, 3 rows
     for y, (_, w) in zip((ya, yb, yc), (mats["a"], mats["b"], mats["c"])):
         np.testing.assert_allclose(y, x @ w.T, rtol=1e-5)
     assert cpu.calls[0][2] != threading.get_ident()  # BLAS ran in a worker thread

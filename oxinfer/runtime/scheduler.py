@@ -83,6 +83,8 @@ class MatmulScheduler:
         self._on_loop = 0  # of which run on the loop, submitting to the queue
         self._solo_limiter = anyio.CapacityLimiter(1)
         self.counters = SchedulerStats()
+        # called as f(jobs, rows) after every backend call (metrics histograms); any thread
+        self.call_observers: list[Callable[[int, int], None]] = []
 
     # --- weights ------------------------------------------------------------------------------
     def register(self, w: QuantMatrix) -> None:
@@ -229,6 +231,8 @@ class MatmulScheduler:
         c.submissions += n_subs
         c.coalesced_calls += len(jobs) > 1
         c.stacked_calls += n_subs > 1
+        for observe in self.call_observers:
+            observe(len(jobs), t)
 
 
 def _drive(forward, args, kwargs):

@@ -34,16 +34,16 @@ class Metrics:
                              buckets=_LATENCY, registry=r)
         self.e2e = Histogram("oxinfer_e2e_request_latency_seconds", "Request received to last token",
                              buckets=_LATENCY, registry=r)
-        # The scheduler keeps totals only; sampling their change at each token gives the distribution
-        # per decode step (all calls of one step carry the same rows), without a hook in the hot path.
         self.jobs_per_call = Histogram("oxinfer_scheduler_jobs_per_call",
-                                       "Matmul jobs per backend call (one submission), mean per sample",
-                                       buckets=_COUNTS, registry=r)
+                                       "Matmul jobs per backend call (one submission)", buckets=_COUNTS, registry=r)
         self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
-                                       "Rows of x per backend call (requests stacked), mean per sample",
-                                       buckets=_COUNTS, registry=r)
+                                       "Rows of x per backend call (requests stacked)", buckets=_COUNTS, registry=r)
+        engine.scheduler.call_observers.append(self._observe_call)
         r.register(_SchedulerCollector(engine))
-        self._last = (0, 0, 0)
+
+    def _observe_call(self, jobs: int, rows: int) -> None:
+        self.jobs_per_call.observe(jobs)
+        self.rows_per_call.observe(rows)
 
     def token(self, gap_s: float | None, prompt_tokens: int = 0) -> None:
         """A token went out; gap_s since the previous token of its request (None for the first, which
@@ -53,13 +53,6 @@ class Metrics:
             self.itl.observe(gap_s)
         if prompt_tokens:
             self.prompt_tokens.inc(prompt_tokens)
-        c = self.engine.scheduler.counters
-        calls, jobs, rows = c.calls, c.jobs, c.rows
-        d_calls = calls - self._last[0]
-        if d_calls > 0:
-            self.jobs_per_call.observe((jobs - self._last[1]) / d_calls)
-            self.rows_per_call.observe((rows - self._last[2]) / d_calls)
-        self._last = (calls, jobs, rows)
 
     def finished_request(self, fin: Finished, e2e_s: float) -> None:
         self.finished.labels(reason=fin.reason).inc()
