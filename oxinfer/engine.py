@@ -32,9 +32,8 @@ from oxinfer.tokenizer import Tokenizer
 
 log = structlog.get_logger("oxinfer.engine")
 
-SOLO_MAX_TOKENS = 4  # steps this small are decode: run them whole in a thread when alone
+SOLO_MAX_TOKENS = 4  # forwards this small run whole in a worker thread when nothing else runs
 PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
-GREEDY = SamplingParams(temperature=0.0)
 
 Prompt = str | Sequence[int] | Sequence[dict]  # text, token ids, or chat messages
 
@@ -300,9 +299,9 @@ class Engine:
             t.out = row[None]  # (1, vocab)
 
     async def _forward(self, tokens, cache: KVCache, all_logits: bool = False, **kw) -> np.ndarray:
-        """Forward through the scheduler, long prompts in chunks of PREFILL_CHUNK tokens (bounds the
-        attention scores: 8k tokens at once would be 2.4 GB). A decode step of the only running
-        request runs solo (whole in a worker thread: one thread hop per token, not one per matmul)."""
+        """A prompt (or logits request) through the scheduler, in chunks of PREFILL_CHUNK tokens
+        (bounds the attention scores: 8k tokens at once would be 2.4 GB). A few tokens of the only
+        running request run solo (whole in a worker thread). Decode steps go through _steps."""
         tokens = np.asarray(tokens)
         small = len(tokens) <= SOLO_MAX_TOKENS and len(self._running) <= 1
         outs = []
