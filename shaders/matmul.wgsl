@@ -14,19 +14,22 @@ const TK: u32 = 16u;     // k per step: half a quant block, the two halves of a 
 var<workgroup> xs: array<vec4<f32>, 512>;   // [k 0..15][m/4 0..31], component m % 4
 var<workgroup> ws: array<vec4<f32>, 512>;   // [k 0..15][n/4 0..31], component n % 4
 
-fn store_row(m: u32, n: u32, lo: vec4<f32>, hi: vec4<f32>) {
+// y[m, n .. n + 3] = v, skipping rows past t and outputs past n_out (both tile kernels store this way)
+fn store4(m: u32, n: u32, v: vec4<f32>) {
     if (m >= P.t) {
         return;
     }
-    let base = m * P.n_out;
     for (var j = 0u; j < 4u; j++) {
         if (n + j < P.n_out) {
-            y[base + n + j] = lo[j];
-        }
-        if (n + 64u + j < P.n_out) {
-            y[base + n + 64u + j] = hi[j];
+            y[m * P.n_out + n + j] = v[j];
         }
     }
+}
+
+// the 8 outputs an mm_tiled invocation holds for one token row: n .. n + 3 and n + 64 .. n + 67
+fn store_row(m: u32, n: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    store4(m, n, lo);
+    store4(m, n + 64u, hi);
 }
 
 @compute @workgroup_size(256)
@@ -120,17 +123,6 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 // (on an H200, 2048 x 4096 gives 512 big tiles, but 512 x 1536 only 48).
 var<workgroup> xs64: array<vec4<f32>, 512>;   // [k 0..31][m/4 0..15], component m % 4
 var<workgroup> ws64: array<vec4<f32>, 512>;   // [k 0..31][n/4 0..15], component n % 4
-
-fn store4(m: u32, n: u32, v: vec4<f32>) {
-    if (m >= P.t) {
-        return;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        if (n + j < P.n_out) {
-            y[m * P.n_out + n + j] = v[j];
-        }
-    }
-}
 
 @compute @workgroup_size(256)
 fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

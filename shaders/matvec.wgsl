@@ -1,5 +1,6 @@
 // Matrix-vector kernels for few rows of x (decode-sized batches), one token per z.
-// Appended to common.wgsl + one decode_*.wgsl (which says which GGUF byte layout it reads).
+// Appended to common.wgsl + one decode_*.wgsl (which says which GGUF byte layout it reads) +
+// matvec_common.wgsl.
 // Weight bytes dominate here, so each kernel reads every weight of a row once per token and keeps
 // the arithmetic simple; with t < 16 the re-reads for other tokens come from cache.
 
@@ -21,10 +22,8 @@ fn mv_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
     y[tok * P.n_out + r] = acc;
 }
 
-// mv_wg: 64 invocations share MV_ROWS rows: they stride over the row 8 weights at a time (coalesced
-// loads on a GPU), each x chunk is loaded once for the MV_ROWS rows, then a tree reduction in
+// mv_wg: 64 invocations share MV_ROWS rows (mv_partial, matvec_common.wgsl), then a tree reduction in
 // workgroup memory. Row groups are spread over x and y (65535 workgroups per dimension).
-const MV_ROWS: u32 = 4u;
 var<workgroup> red: array<vec4<f32>, 64>;
 
 @compute @workgroup_size(64)
@@ -32,21 +31,7 @@ fn mv_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
          @builtin(local_invocation_index) lid: u32) {
     let row0 = (wid.x + wid.y * nwg.x) * MV_ROWS;
     let tok = wid.z;
-    let xb = tok * (P.n_in >> 2u);
-    let last = P.n_out - 1u;
-    var acc = vec4<f32>(0.0);
-    for (var c = lid; c < (P.n_in >> 3u); c += 64u) {
-        let xa = x[xb + 2u * c];
-        let xc = x[xb + 2u * c + 1u];
-        // rows past the end are clamped (read, never written): no divergent branch in the loop
-        let w0 = w8(min(row0, last), c);
-        let w1 = w8(min(row0 + 1u, last), c);
-        let w2 = w8(min(row0 + 2u, last), c);
-        let w3 = w8(min(row0 + 3u, last), c);
-        acc += vec4<f32>(dot(xa, w0[0]) + dot(xc, w0[1]), dot(xa, w1[0]) + dot(xc, w1[1]),
-                         dot(xa, w2[0]) + dot(xc, w2[1]), dot(xa, w3[0]) + dot(xc, w3[1]));
-    }
-    red[lid] = acc;
+    red[lid] = mv_partial(row0, tok, lid);
     workgroupBarrier();
     for (var s = 32u; s > 0u; s >>= 1u) {
         if (lid < s) {

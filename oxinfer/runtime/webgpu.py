@@ -68,6 +68,8 @@ FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the a
 
 # qtype -> decode snippet; F32/F16 have no kernel: such matrices stay on the CPU
 _DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1"}
+# kernel file -> the shared files it is appended to (after common + decoder)
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)}
 # kernel kind -> (file, entry point)
 _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
@@ -187,7 +189,8 @@ def available(allow_cpu_adapter: bool = True) -> bool:
 
 def shader_source(qtype: str, kind: str) -> str:
     """The WGSL of one kernel for one weight format: common + decoder + kernel file."""
-    parts = ["common", _DECODERS[qtype], _KERNELS[kind][0]]
+    file = _KERNELS[kind][0]
+    parts = ["common", _DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = _shader_dir()
     return "\n".join((d / f"{p}.wgsl").read_text() for p in parts)
 
