@@ -22,6 +22,20 @@ class Job:
         return 2 * t * self.weight.n_out * self.weight.n_in
 
 
+def fused_runs(jobs: Sequence[Job]) -> list[list[Job]]:
+    """Split jobs into runs whose weights are adjacent rows of one fused base matrix (q/k/v,
+    gate/up): a backend computes each run as one product and splits its columns."""
+    runs: list[list[Job]] = []
+    for j in jobs:
+        prev = runs[-1][-1].weight if runs else None
+        w = j.weight
+        if prev is not None and w.base is not None and prev.base is w.base and prev.row0 + prev.n_out == w.row0:
+            runs[-1].append(j)
+        else:
+            runs.append([j])
+    return runs
+
+
 @dataclass
 class BackendStats:
     """What one backend did. Field names are the structlog keys."""

@@ -16,7 +16,7 @@ import anyio.to_thread
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime.backend import BackendStats, Job
+from oxinfer.runtime.backend import BackendStats, Job, fused_runs
 
 
 class CpuBackend:
@@ -51,7 +51,7 @@ class CpuBackend:
 
     def matmul_sync(self, x: np.ndarray, jobs: Sequence[Job]) -> None:
         t0 = time.perf_counter()
-        for run in _fused_runs(jobs):
+        for run in fused_runs(jobs):
             first, last = run[0].weight, run[-1].weight
             if len(run) == 1:
                 run[0].out = x @ self.upload(first)
@@ -72,15 +72,3 @@ class CpuBackend:
     def stats(self) -> BackendStats:
         return self._stats
 
-
-def _fused_runs(jobs: Sequence[Job]) -> list[list[Job]]:
-    """Split jobs into runs whose weights are adjacent rows of one fused base matrix."""
-    runs: list[list[Job]] = []
-    for j in jobs:
-        prev = runs[-1][-1].weight if runs else None
-        w = j.weight
-        if prev is not None and w.base is not None and prev.base is w.base and prev.row0 + prev.n_out == w.row0:
-            runs[-1].append(j)
-        else:
-            runs.append([j])
-    return runs

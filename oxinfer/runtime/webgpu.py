@@ -28,7 +28,7 @@ import structlog
 
 from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime.backend import BackendStats, Job
+from oxinfer.runtime.backend import BackendStats, Job, fused_runs
 
 try:
     import wgpu
@@ -399,22 +399,15 @@ class WebGpuBackend:
     # --- one submission -----------------------------------------------------------------------
     def _plan(self, jobs: Sequence[Job], t: int) -> tuple[list[_Dispatch], int]:
         """Merge jobs over adjacent rows of one buffer (q/k/v, gate/up) into one dispatch each."""
-        runs: list[list[tuple[Job, DeviceWeight]]] = []
-        for j in jobs:
-            h = self._weights.get(j.weight)
-            if h is None:
-                raise LookupError(f"{j.weight.name} is not on the GPU")
-            prev = runs[-1][-1][1] if runs else None
-            if prev is not None and prev.buffer is h.buffer and prev.row0 + prev.n_out == h.row0:
-                runs[-1].append((j, h))
-            else:
-                runs.append([(j, h)])
+        missing = [j.weight.name for j in jobs if j.weight not in self._weights]
+        if missing:
+            raise LookupError(f"{missing[0]} is not on the GPU")
         dispatches, offset = [], 0
-        for run in runs:
-            first = run[0][1]
-            n_out = sum(h.n_out for _, h in run)
+        for run in fused_runs(jobs):  # views of one base share its buffer: one dispatch per run
+            first = self._weights[run[0].weight]
+            n_out = sum(j.weight.n_out for j in run)
             weight = DeviceWeight(first.qtype, first.buffer, first.row0, n_out, first.n_in)
-            dispatches.append(_Dispatch(tuple(j for j, _ in run), weight, offset))
+            dispatches.append(_Dispatch(tuple(run), weight, offset))
             offset += _round_up(t * n_out * 4, ALIGN)
         return dispatches, offset
 
