@@ -1,5 +1,6 @@
-"""Random Llama GGUFs written with gguf-py's writer: tiny models for tests (and broken files for
-the error tests), bigger ones for benchmarks on machines that hold no real model."""
+"""Random test data: raw quant blocks for codec and kernel tests, and Llama GGUFs written with
+gguf-py's writer: tiny models for tests (and broken files for the error tests), bigger ones for
+benchmarks on machines that hold no real model."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 from gguf import quants
+
+from oxinfer.formats.quants import CODECS
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -22,6 +25,16 @@ def _bytes_to_unicode() -> list[str]:
             n += 1
     table = dict(zip(bs, cs))
     return [chr(table[b]) for b in range(256)]
+
+
+def random_blocks(qtype: str, n_blocks: int, rng) -> np.ndarray:
+    """Raw Q8_0 / Q4_0 / Q4_1 blocks for codec and kernel tests: finite f16 scales ~ N(0, 0.05) and
+    random bytes elsewhere, so every nibble and int8 value occurs."""
+    raw = rng.integers(0, 256, size=(n_blocks, CODECS[qtype].block_bytes), dtype=np.uint8)
+    n_scales = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2}[qtype]
+    scales = rng.normal(0, 0.05, size=(n_blocks, n_scales)).astype(np.float16)
+    raw[:, : 2 * n_scales] = scales.view(np.uint8).reshape(n_blocks, -1)
+    return raw
 
 
 def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:

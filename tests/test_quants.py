@@ -6,19 +6,10 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as ref
 
 from oxinfer.errors import UnsupportedQuantError
-from oxinfer.formats.quants import CODECS, QuantMatrix, codec
+from oxinfer.formats.quants import QuantMatrix, codec
+from oxinfer.testing import random_blocks
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1"]
-
-
-def random_blocks(name: str, n_blocks: int, rng) -> np.ndarray:
-    """Random raw blocks with finite f16 scales (random bytes elsewhere, so every nibble/int8 occurs)."""
-    c = CODECS[name]
-    raw = rng.integers(0, 256, size=(n_blocks, c.block_bytes), dtype=np.uint8)
-    n_scales = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2}[name]
-    scales = rng.normal(0, 0.05, size=(n_blocks, n_scales)).astype(np.float16)
-    raw[:, : 2 * n_scales] = scales.view(np.uint8).reshape(n_blocks, -1)
-    return raw
 
 
 @pytest.mark.parametrize("name", QUANTIZED)

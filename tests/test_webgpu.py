@@ -15,9 +15,10 @@ import structlog
 from structlog.testing import capture_logs
 
 import oxinfer
-from oxinfer.formats.quants import CODECS, QuantMatrix
+from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
+from oxinfer.testing import random_blocks
 
 from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
@@ -30,16 +31,6 @@ pytestmark = [
 FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
 ROWS = [1, 15, 16, 17, 300]  # around the matvec / tiled switch at 16, and past one 128-row tile
 TOL = 1e-4  # max abs error / max abs reference
-
-
-def random_blocks(qtype: str, n_blocks: int, rng) -> np.ndarray:
-    """Random raw blocks with finite f16 scales, as tests/test_quants.py makes them (kept here so that
-    this file needs no gguf-py)."""
-    c = CODECS[qtype]
-    raw = rng.integers(0, 256, size=(n_blocks, c.block_bytes), dtype=np.uint8)
-    n_scales = 2 if qtype == "Q4_1" else 1
-    raw[:, :2 * n_scales] = rng.normal(0, 0.05, (n_blocks, n_scales)).astype(np.float16).view(np.uint8)
-    return raw
 
 
 def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
