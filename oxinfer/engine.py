@@ -47,7 +47,7 @@ class _Request:
     admitted: anyio.Event | None = None  # set when a slot frees up (while queued)
     aborted: bool = False
     scope: anyio.CancelScope | None = None  # around the forward in flight
-    decoding: bool = False  # past the prompt: counted in Engine._decoding
+    decoding: bool = False  # past the prompt: its next forwards are decode steps
     cache: KVCache | None = None
 
 
@@ -68,11 +68,11 @@ class Engine:
         self._queued: deque[_Request] = deque()
         self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0)
         self._ids = itertools.count(1)
-        self._decoding = 0  # running requests past their prompt: the decode steps to expect
         # decode steps of concurrent requests run as one forward_batch (rows stacked for every
         # matmul and norm, attention per request); isolate: a batch advances KV caches, so it must
         # finish even if its flusher's task is cancelled
-        self._steps = Batcher(self._run_steps, expected=lambda: self._decoding, isolate=True)
+        self._steps = Batcher(self._run_steps, isolate=True,
+                              expected=lambda: sum(r.decoding for r in self._running.values()))
 
     @property
     def config(self) -> ModelConfig:
@@ -215,9 +215,6 @@ class Engine:
                 self._queued.remove(req)
             if self._running.pop(req.id, None) is not None:
                 self._admit_next()
-            if req.decoding:
-                req.decoding = False
-                self._decoding -= 1
             req.cache = None
 
     async def _admit(self, req: _Request) -> None:
@@ -259,25 +256,21 @@ class Engine:
             tok, lp, top = sampler(logits[-1])
             n += 1
             if t_first is None:
-                t_first, t_prompt = time.perf_counter(), time.perf_counter() - t0
-                self._decoding += 1
+                t_first = time.perf_counter()
+                t_prompt = t_first - t0
                 req.decoding = True
-            if tok in eog:
-                reason = "stop"
-                text, _ = stops.push(detok.flush())
-                text += stops.flush()
-                if text:
-                    yield Token(text, tok, lp, tuple(top) if top else None)
-                break
-            piece = detok.add(tok)
-            if n == p.max_tokens:
+            eos = tok in eog  # shown to no one: only text it completes comes out
+            last = eos or n == p.max_tokens
+            piece = "" if eos else detok.add(tok)
+            if last:
                 piece += detok.flush()
             text, stopped = stops.push(piece)
-            if n == p.max_tokens and not stopped:
+            if last and not stopped:
                 text += stops.flush()
-            yield Token(text, tok, lp, tuple(top) if top else None)
-            if stopped or n == p.max_tokens:
-                reason = "stop" if stopped else "length"
+            if text or not eos:
+                yield Token(text, tok, lp, top)
+            if last or stopped:
+                reason = "stop" if eos or stopped else "length"
                 break
             step = [tok]
         now = time.perf_counter()

@@ -82,7 +82,7 @@ class Sampler:
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.seed)
 
-    def __call__(self, logits: np.ndarray) -> tuple[int, float | None, list[tuple[int, float]] | None]:
+    def __call__(self, logits: np.ndarray) -> tuple[int, float | None, tuple[tuple[int, float], ...] | None]:
         """(token, its logprob, top-n [(id, logprob)]) from one logits row (vocab,)."""
         p = self.params
         lp = top = None
@@ -98,7 +98,7 @@ class Sampler:
             if p.logprobs:
                 ids = np.argpartition(-logsm, p.logprobs)[: p.logprobs]
                 ids = ids[np.argsort(-logsm[ids], kind="stable")]
-                top = [(int(i), float(logsm[i])) for i in ids]
+                top = tuple((int(i), float(logsm[i])) for i in ids)
         self.counts[tok] = self.counts.get(tok, 0) + 1
         return tok, lp, top
 
