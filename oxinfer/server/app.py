@@ -68,8 +68,12 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    def serves(self, model: str) -> bool:
+        """The served name, or the model file's stem."""
+        return model in (self.model_name, self.engine.model_name)
+
     def check_model(self, model: str | None) -> None:
-        if model is not None and model not in (self.model_name, self.engine.model_name):
+        if model is not None and not self.serves(model):
             raise bad_request(f"model: '{model}' is not served here (this server has '{self.model_name}')",
                               param="model", code="model_not_found")
 
@@ -189,7 +193,7 @@ class _Server:
 
     async def model(self, request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in (self.model_name, self.engine.model_name):
+        if not self.serves(name):
             raise from_status(404, f"model '{name}' is not served here", param="model", code="model_not_found")
         return JSONResponse(self.model_card())
 
