@@ -99,9 +99,17 @@ class Llama:
         out[..., :n] = (np.ascontiguousarray(x[..., :n]).view(np.complex64) * self._rot[pos]).view(np.float32)
         return out
 
-    def attention(self, q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
-        """Causal GQA. q (t, H, hd) at positions start.., keys_t (KV, hd, T), values (KV, T, hd)
-        -> (t, H*hd)."""
+    @staticmethod
+    def causal_mask(start: int, t: int) -> np.ndarray | None:
+        """(t, t + start) additive mask: query i (at position start + i) sees keys up to its own
+        position. None for one query, which sees everything. Built once per forward, used per layer."""
+        if t == 1:
+            return None
+        future = np.arange(start + t)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
+        return np.where(future, -np.inf, 0).astype(np.float32)
+
+    def attention(self, q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """GQA. q (t, H, hd), keys_t (KV, hd, T), values (KV, T, hd), mask (t, T) or None -> (t, H*hd)."""
         t, H, hd = q.shape
         KV, _, T = keys_t.shape
         g = H // KV
@@ -109,9 +117,8 @@ class Llama:
         qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
         scores = qg @ keys_t  # (KV, g*t, T)
         scores *= np.float32(hd ** -0.5)
-        if t > 1:
-            future = np.arange(T)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
-            scores.reshape(KV, g, t, T)[...] += np.where(future, -np.inf, 0).astype(np.float32)
+        if mask is not None:
+            scores.reshape(KV, g, t, T)[...] += mask
         out = softmax(scores) @ values  # (KV, g*t, hd)
         return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
 
@@ -141,6 +148,7 @@ class Llama:
                 raise ValueError(f"context overflow: {s0 + n} tokens > context length {c.context_length}")
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,) position of each row
         rows = np.cumsum([0, *lens])  # sequence i owns rows rows[i]:rows[i+1]
+        masks = [self.causal_mask(s0, n) for s0, n in zip(starts, lens)]
         x = self.embed.dequantize(np.concatenate(seqs))  # (T, d)
         for li, b in enumerate(self.blocks):
             h = rms_norm(x, b.attn_norm, c.rms_eps)
@@ -149,9 +157,9 @@ class Llama:
             k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), pos)  # (T, KV, hd)
             v = v.reshape(-1, c.n_kv_heads, c.head_dim)
             a = np.empty((len(pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
-            for cache, s0, r0, r1 in zip(caches, starts, rows[:-1], rows[1:]):
+            for cache, mask, r0, r1 in zip(caches, masks, rows[:-1], rows[1:]):
                 keys_t, values = cache.layers[li].update_and_fetch(k[r0:r1], v[r0:r1])
-                a[r0:r1] = self.attention(q[r0:r1], keys_t, values, s0)
+                a[r0:r1] = self.attention(q[r0:r1], keys_t, values, mask)
             x = x + (await self.linear(a, b.wo, tag=tag))[0]
             h = rms_norm(x, b.ffn_norm, c.rms_eps)
             gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (T, d_ff) x2
