@@ -12,15 +12,11 @@ llama.cpp: the sum of its decode loops).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_PY = ROOT / ".bench-venv" / "bin" / "python"
+from side_by_side import run_llama_cpp  # benchmarks/ is on sys.path when run as a script
 
 LLAMA_CPP = r"""
 import json, sys, time
@@ -91,16 +87,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the run")
     ox = oxinfer_run(a.streams, a.prompt_tokens, a.decode_tokens)
     ll = None
-    if not a.no_llama_cpp and BENCH_PY.exists():
-        from oxinfer.formats import default_model_path
-
-        r = subprocess.run([str(BENCH_PY), "-c", LLAMA_CPP, str(default_model_path()), str(a.prompt_tokens),
-                            str(a.decode_tokens), ",".join(map(str, a.streams))], capture_output=True, text=True)
-        if r.returncode:
-            raise SystemExit(f"llama-cpp-python failed:\n{r.stderr[-2000:]}")
-        ll = {int(k): v for k, v in json.loads(r.stdout.strip().splitlines()[-1]).items()}
-    elif not a.no_llama_cpp:
-        print("(no .bench-venv: `make bench-venv` builds llama-cpp-python for the comparison)")
+    if not a.no_llama_cpp and (r := run_llama_cpp(LLAMA_CPP, a.prompt_tokens, a.decode_tokens, ",".join(map(str, a.streams)))):
+        ll = {int(k): v for k, v in r.items()}
     print(f"\n({a.prompt_tokens}-token prompts, {a.decode_tokens} generated each; tok/s aggregate)\n")
     print("| streams | oxinfer end to end | llama-cpp-python end to end | ratio | oxinfer decode only | llama-cpp-python decode only | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")

@@ -9,16 +9,12 @@ right after oxinfer, so both see the same machine. Reports medians and the oxinf
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH_PY = ROOT / ".bench-venv" / "bin" / "python"
+from side_by_side import run_llama_cpp  # benchmarks/ is on sys.path when run as a script
 
 LLAMA_CPP = r"""
 import json, sys, time
@@ -65,19 +61,6 @@ def oxinfer_run(n_prompt: int, n_decode: int, repeats: int) -> dict:
     return anyio.run(main)
 
 
-def llama_cpp_run(n_prompt: int, n_decode: int, repeats: int) -> dict | None:
-    if not BENCH_PY.exists():
-        print("(no .bench-venv: `make bench-venv` builds llama-cpp-python for the comparison)")
-        return None
-    from oxinfer.formats import default_model_path
-
-    out = subprocess.run([str(BENCH_PY), "-c", LLAMA_CPP, str(default_model_path()), str(n_prompt),
-                          str(n_decode), str(repeats)], capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"llama-cpp-python failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompt-tokens", type=int, default=512)
@@ -87,7 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} before the run")
     rows = {"oxinfer": oxinfer_run(a.prompt_tokens, a.decode_tokens, a.repeats)}
-    if not a.no_llama_cpp and (r := llama_cpp_run(a.prompt_tokens, a.decode_tokens, a.repeats)):
+    if not a.no_llama_cpp and (r := run_llama_cpp(LLAMA_CPP, a.prompt_tokens, a.decode_tokens, a.repeats)):
         rows["llama.cpp"] = r
     med = {k: {m: statistics.median(v[m]) for m in v} for k, v in rows.items()}
     print(f"{'engine':<10} {'prefill tok/s':>14} {'decode tok/s':>13}   ({a.prompt_tokens}-token prompt, "
