@@ -25,7 +25,9 @@ def test_run_raw_streams_greedy_text_and_stats(golden):
 
 
 def test_run_chat_answers():
-    r = oxinfer("run", "--max-tokens", "12", "What is the capital of France?")
+    # not "What is the capital of France?": its first token is a near tie ("L" 24.74 vs "The" 24.65
+    # in llama.cpp), so int8 rounding may pick either; this one leads by 1.27
+    r = oxinfer("run", "--max-tokens", "12", "Name the capital city of France.")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
 

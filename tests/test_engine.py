@@ -56,7 +56,7 @@ async def test_stream_yields_tokens_then_finished(engine):
 
 
 async def test_chat_stops_at_end_of_turn(engine):
-    r = await engine.generate([{"role": "user", "content": "What is the capital of France?"}],
+    r = await engine.generate([{"role": "user", "content": "Name the capital city of France."}],
                               SamplingParams(temperature=0, max_tokens=64))
     assert r.finish_reason == "stop" and "Paris" in r.text and "<|im_end|>" not in r.text
     assert r.finished.completion_tokens == len(r.token_ids) + 1  # the end-of-turn token counts, unseen
@@ -201,7 +201,8 @@ async def test_truncation_only_when_asked(tmp_path):
     assert events[-1].prompt_tokens == 256 - 4 and events[-1].completion_tokens == 4
 
 
-async def test_long_prompt_prefills_in_chunks_like_one_batch(engine):
+async def test_long_prompt_prefills_in_chunks_like_one_batch(exact_engine):
+    engine = exact_engine  # int8 rounding differs between a 1100-row and a 512-row product
     ids = engine.tokenizer.encode("The history of the river is long and winding. " * 120)[:1100]
     whole = await engine.model.forward(np.asarray(ids), engine.model.new_cache(len(ids)))  # one batch
     chunked = await engine.next_logits(ids)  # 512 + 512 + 76

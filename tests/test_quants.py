@@ -63,3 +63,26 @@ def test_fuse_gives_row_views_of_one_matrix():
     for p, v in zip(parts, views):
         assert np.array_equal(p.dequantize(), v.dequantize())
     assert [v.row0 for v in views] == [0, 8, 12]
+
+
+def _expand_int8(name: str, raw: np.ndarray) -> np.ndarray:
+    """What the blockwise int8 kernel will multiply by: scale * (q - 128), per block."""
+    q, scales = codec(name).int8_blocks(raw)
+    assert q.shape == (len(raw), 32) and q.dtype == np.uint8 and scales.dtype == np.float32
+    return scales[:, None] * (q.astype(np.float32) - 128)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
+def test_int8_blocks_are_exact_for_q8_0_and_q4_0(name):
+    raw = random_blocks(name, 2048, np.random.default_rng(4))
+    assert np.array_equal(_expand_int8(name, raw), codec(name).decode_blocks(raw))
+
+
+def test_int8_blocks_requantize_q4_1_within_half_a_step():
+    raw = random_blocks("Q4_1", 2048, np.random.default_rng(5))
+    raw[:7, :2] = 0  # d = 0: every value of the block is its minimum m
+    exact = codec("Q4_1").decode_blocks(raw)
+    err = np.abs(_expand_int8("Q4_1", raw) - exact)
+    step = np.abs(exact).max(axis=1, keepdims=True) / 127
+    assert (err <= step / 2 * 1.0001 + 1e-12).all()
+    assert err.max() > 0  # really requantized, not copied

@@ -22,6 +22,9 @@ class Codec:
     name: ClassVar[str]
     block_size: ClassVar[int]  # values per block
     block_bytes: ClassVar[int]  # bytes per block
+    # Quantized types also say how the CPU's blockwise int8 kernel takes them (runtime/blockwise.py):
+    # 32 unsigned bytes per block with zero point 128 (value = scale * (q - 128)), one f32 scale.
+    int8: ClassVar[bool] = False  # False: a float type, multiplied in float32
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -41,6 +44,20 @@ class Codec:
     @classmethod
     def decode_blocks(cls, blocks: np.ndarray) -> np.ndarray:  # (n_blocks, block_bytes) u8
         raise NotImplementedError
+
+    @classmethod
+    def int8_blocks(cls, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(n_blocks, block_bytes) u8 -> values (n_blocks, 32) u8 and scales (n_blocks,) f32."""
+        raise NotImplementedError
+
+
+def _requantize_q8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (n_blocks, 32) -> symmetric 8-bit blocks (value = scale * (q - 128)), absmax scaling:
+    each value moves by at most scale/2 = absmax/254."""
+    scale = np.abs(values).max(axis=1) / np.float32(127)
+    inv = np.divide(np.float32(1), scale, out=np.zeros_like(scale), where=scale > 0)
+    q = np.rint(values * inv[:, None]) + np.float32(128)
+    return q.astype(np.uint8), scale
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -83,6 +100,7 @@ class Q8_0(Codec):
     """34 bytes: f16 scale d, then 32 int8 q; value = q * d."""
 
     name, block_size, block_bytes = "Q8_0", 32, 34
+    int8 = True
 
     @classmethod
     def decode_blocks(cls, blocks):
@@ -90,27 +108,46 @@ class Q8_0(Codec):
         q = np.ascontiguousarray(blocks[:, 2:]).view(np.int8).astype(np.float32)
         return q * d
 
+    @classmethod
+    def int8_blocks(cls, blocks):
+        """Exact: q + 128 is q with its sign bit flipped."""
+        return blocks[:, 2:] ^ np.uint8(0x80), _f16(blocks[:, :2])[:, 0]
+
 
 class Q4_0(Codec):
     """18 bytes: f16 scale d, then 16 bytes of nibbles; value = (q - 8) * d."""
 
     name, block_size, block_bytes = "Q4_0", 32, 18
+    int8 = True
 
     @classmethod
     def decode_blocks(cls, blocks):
         d = _f16(blocks[:, :2])
         return (_nibbles(blocks[:, 2:]) - np.float32(8)) * d
 
+    @classmethod
+    def int8_blocks(cls, blocks):
+        """Exact: q - 8 = (q + 120) - 128."""
+        return _nibbles(blocks[:, 2:]).astype(np.uint8) + np.uint8(120), _f16(blocks[:, :2])[:, 0]
+
 
 class Q4_1(Codec):
     """20 bytes: f16 scale d, f16 minimum m, then 16 bytes of nibbles; value = q * d + m."""
 
     name, block_size, block_bytes = "Q4_1", 32, 20
+    int8 = True
 
     @classmethod
     def decode_blocks(cls, blocks):
         d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
         return d * _nibbles(blocks[:, 4:]) + m
+
+    @classmethod
+    def int8_blocks(cls, blocks):
+        """Requantized: the kernel has no float minimum (its float zero points take a path 20x
+        slower), and integer zero points would shift whole blocks. Each value moves by at most
+        absmax/254, about d/32 for a block spanning 0: a sixteenth of Q4_1's own rounding."""
+        return _requantize_q8(cls.decode_blocks(blocks))
 
 
 def codec(qtype: str, tensor: str = "?") -> type[Codec]:
