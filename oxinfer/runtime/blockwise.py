@@ -36,15 +36,24 @@ BLOCK = 32  # every quantized codec's block size, and MatMulNBits' block_size
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
 
 log = structlog.get_logger("oxinfer.runtime")
-_blas_limit: threadpoolctl.threadpool_limits | None = None
+_threads: dict[str, object] = {}  # process-wide settings, made once
 
 
-def _single_threaded_blas() -> None:
-    global _blas_limit
-    if _blas_limit is None:
-        _blas_limit = threadpoolctl.threadpool_limits(1, user_api="blas")
-        log.info("blas_threads", threads=1, reason="the blockwise int8 kernels use every core; "
-                 "spinning BLAS workers slowed them by a quarter")
+def _set_up_threads() -> None:
+    """OpenBLAS to one thread, and one onnxruntime pool for every session (else each session has
+    its own, which must not spin: 121 spinning pools made a step 60x slower)."""
+    if _threads:
+        return
+    _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
+    cores = len(os.sched_getaffinity(0))
+    try:
+        ort.set_global_thread_pool_sizes(cores, 1)
+        _threads["ort"] = "global"
+    except Exception as e:  # noqa: BLE001 - someone made onnxruntime's environment first
+        _threads["ort"] = "per-session"
+        log.info("ort_threads", pools="per session", reason=repr(e))
+    log.info("cpu_threads", blas=1, onnxruntime=cores, onnxruntime_pools=_threads["ort"],
+             reason="the blockwise int8 kernels use every core; spinning BLAS workers slowed them by a quarter")
 
 
 def supports(w: QuantMatrix) -> bool:
@@ -54,8 +63,8 @@ def supports(w: QuantMatrix) -> bool:
 class BlockwiseKernel:
     """y (t, n_out) = x (t, n_in) @ W^T for one quantized matrix."""
 
-    def __init__(self, w: QuantMatrix, threads: int | None = None):
-        _single_threaded_blas()
+    def __init__(self, w: QuantMatrix):
+        _set_up_threads()
         blocks = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
         values, scales = w.codec.int8_blocks(blocks)  # (n_out * n_in / 32, 32) u8, (n_out * n_in / 32,) f32
         self.nbytes = values.nbytes + scales.nbytes
@@ -73,8 +82,11 @@ class BlockwiseKernel:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                         helper.make_opsetid("com.microsoft", 1)])
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or len(os.sched_getaffinity(0))
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if _threads["ort"] == "global":
+            opts.use_per_session_threads = False
+        else:
+            opts.intra_op_num_threads = len(os.sched_getaffinity(0))
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3  # errors only
         self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
