@@ -64,6 +64,7 @@ class Engine:
         self.scheduler = scheduler
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
+        model.kv_slots = max(model.kv_slots, max_concurrent)  # before the first cache makes the pool
         self._running: dict[str, _Request] = {}
         self._queued: deque[_Request] = deque()
         self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0)

@@ -1,5 +1,7 @@
 """The Llama forward against an independent float64 numpy transcription of the math, on a tiny model."""
 
+import gc
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -7,6 +9,7 @@ from gguf import quants
 
 import oxinfer
 from oxinfer.formats import GGUFFile
+from oxinfer.models.kv_cache import KVCache
 from oxinfer.testing import write_tiny_llama
 
 
@@ -74,7 +77,8 @@ async def test_incremental_decode_equals_one_batch(tmp_path):
     e = await oxinfer.Engine.load(path)
     tokens = np.arange(40, 60)
     full = await e.all_logits(tokens)
-    cache = e.model.new_cache(4)  # small on purpose: it must grow
+    c = e.model.cfg
+    cache = KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, 4, c.context_length)  # small: it must grow
     steps = [await e.model.forward(tokens[i:i + 1], cache) for i in range(len(tokens))]
     np.testing.assert_allclose(np.concatenate(steps), full, atol=1e-4)
     assert cache.offset == len(tokens)
@@ -102,5 +106,35 @@ async def test_forward_batch_equals_one_sequence_at_a_time(tmp_path):
     nxt = [np.array([7]), np.array([8]), np.array([9])]
     solo = np.concatenate([await m.forward(t, c) for t, c in zip(nxt, solo_caches)])
     batched = await m.forward_batch(nxt, batch_caches)  # positions 5, 9 and 2 in one pass
-    np.testing.assert_allclose(batched, solo, atol=1e-4)
+    assert np.array_equal(batched, solo)  # bit for bit: a row's arithmetic does not depend on the batch
     assert [c.offset for c in batch_caches] == [6, 10, 3]
+
+
+async def test_kv_pool_slots_are_reused_and_overflow_to_private_caches(tmp_path):
+    e = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "m.gguf"), max_concurrent=2)
+    m = e.model
+    assert m.kv_slots == 16  # at least the default; the engine asked for 2
+    m.kv_slots = 2
+    m._pool = None  # a fresh pool of 2 slots for this test
+    a, b = m.new_cache(8), m.new_cache(8)
+    assert (a.slot, b.slot) == (0, 1) and a.pool is b.pool
+    c = m.new_cache(8)  # the pool is full: a pool of its own
+    assert c.pool is not a.pool and c.pool.growable
+    del a
+    gc.collect()
+    d = m.new_cache(8)
+    assert d.pool is b.pool and d.slot == 0  # a's slot came back
+    # one decode step over shared and private caches: each row as if alone
+    prompts = [np.arange(10, 15), np.arange(20, 23), np.arange(30, 37)]
+    for p, cache in zip(prompts, (b, c, d)):
+        await m.forward(p, cache)
+    twins = [m.new_cache(8) for _ in prompts]  # all private now (the pool is full)
+    for p, cache in zip(prompts, twins):
+        await m.forward(p, cache)
+    nxt = [np.array([7]), np.array([8]), np.array([9])]
+    batched = await m.forward_batch(nxt, [b, c, d])
+    solo = np.concatenate([await m.forward(t, cache) for t, cache in zip(nxt, twins)])
+    assert np.array_equal(batched, solo)
+    with pytest.raises(ValueError, match="KV cache full"):
+        big = m.new_cache(8)
+        big.reserve(m.cfg.context_length + 1)

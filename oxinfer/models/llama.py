@@ -13,7 +13,7 @@ import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig
-from oxinfer.models.kv_cache import KVCache
+from oxinfer.models.kv_cache import SLOT_TOKENS_MAX, KVCache, KVPool
 
 Linear = Callable[..., Awaitable[list[np.ndarray]]]  # linear(x, *weights, tag=...) -> [x @ w.T ...]
 
@@ -57,6 +57,8 @@ class Llama:
         self.out_norm = out_norm
         self.head = head  # (vocab, d); the embedding itself when tied
         self.linear = linear
+        self.kv_slots = 16  # sequences the shared KV pool holds (the engine sets its max_concurrent)
+        self._pool: KVPool | None = None
         # rope as complex rotations e^(i pos theta_j) for every position; see rope()
         inv_freq = cfg.rope_base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
         ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
@@ -85,8 +87,16 @@ class Llama:
         return [*ms, self.head]
 
     def new_cache(self, capacity: int) -> KVCache:
+        """A slot of the shared pool (made at the first call, `kv_slots` of them) when one is free
+        and holds `capacity`; else a cache with a pool of its own."""
         c = self.cfg
-        return KVCache(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
+        if self._pool is None:
+            self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_slots,
+                                min(c.context_length, SLOT_TOKENS_MAX))
+        slot = self._pool.take() if capacity <= self._pool.tokens else None
+        if slot is None:
+            return KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
+        return KVCache(self._pool, slot, capacity, min(c.context_length, self._pool.tokens))
 
     def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
         """Rotate adjacent pairs (x[2i], x[2i+1]): GGUF stores llama q/k rows permuted for this.
@@ -108,19 +118,59 @@ class Llama:
         future = np.arange(start + t)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
         return np.where(future, -np.inf, 0).astype(np.float32)
 
-    def attention(self, q: np.ndarray, keys_t: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
-        """GQA. q (t, H, hd), keys_t (KV, hd, T), values (KV, T, hd), mask (t, T) or None -> (t, H*hd)."""
+    @staticmethod
+    def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+        """GQA for one sequence. q (t, H, hd) already scaled by 1/sqrt(hd), keys and values
+        (KV, T, hd), mask (t, T) or None -> (t, H*hd)."""
         t, H, hd = q.shape
-        KV, _, T = keys_t.shape
+        KV, T, _ = keys.shape
         g = H // KV
         # the g query heads that share a kv head become rows of one product per kv head
         qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
-        scores = qg @ keys_t  # (KV, g*t, T)
-        scores *= np.float32(hd ** -0.5)
+        scores = qg @ keys.swapaxes(-1, -2)  # (KV, g*t, T)
         if mask is not None:
             scores.reshape(KV, g, t, T)[...] += mask
         out = softmax(scores) @ values  # (KV, g*t, hd)
         return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
+
+    @staticmethod
+    def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.ndarray, int]]:
+        """One new token per sequence: the batch rows grouped by pool and length, as (rows, pool,
+        their slots, length with the new token). A group attends in three batched products over
+        the slot range it spans. Grouping by length keeps each row's arithmetic that of the same
+        sequence alone (padding to a common length changed BLAS's kernels and the softmax sums,
+        and the int8 matmuls turned those last-bit changes into 0.5-logit ones)."""
+        keys = [(id(c.pool), c.offset) for c in caches]
+        groups = []
+        for key in dict.fromkeys(keys):
+            rows = np.array([i for i, k in enumerate(keys) if k == key])
+            slots = np.array([caches[i].slot for i in rows])
+            pool, n = caches[rows[0]].pool, key[1] + 1
+            if slots.max() - slots.min() + 1 > 2 * len(rows):  # scattered: a range would waste more than half
+                groups += [(rows[i:i + 1], pool, slots[i:i + 1], n) for i in range(len(rows))]
+            else:
+                groups.append((rows, pool, slots, n))
+        return groups
+
+    @staticmethod
+    def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, groups) -> np.ndarray:
+        """q (B, H, hd) scaled, k, v (B, KV, hd): one new token per sequence -> (B, H*hd). Writes
+        k, v into the pools, then attends group by group over the range of slots each spans (the
+        range's other slots are computed and dropped)."""
+        B, H, hd = q.shape
+        KV = k.shape[1]
+        a = np.empty((B, H * hd), np.float32)
+        for rows, pool, slots, T in groups:
+            pool.write(layer, slots, T - 1, k[rows], v[rows])
+            span = slice(int(slots.min()), int(slots.max()) + 1)
+            keys, values = pool.window(layer, span, T)  # (R, KV, T, hd) each
+            at = slots - span.start
+            qr = np.zeros((len(keys), KV, H // KV, hd), np.float32)  # (R, KV, g, hd)
+            qr[at] = q[rows].reshape(len(rows), KV, H // KV, hd)
+            scores = qr @ keys.swapaxes(-1, -2)  # (R, KV, g, T)
+            out = softmax(scores) @ values  # (R, KV, g, hd)
+            a[rows] = out[at].reshape(len(rows), H * hd)
+        return a
 
     async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
                       tag=None) -> np.ndarray:
@@ -149,17 +199,25 @@ class Llama:
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,) position of each row
         rows = np.cumsum([0, *lens])  # sequence i owns rows rows[i]:rows[i+1]
         masks = [self.causal_mask(s0, n) for s0, n in zip(starts, lens)]
+        groups = self.decode_groups(caches) if max(lens) == 1 else None  # a decode step
+        if groups is not None:
+            for cache in caches:
+                cache.reserve(cache.offset + 1)
         x = self.embed.dequantize(np.concatenate(seqs))  # (T, d)
         for li, b in enumerate(self.blocks):
             h = rms_norm(x, b.attn_norm, c.rms_eps)
             q, k, v = await self.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (T, H*hd), (T, KV*hd) x2
             q = self.rope(q.reshape(-1, c.n_heads, c.head_dim), pos)  # (T, H, hd)
+            q *= np.float32(c.head_dim ** -0.5)  # the softmax scale, once for every row
             k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), pos)  # (T, KV, hd)
             v = v.reshape(-1, c.n_kv_heads, c.head_dim)
-            a = np.empty((len(pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
-            for cache, mask, r0, r1 in zip(caches, masks, rows[:-1], rows[1:]):
-                keys_t, values = cache.layers[li].update_and_fetch(k[r0:r1], v[r0:r1])
-                a[r0:r1] = self.attention(q[r0:r1], keys_t, values, mask)
+            if groups is not None:
+                a = self.attention_decode(li, q, k, v, groups)  # (T, H*hd)
+            else:
+                a = np.empty((len(pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
+                for cache, mask, r0, r1 in zip(caches, masks, rows[:-1], rows[1:]):
+                    keys, values = cache.update_and_fetch(li, k[r0:r1], v[r0:r1])
+                    a[r0:r1] = self.attention(q[r0:r1], keys, values, mask)
             x = x + (await self.linear(a, b.wo, tag=tag))[0]
             h = rms_norm(x, b.ffn_norm, c.rms_eps)
             gate, up = await self.linear(h, b.w_gate, b.w_up, tag=tag)  # (T, d_ff) x2
