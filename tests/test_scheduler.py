@@ -108,7 +108,7 @@ async def test_lone_decode_step_runs_solo_in_a_thread_with_the_same_result(engin
     await s.run(m.forward, prompt, solo_cache)
     ref = await m.forward(np.array([314]), ref_cache)  # on the loop, batched path
     before = s.counters.solo_forwards
-    solo = await s.run(m.forward, np.array([314]), solo_cache, small=True)
+    solo = await s.run(m.forward, np.array([314]), solo_cache, solo=True)
     assert s.counters.solo_forwards == before + 1
     np.testing.assert_allclose(solo, ref, rtol=1e-5, atol=1e-4)
 
@@ -124,7 +124,7 @@ async def test_no_solo_while_another_forward_runs(setup):
 
     async with anyio.create_task_group() as tg:
         for i in range(3):
-            tg.start_soon(lambda i=i: s.run(fwd, i, small=True))
+            tg.start_soon(lambda i=i: s.run(fwd, i, solo=True))
     assert s.counters.solo_forwards == 1  # the first found the scheduler idle; the others batch
     assert len(seen) == 3
 

@@ -4,9 +4,9 @@ Rules (DESIGN.md): jobs over one input go to the backend as one call (q/k/v, gat
 different requests on the same weights are stacked row-wise into one call and split back; a flush
 happens once every runnable coroutine is waiting, with no timer; blocking work runs in threads.
 
-A forward that runs alone (no other request is mid-forward) and is small (a decode step) takes a
-shortcut: the whole coroutine runs in a worker thread and its matmuls are computed in place, so a
-token costs one thread round trip instead of one per matmul (~90 us each on the 2-core dev VM, x121
+A forward that runs alone (no other forward in progress; the engine batches its requests' steps
+into one) may take a shortcut: the whole coroutine runs in a worker thread and its matmuls are
+computed in place, so a step costs one thread round trip instead of one per matmul (~90 us each on the 2-core dev VM, x121
 for SmolLM2: more than a third of a token). This is DESIGN.md's device-resident chain, for the CPU.
 
 The queue is a Batcher (runtime/batcher.py): no background task, no timer.
@@ -33,7 +33,7 @@ from oxinfer.runtime.cpu import CpuBackend
 
 log = structlog.get_logger("oxinfer.scheduler")
 
-_in_solo_thread = contextvars.ContextVar("oxinfer_solo", default=False)
+_solo_requests = contextvars.ContextVar("oxinfer_solo_requests", default=0)  # in a solo forward: requests it serves
 
 
 @dataclass
@@ -46,8 +46,8 @@ class SchedulerStats:
     rows: int = 0  # rows of x over all calls
     submissions: int = 0  # linear() awaits served
     coalesced_calls: int = 0  # calls that carried more than one job over one input
-    stacked_calls: int = 0  # calls that stacked rows of more than one submission
-    solo_forwards: int = 0  # forwards run whole in a worker thread (alone, small)
+    stacked_calls: int = 0  # calls that stacked rows of more than one request
+    solo_forwards: int = 0  # forwards run whole in a worker thread (alone)
     gpu_calls: int = 0
     fallbacks: int = 0  # GPU calls rerun on the CPU
     queue_wait_s: float = 0.0
@@ -102,19 +102,22 @@ class MatmulScheduler:
             self._on_gpu.add(w)
 
     # --- the awaited API ----------------------------------------------------------------------
-    async def run(self, forward: Callable[..., Awaitable[Any]], *args, small: bool = False, **kwargs) -> Any:
+    async def run(self, forward: Callable[..., Awaitable[Any]], *args, solo: bool = False, requests: int = 1,
+                  **kwargs) -> Any:
         """Await `forward(*args, **kwargs)`, a coroutine whose matmuls go through `linear`.
 
-        `small` (a decode step): when no other forward is in progress, the whole coroutine runs in a
-        worker thread instead (see the module docstring). Otherwise it runs on the loop, batched.
+        `solo`: when no other forward is in progress, the whole coroutine runs in a worker thread
+        instead (see the module docstring). Otherwise it runs on the loop, batched. `requests`: how
+        many requests' rows the forward carries (the engine batches their steps), for the counters.
         """
-        solo = small and self._forwards == 0
+        solo = solo and self._forwards == 0
         self._forwards += 1
         self._on_loop += not solo
         try:
             if solo:
                 self.counters.solo_forwards += 1
-                return await anyio.to_thread.run_sync(_drive, forward, args, kwargs, limiter=self._solo_limiter)
+                return await anyio.to_thread.run_sync(_drive, forward, args, kwargs, requests,
+                                                      limiter=self._solo_limiter)
             return await forward(*args, **kwargs)
         finally:
             self._forwards -= 1
@@ -126,10 +129,10 @@ class MatmulScheduler:
         for w in weights:
             if x.ndim != 2 or x.shape[1] != w.n_in:
                 raise ValueError(f"linear: x {x.shape} does not fit {w.name} ({w.n_out}, {w.n_in})")
-        if _in_solo_thread.get():
+        if requests := _solo_requests.get():
             jobs = [Job(w) for w in weights]
             self._compute_now(x, jobs, tag)
-            self._count(1, jobs, x.shape[0])
+            self._count(1, requests, jobs, x.shape[0])
             return [j.out for j in jobs]
         return await self._batcher.submit(_Product(x, weights), tag)
 
@@ -176,7 +179,7 @@ class MatmulScheduler:
             gpu_jobs = []
         if cpu_jobs:
             await self.cpu.matmul(x, cpu_jobs)
-        self._count(len(subs), jobs, t)
+        self._count(len(subs), len(subs), jobs, t)
         log.debug("matmul", submission_id=sid, jobs=len(jobs), rows=t, requests=len(subs), gpu_jobs=len(gpu_jobs),
                   gflop=sum(j.flop(t) for j in jobs) / 1e9, seconds=time.perf_counter() - t0,
                   request_id=[s.tag for s in subs])
@@ -223,21 +226,21 @@ class MatmulScheduler:
         if cpu_jobs:
             self.cpu.matmul_sync(x, cpu_jobs)
 
-    def _count(self, n_subs: int, jobs: Sequence[Job], t: int) -> None:
+    def _count(self, n_subs: int, n_requests: int, jobs: Sequence[Job], t: int) -> None:
         c = self.counters
         c.calls += 1
         c.jobs += len(jobs)
         c.rows += t
         c.submissions += n_subs
         c.coalesced_calls += len(jobs) > 1
-        c.stacked_calls += n_subs > 1
+        c.stacked_calls += n_requests > 1
         for observe in self.call_observers:
             observe(len(jobs), t)
 
 
-def _drive(forward, args, kwargs):
+def _drive(forward, args, kwargs, requests: int = 1):
     """Run a coroutine to completion in this (worker) thread; its linear() calls never suspend."""
-    _in_solo_thread.set(True)
+    _solo_requests.set(requests)
     coro = forward(*args, **kwargs)
     try:
         coro.send(None)
