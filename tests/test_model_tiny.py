@@ -98,16 +98,19 @@ async def test_forward_batch_equals_one_sequence_at_a_time(tmp_path):
     """Several sequences at different positions in one pass give each its own logits."""
     e = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "m.gguf"))
     m = e.model
-    prompts = [np.arange(10, 15), np.arange(40, 49), np.arange(90, 92)]
+    prompts = [np.arange(10, 15), np.arange(40, 49), np.arange(90, 95)]
     solo_caches, batch_caches = [m.new_cache(16) for _ in prompts], [m.new_cache(16) for _ in prompts]
     for p, c1, c2 in zip(prompts, solo_caches, batch_caches):
         await m.forward(p, c1)
         await m.forward(p, c2)
     nxt = [np.array([7]), np.array([8]), np.array([9])]
     solo = np.concatenate([await m.forward(t, c) for t, c in zip(nxt, solo_caches)])
-    batched = await m.forward_batch(nxt, batch_caches)  # positions 5, 9 and 2 in one pass
+    # positions 5, 9 and 5 in one pass: the two at 5 (slots 3 and 5) attend as one group over
+    # slots 3-5, the one at 9 (slot 4) alone
+    assert [c.slot for c in batch_caches] == [3, 4, 5]
+    batched = await m.forward_batch(nxt, batch_caches)
     assert np.array_equal(batched, solo)  # bit for bit: a row's arithmetic does not depend on the batch
-    assert [c.offset for c in batch_caches] == [6, 10, 3]
+    assert [c.offset for c in batch_caches] == [6, 10, 6]
 
 
 async def test_kv_pool_slots_are_reused_and_overflow_to_private_caches(tmp_path):

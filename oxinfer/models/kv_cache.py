@@ -72,8 +72,9 @@ class KVPool:
                 arrays[i][:, :, :self.tokens] = old
         self.tokens = new
 
-    def write(self, layer: int, slots: np.ndarray, position: int, k: np.ndarray, v: np.ndarray) -> None:
-        """k, v (n, n_kv, hd): one token for each of `slots`, all at `position`."""
+    def write(self, layer: int, slots: np.ndarray | slice, position: int, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v (n, n_kv, hd): one token for each of `slots`, all at `position` (a slice of slots
+        is a plain strided copy; an index array takes numpy's ~30x slower advanced indexing)."""
         self.keys[layer][slots, :, position] = k
         self.values[layer][slots, :, position] = v
 

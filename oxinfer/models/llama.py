@@ -143,8 +143,8 @@ class Llama:
         keys = [(id(c.pool), c.offset) for c in caches]
         groups = []
         for key in dict.fromkeys(keys):
-            rows = np.array([i for i, k in enumerate(keys) if k == key])
-            slots = np.array([caches[i].slot for i in rows])
+            rows = np.array(sorted((i for i, k in enumerate(keys) if k == key), key=lambda i: caches[i].slot))
+            slots = np.array([caches[i].slot for i in rows])  # ascending
             pool, n = caches[rows[0]].pool, key[1] + 1
             if slots.max() - slots.min() + 1 > 2 * len(rows):  # scattered: a range would waste more than half
                 groups += [(rows[i:i + 1], pool, slots[i:i + 1], n) for i in range(len(rows))]
@@ -161,15 +161,19 @@ class Llama:
         KV = k.shape[1]
         a = np.empty((B, H * hd), np.float32)
         for rows, pool, slots, T in groups:
-            pool.write(layer, slots, T - 1, k[rows], v[rows])
-            span = slice(int(slots.min()), int(slots.max()) + 1)
+            span = slice(int(slots[0]), int(slots[-1]) + 1)
+            dense = span.stop - span.start == len(slots)  # the group is the whole range (the usual case)
+            pool.write(layer, span if dense else slots, T - 1, k[rows], v[rows])
             keys, values = pool.window(layer, span, T)  # (R, KV, T, hd) each
-            at = slots - span.start
-            qr = np.zeros((len(keys), KV, H // KV, hd), np.float32)  # (R, KV, g, hd)
-            qr[at] = q[rows].reshape(len(rows), KV, H // KV, hd)
+            qr = q[rows].reshape(len(rows), KV, H // KV, hd)  # (R, KV, g, hd)
+            if not dense:  # zero queries for the range's other slots, whose rows are dropped
+                at = slots - span.start
+                full = np.zeros((len(keys), *qr.shape[1:]), np.float32)
+                full[at] = qr
+                qr = full
             scores = qr @ keys.swapaxes(-1, -2)  # (R, KV, g, T)
             out = softmax(scores) @ values  # (R, KV, g, hd)
-            a[rows] = out[at].reshape(len(rows), H * hd)
+            a[rows] = (out if dense else out[at]).reshape(len(rows), H * hd)
         return a
 
     async def forward(self, tokens: np.ndarray, cache: KVCache, *, all_logits: bool = False,
