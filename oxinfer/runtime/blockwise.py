@@ -2,8 +2,8 @@
 
 numpy has no integer or bf16 GEMM, so the f32 path reads 4 bytes per weight and multiplies in f32.
 MLAS's `MatMulNBits` keeps the weights as 8-bit blocks of 32 with one scale each, quantizes
-the activations to int8 per block of 32 as well, and runs integer dot products (AVX512-VNNI / AVX2):
-what llama.cpp does for Q4 x Q8. Measured on the 2-core dev VM for one SmolLM2-135M step (121
+the activations to int8 per block of 32 as well, and runs integer dot products: what llama.cpp
+does for Q4 x Q8. Measured on the 2-core dev VM for one SmolLM2-135M step (121
 products; benchmarks in the commit that added this):
 
     rows per product        1       4      16      64     512
@@ -13,11 +13,13 @@ products; benchmarks in the commit that added this):
 with weights hot in cache; in a real step they stream from memory, where int8's 4x fewer bytes
 count most. The price is int8 rounding of the activations, which llama.cpp pays too.
 
-One ONNX session per matrix (a fused q/k/v or gate/up base counts as one). Its thread pool does not
-spin between calls: spinning workers took a core from the event loop and from OpenBLAS. OpenBLAS's
-own workers do spin after each call, and took a core from these kernels: a 512-token prefill ran at
-473 tok/s beside 2-thread BLAS and 636 with BLAS (left with attention and small ops) on one thread,
-so building the first kernel sets BLAS to one thread for the process; decode speed is the same.
+One ONNX session per matrix (a fused q/k/v or gate/up base counts as one), all on onnxruntime's one
+global thread pool: per-session pools had to be kept from spinning (121 spinning pools made a step
+60x slower), and then every product woke a sleeping worker (16-row step 48.5 ms, 44.2 with the
+global pool). OpenBLAS's workers spin after each call too, and took a core from these kernels: a
+512-token prefill ran at 473 tok/s beside 2-thread BLAS and 636 with BLAS (left with attention and
+small ops) on one thread, so building the first kernel sets BLAS to one thread for the process;
+decode speed is the same.
 """
 
 from __future__ import annotations
