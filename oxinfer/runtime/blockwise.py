@@ -47,7 +47,7 @@ def _set_up_threads() -> None:
     if _threads:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
-    cores = len(os.sched_getaffinity(0))
+    cores = _cores()
     try:
         ort.set_global_thread_pool_sizes(cores, 1)
         _threads["ort"] = "global"
@@ -56,6 +56,11 @@ def _set_up_threads() -> None:
         log.info("ort_threads", pools="per session", reason=repr(e))
     log.info("cpu_threads", blas=1, onnxruntime=cores, onnxruntime_pools=_threads["ort"],
              reason="the blockwise int8 kernels use every core; spinning BLAS workers slowed them by a quarter")
+
+
+def _cores() -> int:
+    """The cores this process may use (the affinity mask where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def supports(w: QuantMatrix) -> bool:
@@ -87,7 +92,7 @@ class BlockwiseKernel:
         if _threads["ort"] == "global":
             opts.use_per_session_threads = False
         else:
-            opts.intra_op_num_threads = len(os.sched_getaffinity(0))
+            opts.intra_op_num_threads = _cores()
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3  # errors only
         self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
