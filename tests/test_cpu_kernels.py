@@ -2,9 +2,10 @@
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime import CpuBackend
+from oxinfer.runtime import CpuBackend, blockwise
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.blockwise import BlockwiseKernel
 from oxinfer.testing import random_blocks
@@ -82,3 +83,18 @@ def test_float_weights_stay_on_f32_blas():
     cpu.matmul_sync(x, [job])
     np.testing.assert_allclose(job.out, x @ w.T, rtol=1e-5)
     assert type(cpu.upload(m)).__name__ == "F32Kernel"
+
+
+def test_an_onnxruntime_that_refuses_the_kernel_leaves_float32(monkeypatch):
+    def refuse(w):
+        raise RuntimeError("Unsupported model IR version")
+
+    monkeypatch.setattr(blockwise, "BlockwiseKernel", refuse)
+    w = quant_matrix("Q8_0", 16, 64, seed=12)
+    cpu = CpuBackend()
+    with capture_logs() as logs:
+        kernel = cpu.upload(w)
+    assert type(kernel).__name__ == "F32Kernel" and not cpu.int8
+    assert [e["event"] for e in logs] == ["int8_kernels_unavailable"]
+    x = np.random.default_rng(13).normal(size=(2, 64)).astype(np.float32)
+    np.testing.assert_allclose(kernel(x), x @ w.dequantize().T, rtol=1e-5, atol=1e-5)

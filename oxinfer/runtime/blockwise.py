@@ -36,6 +36,7 @@ from oxinfer.formats.quants import QuantMatrix
 
 BLOCK = 32  # every quantized codec's block size, and MatMulNBits' block_size
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
+IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.30 refuses; opset 21 needs 10
 
 log = structlog.get_logger("oxinfer.runtime")
 _threads: dict[str, object] = {}  # process-wide settings, made once
@@ -88,6 +89,7 @@ class BlockwiseKernel:
         )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                         helper.make_opsetid("com.microsoft", 1)])
+        model.ir_version = IR_VERSION
         opts = ort.SessionOptions()
         if _threads["ort"] == "global":
             opts.use_per_session_threads = False

@@ -15,10 +15,13 @@ from collections.abc import Callable, Sequence
 import anyio
 import anyio.to_thread
 import numpy as np
+import structlog
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime import blockwise
 from oxinfer.runtime.backend import BackendStats, Job, fused_runs
+
+log = structlog.get_logger("oxinfer.runtime")
 
 Kernel = Callable[[np.ndarray], np.ndarray]  # x (t, n_in) -> (t, n_out) for one whole matrix
 
@@ -52,9 +55,19 @@ class CpuBackend:
         base = w.base or w
         kernel = self._kernels.get(base)
         if kernel is None:
-            use_int8 = self.int8 and blockwise.supports(base)
-            kernel = self._kernels[base] = blockwise.BlockwiseKernel(base) if use_int8 else F32Kernel(base)
+            kernel = self._kernels[base] = self._int8_kernel(base) or F32Kernel(base)
         return kernel
+
+    def _int8_kernel(self, w: QuantMatrix) -> Kernel | None:
+        if not (self.int8 and blockwise.supports(w)):
+            return None
+        try:
+            return blockwise.BlockwiseKernel(w)
+        except Exception as e:  # noqa: BLE001 - an onnxruntime that cannot run it: float32 still works
+            self.int8 = False
+            log.warning("int8_kernels_unavailable", weight=w.name, reason=repr(e),
+                        action="quantized weights are dequantized to float32 (exact, about half the speed)")
+            return None
 
     @property
     def resident_bytes(self) -> int:
