@@ -89,22 +89,23 @@ class KVPool:
 
 class KVCache:
     """All layers of one sequence: `slot` of `pool`. `offset` counts the tokens stored; `advance`
-    commits a step. The slot goes back to the pool when the cache is garbage collected (a decode
-    batch still running holds a reference), or at `release()`."""
+    commits a step. The slot goes back to the pool when the cache is garbage collected, never
+    earlier: a decode batch still running holds a reference and writes into the slot."""
 
     def __init__(self, pool: KVPool, slot: int, capacity: int, max_tokens: int):
         self.pool, self.slot = pool, slot
         self.max_tokens = max_tokens
         self.capacity = min(max(capacity, 1), max_tokens)  # tokens this sequence asked room for
         self.offset = 0
-        self._release = weakref.finalize(self, pool.give_back, slot)
+        weakref.finalize(self, pool.give_back, slot)
 
     @classmethod
     def private(cls, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, max_tokens: int) -> KVCache:
         """A cache with a pool of its own, grown in chunks as tokens arrive."""
-        tokens = min(-(-max(capacity, 1) // CHUNK) * CHUNK, max_tokens)
-        pool = KVPool(n_layers, n_kv_heads, head_dim, 1, tokens, growable=True)
-        return cls(pool, pool.take(), capacity, max_tokens)
+        pool = KVPool(n_layers, n_kv_heads, head_dim, 1, 0, growable=True)
+        cache = cls(pool, pool.take(), capacity, max_tokens)
+        cache.reserve(cache.capacity)
+        return cache
 
     def update_and_fetch(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Append k, v (t, n_kv, hd) to `layer` at the cache's offset; return every key and value
@@ -129,11 +130,7 @@ class KVCache:
         """Forget the last n tokens."""
         self.offset = max(0, self.offset - n)
 
-    def release(self) -> None:
-        """Give the slot back now (also done when the cache is garbage collected)."""
-        self._release()
-
     @property
     def nbytes(self) -> int:
         """Memory this sequence holds: the room it reserved."""
-        return 0 if not self._release.alive else self.capacity * self.pool.bytes_per_token
+        return self.capacity * self.pool.bytes_per_token

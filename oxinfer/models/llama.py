@@ -134,10 +134,10 @@ class Llama:
         return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
 
     @staticmethod
-    def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.ndarray, int]]:
+    def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.ndarray, slice, int]]:
         """One new token per sequence: the batch rows grouped by pool and length, as (rows, pool,
-        their slots, length with the new token). A group attends in three batched products over
-        the slot range it spans. Grouping by length keeps each row's arithmetic that of the same
+        their slots in ascending order, the slot range they span, length with the new token). A
+        group attends in three batched products over its range. Grouping by length keeps each row's arithmetic that of the same
         sequence alone (padding to a common length changed BLAS's kernels and the softmax sums,
         and the int8 matmuls turned those last-bit changes into 0.5-logit ones)."""
         keys = [(id(c.pool), c.offset) for c in caches]
@@ -146,10 +146,12 @@ class Llama:
             rows = np.array(sorted((i for i, k in enumerate(keys) if k == key), key=lambda i: caches[i].slot))
             slots = np.array([caches[i].slot for i in rows])  # ascending
             pool, n = caches[rows[0]].pool, key[1] + 1
-            if slots.max() - slots.min() + 1 > 2 * len(rows):  # scattered: a range would waste more than half
-                groups += [(rows[i:i + 1], pool, slots[i:i + 1], n) for i in range(len(rows))]
+            span = slice(int(slots[0]), int(slots[-1]) + 1)
+            if span.stop - span.start > 2 * len(rows):  # scattered: a range would waste more than half
+                groups += [(rows[i:i + 1], pool, slots[i:i + 1], slice(int(s), int(s) + 1), n)
+                           for i, s in enumerate(slots)]
             else:
-                groups.append((rows, pool, slots, n))
+                groups.append((rows, pool, slots, span, n))
         return groups
 
     @staticmethod
@@ -160,8 +162,7 @@ class Llama:
         B, H, hd = q.shape
         KV = k.shape[1]
         a = np.empty((B, H * hd), np.float32)
-        for rows, pool, slots, T in groups:
-            span = slice(int(slots[0]), int(slots[-1]) + 1)
+        for rows, pool, slots, span, T in groups:
             dense = span.stop - span.start == len(slots)  # the group is the whole range (the usual case)
             pool.write(layer, span if dense else slots, T - 1, k[rows], v[rows])
             keys, values = pool.window(layer, span, T)  # (R, KV, T, hd) each

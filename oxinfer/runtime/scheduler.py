@@ -6,8 +6,8 @@ happens once every runnable coroutine is waiting, with no timer; blocking work r
 
 A forward that runs alone (no other forward in progress; the engine batches its requests' steps
 into one) may take a shortcut: the whole coroutine runs in a worker thread and its matmuls are
-computed in place, so a step costs one thread round trip instead of one per matmul (~90 us each on the 2-core dev VM, x121
-for SmolLM2: more than a third of a token). This is DESIGN.md's device-resident chain, for the CPU.
+computed in place, so a step costs one thread round trip instead of one per matmul (~90 us each
+on the 2-core dev VM, x121 for SmolLM2: more than a third of a token). This is DESIGN.md's device-resident chain, for the CPU.
 
 The queue is a Batcher (runtime/batcher.py): no background task, no timer.
 """
