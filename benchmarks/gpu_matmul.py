@@ -21,9 +21,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from oxinfer.formats.quants import CODECS, QuantMatrix  # noqa: E402
+from oxinfer.formats.quants import QuantMatrix  # noqa: E402
 from oxinfer.runtime.backend import Job  # noqa: E402
 from oxinfer.runtime.webgpu import WebGpuBackend  # noqa: E402
+from oxinfer.testing import random_matrix  # noqa: E402
 
 FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
 # (t, n_out, n_in): decode-sized matvecs, SmolLM2-135M prefill shapes (ffn up, ffn down, tied head)
@@ -31,19 +32,6 @@ FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
 FULL = [(1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (512, 1536, 576), (512, 576, 1536),
         (512, 49152, 576), (2048, 4096, 4096)]
 QUICK = [(1, 1536, 576), (8, 1536, 576), (64, 1536, 576), (256, 1024, 1024), (512, 2048, 1024)]
-
-
-def random_matrix(qtype: str, n_out: int, n_in: int, rng) -> QuantMatrix:
-    """Random stored bytes with sane f16 scales (the values do not change the speed)."""
-    if qtype == "BF16":
-        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        return QuantMatrix("w", qtype, n_out, n_in, bits.view(np.uint8).reshape(n_out, -1))
-    c = CODECS[qtype]
-    n_blocks = n_out * n_in // 32
-    raw = rng.integers(0, 256, size=(n_blocks, c.block_bytes), dtype=np.uint8)
-    n_scales = 2 if qtype == "Q4_1" else 1
-    raw[:, :2 * n_scales] = rng.normal(0, 0.05, (n_blocks, n_scales)).astype(np.float16).view(np.uint8)
-    return QuantMatrix("w", qtype, n_out, n_in, raw.reshape(n_out, -1))
 
 
 def timed(fn, budget_s: float = 0.4, min_n: int = 3, max_n: int = 30) -> list[float]:

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFWriter
 from gguf import quants
 
-from oxinfer.formats.quants import CODECS
+from oxinfer.formats.quants import CODECS, QuantMatrix
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -35,6 +35,16 @@ def random_blocks(qtype: str, n_blocks: int, rng) -> np.ndarray:
     scales = rng.normal(0, 0.05, size=(n_blocks, n_scales)).astype(np.float16)
     raw[:, : 2 * n_scales] = scales.view(np.uint8).reshape(n_blocks, -1)
     return raw
+
+
+def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
+    """Random weights in their stored bytes, with sane f16 scales (bf16: rounded normals)."""
+    if qtype == "BF16":
+        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        data = bits.view(np.uint8).reshape(n_out, -1)
+    else:
+        data = random_blocks(qtype, n_out * n_in // 32, rng).reshape(n_out, -1)
+    return QuantMatrix(name, qtype, n_out, n_in, data)
 
 
 def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:

@@ -8,12 +8,11 @@ from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime import CpuBackend, blockwise
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.blockwise import BlockwiseKernel
-from oxinfer.testing import random_blocks
+from oxinfer.testing import random_matrix
 
 
-def quant_matrix(qtype: str, n_out: int, n_in: int, seed: int, name: str = "w") -> QuantMatrix:
-    raw = random_blocks(qtype, n_out * n_in // 32, np.random.default_rng(seed))
-    return QuantMatrix(name, qtype, n_out, n_in, raw.reshape(n_out, -1))
+def quant_matrix(qtype: str, n_out: int, n_in: int, seed: int) -> QuantMatrix:
+    return random_matrix(qtype, n_out, n_in, np.random.default_rng(seed))
 
 
 def int8_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
@@ -58,7 +57,7 @@ def test_a_row_gets_the_same_bits_alone_or_stacked(n_out, n_in):
 
 @pytest.mark.parametrize("int8", [True, False])
 def test_cpu_backend_splits_fused_views(int8):
-    base = quant_matrix("Q4_0", 64 + 32 + 32, 128, seed=4, name="qkv")
+    base = quant_matrix("Q4_0", 64 + 32 + 32, 128, seed=4)
     q, k, v = QuantMatrix.fuse("qkv", [QuantMatrix(n, "Q4_0", r1 - r0, 128, base.data[r0:r1])
                                        for n, r0, r1 in (("q", 0, 64), ("k", 64, 96), ("v", 96, 128))])
     cpu = CpuBackend(int8=int8)

@@ -18,7 +18,7 @@ import oxinfer
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
-from oxinfer.testing import random_blocks
+from oxinfer.testing import random_matrix
 
 from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
@@ -31,16 +31,6 @@ pytestmark = [
 FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
 ROWS = [1, 15, 16, 17, 300]  # around the matvec / tiled switch at 16, and past one 128-row tile
 TOL = 1e-4  # max abs error / max abs reference
-
-
-def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
-    """Random weights in their stored bytes, with sane f16 scales (bf16: rounded normals)."""
-    if qtype == "BF16":
-        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        data = bits.view(np.uint8).reshape(n_out, -1)
-    else:
-        data = random_blocks(qtype, n_out * n_in // 32, rng).reshape(n_out, -1)
-    return QuantMatrix(name, qtype, n_out, n_in, data)
 
 
 def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
