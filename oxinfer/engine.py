@@ -25,6 +25,7 @@ from oxinfer.formats import GGUFFile, default_model_path
 from oxinfer.models import KVCache, Llama, ModelConfig
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
+from oxinfer.runtime.ops import CpuOps
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher
@@ -107,7 +108,7 @@ class Engine:
         tokenizer = Tokenizer.from_gguf(f)
         scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8),
                                     gpu=gpu if gpu is not None else select_gpu_backend(backend))
-        model = Llama.from_gguf(f, cfg, scheduler.linear)
+        model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
         for m in model.matrices():
             scheduler.register(m)
         return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue)

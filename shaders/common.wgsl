@@ -7,11 +7,24 @@ struct Params {
     n_in: u32,   // columns of W and of x; a multiple of 32 (one quant block)
     row0: u32,   // first of those rows inside the uploaded matrix
     t: u32,      // rows of x
+    acc: u32,    // 1: add the product to y (a residual connection), 0: overwrite y
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>;    // (t, n_in) f32, row-major
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;    // (t, n_out) f32, row-major
+
+// y[i] = v, or y[i] += v when the dispatch accumulates (P.acc): one thread owns each output
+fn put(i: u32, v: f32) {
+    if (P.acc != 0u) {
+        y[i] += v;
+    } else {
+        y[i] = v;
+    }
+}
 
 // Every decode_*.wgsl defines
 //   fn w8(row: u32, c: u32) -> array<vec4<f32>, 2>

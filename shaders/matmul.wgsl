@@ -21,7 +21,7 @@ fn store4(m: u32, n: u32, v: vec4<f32>) {
     }
     for (var j = 0u; j < 4u; j++) {
         if (n + j < P.n_out) {
-            y[m * P.n_out + n + j] = v[j];
+            put(m * P.n_out + n + j, v[j]);
         }
     }
 }

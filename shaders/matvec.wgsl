@@ -19,7 +19,7 @@ fn mv_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
         let w = w8(r, c);
         acc += dot(x[xb + 2u * c], w[0]) + dot(x[xb + 2u * c + 1u], w[1]);
     }
-    y[tok * P.n_out + r] = acc;
+    put(tok * P.n_out + r, acc);
 }
 
 // mv_wg: 64 invocations share MV_ROWS rows (mv_partial, matvec_common.wgsl), then a tree reduction in
@@ -40,6 +40,6 @@ fn mv_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         workgroupBarrier();
     }
     if (lid < MV_ROWS && row0 + lid < P.n_out) {
-        y[tok * P.n_out + row0 + lid] = red[0][lid];
+        put(tok * P.n_out + row0 + lid, red[0][lid]);
     }
 }

@@ -22,6 +22,6 @@ fn mv_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         for (var i = 0u; i < 64u / sg_size; i++) {
             total += part[i][lid];
         }
-        y[tok * P.n_out + row0 + lid] = total;
+        put(tok * P.n_out + row0 + lid, total);
     }
 }

@@ -63,6 +63,7 @@ MM_BIG_TILES = 256
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
+PARAMS_BYTES = 32  # struct Params of common.wgsl
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
 FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
 
@@ -467,7 +468,7 @@ class WebGpuBackend:
             kind = kernel or self.kernel_for(t, n_out)
             pipe, bgl = self.pipeline(d.weight.qtype, kind)
             bg = self.device.create_bind_group(layout=bgl, entries=[
-                {"binding": 0, "resource": {"buffer": pbuf, "offset": i * ALIGN, "size": 16}},
+                {"binding": 0, "resource": {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}},
                 {"binding": 1, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}},
                 {"binding": 2, "resource": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4}},
                 {"binding": 3, "resource": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}},

@@ -1,0 +1,196 @@
+"""The ops a model's forward is written in, run eagerly on the CPU.
+
+The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `attention`, `silu_mul`,
+`add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
+through the matmul scheduler, which batches them across requests); runtime/resident.py records
+the same calls as GPU dispatches of one submission per step.
+
+A step is bracketed by `begin(seqs, caches)` (positions, masks, KV room) and `end(step)` (the
+caches hold the new rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.models.config import ModelConfig
+from oxinfer.models.kv_cache import KVCache, KVPool
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    ms = np.einsum("td,td->t", x, x)[:, None] / np.float32(x.shape[-1])  # (t, 1); np.mean costs 3x more here
+    return x * (np.float32(1.0) / np.sqrt(ms + np.float32(eps))) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Over the last axis, in place (x is a scratch array)."""
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+@dataclass
+class CpuStep:
+    """One forward's rows: sequence i owns rows rows[i]:rows[i+1], at positions pos."""
+
+    seqs: list[np.ndarray]
+    caches: list[KVCache]
+    pos: np.ndarray  # (T,)
+    rows: np.ndarray  # (n_seqs + 1,)
+    masks: list[np.ndarray | None]
+    groups: list | None  # decode steps: rows grouped by pool and length (decode_groups)
+
+
+class CpuOps:
+    """numpy ops for one model config; `linear` is the scheduler's awaitable product."""
+
+    def __init__(self, cfg: ModelConfig, linear):
+        self.cfg = cfg
+        self.linear = linear  # await linear(x, *weights, tag=...) -> [x @ w.T ...]
+        # rope as complex rotations e^(i pos theta_j) for every position; see rope()
+        inv_freq = cfg.rope_base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
+        ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
+        self.rot = np.exp(1j * ang).astype(np.complex64)[:, None, :]  # (ctx, 1, rope_dim/2)
+
+    # --- step bracket ---------------------------------------------------------------------------
+    def begin(self, seqs: list[np.ndarray], caches: list[KVCache]) -> CpuStep:
+        ctx = self.cfg.context_length
+        starts = [cache.offset for cache in caches]
+        lens = [len(s) for s in seqs]
+        for s0, n in zip(starts, lens):
+            if s0 + n > ctx:
+                raise ValueError(f"context overflow: {s0 + n} tokens > context length {ctx}")
+        pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,)
+        groups = decode_groups(caches) if max(lens) == 1 else None
+        if groups is not None:
+            for cache in caches:
+                cache.reserve(cache.offset + 1)
+        return CpuStep(seqs, caches, pos, np.cumsum([0, *lens]),
+                       [causal_mask(s0, n) for s0, n in zip(starts, lens)], groups)
+
+    def end(self, step: CpuStep) -> None:
+        for cache, s in zip(step.caches, step.seqs):
+            cache.advance(len(s))
+
+    # --- ops ------------------------------------------------------------------------------------
+    def embed(self, table: QuantMatrix, step: CpuStep) -> np.ndarray:
+        return table.dequantize(np.concatenate(step.seqs))  # (T, d)
+
+    @staticmethod
+    def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return rms_norm(x, w, eps)
+
+    @staticmethod
+    def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return silu(gate) * up
+
+    @staticmethod
+    def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        return x + y
+
+    @staticmethod
+    def last_rows(x: np.ndarray, seqs: list[np.ndarray]) -> np.ndarray:
+        return x[np.cumsum([len(s) for s in seqs]) - 1]  # (n_seqs, d)
+
+    def attention(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, step: CpuStep) -> np.ndarray:
+        """q (T, H*hd), k, v (T, KV*hd) -> (T, H*hd): rope on q and k, the softmax scale on q, k and
+        v appended to each sequence's cache, causal GQA attention per sequence (or per decode group)."""
+        c = self.cfg
+        q = self.rope(q.reshape(-1, c.n_heads, c.head_dim), step.pos)  # (T, H, hd)
+        q *= np.float32(c.head_dim ** -0.5)  # the softmax scale, once for every row
+        k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), step.pos)  # (T, KV, hd)
+        v = v.reshape(-1, c.n_kv_heads, c.head_dim)
+        if step.groups is not None:
+            return attention_decode(layer, q, k, v, step.groups)
+        a = np.empty((len(step.pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
+        for cache, mask, r0, r1 in zip(step.caches, step.masks, step.rows[:-1], step.rows[1:]):
+            keys, values = cache.update_and_fetch(layer, k[r0:r1], v[r0:r1])
+            a[r0:r1] = attention(q[r0:r1], keys, values, mask)
+        return a
+
+    def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
+        """Rotate adjacent pairs (x[2i], x[2i+1]): GGUF stores llama q/k rows permuted for this.
+        A pair is a complex number, so the rotation is one complex product."""
+        n = self.cfg.rope_dim
+        x = np.ascontiguousarray(x)  # (t, heads, hd)
+        if n == x.shape[-1]:
+            return (x.view(np.complex64) * self.rot[pos]).view(np.float32)
+        out = x.copy()
+        out[..., :n] = (np.ascontiguousarray(x[..., :n]).view(np.complex64) * self.rot[pos]).view(np.float32)
+        return out
+
+
+def causal_mask(start: int, t: int) -> np.ndarray | None:
+    """(t, t + start) additive mask: query i (at position start + i) sees keys up to its own
+    position. None for one query, which sees everything. Built once per forward, used per layer."""
+    if t == 1:
+        return None
+    future = np.arange(start + t)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
+    return np.where(future, -np.inf, 0).astype(np.float32)
+
+
+def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """GQA for one sequence. q (t, H, hd) already scaled by 1/sqrt(hd), keys and values
+    (KV, T, hd), mask (t, T) or None -> (t, H*hd)."""
+    t, H, hd = q.shape
+    KV, T, _ = keys.shape
+    g = H // KV
+    # the g query heads that share a kv head become rows of one product per kv head
+    qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
+    scores = qg @ keys.swapaxes(-1, -2)  # (KV, g*t, T)
+    if mask is not None:
+        scores.reshape(KV, g, t, T)[...] += mask
+    out = softmax(scores) @ values  # (KV, g*t, hd)
+    return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
+
+
+def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.ndarray, slice, int]]:
+    """One new token per sequence: the batch rows grouped by pool and length, as (rows, pool,
+    their slots in ascending order, the slot range they span, length with the new token). A
+    group attends in three batched products over its range. Grouping by length keeps each row's
+    arithmetic that of the same sequence alone (padding to a common length changed BLAS's kernels
+    and the softmax sums, and the int8 matmuls turned those last-bit changes into 0.5-logit ones)."""
+    keys = [(id(c.pool), c.offset) for c in caches]
+    groups = []
+    for key in dict.fromkeys(keys):
+        rows = np.array(sorted((i for i, k in enumerate(keys) if k == key), key=lambda i: caches[i].slot))
+        slots = np.array([caches[i].slot for i in rows])  # ascending
+        pool, n = caches[rows[0]].pool, key[1] + 1
+        span = slice(int(slots[0]), int(slots[-1]) + 1)
+        if span.stop - span.start > 2 * len(rows):  # scattered: a range would waste more than half
+            groups += [(rows[i:i + 1], pool, slots[i:i + 1], slice(int(s), int(s) + 1), n)
+                       for i, s in enumerate(slots)]
+        else:
+            groups.append((rows, pool, slots, span, n))
+    return groups
+
+
+def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, groups) -> np.ndarray:
+    """q (B, H, hd) scaled, k, v (B, KV, hd): one new token per sequence -> (B, H*hd). Writes
+    k, v into the pools, then attends group by group over the range of slots each spans (the
+    range's other slots are computed and dropped)."""
+    B, H, hd = q.shape
+    KV = k.shape[1]
+    a = np.empty((B, H * hd), np.float32)
+    for rows, pool, slots, span, T in groups:
+        dense = span.stop - span.start == len(slots)  # the group is the whole range (the usual case)
+        pool.write(layer, span if dense else slots, T - 1, k[rows], v[rows])
+        keys, values = pool.window(layer, span, T)  # (R, KV, T, hd) each
+        qr = q[rows].reshape(len(rows), KV, H // KV, hd)  # (R, KV, g, hd)
+        if not dense:  # zero queries for the range's other slots, whose rows are dropped
+            at = slots - span.start
+            full = np.zeros((len(keys), *qr.shape[1:]), np.float32)
+            full[at] = qr
+            qr = full
+        scores = qr @ keys.swapaxes(-1, -2)  # (R, KV, g, T)
+        out = softmax(scores) @ values  # (R, KV, g, hd)
+        a[rows] = (out if dense else out[at]).reshape(len(rows), H * hd)
+    return a

@@ -1,0 +1,143 @@
+// Attention over the device KV pool (runtime/resident.py). Keys and values of one layer live in
+// blocks of BS positions: element (block, kv head, position % BS, d) of kpool / vpool, and
+// table[slot * MAXB + position / BS] names the block of a sequence's position (a block table per
+// sequence, so that blocks can later be shared between sequences).
+//
+// rope_kv: the q|k|v row of the fused product -> q rotated and scaled (the softmax scale, once),
+// k rotated and v as is appended to the pool at the row's position. GGUF stores llama's q/k rows
+// permuted for rotating adjacent pairs (x[2i], x[2i+1]) by pos * theta_i; cos/sin come from a
+// table computed in float64 on the host (the CPU path's table), not from f32 pos * theta here.
+//
+// attend: one workgroup per (row, query head): causal GQA softmax(q k^T) v over the row's
+// sequence up to its own position, 64 positions per tile with an online softmax (running max
+// and sum, the accumulators rescaled per tile), so any length runs in fixed workgroup memory.
+
+@group(0) @binding(1) var<storage, read> meta: array<u32>;
+@group(0) @binding(2) var<storage, read> src: array<f32>;     // rope_kv: q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
+@group(0) @binding(3) var<storage, read> table: array<u32>;
+
+struct Cs {
+    c: f32,
+    s: f32,
+};
+
+// rope_kv ------------------------------------------------------------------------------------
+@group(0) @binding(4) var<storage, read> rope: array<Cs>;     // (context, ROPE_PAIRS)
+@group(0) @binding(5) var<storage, read_write> q_out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kpool: array<f32>;
+@group(0) @binding(7) var<storage, read_write> vpool: array<f32>;
+
+fn kv_index(r: u32, kvh: u32, d: u32) -> u32 {
+    let pos = meta[ROW_POS + r];
+    let blk = table[meta[ROW_SLOT + r] * MAXB + pos / BS];
+    return ((blk * P.k + kvh) * BS + pos % BS) * HD + d;
+}
+
+@compute @workgroup_size(64)
+fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;           // pair j of the row: head j / (HD / 2), pair i within it
+    let r = gid.y;
+    let half = HD / 2u;
+    let heads = P.n + 2u * P.k;
+    if (r >= P.t || j >= heads * half) {
+        return;
+    }
+    let h = j / half;
+    let i = j % half;
+    let o = (r * heads + h) * HD + 2u * i;
+    var a = src[o];
+    var b = src[o + 1u];
+    if (h < P.n + P.k && i < ROPE_PAIRS) {
+        let cs = rope[meta[ROW_POS + r] * ROPE_PAIRS + i];
+        let a2 = a * cs.c - b * cs.s;
+        b = a * cs.s + b * cs.c;
+        a = a2;
+    }
+    if (h < P.n) {
+        let qo = (r * P.n + h) * HD + 2u * i;
+        q_out[qo] = a * P.scale;
+        q_out[qo + 1u] = b * P.scale;
+    } else if (h < P.n + P.k) {
+        let ko = kv_index(r, h - P.n, 2u * i);
+        kpool[ko] = a;
+        kpool[ko + 1u] = b;
+    } else {
+        let vo = kv_index(r, h - P.n - P.k, 2u * i);
+        vpool[vo] = a;
+        vpool[vo + 1u] = b;
+    }
+}
+
+// attend -------------------------------------------------------------------------------------
+@group(0) @binding(8) var<storage, read> keys: array<f32>;
+@group(0) @binding(9) var<storage, read> values: array<f32>;
+@group(0) @binding(10) var<storage, read_write> out: array<f32>;   // (t, H*HD)
+
+const DPT: u32 = (HD + 63u) / 64u;   // output dims per invocation
+var<workgroup> qs: array<f32, HD>;
+var<workgroup> sc: array<f32, 64>;
+var<workgroup> n_keys: u32;
+
+@compute @workgroup_size(64)
+fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let r = wid.y;
+    if (r >= P.t) {
+        return;
+    }
+    let kvh = h / (P.n / P.k);
+    let slot = meta[ROW_SLOT + r];
+    if (lid == 0u) {
+        n_keys = meta[ROW_POS + r] + 1u;   // causal: positions 0 .. own
+    }
+    for (var d = lid; d < HD; d += 64u) {
+        qs[d] = src[(r * P.n + h) * HD + d];
+    }
+    let n = workgroupUniformLoad(&n_keys);   // also the barrier after qs
+    var m = -3.0e38;   // below any score
+    var l = 0.0;
+    var acc: array<f32, DPT>;
+    for (var t0 = 0u; t0 < n; t0 += 64u) {
+        let p = t0 + lid;
+        var s = -3.0e38;
+        if (p < n) {
+            let kb = ((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD;
+            s = 0.0;
+            for (var d = 0u; d < HD; d++) {
+                s += qs[d] * keys[kb + d];
+            }
+        }
+        sc[lid] = s;
+        workgroupBarrier();
+        let cnt = min(64u, n - t0);
+        var tm = m;
+        for (var j = 0u; j < cnt; j++) {
+            tm = max(tm, sc[j]);
+        }
+        let corr = exp(m - tm);   // 0 on the first tile
+        l *= corr;
+        for (var i = 0u; i < DPT; i++) {
+            acc[i] *= corr;
+        }
+        for (var j = 0u; j < cnt; j++) {
+            let pj = exp(sc[j] - tm);
+            l += pj;
+            let pp = t0 + j;
+            let vb = ((table[slot * MAXB + pp / BS] * P.k + kvh) * BS + pp % BS) * HD;
+            for (var i = 0u; i < DPT; i++) {
+                let d = lid + 64u * i;
+                if (d < HD) {
+                    acc[i] += pj * values[vb + d];
+                }
+            }
+        }
+        m = tm;
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < DPT; i++) {
+        let d = lid + 64u * i;
+        if (d < HD) {
+            out[(r * P.n + h) * HD + d] = acc[i] / l;
+        }
+    }
+}

@@ -1,0 +1,26 @@
+// silu_mul: y[r, i] = silu(g[r, i]) * g[r, n + i], where g holds gate | up side by side (one fused
+// product); add: y += x (a residual that could not ride on a matmul's accumulate flag).
+
+@group(0) @binding(2) var<storage, read> g: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(64)
+fn silu_mul(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= P.n || r >= P.t) {
+        return;
+    }
+    let gate = g[r * 2u * P.n + i];
+    y[r * P.n + i] = gate / (1.0 + exp(-gate)) * g[r * 2u * P.n + P.n + i];
+}
+
+@compute @workgroup_size(64)
+fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= P.n || r >= P.t) {
+        return;
+    }
+    y[r * P.n + i] += g[r * P.n + i];
+}

@@ -1,0 +1,40 @@
+// rms_norm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one workgroup per row (as the numpy op:
+// the mean over the row, then one reciprocal). With flags & 1 the rows are the last row of each
+// sequence (meta SEQ_LAST): the final norm gathers the rows whose logits are wanted.
+
+@group(0) @binding(1) var<storage, read> meta: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> w: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+var<workgroup> red: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    if (r >= P.t) {
+        return;
+    }
+    var src = r;
+    if ((P.flags & 1u) != 0u) {
+        src = meta[SEQ_LAST + r];
+    }
+    let xo = src * P.n;
+    var s = 0.0;
+    for (var i = lid; i < P.n; i += 64u) {
+        let v = x[xo + i];
+        s += v * v;
+    }
+    red[lid] = s;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
+    for (var i = lid; i < P.n; i += 64u) {
+        y[r * P.n + i] = x[xo + i] * inv * w[i];
+    }
+}
