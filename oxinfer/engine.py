@@ -26,6 +26,7 @@ from oxinfer.models import KVCache, Llama, ModelConfig
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.ops import CpuOps
+from oxinfer.runtime.resident import DeviceCache, KVPoolFull, ResidentRunner
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher
@@ -48,20 +49,22 @@ class _Request:
     admitted: anyio.Event | None = None  # set when a slot frees up (while queued)
     aborted: bool = False
     scope: anyio.CancelScope | None = None  # around the forward in flight
-    cache: KVCache | None = None
+    cache: KVCache | DeviceCache | None = None
+    needs_logits: bool = True  # False: the argmax is the token (greedy, no logprobs, no penalties)
 
 
 class Engine:
     """A loaded model ready to serve. `await Engine.load()`, or `async with await Engine.load()`."""
 
     def __init__(self, path: Path, tokenizer: Tokenizer, model: Llama, scheduler: MatmulScheduler,
-                 max_concurrent: int = 16, max_queue: int = 256):
+                 max_concurrent: int = 16, max_queue: int = 256, resident: ResidentRunner | None = None):
         if max_concurrent < 1 or max_queue < 0:
             raise ValueError(f"max_concurrent must be >= 1 and max_queue >= 0, got {max_concurrent}, {max_queue}")
         self.path = path
         self.tokenizer = tokenizer
         self.model = model
         self.scheduler = scheduler
+        self.resident = resident  # the whole forward on the GPU; None: the CPU ops (matmuls may offload)
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
         model.kv_slots = max(model.kv_slots, max_concurrent)  # before the first cache makes the pool
@@ -86,7 +89,8 @@ class Engine:
     # --- loading ------------------------------------------------------------------------------
     @classmethod
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu: Backend | None = None,
-                   max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True) -> Engine:
+                   max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
+                   resident: bool = True) -> Engine:
         """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop.
 
         backend: "cpu" (numpy), "webgpu" (a WebGPU adapter, or an error) or "auto" (a real GPU when
@@ -95,13 +99,16 @@ class Engine:
         EngineOverloaded. cpu_int8: on the CPU, quantized weights multiply through blockwise int8
         kernels, the activations rounded to int8 per block of 32 as llama.cpp does; False
         dequantizes them to float32 once (exact, 4x the bytes per token, about half the speed).
+        resident: on a WebGPU device, run the whole forward there (runtime/resident.py: one
+        submission per step); False offloads only the big matmuls, each with its own round trip.
         """
         return await anyio.to_thread.run_sync(cls._load_sync, path, backend, gpu, max_concurrent, max_queue,
-                                              cpu_int8)
+                                              cpu_int8, resident)
 
     @classmethod
     def _load_sync(cls, path: str | Path | None, backend: str = "cpu", gpu: Backend | None = None,
-                   max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True) -> Engine:
+                   max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
+                   resident: bool = True) -> Engine:
         path = Path(path) if path is not None else default_model_path()
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
@@ -111,7 +118,13 @@ class Engine:
         model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
         for m in model.matrices():
             scheduler.register(m)
-        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue)
+        runner = None
+        if resident and hasattr(scheduler.gpu, "device"):  # a WebGpuBackend
+            try:
+                runner = ResidentRunner(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent))
+            except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
+                log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
+        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, runner)
 
     async def __aenter__(self) -> Engine:
         return self
@@ -246,17 +259,18 @@ class Engine:
         n, reason = 0, None
         t_first = t_prompt = None
         step = req.prompt_ids
+        req.needs_logits = sampler.needs_logits
         if not req.aborted:
-            req.cache = self.model.new_cache(len(req.prompt_ids) + p.max_tokens)
+            req.cache = self._new_cache(len(req.prompt_ids) + p.max_tokens)
         while not req.aborted:
             t0 = time.perf_counter()
             with anyio.CancelScope() as req.scope:
                 for i in range(0, len(step), PREFILL_CHUNK):  # the prompt in chunks, or one token
-                    logits = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req.cache), tag=req.id)
+                    argmax, logits = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req), tag=req.id)
             req.scope = None
             if req.aborted:
                 break
-            tok, lp, top = sampler(logits[-1])
+            tok, lp, top = sampler(logits) if logits is not None else (argmax, None, None)
             n += 1
             if t_first is None:
                 t_first = time.perf_counter()
@@ -284,23 +298,91 @@ class Engine:
         )
 
     async def _run_steps(self, batch: list[Ticket]) -> None:
-        """One forward for every ticket ((tokens, cache) each: a prompt chunk or a decode step).
-        Alone (no other forward in flight) it runs whole in a worker thread: one thread hop per
-        step, and prompt chunks share it with decode steps. 16 concurrent 128-token prompts took
-        2.47 s as 16 forwards meeting in the scheduler, 2.37 s as one (warm; the first batch of a
-        new size pays ~1 s of first-touch page faults either way)."""
-        seqs = [t.payload[0] for t in batch]
-        caches = [t.payload[1] for t in batch]
-        logits = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(batch),
-                                          tag=",".join(str(t.tag) for t in batch))
-        for t, row in zip(batch, logits):
-            t.out = row[None]  # (1, vocab)
+        """One forward for every ticket ((tokens, request) each: a prompt chunk or a decode step);
+        each ticket gets (argmax token or None, logits row or None).
+
+        Requests with a device cache run as one GPU step; the others (and all of them after a
+        device fault, or those the device pool cannot hold) as one CPU forward. Alone (no other
+        forward in flight) the CPU forward runs whole in a worker thread: one thread hop per step.
+        16 concurrent 128-token prompts took 2.47 s as 16 forwards meeting in the scheduler, 2.37 s
+        as one (warm; the first batch of a new size pays ~1 s of first-touch page faults either way)."""
+        on_gpu = [t for t in batch if isinstance(t.payload[1].cache, DeviceCache)]
+        if on_gpu and self.resident is not None:
+            on_gpu = await self._reserve_on_device(on_gpu)
+        if on_gpu and self.resident is not None:
+            reqs = [t.payload[1] for t in on_gpu]
+            try:
+                ids, rows = await self.resident.forward_batch([t.payload[0] for t in on_gpu], [r.cache for r in reqs],
+                                                              need=[r.needs_logits for r in reqs])
+            except Exception as e:  # noqa: BLE001 - a device fault must never lose a request
+                self._gpu_fault(e, [r.id for r in reqs])
+            else:
+                for t, tok, row in zip(on_gpu, ids, rows):
+                    t.out = (int(tok), row)
+        cpu = [t for t in batch if not t.done]
+        if not cpu:
+            return
+        for t in cpu:
+            if isinstance(t.payload[1].cache, DeviceCache):
+                await self._move_to_cpu(t.payload[1])
+        logits = await self.scheduler.run(self.model.forward_batch, [t.payload[0] for t in cpu],
+                                          [t.payload[1].cache for t in cpu], solo=True, requests=len(cpu),
+                                          tag=",".join(str(t.tag) for t in cpu))
+        for t, row in zip(cpu, logits):
+            t.out = (None, row)
+
+    def _new_cache(self, capacity: int) -> KVCache | DeviceCache:
+        """A KV cache where steps run: the device pool when the forward lives on the GPU (when it
+        has a free slot), else the CPU's."""
+        if self.resident is not None:
+            try:
+                return self.resident.new_cache()
+            except KVPoolFull as e:
+                log.info("gpu_kv_full", reason=str(e), action="this request runs on the CPU")
+        return self.model.new_cache(capacity)
+
+    async def _reserve_on_device(self, tickets: list[Ticket]) -> list[Ticket]:
+        """The tickets whose rows the device pool can hold; the others move to the CPU."""
+        keep = []
+        for t in tickets:
+            tokens, req = t.payload
+            try:
+                self.resident.reserve([req.cache], [len(tokens)])
+            except KVPoolFull as e:
+                log.info("gpu_kv_full", request_id=req.id, reason=str(e), action="the request continues on the CPU")
+                await self._move_to_cpu(req)
+            else:
+                keep.append(t)
+        return keep
+
+    def _gpu_fault(self, e: Exception, request_ids: list[str]) -> None:
+        """The device failed a step: every request continues on the CPU from here on."""
+        log.error("gpu_fault", reason=repr(e), request_id=request_ids,
+                  action="every request continues on the CPU (re-prefilled from its tokens)")
+        self.resident = None
+        self.scheduler.gpu = None
+
+    async def _move_to_cpu(self, req: _Request) -> None:
+        """Rebuild a request's device cache on the CPU from the tokens it holds."""
+        held = req.cache.tokens
+        cache = self.model.new_cache(len(req.prompt_ids) + req.params.max_tokens)
+        for i in range(0, len(held), PREFILL_CHUNK):
+            await self.scheduler.run(self.model.hidden, [np.asarray(held[i:i + PREFILL_CHUNK])], [cache])
+        req.cache = cache
+        log.info("request_moved_to_cpu", request_id=req.id, tokens=len(held))
 
     async def _forward(self, tokens, cache: KVCache, all_logits: bool = False, **kw) -> np.ndarray:
         """Logits for tokens on a cache of no request (next_logits, all_logits), in chunks of
         PREFILL_CHUNK tokens (bounds the attention scores: 8k tokens at once would be 2.4 GB).
         A few tokens while no request runs go solo (whole in a worker thread)."""
         tokens = np.asarray(tokens)
+        if isinstance(cache, DeviceCache):
+            if self.resident is not None:
+                try:
+                    return await self.resident.forward(tokens, cache, all_logits=all_logits)
+                except Exception as e:  # noqa: BLE001 - a device fault: the CPU answers instead
+                    self._gpu_fault(e, [])
+            cache = self.model.new_cache(len(tokens))
         small = len(tokens) <= SOLO_MAX_TOKENS and not self._running
         outs = []
         for i in range(0, len(tokens), PREFILL_CHUNK):
@@ -350,9 +432,9 @@ class Engine:
     async def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
         ids = self.prompt_ids(list(ids))
-        return (await self._forward(ids, self.model.new_cache(len(ids))))[-1].copy()
+        return (await self._forward(ids, self._new_cache(len(ids))))[-1].copy()
 
     async def all_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
         ids = self.prompt_ids(list(ids))
-        return (await self._forward(ids, self.model.new_cache(len(ids)), all_logits=True)).copy()
+        return (await self._forward(ids, self._new_cache(len(ids)), all_logits=True)).copy()

@@ -82,6 +82,14 @@ class Sampler:
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.seed)
 
+    @property
+    def needs_logits(self) -> bool:
+        """False when the token is the plain argmax of the logits (greedy, no logprobs, no penalties):
+        a device forward then hands back only the id."""
+        p = self.params
+        penalized = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+        return not p.greedy or p.logprobs is not None or bool(penalized)
+
     def __call__(self, logits: np.ndarray) -> tuple[int, float | None, tuple[tuple[int, float], ...] | None]:
         """(token, its logprob, top-n [(id, logprob)]) from one logits row (vocab,)."""
         p = self.params

@@ -12,7 +12,7 @@
 // sequence up to its own position, 64 positions per tile with an online softmax (running max
 // and sum, the accumulators rescaled per tile), so any length runs in fixed workgroup memory.
 
-@group(0) @binding(1) var<storage, read> meta: array<u32>;
+@group(0) @binding(1) var<storage, read> rows_info: array<u32>;
 @group(0) @binding(2) var<storage, read> src: array<f32>;     // rope_kv: q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
 @group(0) @binding(3) var<storage, read> table: array<u32>;
 
@@ -28,8 +28,8 @@ struct Cs {
 @group(0) @binding(7) var<storage, read_write> vpool: array<f32>;
 
 fn kv_index(r: u32, kvh: u32, d: u32) -> u32 {
-    let pos = meta[ROW_POS + r];
-    let blk = table[meta[ROW_SLOT + r] * MAXB + pos / BS];
+    let pos = rows_info[ROW_POS + r];
+    let blk = table[rows_info[ROW_SLOT + r] * MAXB + pos / BS];
     return ((blk * P.k + kvh) * BS + pos % BS) * HD + d;
 }
 
@@ -48,7 +48,7 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
     var a = src[o];
     var b = src[o + 1u];
     if (h < P.n + P.k && i < ROPE_PAIRS) {
-        let cs = rope[meta[ROW_POS + r] * ROPE_PAIRS + i];
+        let cs = rope[rows_info[ROW_POS + r] * ROPE_PAIRS + i];
         let a2 = a * cs.c - b * cs.s;
         b = a * cs.s + b * cs.c;
         a = a2;
@@ -86,9 +86,9 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         return;
     }
     let kvh = h / (P.n / P.k);
-    let slot = meta[ROW_SLOT + r];
+    let slot = rows_info[ROW_SLOT + r];
     if (lid == 0u) {
-        n_keys = meta[ROW_POS + r] + 1u;   // causal: positions 0 .. own
+        n_keys = rows_info[ROW_POS + r] + 1u;   // causal: positions 0 .. own
     }
     for (var d = lid; d < HD; d += 64u) {
         qs[d] = src[(r * P.n + h) * HD + d];

@@ -1,8 +1,8 @@
 // rms_norm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one workgroup per row (as the numpy op:
 // the mean over the row, then one reciprocal). With flags & 1 the rows are the last row of each
-// sequence (meta SEQ_LAST): the final norm gathers the rows whose logits are wanted.
+// sequence (rows_info SEQ_LAST): the final norm gathers the rows whose logits are wanted.
 
-@group(0) @binding(1) var<storage, read> meta: array<u32>;
+@group(0) @binding(1) var<storage, read> rows_info: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
@@ -17,7 +17,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     var src = r;
     if ((P.flags & 1u) != 0u) {
-        src = meta[SEQ_LAST + r];
+        src = rows_info[SEQ_LAST + r];
     }
     let xo = src * P.n;
     var s = 0.0;

@@ -1,14 +1,14 @@
 // Shared by the non-matmul kernels of the device-resident forward (runtime/resident.py). Python
 // prepends the model's constants: HD (head_dim), BS (KV positions per block), MAXB (blocks per
 // sequence: the length of a block-table row), ROPE_PAIRS (rotated pairs per head), and the layout
-// of the step buffer `meta` (u32): meta[0] = rows, meta[1] = sequences, then ROW_POS (position of
+// of the step buffer `rows_info` (u32): rows_info[0] = rows, rows_info[1] = sequences, then ROW_POS (position of
 // each row), ROW_SLOT (block-table row of each row's sequence), SEQ_LAST (last row of each sequence).
 
 struct Op {
     t: u32,      // rows this dispatch covers: the step's rows, or one per sequence
     n: u32,      // columns (rms_norm, silu_mul, add, argmax); query heads (attention)
     k: u32,      // kv heads (attention)
-    flags: u32,  // rms_norm: 1 = output row r reads row meta[SEQ_LAST + r] of x
+    flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x
     eps: f32,    // rms_norm
     scale: f32,  // rope_kv: the softmax scale 1/sqrt(head_dim), applied to q once
     _p0: u32,

@@ -78,6 +78,7 @@ _KERNELS = {
     "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
+    "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
 }
 
 

@@ -1,0 +1,565 @@
+"""The whole forward on the GPU: device tensors, a device KV pool, one submission per step.
+
+The model's forward (models/llama.py) is traced once through `Recorder`, an ops object whose every
+op records a dispatch into a program and returns a device tensor instead of computing. A step then
+replays the program: the step's rows (tokens, positions, block-table slots) and row counts go into
+device buffers, the recorded dispatches are encoded into one compute pass, the argmax and the
+copies of what the host needs follow, and the step is one submission. What comes back: the argmax
+token of each sequence (4 bytes) and the logits rows a sampler asks for, nothing else.
+
+Everything a dispatch binds is a buffer that lives as long as the runner (weights, norm vectors,
+the rope table, the KV pool, scratch activations sized for the largest step), so bind groups and
+pipelines are built once per program and kernel; per-step values live in device buffers: the row
+counts in each dispatch's uniform slot (one write_buffer per step), positions and slots in `meta`.
+
+Scratch activations are named by role (one buffer per role, reused by every layer): the trace is
+the model's own forward, which never reads a tensor after the op that replaced it, and `add`
+accumulates into x in place (fused into the preceding matmul when it produced the addend).
+
+The KV cache of a sequence is a `DeviceCache`: a row of the block table and the blocks of BS
+positions it took as tokens arrived (taken per step, returned when the cache is collected).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import structlog
+
+from oxinfer.errors import OxinferError
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime.backend import Job, fused_runs
+from oxinfer.runtime.ops import rope_table
+from oxinfer.runtime.webgpu import ALIGN, PARAMS_BYTES, WebGpuBackend, WebGpuUnavailable, _grid, _shader_dir, wgpu
+
+log = structlog.get_logger("oxinfer.resident")
+
+BS = 32  # KV positions per block
+KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
+PARAM_WORDS = ALIGN // 4
+
+
+class KVPoolFull(OxinferError):
+    """The device KV pool has no free block or slot for a sequence (it continues on the CPU)."""
+
+
+# --- the KV pool ----------------------------------------------------------------------------------
+
+class DeviceKV:
+    """Host bookkeeping of the device KV pool: free blocks, free block-table rows (slots), and the
+    table itself, whose changed rows are written to the device before the next step."""
+
+    def __init__(self, n_blocks: int, n_slots: int, max_blocks: int):
+        self.n_blocks, self.n_slots, self.max_blocks = n_blocks, n_slots, max_blocks
+        self.free_blocks = list(range(n_blocks - 1, -1, -1))
+        self.free_slots = list(range(n_slots - 1, -1, -1))
+        self.table = np.zeros((n_slots, max_blocks), np.uint32)
+        self.dirty: set[int] = set()
+
+    def take_slot(self) -> int:
+        if not self.free_slots:
+            raise KVPoolFull(f"all {self.n_slots} device KV slots are in use")
+        return self.free_slots.pop()
+
+    def grow(self, slot: int, blocks: list[int], n: int) -> None:
+        """Give `blocks` (the slot's) room for n positions."""
+        need = -(-n // BS)
+        if need > self.max_blocks:
+            raise KVPoolFull(f"{n} positions > the {self.max_blocks * BS} a device KV slot holds")
+        if need - len(blocks) > len(self.free_blocks):
+            raise KVPoolFull(f"the device KV pool is full ({self.n_blocks} blocks of {BS} positions)")
+        while len(blocks) < need:
+            b = self.free_blocks.pop()
+            self.table[slot, len(blocks)] = b
+            blocks.append(b)
+            self.dirty.add(slot)
+
+    def release(self, slot: int, blocks: list[int]) -> None:
+        self.free_blocks.extend(blocks)
+        self.free_slots.append(slot)
+        blocks.clear()
+
+
+class DeviceCache:
+    """One sequence's keys and values in the device pool (the CPU's KVCache API: offset, advance,
+    trim, nbytes). `tokens` are the ids it holds, to rebuild it on the CPU after a device fault.
+    The slot and blocks go back when the cache is garbage collected, never earlier: a step in
+    flight holds a reference."""
+
+    def __init__(self, kv: DeviceKV, bytes_per_token: int):
+        self.kv = kv
+        self.slot = kv.take_slot()
+        self.blocks: list[int] = []
+        self.offset = 0
+        self.tokens: list[int] = []
+        self._bytes_per_token = bytes_per_token
+        weakref.finalize(self, kv.release, self.slot, self.blocks)
+
+    def reserve(self, n: int) -> None:
+        self.kv.grow(self.slot, self.blocks, n)
+
+    def append(self, tokens: np.ndarray) -> None:
+        """The step that wrote these tokens' keys and values is done."""
+        self.offset += len(tokens)
+        self.tokens.extend(int(i) for i in tokens)
+
+    def trim(self, n: int) -> None:
+        n = min(n, self.offset)
+        self.offset -= n
+        del self.tokens[len(self.tokens) - n:]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.blocks) * BS * self._bytes_per_token
+
+
+# --- device tensors and recorded dispatches -------------------------------------------------------
+
+@dataclass(eq=False)
+class DTensor:
+    """Columns [col0, col0 + cols) of a row-major f32 buffer `stride` floats wide; one row per
+    step row (rows "t") or per sequence (rows "s"). `gather`: the last row of each sequence of
+    `buf` (last_rows), resolved by the rms_norm that reads it."""
+
+    buf: object
+    stride: int
+    cols: int
+    col0: int = 0
+    rows: str = "t"
+    gather: bool = False
+
+    @property
+    def whole(self) -> bool:
+        return self.col0 == 0 and self.cols == self.stride and not self.gather
+
+
+@dataclass(eq=False)
+class _Dispatch:
+    kernel: str  # "mm" (the matmul kind is picked per step from its rows), "embed", or "file:entry"
+    qtype: str | None
+    entries: dict[int, object]  # binding -> buffer (bound whole); binding 0 is the params slot
+    params: np.ndarray  # (PARAM_WORDS,) u32: this dispatch's uniform slot
+    t_word: int  # the params word that holds the row count
+    rows: str  # "t" or "s"
+    grid: Callable[[str, int], tuple[int, int, int]]  # (kind, rows) -> workgroups
+    bound: dict = field(default_factory=dict)  # kind -> (pipeline, bind group), built at first use
+
+
+def _f32_word(v: float) -> int:
+    return int(np.float32(v).view(np.uint32))
+
+
+class Recorder:
+    """The ops API (runtime/ops.py) recording dispatches: tracing a forward yields its program."""
+
+    def __init__(self, runner: ResidentRunner, max_t: int):
+        self.r = runner
+        self.max_t = max_t  # rows a "t" tensor holds in this program
+        self.disps: list[_Dispatch] = []
+
+    def _scratch(self, role: str, cols: int, rows: str) -> DTensor:
+        n = self.max_t if rows == "t" else self.r.max_seqs
+        return DTensor(self.r.scratch(f"{role}:{rows}{n}x{cols}", n * cols * 4), cols, cols, rows=rows)
+
+    def _record(self, kernel, entries, words, rows, grid, qtype=None, t_word=0):
+        p = np.zeros(PARAM_WORDS, np.uint32)
+        p[:len(words)] = words
+        self.disps.append(_Dispatch(kernel, qtype, entries, p, t_word, rows, grid))
+
+    # --- step bracket: the step's rows live in device buffers, written per step ----------------
+    def begin(self, seqs, caches):
+        return None
+
+    def end(self, step) -> None:
+        pass
+
+    # --- ops ----------------------------------------------------------------------------------
+    def embed(self, table: QuantMatrix, step) -> DTensor:
+        d = table.n_in
+        out = self._scratch("x", d, "t")
+        self._record("embed", {2: out.buf, 3: self.r.weight(table).buffer, 4: self.r.tokens},
+                     [0, d, 0, 0], "t", lambda k, t: (-(-d // 512), t, 1), qtype=table.qtype, t_word=3)
+        return out
+
+    def rms_norm(self, x: DTensor, w: np.ndarray, eps: float) -> DTensor:
+        if not (x.whole or (x.gather and x.col0 == 0 and x.cols == x.stride)):
+            raise NotImplementedError("rms_norm on the GPU takes whole rows")
+        rows = "s" if x.gather else x.rows
+        out = self._scratch("norm", x.cols, rows)
+        self._record("norm:rms_norm", {1: self.r.meta, 2: x.buf, 3: self.r.vector(w), 4: out.buf},
+                     [0, x.cols, 0, int(x.gather), _f32_word(eps)], rows, lambda k, t: (t, 1, 1))
+        return out
+
+    async def linear(self, x: DTensor, *weights: QuantMatrix, tag=None) -> list[DTensor]:
+        if not x.whole:
+            raise NotImplementedError("linear on the GPU takes whole rows of one tensor")
+        outs = []
+        for i, run in enumerate(fused_runs([Job(w) for w in weights])):
+            first = self.r.weight(run[0].weight)
+            n_out = sum(j.weight.n_out for j in run)
+            y = self._scratch(f"lin{i}", n_out, x.rows)
+            self._record("mm", {1: x.buf, 2: y.buf, 3: first.buffer}, [n_out, x.cols, first.row0, 0, 0],
+                         x.rows, lambda k, t, n=n_out: _grid(k, n, t), qtype=first.qtype, t_word=3)
+            c = 0
+            for j in run:
+                outs.append(DTensor(y.buf, n_out, j.weight.n_out, c, x.rows))
+                c += j.weight.n_out
+        return outs
+
+    def attention(self, layer: int, q: DTensor, k: DTensor, v: DTensor, step) -> DTensor:
+        cfg = self.r.cfg
+        H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        if not (q.buf is k.buf is v.buf and q.col0 == 0 and k.col0 == H * hd and v.col0 == (H + KV) * hd
+                and q.stride == (H + 2 * KV) * hd):
+            raise NotImplementedError("attention on the GPU takes q|k|v of one fused product")
+        qr = self._scratch("q", H * hd, "t")
+        kp, vp = self.r.kpool[layer], self.r.vpool[layer]
+        pairs = (H + 2 * KV) * hd // 2
+        self._record("attention:rope_kv", {1: self.r.meta, 2: q.buf, 3: self.r.table, 4: self.r.rope,
+                                           5: qr.buf, 6: kp, 7: vp},
+                     [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (-(-pairs // 64), t, 1))
+        out = self._scratch("attn", H * hd, "t")
+        self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 8: kp, 9: vp, 10: out.buf},
+                     [0, H, KV], "t", lambda k, t: (H, t, 1))
+        return out
+
+    def silu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
+        ff = gate.cols
+        if not (gate.buf is up.buf and gate.col0 == 0 and up.col0 == ff and gate.stride == 2 * ff):
+            raise NotImplementedError("silu_mul on the GPU takes gate|up of one fused product")
+        out = self._scratch("ffn", ff, gate.rows)
+        self._record("elementwise:silu_mul", {2: gate.buf, 3: out.buf}, [0, ff], gate.rows,
+                     lambda k, t: (-(-ff // 64), t, 1))
+        return out
+
+    def add(self, x: DTensor, y: DTensor) -> DTensor:
+        """x += y, in place. When the last dispatch was the matmul that produced y, it writes into
+        x with its accumulate flag instead (a residual costs no dispatch)."""
+        if not (x.whole and y.whole and x.cols == y.cols and x.rows == y.rows):
+            raise NotImplementedError("add on the GPU takes two whole tensors of one shape")
+        last = self.disps[-1] if self.disps else None
+        if last is not None and last.kernel == "mm" and last.entries[2] is y.buf and last.params[4] == 0:
+            last.entries[2] = x.buf
+            last.params[4] = 1
+            return x
+        n = x.cols
+        self._record("elementwise:add", {2: y.buf, 3: x.buf}, [0, n], x.rows, lambda k, t: (-(-n // 64), t, 1))
+        return x
+
+    @staticmethod
+    def last_rows(x: DTensor, seqs) -> DTensor:
+        return DTensor(x.buf, x.stride, x.cols, x.col0, "s", gather=True)
+
+    def argmax(self, logits: DTensor) -> None:
+        self._record("argmax:argmax", {2: logits.buf, 3: self.r.ids, 4: self.r.tokens}, [0, logits.cols],
+                     logits.rows, lambda k, t: (t, 1, 1))
+
+
+class _Program:
+    """One traced forward: its dispatches, their uniform slots, and where its logits are."""
+
+    def __init__(self, device, disps: list[_Dispatch], logits: DTensor):
+        self.disps = disps
+        self.logits = logits
+        self.params = np.stack([d.params for d in disps])  # (n, PARAM_WORDS)
+        self.pbuf = device.create_buffer(size=self.params.nbytes,
+                                         usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        idx = np.arange(len(disps))
+        words = np.array([d.t_word for d in disps])
+        by_s = np.array([d.rows == "s" for d in disps])
+        self.t_at = (idx[~by_s], words[~by_s])
+        self.s_at = (idx[by_s], words[by_s])
+
+    def set_rows(self, t: int, s: int) -> None:
+        self.params[self.t_at] = t
+        self.params[self.s_at] = s
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one device step did; the keys of the `gpu_step` debug event and of the stats."""
+
+    step_id: int
+    rows: int
+    seqs: int
+    dispatches: int
+    bytes_up: int
+    bytes_down: int
+    encode_s: float
+    submit_s: float
+    wait_s: float
+
+
+@dataclass
+class ResidentStats:
+    """Totals over the runner's steps. Field names are the structlog keys."""
+
+    steps: int = 0
+    submissions: int = 0
+    blocking_waits: int = 0
+    dispatches: int = 0
+    rows: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    encode_s: float = 0.0
+    wait_s: float = 0.0
+    seconds: float = 0.0
+
+
+# --- the runner -----------------------------------------------------------------------------------
+
+class ResidentRunner:
+    """A model whose every op runs on one WebGPU device. `forward_batch` has the model's contract
+    (logits of each sequence's last row, or of every row) plus the argmax ids."""
+
+    def __init__(self, gpu: WebGpuBackend, model, *, max_rows: int = 512, max_seqs: int = 64,
+                 kv_bytes: int | None = None):
+        self.gpu, self.model, self.cfg = gpu, model, model.cfg
+        self.device = gpu.device
+        self.max_rows, self.max_seqs = max_rows, max_seqs
+        cfg = self.cfg
+        if cfg.head_dim % 2 or cfg.head_dim > 256 or cfg.n_heads % cfg.n_kv_heads:
+            raise WebGpuUnavailable(f"head_dim {cfg.head_dim}: the GPU attention takes even head sizes up to 256")
+        self._buffers: dict = {}
+        self._vectors: dict[int, object] = {}
+        self._pipelines: dict[str, object] = {}
+        self._programs: dict[bool, _Program] = {}
+        self._lock = threading.Lock()
+        self._ids = 0
+        self.stats = ResidentStats()
+        self.last: StepRecord | None = None
+        for m in [*model.matrices(), model.embed]:
+            self.weight(m)
+        BU = wgpu.BufferUsage
+        self.tokens = self._buffer(max(max_rows, max_seqs) * 4, BU.STORAGE | BU.COPY_DST)
+        self.ids = self._buffer(max_seqs * 4, BU.STORAGE | BU.COPY_SRC)
+        self._meta_words = 4 + 2 * max_rows + max_seqs
+        self.meta = self._buffer(self._meta_words * 4, BU.STORAGE | BU.COPY_DST)
+        rot = rope_table(cfg)  # (ctx, rope_dim/2) complex64 = (cos, sin) pairs
+        self.rope = self.device.create_buffer_with_data(data=rot.view(np.float32), usage=BU.STORAGE)
+        # the KV pool: per layer (blocks, KV, BS, hd) f32 for keys and for values
+        self.bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+        budget = kv_bytes or (KV_BYTES // 4 if gpu.cpu_adapter else KV_BYTES)
+        max_blocks = -(-cfg.context_length // BS)
+        n_slots = max_seqs + 8  # running requests plus a few one-off forwards (next_logits)
+        n_blocks = max(1, min(budget // (BS * self.bytes_per_token), n_slots * max_blocks))
+        block_bytes = cfg.n_kv_heads * BS * cfg.head_dim * 4
+        if n_blocks * block_bytes > gpu._max_binding:
+            n_blocks = gpu._max_binding // block_bytes
+        self.kv = DeviceKV(n_blocks, n_slots, max_blocks)
+        self.kpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
+        self.vpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
+        self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
+        self._logit_bytes = max_seqs * cfg.vocab_size * 4
+        self._ids_bytes = -(-max_seqs * 4 // ALIGN) * ALIGN
+        self.staging = self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
+        self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+                        f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
+                        f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
+        log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *
+                 cfg.n_layers, max_rows=max_rows, max_seqs=max_seqs)
+
+    # --- resources ----------------------------------------------------------------------------
+    def _buffer(self, size: int, usage: int):
+        return self.device.create_buffer(size=max(ALIGN, -(-size // ALIGN) * ALIGN), usage=usage)
+
+    def scratch(self, name: str, size: int):
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = self._buffers[name] = self._buffer(size, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        return buf
+
+    def weight(self, w: QuantMatrix):
+        handle = self.gpu.upload(w)
+        if handle is None:
+            raise WebGpuUnavailable(f"{w.name} ({w.qtype}) cannot live on the GPU: the forward stays on the CPU")
+        return handle
+
+    def vector(self, v: np.ndarray):
+        buf = self._vectors.get(id(v))
+        if buf is None:
+            buf = self._vectors[id(v)] = self.device.create_buffer_with_data(
+                data=np.ascontiguousarray(v, np.float32), usage=wgpu.BufferUsage.STORAGE)
+        return buf
+
+    def new_cache(self) -> DeviceCache:
+        with self._lock:
+            return DeviceCache(self.kv, self.bytes_per_token)
+
+    def _op_pipeline(self, kernel: str):
+        pipe = self._pipelines.get(kernel)
+        if pipe is None:
+            file, entry = kernel.split(":")
+            d = _shader_dir()
+            code = self._prefix + (d / "ops_common.wgsl").read_text() + "\n" + (d / f"{file}.wgsl").read_text()
+            module = self.device.create_shader_module(code=code)
+            pipe = self._pipelines[kernel] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": module, "entry_point": entry})
+        return pipe
+
+    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str):
+        got = d.bound.get(kind)
+        if got is None:
+            if d.kernel in ("mm", "embed"):
+                pipe, layout = self.gpu.pipeline(d.qtype, kind)
+            else:
+                pipe = self._op_pipeline(d.kernel)
+                layout = pipe.get_bind_group_layout(0)
+            entries = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
+            entries += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                        for b, buf in sorted(d.entries.items())]
+            got = d.bound[kind] = (pipe, self.device.create_bind_group(layout=layout, entries=entries))
+        return got
+
+    # --- tracing ------------------------------------------------------------------------------
+    def program(self, all_logits: bool) -> _Program:
+        prog = self._programs.get(all_logits)
+        if prog is None:
+            rec = Recorder(self, self.max_seqs if all_logits else self.max_rows)
+            coro = self.model.forward_batch(None, None, all_logits=all_logits, ops=rec)
+            try:
+                coro.send(None)
+            except StopIteration as done:
+                logits = done.value
+            else:
+                coro.close()
+                raise RuntimeError("tracing: the forward awaited something other than an op")
+            if not all_logits:
+                rec.argmax(logits)
+            prog = self._programs[all_logits] = _Program(self.device, rec.disps, logits)
+        return prog
+
+    # --- one step -----------------------------------------------------------------------------
+    async def forward_batch(self, seqs: list[np.ndarray], caches: list[DeviceCache], *, all_logits: bool = False,
+                            need: list[bool] | None = None) -> tuple[np.ndarray, list[np.ndarray | None]]:
+        """Run one step in a worker thread (the event loop never waits on the driver)."""
+        return await anyio.to_thread.run_sync(self.step_sync, seqs, caches, all_logits, need,
+                                              limiter=self.gpu._limiter)
+
+    def reserve(self, caches: list[DeviceCache], lens: list[int]) -> None:
+        """Blocks for the coming rows (KVPoolFull before any GPU work when the pool cannot)."""
+        with self._lock:
+            for c, n in zip(caches, lens):
+                if c.offset + n > self.cfg.context_length:
+                    raise ValueError(f"context overflow: {c.offset + n} tokens > context length "
+                                     f"{self.cfg.context_length}")
+                c.reserve(c.offset + n)
+
+    def step_sync(self, seqs, caches, all_logits=False, need=None):
+        """(argmax ids (n_seqs,), logits rows) for one step: with all_logits the logits of every row
+        (rows, vocab) as the only list item; else, per sequence, its last row's logits where
+        need[i] (None elsewhere). Caches advance."""
+        seqs = [np.asarray(s, np.int64).reshape(-1) for s in seqs]
+        lens = [len(s) for s in seqs]
+        t, n = sum(lens), len(seqs)
+        limit = self.max_seqs if all_logits else self.max_rows
+        if t > limit or n > self.max_seqs or not t:
+            raise ValueError(f"a device step takes 1..{limit} rows of at most {self.max_seqs} sequences, got {t}, {n}")
+        self.reserve(caches, lens)
+        need = need or [False] * n
+        with self.gpu._lock:
+            t0 = time.perf_counter()
+            queue = self.device.queue
+            meta = np.zeros(self._meta_words, np.uint32)
+            meta[0], meta[1] = t, n
+            pos = np.concatenate([np.arange(c.offset, c.offset + k) for c, k in zip(caches, lens)])
+            meta[4:4 + t] = pos
+            meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
+            ends = np.cumsum(lens)
+            meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = ends - 1
+            up = meta.nbytes + 4 * t
+            queue.write_buffer(self.meta, 0, meta)
+            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
+            with self._lock:
+                dirty = sorted(self.kv.dirty)
+                self.kv.dirty.clear()
+                for s in dirty:
+                    row = self.kv.table[s]
+                    queue.write_buffer(self.table, s * row.nbytes, row)
+                    up += row.nbytes
+            prog = self.program(all_logits)
+            prog.set_rows(t, n)
+            queue.write_buffer(prog.pbuf, 0, prog.params)
+            up += prog.params.nbytes
+            enc = self.device.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            for i, d in enumerate(prog.disps):
+                rows = n if d.rows == "s" else t
+                kind = self.gpu.kernel_for(rows, int(d.params[0])) if d.kernel == "mm" else d.kernel
+                pipe, bg = self._bind(prog, i, d, kind)
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*d.grid(kind, rows))
+            cp.end()
+            vocab = self.cfg.vocab_size
+            row_bytes = vocab * 4
+            lg = prog.logits.buf
+            picks = [] if all_logits else [i for i in range(n) if need[i]]
+            if all_logits:
+                enc.copy_buffer_to_buffer(lg, 0, self.staging, self._ids_bytes, t * row_bytes)
+                down = t * row_bytes
+            else:
+                enc.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, self._ids_bytes)
+                for k, i in enumerate(picks):
+                    enc.copy_buffer_to_buffer(lg, i * row_bytes, self.staging, self._ids_bytes + k * row_bytes, row_bytes)
+                down = self._ids_bytes + len(picks) * row_bytes
+            t1 = time.perf_counter()
+            queue.submit([enc.finish()])
+            t2 = time.perf_counter()
+            size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
+            self.staging.map_sync(wgpu.MapMode.READ, 0, size)
+            t3 = time.perf_counter()
+            try:
+                mem = self.staging.read_mapped(0, size, copy=False)
+                if all_logits:
+                    out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
+                    ids = out[0].argmax(-1)
+                else:
+                    ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
+                    out = [None] * n
+                    for k, i in enumerate(picks):
+                        out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
+            finally:
+                self.staging.unmap()
+        for c, s in zip(caches, seqs):
+            c.append(s)
+        self._record(t, n, len(prog.disps), up, down, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0)
+        return ids, out
+
+    async def forward(self, tokens: np.ndarray, cache: DeviceCache, all_logits: bool = False) -> np.ndarray:
+        """Logits (rows, vocab) of every token (all_logits) or of the last, in chunks a step takes."""
+        tokens = np.asarray(tokens)
+        chunk = self.max_seqs if all_logits else self.max_rows
+        outs = []
+        for i in range(0, len(tokens), chunk):
+            last = i + chunk >= len(tokens)
+            _, rows = await self.forward_batch([tokens[i:i + chunk]], [cache], all_logits=all_logits, need=[last])
+            if all_logits:
+                outs.append(rows[0])
+            elif last:
+                outs.append(rows[0][None])
+        return np.concatenate(outs)
+
+    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, total_s) -> None:
+        self._ids += 1
+        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s)
+        self.last = rec
+        s = self.stats
+        s.steps += 1
+        s.submissions += 1
+        s.blocking_waits += 1
+        s.dispatches += dispatches
+        s.rows += rows
+        s.bytes_up += up
+        s.bytes_down += down
+        s.encode_s += encode_s
+        s.wait_s += wait_s
+        s.seconds += total_s
+        log.debug("gpu_step", **rec.__dict__)
