@@ -1,17 +1,20 @@
-"""A whole model on the GPU: prefill and decode tok/s through the WebGPU backend against the CPU.
+"""A whole model on the GPU: prefill and decode tok/s per backend, side by side in one run.
 
-    .venv/bin/python benchmarks/gpu_model.py [--model PATH | --synthetic 1b] [--prompt-tokens 512]
+    .venv/bin/python benchmarks/gpu_model.py [--model PATH | --synthetic 135m 1b] [--prompt-tokens 512]
+        [--concurrency 1 8 32] [--backends webgpu cpu]
 
 For machines that hold no real model (the lent H200 cannot take the 98 MB SmolLM2 file along), it
-writes a random TinyLlama-1.1B-shaped GGUF (22 layers, d 2048, ff 5632, 32 heads, 4 kv heads, Q4_1,
-32k vocab): the speed of a forward does not depend on the weights' values. Reports, per backend:
-prefill of one prompt (the GPU takes matmuls of >= 16 rows), decode of one stream, and the
-aggregate decode of N streams (stacked rows: the GPU takes the steps once N >= 16).
+writes random GGUFs of SmolLM2-135M's shape (30 layers, d 576, ff 1536, 9 heads, 3 kv heads, 49,152
+vocab) and TinyLlama-1.1B's (22 layers, d 2048, ff 5632, 32 heads, 4 kv heads, 32k vocab), Q4_1 with
+a Q8_0 embedding: the speed of a forward does not depend on the weights' values. Reports, per
+backend: prefill of one 512-token prompt, decode of one stream, the aggregate decode of N
+concurrent streams, and for the GPU-resident forward the submissions and blocking waits per token.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import tempfile
 import time
@@ -23,25 +26,33 @@ import numpy as np
 import oxinfer
 from oxinfer.testing import write_tiny_llama
 
-SYNTHETIC = {"1b": dict(n_layers=22, d=2048, d_ff=5632, n_heads=32, n_kv=4, extra_vocab=32000 - 259),
+SYNTHETIC = {"135m": dict(n_layers=30, d=576, d_ff=1536, n_heads=9, n_kv=3, extra_vocab=49152 - 259),
+             "1b": dict(n_layers=22, d=2048, d_ff=5632, n_heads=32, n_kv=4, extra_vocab=32000 - 259),
              "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000)}
 
 
-async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, streams: int) -> dict[str, float]:
-    engine = await oxinfer.Engine.load(path, backend=backend, max_concurrent=streams)
-    vocab = engine.config.vocab_size
-    prompt = [int(i) for i in np.random.default_rng(0).integers(0, 256, n_prompt)]
-    await engine.next_logits(prompt[:32])  # warm up: pipelines, buffers
-    t = time.perf_counter()
-    await engine.next_logits(prompt)
-    prefill = n_prompt / (time.perf_counter() - t)
+def _waits(engine):
+    r = engine.resident
+    return dataclasses.replace(r.stats) if r is not None else None
+
+
+def _phase(a, b, wall: float, steps: int) -> str:
+    """Where a decode step's time went, in ms per step (b - a: the resident stats of the phase)."""
+    if a is None:
+        return ""
+    n = b.steps - a.steps
+    per = lambda f: (getattr(b, f) - getattr(a, f)) / n * 1e3  # noqa: E731
+    return (f"step {wall / steps * 1e3:.2f} ms = in the GPU thread {per('seconds'):.2f} (encode {per('encode_s'):.2f}, "
+            f"submit {per('submit_s'):.2f}, wait {per('wait_s'):.2f}; GPU pass {per('kernel_s'):.2f}) + engine")
+
+
+async def crowd(engine, streams: int, n_decode: int) -> float:
+    """Aggregate decode tok/s of `streams` greedy streams, from the moment all have their first token."""
     params = oxinfer.SamplingParams(temperature=0, max_tokens=n_decode, ignore_eos=True)
-    r = await engine.generate(prompt[:16], params)
-    decode = r.finished.generation_tps
     firsts: list[float] = []
 
     async def one(i):
-        stream = engine.stream([(i * 31 + j) % min(vocab, 256) for j in range(16)], params)
+        stream = engine.stream([(i * 31 + j) % 256 for j in range(16)], params)
         await anext(stream)
         firsts.append(time.perf_counter())
         async for _ in stream:
@@ -50,38 +61,67 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, stream
     async with anyio.create_task_group() as tg:
         for i in range(streams):
             tg.start_soon(one, i)
-    crowd = streams * (n_decode - 1) / (time.perf_counter() - max(firsts))
-    gpu = engine.scheduler.gpu
-    return dict(prefill=prefill, decode=decode, crowd=crowd,
-                gpu_calls=engine.scheduler.counters.gpu_calls, gpu=gpu.stats().summary() if gpu else "-")
+    return streams * (n_decode - 1) / (time.perf_counter() - max(firsts))
+
+
+async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int]) -> dict:
+    gpu = None
+    if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
+        from oxinfer.runtime.webgpu import WebGpuBackend
+        gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
+    engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max(concurrency))
+    prompt = [int(i) for i in np.random.default_rng(0).integers(0, 256, n_prompt)]
+    await engine.next_logits(prompt)  # warm up: pipelines, buffers, first-touch pages
+    await crowd(engine, 2, 4)
+    t = time.perf_counter()
+    await engine.next_logits(prompt)
+    out = {"prefill": n_prompt / (time.perf_counter() - t)}
+    out["phases"] = []
+    for n in concurrency:
+        await crowd(engine, n, 4)  # this batch size's plans and kernels, once
+        a = _waits(engine)
+        out[f"x{n}"] = await crowd(engine, n, n_decode)
+        b = _waits(engine)
+        if a is not None:
+            out[f"waits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))  # per generated token
+            out[f"steps{n}"] = (b.submissions - a.submissions) / (n_decode - 1)  # submissions per decode step
+            out["phases"].append(f"{n} streams: " + _phase(a, b, (n_decode - 1) * n / out[f"x{n}"], n_decode - 1))
+    r = engine.resident
+    out["detail"] = (f"resident: {r.last}" if r is not None else
+                     (engine.scheduler.gpu.stats().summary() if engine.scheduler.gpu else "cpu"))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", help="a .gguf (default: a synthetic one, see --synthetic)")
-    ap.add_argument("--synthetic", choices=list(SYNTHETIC), default="1b")
+    ap.add_argument("--model", help="a .gguf (default: synthetic ones, see --synthetic)")
+    ap.add_argument("--synthetic", nargs="+", choices=list(SYNTHETIC), default=["135m", "1b"])
     ap.add_argument("--prompt-tokens", type=int, default=512)
-    ap.add_argument("--decode-tokens", type=int, default=32)
-    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--decode-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
+    print(f"machine: {os.cpu_count()} cores; {a.prompt_tokens}-token prefill, {a.decode_tokens} tokens decoded per stream")
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(a.model) if a.model else None
-        if path is None:
+        models = [Path(a.model)] if a.model else []
+        for name in ([] if a.model else a.synthetic):
             t = time.perf_counter()
-            path = write_tiny_llama(Path(tmp) / f"synthetic-{a.synthetic}.gguf", fast=True, context=4096,
-                                    **SYNTHETIC[a.synthetic])
+            path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096, **SYNTHETIC[name])
             print(f"wrote {path.name}: {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t:.1f} s")
-        print(f"machine: {os.cpu_count()} cores; {a.prompt_tokens}-token prefill, {a.decode_tokens} decoded, "
-              f"{a.streams} streams")
-        print("| backend | prefill tok/s | decode tok/s (1 stream) | decode tok/s aggregate (N streams) | GPU calls |")
-        print("|---|---:|---:|---:|---:|")
-        for backend in a.backends:
-            r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.streams)
-            print(f"| {backend} | {r['prefill']:.1f} | {r['decode']:.1f} | {r['crowd']:.1f} | {r['gpu_calls']} |", flush=True)
-            if r["gpu"] != "-":
-                print(f"|  | {r['gpu']} | | | |", flush=True)
+            models.append(path)
+        cols = " | ".join(f"{n} streams tok/s" for n in a.concurrency)
+        print(f"| model | backend | prefill tok/s | {cols} | waits/token (1 stream) | submissions/step |")
+        print("|---|---|---:|" + "---:|" * len(a.concurrency) + "---:|---:|")
+        for path in models:
+            for backend in a.backends:
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency)
+                c = a.concurrency[0]
+                vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
+                print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {r.get(f'waits{c}', 0):.2f} | "
+                      f"{r.get(f'steps{c}', 0):.2f} |", flush=True)
+                for line in [*r["phases"], r["detail"]]:
+                    print(f"<!-- {line} -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // attend -------------------------------------------------------------------------------------
-@group(0) @binding(8) var<storage, read> keys: array<f32>;
+@group(0) @binding(8) var<storage, read> keys: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read> values: array<f32>;
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;   // (t, H*HD)
 
@@ -101,11 +101,12 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         let p = t0 + lid;
         var s = -3.0e38;
         if (p < n) {
-            let kb = ((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD;
-            s = 0.0;
-            for (var d = 0u; d < HD; d++) {
-                s += qs[d] * keys[kb + d];
+            let kb = (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
+            var s4 = vec4<f32>(0.0);
+            for (var d = 0u; d < HD / 4u; d++) {   // HD % 4 == 0: one 16-byte load per 4 dims
+                s4 += vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]) * keys[kb + d];
             }
+            s = s4.x + s4.y + s4.z + s4.w;
         }
         sc[lid] = s;
         workgroupBarrier();

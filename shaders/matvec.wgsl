@@ -43,3 +43,59 @@ fn mv_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
         put(tok * P.n_out + row0 + lid, red[0][lid]);
     }
 }
+
+// mv_tok: mv_wg for a few tokens at once (batched decode steps: 2 to ~64 rows of x). A workgroup
+// computes 8 rows for TOK tokens: each weight chunk is decoded once and used for every one of them
+// (mv_wg decodes it once per token), and each x chunk serves 8 rows (re-reading x per 4 rows made
+// x, not W, the traffic of a 32-token step), then 8 tree reductions share the barriers.
+const TOK: u32 = 8u;
+const TOK_ROWS: u32 = 8u;
+var<workgroup> red8: array<vec4<f32>, 1024>;   // [token][half][invocation]
+
+@compute @workgroup_size(64)
+fn mv_tok(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let row0 = (wid.x + wid.y * nwg.x) * TOK_ROWS;
+    let tok0 = wid.z * TOK;
+    let last = P.n_out - 1u;
+    let stride = P.n_in >> 2u;
+    var lo: array<vec4<f32>, TOK>;   // rows row0 .. +3
+    var hi: array<vec4<f32>, TOK>;   // rows row0 + 4 .. +7
+    for (var c = lid; c < (P.n_in >> 3u); c += 64u) {
+        let w0 = w8(min(row0, last), c);
+        let w1 = w8(min(row0 + 1u, last), c);
+        let w2 = w8(min(row0 + 2u, last), c);
+        let w3 = w8(min(row0 + 3u, last), c);
+        let w4 = w8(min(row0 + 4u, last), c);
+        let w5 = w8(min(row0 + 5u, last), c);
+        let w6 = w8(min(row0 + 6u, last), c);
+        let w7 = w8(min(row0 + 7u, last), c);
+        for (var k = 0u; k < TOK; k++) {
+            let xb = min(tok0 + k, P.t - 1u) * stride + 2u * c;   // tokens past t: computed, never stored
+            let xa = x[xb];
+            let xc = x[xb + 1u];
+            lo[k] += vec4<f32>(dot(xa, w0[0]) + dot(xc, w0[1]), dot(xa, w1[0]) + dot(xc, w1[1]),
+                               dot(xa, w2[0]) + dot(xc, w2[1]), dot(xa, w3[0]) + dot(xc, w3[1]));
+            hi[k] += vec4<f32>(dot(xa, w4[0]) + dot(xc, w4[1]), dot(xa, w5[0]) + dot(xc, w5[1]),
+                               dot(xa, w6[0]) + dot(xc, w6[1]), dot(xa, w7[0]) + dot(xc, w7[1]));
+        }
+    }
+    for (var k = 0u; k < TOK; k++) {
+        red8[k * 128u + lid] = lo[k];
+        red8[k * 128u + 64u + lid] = hi[k];
+    }
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            for (var k = 0u; k < 2u * TOK; k++) {
+                red8[k * 64u + lid] += red8[k * 64u + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    let k = lid / TOK_ROWS;   // 64 invocations = 8 tokens x 8 rows
+    let r = lid % TOK_ROWS;
+    if (row0 + r < P.n_out && tok0 + k < P.t) {
+        put((tok0 + k) * P.n_out + row0 + r, red8[(2u * k + r / 4u) * 64u][r % 4u]);
+    }
+}

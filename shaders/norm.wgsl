@@ -1,4 +1,4 @@
-// rms_norm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one workgroup per row (as the numpy op:
+// rms_norm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one workgroup of 256 per row (as the numpy op:
 // the mean over the row, then one reciprocal). With flags & 1 the rows are the last row of each
 // sequence (rows_info SEQ_LAST): the final norm gathers the rows whose logits are wanted.
 
@@ -7,9 +7,9 @@
 @group(0) @binding(3) var<storage, read> w: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-var<workgroup> red: array<f32, 64>;
+var<workgroup> red: array<f32, 256>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = wid.x;
     if (r >= P.t) {
@@ -21,20 +21,20 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     let xo = src * P.n;
     var s = 0.0;
-    for (var i = lid; i < P.n; i += 64u) {
+    for (var i = lid; i < P.n; i += 256u) {
         let v = x[xo + i];
         s += v * v;
     }
     red[lid] = s;
     workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
+    for (var k = 128u; k > 0u; k >>= 1u) {
         if (lid < k) {
             red[lid] += red[lid + k];
         }
         workgroupBarrier();
     }
     let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
-    for (var i = lid; i < P.n; i += 64u) {
+    for (var i = lid; i < P.n; i += 256u) {
         y[r * P.n + i] = x[xo + i] * inv * w[i];
     }
 }

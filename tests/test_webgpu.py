@@ -6,6 +6,7 @@ stay small. Skipped only when there is no adapter at all.
 """
 
 import logging
+import os
 import time
 
 import anyio
@@ -44,7 +45,7 @@ def gpu() -> WebGpuBackend:
 
 def kernels(gpu: WebGpuBackend) -> list[str | None]:
     """None (the automatic choice) and every kernel this adapter can run, forced."""
-    ks = [None, "mv_rows", "mv_wg", "mm_tiled", "mm_tiled64"]
+    ks = [None, "mv_rows", "mv_wg", "mv_tok", "mm_tiled", "mm_tiled64"]
     return ks + ["mv_subgroup"] if "subgroup" in gpu.features else ks
 
 
@@ -167,25 +168,38 @@ async def test_loop_ticks_during_a_long_gpu_matmul(gpu):
     assert max(gaps) < 0.050, f"loop blocked {max(gaps) * 1e3:.0f} ms (longest matmul {longest * 1e3:.0f} ms)"
 
 
-# --- the real model with its prefill on the GPU -------------------------------------------------
+# --- the real model, its whole forward on the GPU -----------------------------------------------
 
-GOLDEN_PROMPTS = range(6)  # all six, as tests/test_golden.py (the long one takes lavapipe ~10 s)
+# lavapipe runs SmolLM2's forward at ~1 s per decode step and ~0.4 s per prompt row batch, so CI
+# checks the four short prompts (5, 37, 6 and 1 tokens); OXINFER_FULL_GOLDEN=1 adds the 295- and
+# 128-token ones (about 6 more minutes there; seconds on a real GPU)
+GOLDEN_PROMPTS = range(6) if os.environ.get("OXINFER_FULL_GOLDEN") else (0, 1, 2, 5)
 
 
 @pytest.fixture(scope="module")
 async def gpu_engine():
-    """The default model, every prefill matmul on the GPU (thresholds lowered to zero)."""
+    """The default model with every op of its forward on the GPU (runtime/resident.py)."""
+    async with await oxinfer.Engine.load(gpu=WebGpuBackend.create(allow_cpu_adapter=True)) as e:
+        assert e.resident is not None
+        yield e
+
+
+@pytest.fixture(scope="module")
+async def offload_engine():
+    """The default model with only its matmuls on the GPU (resident=False), every one of them
+    (thresholds lowered to zero)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0)
-    async with await oxinfer.Engine.load(gpu=backend) as e:
+    async with await oxinfer.Engine.load(gpu=backend, resident=False) as e:
         yield e
 
 
 @pytest.mark.parametrize("index", GOLDEN_PROMPTS)
 async def test_golden_top5_on_gpu(gpu_engine, golden, index):
     prompt = golden["prompts"][index]
-    calls = gpu_engine.scheduler.counters.gpu_calls
+    steps = gpu_engine.resident.stats.steps
     logits = await gpu_engine.next_logits(prompt["prompt_ids"])
-    assert gpu_engine.scheduler.counters.gpu_calls > calls
+    assert gpu_engine.resident.stats.steps == steps + 1  # one submission for the whole prompt
+    assert gpu_engine.scheduler.cpu.stats().calls == 0  # nothing of it on the CPU
     assert_top5(logits, prompt)
 
 
@@ -193,37 +207,40 @@ async def test_golden_top5_on_gpu(gpu_engine, golden, index):
 async def test_golden_teacher_forced_on_gpu(gpu_engine, golden, index):
     prompt = golden["prompts"][index]
     ids = prompt["prompt_ids"] + prompt["greedy_ids"]
-    logits = await gpu_engine.all_logits(ids[:-1])  # 36 rows: the tiled kernel
+    logits = await gpu_engine.all_logits(ids[:-1])  # every position's logits, 64 rows a step
     assert_teacher_forced(logits, prompt)
 
 
 @pytest.mark.parametrize("index", GOLDEN_PROMPTS)
 async def test_golden_free_running_on_gpu(gpu_engine, golden, index):
-    """Greedy decode with every matmul on the GPU matches llama.cpp up to its first close call."""
+    """Greedy decode with every op on the GPU (the argmax too) matches llama.cpp up to its first
+    close call."""
     prompt = golden["prompts"][index]
-    ours = [t async for t in gpu_engine.generate_ids(prompt["prompt_ids"], 32, stop_on_eog=False)]
     margins = [s["margin_top1_top2"] for s in prompt["greedy_steps"]]
     first_close = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
+    n = max(first_close, 2)
+    ours = [t async for t in gpu_engine.generate_ids(prompt["prompt_ids"], n, stop_on_eog=False)]
+    assert len(ours) == n
     assert ours[:first_close] == prompt["greedy_ids"][:first_close]
 
 
-async def test_solo_decode_steps_reach_the_gpu(gpu_engine, golden):
+async def test_solo_decode_steps_reach_the_gpu(offload_engine, golden):
     """A lone request's decode steps run whole in a worker thread; their matmuls still go to the
     GPU (synchronously) when it takes them, and the greedy tokens are llama.cpp's."""
     prompt = golden["prompts"][0]
-    c = gpu_engine.scheduler.counters
+    c = offload_engine.scheduler.counters
     solo0, gpu0 = c.solo_forwards, c.gpu_calls
     params = oxinfer.SamplingParams(temperature=0, max_tokens=4)
-    r = await gpu_engine.generate(prompt["prompt_ids"], params)
+    r = await offload_engine.generate(prompt["prompt_ids"], params)
     assert list(r.token_ids) == prompt["greedy_ids"][:4]  # margins 2.5, 1.2, 1.4, 1.5: clear
     assert c.solo_forwards >= solo0 + 3
-    assert c.gpu_calls >= gpu0 + 3 * (4 * gpu_engine.config.n_layers + 1)
+    assert c.gpu_calls >= gpu0 + 3 * (4 * offload_engine.config.n_layers + 1)
 
 
-async def test_gpu_stats_show_coalesced_jobs(gpu_engine):
-    await gpu_engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
-    assert gpu_engine.scheduler.counters.gpu_calls > 0
-    s = gpu_engine.scheduler.gpu.stats()
+async def test_gpu_stats_show_coalesced_jobs(offload_engine):
+    await offload_engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
+    assert offload_engine.scheduler.counters.gpu_calls > 0
+    s = offload_engine.scheduler.gpu.stats()
     assert s.calls > 0 and s.jobs / s.calls > 1, s  # q/k/v and gate/up ride one submission
     assert s.extra["dispatches"] < s.jobs  # ... and adjacent fused rows one dispatch
 

@@ -274,6 +274,7 @@ class _Program:
         idx = np.arange(len(disps))
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
+        self.plans: dict[tuple[int, int], list[tuple]] = {}  # (rows, seqs) -> encoded dispatches
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
 
@@ -295,6 +296,8 @@ class StepRecord:
     encode_s: float
     submit_s: float
     wait_s: float
+    kernel_s: float | None  # GPU time of the pass (timestamp queries), when the backend measures it
+    step_s: float  # the whole step in its worker thread
 
 
 @dataclass
@@ -309,8 +312,36 @@ class ResidentStats:
     bytes_up: int = 0
     bytes_down: int = 0
     encode_s: float = 0.0
+    submit_s: float = 0.0
     wait_s: float = 0.0
+    kernel_s: float = 0.0
     seconds: float = 0.0
+
+
+def _encode(cp, plan: list[tuple]) -> None:
+    """Record the plan's dispatches into the pass. wgpu-py's methods check for errors after every
+    call (~1.5 us each, three calls a dispatch); the raw C calls skip that, and wgpu still
+    validates the pass when the encoder finishes. The program keeps every object alive."""
+    if _lib is None:
+        for pipe, bg, x, y, z in plan:
+            cp.set_pipeline(pipe)
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(x, y, z)
+        return
+    h, null = cp._internal, _ffi.NULL
+    set_pipeline, set_bind_group = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
+    dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
+    for pipe, bg, x, y, z in plan:
+        set_pipeline(h, pipe._internal)
+        set_bind_group(h, 0, bg._internal, 0, null)
+        dispatch(h, x, y, z)
+
+
+try:
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi
+    from wgpu.backends.wgpu_native._ffi import lib as _lib
+except Exception:  # noqa: BLE001 - another wgpu build: the wrapped calls
+    _ffi = _lib = None
 
 
 # --- the runner -----------------------------------------------------------------------------------
@@ -325,8 +356,8 @@ class ResidentRunner:
         self.device = gpu.device
         self.max_rows, self.max_seqs = max_rows, max_seqs
         cfg = self.cfg
-        if cfg.head_dim % 2 or cfg.head_dim > 256 or cfg.n_heads % cfg.n_kv_heads:
-            raise WebGpuUnavailable(f"head_dim {cfg.head_dim}: the GPU attention takes even head sizes up to 256")
+        if cfg.head_dim % 4 or cfg.head_dim > 256 or cfg.n_heads % cfg.n_kv_heads:
+            raise WebGpuUnavailable(f"head_dim {cfg.head_dim}: the GPU attention takes head sizes of 4k up to 256")
         self._buffers: dict = {}
         self._vectors: dict[int, object] = {}
         self._pipelines: dict[str, object] = {}
@@ -358,7 +389,7 @@ class ResidentRunner:
         self.vpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
         self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
         self._logit_bytes = max_seqs * cfg.vocab_size * 4
-        self._ids_bytes = -(-max_seqs * 4 // ALIGN) * ALIGN
+        self._ids_bytes = -(-(max_seqs * 4 + 16) // ALIGN) * ALIGN  # ids, then 2 timestamps in the last 16 bytes
         self.staging = self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
         self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
@@ -417,6 +448,22 @@ class ResidentRunner:
                         for b, buf in sorted(d.entries.items())]
             got = d.bound[kind] = (pipe, self.device.create_bind_group(layout=layout, entries=entries))
         return got
+
+    def _plan(self, prog: _Program, t: int, n: int) -> list[tuple]:
+        """(pipeline, bind group, workgroups) of every dispatch for t rows of n sequences, built
+        once per shape: a decode step of a steady batch re-encodes a list, nothing else."""
+        plan = prog.plans.get((t, n))
+        if plan is None:
+            plan = []
+            for i, d in enumerate(prog.disps):
+                rows = n if d.rows == "s" else t
+                kind = self.gpu.kernel_for(rows, int(d.params[0])) if d.kernel == "mm" else d.kernel
+                pipe, bg = self._bind(prog, i, d, kind)
+                plan.append((pipe, bg, *d.grid(kind, rows)))
+            if len(prog.plans) > 64:
+                prog.plans.clear()
+            prog.plans[(t, n)] = plan
+        return plan
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> _Program:
@@ -489,15 +536,14 @@ class ResidentRunner:
             queue.write_buffer(prog.pbuf, 0, prog.params)
             up += prog.params.nbytes
             enc = self.device.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            for i, d in enumerate(prog.disps):
-                rows = n if d.rows == "s" else t
-                kind = self.gpu.kernel_for(rows, int(d.params[0])) if d.kernel == "mm" else d.kernel
-                pipe, bg = self._bind(prog, i, d, kind)
-                cp.set_pipeline(pipe)
-                cp.set_bind_group(0, bg)
-                cp.dispatch_workgroups(*d.grid(kind, rows))
+            ts = self.gpu._ts
+            cp = enc.begin_compute_pass(timestamp_writes=ts and {
+                "query_set": ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+            _encode(cp, self._plan(prog, t, n))
             cp.end()
+            if ts:
+                enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
+                enc.copy_buffer_to_buffer(ts[1], 0, self.staging, self._ids_bytes - 16, 16)
             vocab = self.cfg.vocab_size
             row_bytes = vocab * 4
             lg = prog.logits.buf
@@ -506,7 +552,7 @@ class ResidentRunner:
                 enc.copy_buffer_to_buffer(lg, 0, self.staging, self._ids_bytes, t * row_bytes)
                 down = t * row_bytes
             else:
-                enc.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, self._ids_bytes)
+                enc.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, n * 4)
                 for k, i in enumerate(picks):
                     enc.copy_buffer_to_buffer(lg, i * row_bytes, self.staging, self._ids_bytes + k * row_bytes, row_bytes)
                 down = self._ids_bytes + len(picks) * row_bytes
@@ -518,6 +564,10 @@ class ResidentRunner:
             t3 = time.perf_counter()
             try:
                 mem = self.staging.read_mapped(0, size, copy=False)
+                kernel_s = None
+                if ts:
+                    begin, end = np.frombuffer(mem, np.uint64, count=2, offset=self._ids_bytes - 16)
+                    kernel_s = float(end - begin) * ts[2] / 1e9 if end > begin else None
                 if all_logits:
                     out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
                     ids = out[0].argmax(-1)
@@ -530,7 +580,7 @@ class ResidentRunner:
                 self.staging.unmap()
         for c, s in zip(caches, seqs):
             c.append(s)
-        self._record(t, n, len(prog.disps), up, down, t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0)
+        self._record(t, n, len(prog.disps), up, down, t1 - t0, t2 - t1, t3 - t2, kernel_s, time.perf_counter() - t0)
         return ids, out
 
     async def forward(self, tokens: np.ndarray, cache: DeviceCache, all_logits: bool = False) -> np.ndarray:
@@ -547,9 +597,9 @@ class ResidentRunner:
                 outs.append(rows[0][None])
         return np.concatenate(outs)
 
-    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, total_s) -> None:
+    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s) -> None:
         self._ids += 1
-        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s)
+        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s)
         self.last = rec
         s = self.stats
         s.steps += 1
@@ -560,6 +610,8 @@ class ResidentRunner:
         s.bytes_up += up
         s.bytes_down += down
         s.encode_s += encode_s
+        s.submit_s += submit_s
         s.wait_s += wait_s
+        s.kernel_s += kernel_s or 0.0
         s.seconds += total_s
         log.debug("gpu_step", **rec.__dict__)

@@ -61,6 +61,8 @@ MM_TILE = 128  # output tile of mm_tiled (shaders/matmul.wgsl), both dimensions;
 # workgroups per core of an H200 (132 SMs), measured 0.2-0.7 TFLOP/s for mm_tiled at 32-48 tiles
 MM_BIG_TILES = 256
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
+MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
+MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
 MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 PARAMS_BYTES = 32  # struct Params of common.wgsl
@@ -76,6 +78,7 @@ _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
     "mv_wg": ("matvec", "mv_wg"),
     "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
+    "mv_tok": ("matvec", "mv_tok"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
@@ -379,6 +382,8 @@ class WebGpuBackend:
             return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
+        if t >= MV_TOK_MIN_T:
+            return "mv_tok"
         return "mv_subgroup" if "subgroup" in self.features else "mv_wg"
 
     def pipeline(self, qtype: str, kind: str):
@@ -525,6 +530,8 @@ def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
         return -(-n_out // 64), -(-t // 64), 1
     if kind == "mv_rows":
         return -(-n_out // MV_ROWS_WG), 1, t
+    if kind == "mv_tok":
+        t, n_out = -(-t // MV_TOK), -(-n_out // 2)  # 8 rows a workgroup: half the row groups
     groups = -(-n_out // MV_ROWS)  # mv_wg, mv_subgroup: row groups spread over x and y
     gx = min(groups, MAX_GROUPS)
     return gx, -(-groups // gx), t

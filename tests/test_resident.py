@@ -1,0 +1,173 @@
+"""The whole forward on the GPU (runtime/resident.py) against the CPU's float32 forward, on tiny
+random models: every op kernel inside the forward, batched decode, cancellation, faults.
+
+Runs on any adapter wgpu finds; in CI that is lavapipe. Skipped only when there is no adapter.
+"""
+
+import gc
+
+import anyio
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from structlog.testing import capture_logs
+
+import oxinfer
+from oxinfer.runtime.resident import BS
+from oxinfer.runtime.webgpu import WebGpuBackend, available
+from oxinfer.testing import write_tiny_llama
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not available(allow_cpu_adapter=True),
+                       reason="no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)"),
+]
+
+TOL = 1e-4  # max abs error / max abs reference, as the matmul kernels
+
+
+def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+
+async def engines(path, **kw):
+    """(CPU float32 engine, GPU-resident engine) over one file."""
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False, **kw)
+    assert gpu.resident is not None
+    return cpu, gpu
+
+
+@pytest.fixture(scope="module")
+async def pair(tmp_path_factory):
+    # 3 query heads per kv head (as SmolLM2), head_dim 32, a vocab that is no multiple of 256
+    path = write_tiny_llama(tmp_path_factory.mktemp("m") / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160,
+                            seed=5, extra_vocab=300)
+    return await engines(path)
+
+
+@pytest.mark.parametrize("qtype,tied", [(T.Q4_1, True), (T.Q4_0, False), (T.Q8_0, True), (T.BF16, False)])
+async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
+    """Every op on the GPU (embedding, norms, products, rope, KV append, attention, SwiGLU,
+    residuals, head): the logits of every position, and of the last, within 1e-4 of numpy's.
+    41 tokens cross a KV block boundary; a second call continues a cache at position 41."""
+    cpu, gpu = await engines(write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, tied=tied, seed=3, extra_vocab=40))
+    tokens = list(np.random.default_rng(1).integers(0, 256, size=BS + 9))
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
+    assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
+    steps = gpu.resident.stats.steps
+    want, got = await cpu.all_logits(tokens + [7, 8]), await gpu.all_logits(tokens + [7, 8])
+    assert rel_err(got, want) <= TOL
+    assert gpu.resident.stats.steps == steps + 1  # 43 rows <= 64: one step, one submission
+
+
+async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair):
+    cpu, gpu = pair
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    s0 = gpu.resident.stats.submissions
+    want, got = await cpu.generate([3, 1, 4, 1, 5], params), await gpu.generate([3, 1, 4, 1, 5], params)
+    assert got.token_ids == want.token_ids
+    s = gpu.resident.stats
+    assert s.submissions - s0 == 24 and s.blocking_waits == s.submissions  # one per token, the prompt's included
+    assert s.bytes_down > 0 and gpu.resident.last.dispatches > 0
+
+
+async def test_eight_concurrent_streams_equal_their_solo_runs(pair):
+    cpu, gpu = pair
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [[(7 * i + j) % 250 for j in range(3 + 2 * i)] for i in range(8)]  # different lengths
+    solo = [(await gpu.generate(p, params)).token_ids for p in prompts]
+    steps = gpu.resident.stats.steps
+    results = [None] * 8
+
+    async def one(i):
+        results[i] = (await gpu.generate(prompts[i], params)).token_ids
+
+    async with anyio.create_task_group() as tg:
+        for i in range(8):
+            tg.start_soon(one, i)
+    assert results == solo
+    assert gpu.resident.stats.steps - steps < 8 * 12 / 2  # the streams' steps ran stacked
+    assert solo[0] == (await cpu.generate(prompts[0], params)).token_ids
+
+
+async def test_sampling_and_logprobs_read_the_logits_row(pair):
+    cpu, gpu = pair
+    params = oxinfer.SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, seed=11, logprobs=2, ignore_eos=True)
+    want, got = await cpu.generate([9, 8, 7], params), await gpu.generate([9, 8, 7], params)
+    assert got.token_ids == want.token_ids
+    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+
+
+async def test_cancel_three_of_ten_leaves_no_device_slot_behind(pair):
+    _, gpu = pair
+    kv = gpu.resident.kv
+    gc.collect()
+    free0 = (len(kv.free_slots), len(kv.free_blocks))
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    done = []
+
+    async def one(i, scope):
+        with scope:
+            n = 0
+            async for ev in gpu.stream([i + 1] * (5 + i), params):
+                n += isinstance(ev, oxinfer.Token)
+                if i < 3 and n == 3:
+                    scope.cancel()
+            done.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(10):
+            tg.start_soon(one, i, anyio.CancelScope())
+    assert sorted(done) == list(range(3, 10))
+    gc.collect()
+    assert (len(kv.free_slots), len(kv.free_blocks)) == free0
+    assert gpu.stats().running == 0 and gpu.stats().pending_jobs == 0
+
+
+async def test_a_device_fault_mid_stream_finishes_on_the_cpu_with_the_same_tokens(tmp_path):
+    path = write_tiny_llama(tmp_path / "m.gguf", seed=9, extra_vocab=40)
+    cpu, gpu = await engines(path)
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = await cpu.generate([5, 6, 7, 8], params)
+    real, calls = gpu.resident.step_sync, []
+
+    def flaky(*a, **kw):
+        calls.append(1)
+        if len(calls) == 6:
+            raise RuntimeError("injected device loss")
+        return real(*a, **kw)
+
+    gpu.resident.step_sync = flaky
+    with capture_logs() as logs:
+        got = await gpu.generate([5, 6, 7, 8], params)
+    events = [e["event"] for e in logs]
+    assert got.token_ids == want.token_ids
+    assert "gpu_fault" in events and "request_moved_to_cpu" in events
+    assert gpu.resident is None  # later requests run on the CPU
+    assert (await gpu.generate([5, 6, 7, 8], params)).token_ids == want.token_ids
+
+
+async def test_a_full_device_pool_moves_the_request_to_the_cpu(tmp_path):
+    path = write_tiny_llama(tmp_path / "m.gguf", seed=9, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    r = gpu.resident
+    kv = r.kv
+    kv.free_blocks = kv.free_blocks[-2:]  # room for 2 blocks of 32 positions
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=BS + 8, ignore_eos=True)
+    prompt = list(range(10, 40))
+    with capture_logs() as logs:
+        got = await gpu.generate(prompt, params)
+    assert got.token_ids == (await cpu.generate(prompt, params)).token_ids
+    assert "gpu_kv_full" in [e["event"] for e in logs]
+    assert gpu.resident is r  # the device stays in use for others
+
+
+async def test_weights_the_gpu_cannot_read_keep_the_forward_on_the_cpu(tmp_path):
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=T.F16, tied=False, seed=2)
+    with capture_logs() as logs:
+        e = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True))
+    assert e.resident is None
+    assert "gpu_resident_unavailable" in [x["event"] for x in logs]
+    assert len(await e.next_logits([1, 2, 3])) == e.config.vocab_size
