@@ -44,15 +44,19 @@ async def _run(args) -> None:
     engine = await Engine.load(args.model, backend=args.backend)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
+    generated = 0
     async for ev in engine.stream(prompt, params):
         if isinstance(ev, Finished):
+            generated = ev.completion_tokens
             print(f"\n-- {ev.prompt_tokens} prompt tokens, prefill {ev.prompt_tps:.1f} tok/s, "
                   f"{ev.completion_tokens} generated, decode {ev.generation_tps:.1f} tok/s ({ev.reason})",
                   file=sys.stderr)
         else:
             sys.stdout.write(ev.text)
             sys.stdout.flush()
-    if engine.scheduler.gpu is not None:
+    if engine.resident is not None:
+        print(f"-- gpu: {engine.resident.stats.summary(generated)}", file=sys.stderr)
+    elif engine.scheduler.gpu is not None:
         print(f"-- gpu: {engine.scheduler.gpu.stats().summary()}", file=sys.stderr)
 
 

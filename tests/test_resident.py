@@ -70,6 +70,7 @@ async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair)
     s = gpu.resident.stats
     assert s.submissions - s0 == 24 and s.blocking_waits == s.submissions  # one per token, the prompt's included
     assert s.bytes_down > 0 and gpu.resident.last.dispatches > 0
+    assert "1.00 blocking waits per token" in s.summary(s.steps)
 
 
 async def test_eight_concurrent_streams_equal_their_solo_runs(pair):

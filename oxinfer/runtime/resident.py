@@ -317,6 +317,13 @@ class ResidentStats:
     kernel_s: float = 0.0
     seconds: float = 0.0
 
+    def summary(self, tokens: int) -> str:
+        """One line for `oxinfer run`: what the device did for `tokens` generated tokens."""
+        per = lambda v: v / self.steps * 1e3 if self.steps else 0.0  # noqa: E731
+        return (f"whole forward on the GPU: {self.blocking_waits / max(tokens, 1):.2f} blocking waits per token, "
+                f"{self.steps} steps in {self.submissions} submissions, {self.dispatches / max(self.steps, 1):.0f} "
+                f"dispatches a step; encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
+
 
 def _encode(cp, plan: list[tuple]) -> None:
     """Record the plan's dispatches into the pass. wgpu-py's methods check for errors after every
