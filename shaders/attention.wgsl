@@ -11,6 +11,7 @@
 // attend: one workgroup per (row, query head): causal GQA softmax(q k^T) v over the row's
 // sequence up to its own position, 64 positions per tile with an online softmax (running max
 // and sum, the accumulators rescaled per tile), so any length runs in fixed workgroup memory.
+// Long contexts on few rows leave most of the GPU idle (split-K / flash-decoding is the next step).
 
 @group(0) @binding(1) var<storage, read> rows_info: array<u32>;
 @group(0) @binding(2) var<storage, read> src: array<f32>;     // rope_kv: q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
@@ -70,13 +71,25 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 // attend -------------------------------------------------------------------------------------
 @group(0) @binding(8) var<storage, read> keys: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> values: array<f32>;
+@group(0) @binding(9) var<storage, read> values: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;   // (t, H*HD)
 
-const DPT: u32 = (HD + 63u) / 64u;   // output dims per invocation
-var<workgroup> qs: array<f32, HD>;
+// Scores: invocation i of the workgroup scores position t0 + i of the tile. Values: the head's HD
+// dims are DG groups of 4, and the 64 invocations are DG groups x LANES lanes; lane l accumulates
+// the tile's positions l, l + LANES, ... with an online softmax of its own (max, sum, 4 dims), and
+// the lanes are merged once at the end: 64 / LANES serial steps a tile instead of 64.
+const DG: u32 = HD / 4u;
+const LANES: u32 = 64u / DG;
+var<workgroup> qs: array<vec4<f32>, DG>;
 var<workgroup> sc: array<f32, 64>;
 var<workgroup> n_keys: u32;
+var<workgroup> part_m: array<f32, 64>;
+var<workgroup> part_l: array<f32, 64>;
+var<workgroup> part_a: array<vec4<f32>, 64>;
+
+fn kv_row(slot: u32, kvh: u32, p: u32) -> u32 {   // first vec4 of position p's key (or value)
+    return (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
+}
 
 @compute @workgroup_size(64)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -90,55 +103,68 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     if (lid == 0u) {
         n_keys = rows_info[ROW_POS + r] + 1u;   // causal: positions 0 .. own
     }
-    for (var d = lid; d < HD; d += 64u) {
-        qs[d] = src[(r * P.n + h) * HD + d];
+    if (lid < DG) {
+        let qo = (r * P.n + h) * HD + 4u * lid;
+        qs[lid] = vec4<f32>(src[qo], src[qo + 1u], src[qo + 2u], src[qo + 3u]);
     }
     let n = workgroupUniformLoad(&n_keys);   // also the barrier after qs
+    let g = lid % DG;
+    let lane = lid / DG;
     var m = -3.0e38;   // below any score
     var l = 0.0;
-    var acc: array<f32, DPT>;
+    var acc = vec4<f32>(0.0);
     for (var t0 = 0u; t0 < n; t0 += 64u) {
         let p = t0 + lid;
         var s = -3.0e38;
         if (p < n) {
-            let kb = (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
+            let kb = kv_row(slot, kvh, p);
             var s4 = vec4<f32>(0.0);
-            for (var d = 0u; d < HD / 4u; d++) {   // HD % 4 == 0: one 16-byte load per 4 dims
-                s4 += vec4<f32>(qs[4u * d], qs[4u * d + 1u], qs[4u * d + 2u], qs[4u * d + 3u]) * keys[kb + d];
+            for (var d = 0u; d < DG; d++) {
+                s4 += qs[d] * keys[kb + d];
             }
             s = s4.x + s4.y + s4.z + s4.w;
         }
         sc[lid] = s;
         workgroupBarrier();
-        let cnt = min(64u, n - t0);
-        var tm = m;
-        for (var j = 0u; j < cnt; j++) {
-            tm = max(tm, sc[j]);
-        }
-        let corr = exp(m - tm);   // 0 on the first tile
-        l *= corr;
-        for (var i = 0u; i < DPT; i++) {
-            acc[i] *= corr;
-        }
-        for (var j = 0u; j < cnt; j++) {
-            let pj = exp(sc[j] - tm);
-            l += pj;
-            let pp = t0 + j;
-            let vb = ((table[slot * MAXB + pp / BS] * P.k + kvh) * BS + pp % BS) * HD;
-            for (var i = 0u; i < DPT; i++) {
-                let d = lid + 64u * i;
-                if (d < HD) {
-                    acc[i] += pj * values[vb + d];
-                }
+        if (lane < LANES) {
+            let cnt = min(64u, n - t0);
+            var cm = m;
+            for (var j = lane; j < cnt; j += LANES) {
+                cm = max(cm, sc[j]);
             }
+            let corr = exp(m - cm);   // 0 on a lane's first position
+            l *= corr;
+            acc *= corr;
+            for (var j = lane; j < cnt; j += LANES) {
+                let pj = exp(sc[j] - cm);
+                l += pj;
+                acc += pj * values[kv_row(slot, kvh, t0 + j) + g];
+            }
+            m = cm;
         }
-        m = tm;
         workgroupBarrier();
     }
-    for (var i = 0u; i < DPT; i++) {
-        let d = lid + 64u * i;
-        if (d < HD) {
-            out[(r * P.n + h) * HD + d] = acc[i] / l;
+    part_m[lid] = m;
+    part_l[lid] = l;
+    part_a[lid] = acc;
+    workgroupBarrier();
+    if (lane == 0u) {
+        var mm = -3.0e38;
+        for (var i = 0u; i < LANES; i++) {
+            mm = max(mm, part_m[i * DG + g]);
         }
+        var ll = 0.0;
+        var aa = vec4<f32>(0.0);
+        for (var i = 0u; i < LANES; i++) {
+            let w = exp(part_m[i * DG + g] - mm);
+            ll += w * part_l[i * DG + g];
+            aa += w * part_a[i * DG + g];
+        }
+        let o = (r * P.n + h) * HD + 4u * g;
+        let v = aa / ll;
+        out[o] = v.x;
+        out[o + 1u] = v.y;
+        out[o + 2u] = v.z;
+        out[o + 3u] = v.w;
     }
 }
