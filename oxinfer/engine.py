@@ -309,15 +309,17 @@ class Engine:
         on_gpu = [t for t in batch if isinstance(t.payload[1].cache, DeviceCache)]
         if on_gpu and self.resident is not None:
             on_gpu = await self._reserve_on_device(on_gpu)
-        if on_gpu and self.resident is not None:
-            reqs = [t.payload[1] for t in on_gpu]
+        for group in self._device_steps(on_gpu):
+            if self.resident is None:
+                break
+            reqs = [t.payload[1] for t in group]
             try:
-                ids, rows = await self.resident.forward_batch([t.payload[0] for t in on_gpu], [r.cache for r in reqs],
+                ids, rows = await self.resident.forward_batch([t.payload[0] for t in group], [r.cache for r in reqs],
                                                               need=[r.needs_logits for r in reqs])
             except Exception as e:  # noqa: BLE001 - a device fault must never lose a request
                 self._gpu_fault(e, [r.id for r in reqs])
             else:
-                for t, tok, row in zip(on_gpu, ids, rows):
+                for t, tok, row in zip(group, ids, rows):
                     t.out = (int(tok), row)
         cpu = [t for t in batch if not t.done]
         if not cpu:
@@ -330,6 +332,21 @@ class Engine:
                                           tag=",".join(str(t.tag) for t in cpu))
         for t, row in zip(cpu, logits):
             t.out = (None, row)
+
+    def _device_steps(self, tickets: list[Ticket]) -> list[list[Ticket]]:
+        """The tickets in groups a device step takes (at most max_rows rows of max_seqs sequences:
+        concurrent prompt chunks can add up to more)."""
+        if not tickets or self.resident is None:
+            return []
+        groups, rows = [[]], 0
+        for t in tickets:
+            n = len(t.payload[0])
+            if groups[-1] and (rows + n > self.resident.max_rows or len(groups[-1]) == self.resident.max_seqs):
+                groups.append([])
+                rows = 0
+            groups[-1].append(t)
+            rows += n
+        return groups
 
     def _new_cache(self, capacity: int) -> KVCache | DeviceCache:
         """A KV cache where steps run: the device pool when the forward lives on the GPU (when it

@@ -92,6 +92,23 @@ async def test_eight_concurrent_streams_equal_their_solo_runs(pair):
     assert solo[0] == (await cpu.generate(prompts[0], params)).token_ids
 
 
+async def test_concurrent_prompts_longer_than_one_step_split_into_steps(pair):
+    """Three 200-token prompts arriving together are 600 rows: more than a step holds (512)."""
+    cpu, gpu = pair
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = [[(11 * i + j) % 250 for j in range(200)] for i in range(3)]
+    results = [None] * 3
+
+    async def one(i):
+        results[i] = (await gpu.generate(prompts[i], params)).token_ids
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            tg.start_soon(one, i)
+    assert gpu.resident is not None  # no fault: the batch ran as several steps
+    assert results == [(await cpu.generate(p, params)).token_ids for p in prompts]
+
+
 async def test_sampling_and_logprobs_read_the_logits_row(pair):
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, seed=11, logprobs=2, ignore_eos=True)
