@@ -93,17 +93,18 @@ async def test_eight_concurrent_streams_equal_their_solo_runs(pair):
 
 
 async def test_concurrent_prompts_longer_than_one_step_split_into_steps(pair):
-    """Three 200-token prompts arriving together are 600 rows: more than a step holds (512)."""
+    """Four 200-token prompts arriving together: the last three meet the first one's decode step,
+    601 rows, more than a step holds (512)."""
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    prompts = [[(11 * i + j) % 250 for j in range(200)] for i in range(3)]
-    results = [None] * 3
+    prompts = [[(11 * i + j) % 250 for j in range(200)] for i in range(4)]
+    results = [None] * 4
 
     async def one(i):
         results[i] = (await gpu.generate(prompts[i], params)).token_ids
 
     async with anyio.create_task_group() as tg:
-        for i in range(3):
+        for i in range(4):
             tg.start_soon(one, i)
     assert gpu.resident is not None  # no fault: the batch ran as several steps
     assert results == [(await cpu.generate(p, params)).token_ids for p in prompts]
