@@ -38,6 +38,19 @@ async def engines(path, **kw):
     return cpu, gpu
 
 
+async def generate_together(engine, prompts, params) -> list[tuple[int, ...]]:
+    """Each prompt's token ids, all requests started at once."""
+    results = [None] * len(prompts)
+
+    async def one(i):
+        results[i] = (await engine.generate(prompts[i], params)).token_ids
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return results
+
+
 @pytest.fixture(scope="module")
 async def pair(tmp_path_factory):
     # 3 query heads per kv head (as SmolLM2), head_dim 32, a vocab that is no multiple of 256
@@ -79,15 +92,7 @@ async def test_eight_concurrent_streams_equal_their_solo_runs(pair):
     prompts = [[(7 * i + j) % 250 for j in range(3 + 2 * i)] for i in range(8)]  # different lengths
     solo = [(await gpu.generate(p, params)).token_ids for p in prompts]
     steps = gpu.resident.stats.steps
-    results = [None] * 8
-
-    async def one(i):
-        results[i] = (await gpu.generate(prompts[i], params)).token_ids
-
-    async with anyio.create_task_group() as tg:
-        for i in range(8):
-            tg.start_soon(one, i)
-    assert results == solo
+    assert await generate_together(gpu, prompts, params) == solo
     assert gpu.resident.stats.steps - steps < 8 * 12 / 2  # the streams' steps ran stacked
     assert solo[0] == (await cpu.generate(prompts[0], params)).token_ids
 
@@ -98,14 +103,7 @@ async def test_concurrent_prompts_longer_than_one_step_split_into_steps(pair):
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     prompts = [[(11 * i + j) % 250 for j in range(200)] for i in range(4)]
-    results = [None] * 4
-
-    async def one(i):
-        results[i] = (await gpu.generate(prompts[i], params)).token_ids
-
-    async with anyio.create_task_group() as tg:
-        for i in range(4):
-            tg.start_soon(one, i)
+    results = await generate_together(gpu, prompts, params)
     assert gpu.resident is not None  # no fault: the batch ran as several steps
     assert results == [(await cpu.generate(p, params)).token_ids for p in prompts]
 
