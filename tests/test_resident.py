@@ -4,6 +4,7 @@ random models: every op kernel inside the forward, batched decode, cancellation,
 Runs on any adapter wgpu finds; in CI that is lavapipe. Skipped only when there is no adapter.
 """
 
+import dataclasses
 import gc
 
 import anyio
@@ -77,13 +78,17 @@ async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
 async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair):
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    s0 = gpu.resident.stats.submissions
+    s0 = dataclasses.replace(gpu.resident.stats)
     want, got = await cpu.generate([3, 1, 4, 1, 5], params), await gpu.generate([3, 1, 4, 1, 5], params)
     assert got.token_ids == want.token_ids
     s = gpu.resident.stats
-    assert s.submissions - s0 == 24 and s.blocking_waits == s.submissions  # one per token, the prompt's included
-    assert s.bytes_down > 0 and gpu.resident.last.dispatches > 0
-    assert "1.00 blocking waits per token" in s.summary(s.steps)
+    assert s.steps - s0.steps == 24  # one per token, the prompt's included
+    # run-ahead: every step after the prompt's was submitted by the one before, fed by its argmax
+    # on the device; the one submitted after the last token is wasted
+    assert s.ahead_steps - s0.ahead_steps == 23 and s.submissions - s0.submissions == 25
+    assert s.wasted_steps - s0.wasted_steps <= 1
+    assert s.bytes_down > 0 and gpu.resident.last.dispatches > 0 and gpu.resident.last.ahead
+    assert "blocking waits per token" in s.summary(24)
 
 
 async def test_eight_concurrent_streams_equal_their_solo_runs(pair):

@@ -283,6 +283,22 @@ class _Program:
         self.params[self.s_at] = s
 
 
+@dataclass(eq=False)
+class _Ahead:
+    """A step submitted before it was asked for: the next decode step of `caches`."""
+
+    caches: list  # weak references: a speculation never keeps a finished request's cache alive
+    offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
+    staging: object
+    cost: tuple
+    tokens: np.ndarray | None = None  # the ids the step before chose (its input), once read
+
+    def matches(self, seqs, caches) -> bool:
+        return (self.tokens is not None and len(caches) == len(self.caches)
+                and all(r() is c and c.offset == o for r, c, o in zip(self.caches, caches, self.offsets))
+                and all(len(s) == 1 and s[0] == tok for s, tok in zip(seqs, self.tokens)))
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """What one device step did; the keys of the `gpu_step` debug event and of the stats."""
@@ -298,6 +314,8 @@ class StepRecord:
     wait_s: float
     kernel_s: float | None  # GPU time of the pass (timestamp queries), when the backend measures it
     step_s: float  # the whole step in its worker thread
+    waited: bool  # the host waited for the GPU (a blocking wait)
+    ahead: bool  # the step had been submitted by the one before (run-ahead)
 
 
 @dataclass
@@ -307,6 +325,8 @@ class ResidentStats:
     steps: int = 0
     submissions: int = 0
     blocking_waits: int = 0
+    ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
+    wasted_steps: int = 0  # steps submitted ahead and not asked for
     dispatches: int = 0
     rows: int = 0
     bytes_up: int = 0
@@ -397,7 +417,11 @@ class ResidentRunner:
         self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
         self._logit_bytes = max_seqs * cfg.vocab_size * 4
         self._ids_bytes = -(-(max_seqs * 4 + 16) // ALIGN) * ALIGN  # ids, then 2 timestamps in the last 16 bytes
-        self.staging = self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
+        # two staging buffers: a step's readback and the one submitted ahead of it
+        self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST) for _ in range(2)]
+        self.run_ahead = True
+        self._ahead: _Ahead | None = None  # the step submitted ahead, until it is asked for
+        self._pending: _Ahead | None = None
         self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
@@ -509,86 +533,155 @@ class ResidentRunner:
     def step_sync(self, seqs, caches, all_logits=False, need=None):
         """(argmax ids (n_seqs,), logits rows) for one step: with all_logits the logits of every row
         (rows, vocab) as the only list item; else, per sequence, its last row's logits where
-        need[i] (None elsewhere). Caches advance."""
+        need[i] (None elsewhere). Caches advance.
+
+        Run-ahead: a greedy decode step (one row a sequence, no logits wanted) also submits the
+        next step of the same sequences before reading its own result, fed by this step's argmax
+        on the device. When the caller then asks for exactly that step (same caches, the tokens
+        the device chose), it is already computed or running: the step costs the encoding of the
+        one after it, and the GPU never waits for Python. Any other request discards it (its KV
+        writes lie past the caches' offsets and are rewritten before anything reads them)."""
         seqs = [np.asarray(s, np.int64).reshape(-1) for s in seqs]
         lens = [len(s) for s in seqs]
         t, n = sum(lens), len(seqs)
         limit = self.max_seqs if all_logits else self.max_rows
         if t > limit or n > self.max_seqs or not t:
             raise ValueError(f"a device step takes 1..{limit} rows of at most {self.max_seqs} sequences, got {t}, {n}")
-        self.reserve(caches, lens)
         need = need or [False] * n
+        picks = [] if all_logits else [i for i in range(n) if need[i]]
+        greedy = not all_logits and not picks  # the argmax is all the host needs
         with self.gpu._lock:
             t0 = time.perf_counter()
-            queue = self.device.queue
-            meta = np.zeros(self._meta_words, np.uint32)
-            meta[0], meta[1] = t, n
-            pos = np.concatenate([np.arange(c.offset, c.offset + k) for c, k in zip(caches, lens)])
-            meta[4:4 + t] = pos
-            meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
-            ends = np.cumsum(lens)
-            meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = ends - 1
-            up = meta.nbytes + 4 * t
-            queue.write_buffer(self.meta, 0, meta)
-            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
-            with self._lock:
-                dirty = sorted(self.kv.dirty)
-                self.kv.dirty.clear()
-                for s in dirty:
-                    row = self.kv.table[s]
-                    queue.write_buffer(self.table, s * row.nbytes, row)
-                    up += row.nbytes
-            prog = self.program(all_logits)
-            prog.set_rows(t, n)
-            queue.write_buffer(prog.pbuf, 0, prog.params)
-            up += prog.params.nbytes
-            enc = self.device.create_command_encoder()
-            ts = self.gpu._ts
-            cp = enc.begin_compute_pass(timestamp_writes=ts and {
-                "query_set": ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-            _encode(cp, self._plan(prog, t, n))
-            cp.end()
-            if ts:
-                enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
-                enc.copy_buffer_to_buffer(ts[1], 0, self.staging, self._ids_bytes - 16, 16)
-            vocab = self.cfg.vocab_size
-            row_bytes = vocab * 4
-            lg = prog.logits.buf
-            picks = [] if all_logits else [i for i in range(n) if need[i]]
-            if all_logits:
-                enc.copy_buffer_to_buffer(lg, 0, self.staging, self._ids_bytes, t * row_bytes)
-                down = t * row_bytes
+            ahead = self._ahead if greedy and self._ahead is not None and self._ahead.matches(seqs, caches) else None
+            self._ahead = None
+            if ahead is None:
+                if self._pending is not None:
+                    self.stats.wasted_steps += 1
+                self.reserve(caches, lens)
+                staging = self._stagings[0]
+                cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging)
             else:
-                enc.copy_buffer_to_buffer(self.ids, 0, self.staging, 0, n * 4)
-                for k, i in enumerate(picks):
-                    enc.copy_buffer_to_buffer(lg, i * row_bytes, self.staging, self._ids_bytes + k * row_bytes, row_bytes)
-                down = self._ids_bytes + len(picks) * row_bytes
-            t1 = time.perf_counter()
-            queue.submit([enc.finish()])
-            t2 = time.perf_counter()
-            size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
-            self.staging.map_sync(wgpu.MapMode.READ, 0, size)
+                staging, cost = ahead.staging, ahead.cost
+            self._pending = None
+            if greedy and self.run_ahead:
+                self._submit_next(caches, lens, staging)
             t3 = time.perf_counter()
-            try:
-                mem = self.staging.read_mapped(0, size, copy=False)
-                kernel_s = None
-                if ts:
-                    begin, end = np.frombuffer(mem, np.uint64, count=2, offset=self._ids_bytes - 16)
-                    kernel_s = float(end - begin) * ts[2] / 1e9 if end > begin else None
-                if all_logits:
-                    out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
-                    ids = out[0].argmax(-1)
-                else:
-                    ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
-                    out = [None] * n
-                    for k, i in enumerate(picks):
-                        out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
-            finally:
-                self.staging.unmap()
+            ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks)
+            t4 = time.perf_counter()
+            if self._ahead is not None:
+                self._ahead.tokens = ids
         for c, s in zip(caches, seqs):
             c.append(s)
-        self._record(t, n, len(prog.disps), up, down, t1 - t0, t2 - t1, t3 - t2, kernel_s, time.perf_counter() - t0)
+        up, down, encode_s, submit_s = cost
+        self._record(t, n, len(self.program(all_logits).disps), up, down, encode_s, submit_s, t4 - t3, kernel_s,
+                     time.perf_counter() - t0, waited, ahead is not None)
         return ids, out
+
+    def _submit_next(self, caches, lens, staging) -> None:
+        """Submit the decode step after the one in `staging` (which adds lens[i] rows to caches[i])
+        for the same sequences, fed on the device by its argmax."""
+        starts = [c.offset + k for c, k in zip(caches, lens)]
+        try:
+            with self._lock:
+                for c, s0 in zip(caches, starts):
+                    c.reserve(s0 + 1)
+        except KVPoolFull:
+            return
+        if max(starts) >= self.cfg.context_length:
+            return
+        nxt = self._stagings[1] if staging is self._stagings[0] else self._stagings[0]
+        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], nxt)
+        self._ahead = self._pending = _Ahead([weakref.ref(c) for c in caches], starts, nxt, cost)
+
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float]:
+        """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
+        last argmax wrote on the device. (bytes up, bytes down, encode s, submit s)."""
+        t0 = time.perf_counter()
+        t, n = sum(lens), len(lens)
+        queue = self.device.queue
+        meta = np.zeros(self._meta_words, np.uint32)
+        meta[0], meta[1] = t, n
+        meta[4:4 + t] = np.concatenate([np.arange(s0, s0 + k) for s0, k in zip(starts, lens)])
+        meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
+        meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = np.cumsum(lens) - 1
+        up = meta.nbytes
+        queue.write_buffer(self.meta, 0, meta)
+        if seqs is not None:
+            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
+            up += 4 * t
+        with self._lock:
+            dirty = sorted(self.kv.dirty)
+            self.kv.dirty.clear()
+            for s in dirty:
+                row = self.kv.table[s]
+                queue.write_buffer(self.table, s * row.nbytes, row)
+                up += row.nbytes
+        prog = self.program(all_logits)
+        prog.set_rows(t, n)
+        queue.write_buffer(prog.pbuf, 0, prog.params)
+        up += prog.params.nbytes
+        enc = self.device.create_command_encoder()
+        ts = self.gpu._ts
+        cp = enc.begin_compute_pass(timestamp_writes=ts and {
+            "query_set": ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
+        _encode(cp, self._plan(prog, t, n))
+        cp.end()
+        if ts:
+            enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
+            enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
+        row_bytes = self.cfg.vocab_size * 4
+        lg = prog.logits.buf
+        if all_logits:
+            enc.copy_buffer_to_buffer(lg, 0, staging, self._ids_bytes, t * row_bytes)
+            down = t * row_bytes
+        else:
+            enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
+            for k, i in enumerate(picks):
+                enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
+            down = n * 4 + len(picks) * row_bytes
+        t1 = time.perf_counter()
+        queue.submit([enc.finish()])
+        self.stats.submissions += 1
+        return up, down, t1 - t0, time.perf_counter() - t1
+
+    def _read(self, staging, t, n, all_logits, picks):
+        """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
+        map_sync polls the device until everything submitted is done (a step submitted behind
+        this one too); a non-blocking poll loop returns when this one is (measured on the H200:
+        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (ids, logits, GPU s,
+        whether the host had to wait)."""
+        vocab = self.cfg.vocab_size
+        row_bytes = vocab * 4
+        size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
+        promise = staging.map_async("READ_NOSYNC", 0, size)
+        waited = False
+        while promise._state == "pending":
+            if _lib is None:
+                promise.sync_wait()
+                break
+            _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
+            if promise._state == "pending":
+                waited = True
+                time.sleep(0)
+        promise.sync_wait()
+        try:
+            mem = staging.read_mapped(0, size, copy=False)
+            kernel_s = None
+            ts = self.gpu._ts
+            if ts:
+                begin, end = np.frombuffer(mem, np.uint64, count=2, offset=self._ids_bytes - 16)
+                kernel_s = float(end - begin) * ts[2] / 1e9 if end > begin else None
+            if all_logits:
+                out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
+                ids = out[0].argmax(-1)
+            else:
+                ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
+                out = [None] * n
+                for k, i in enumerate(picks):
+                    out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
+        finally:
+            staging.unmap()
+        return ids, out, kernel_s, waited
 
     async def forward(self, tokens: np.ndarray, cache: DeviceCache, all_logits: bool = False) -> np.ndarray:
         """Logits (rows, vocab) of every token (all_logits) or of the last, in chunks a step takes."""
@@ -604,14 +697,16 @@ class ResidentRunner:
                 outs.append(rows[0][None])
         return np.concatenate(outs)
 
-    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s) -> None:
+    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
+                waited, ahead) -> None:
         self._ids += 1
-        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s)
+        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
+                         waited, ahead)
         self.last = rec
         s = self.stats
         s.steps += 1
-        s.submissions += 1
-        s.blocking_waits += 1
+        s.blocking_waits += waited
+        s.ahead_steps += ahead
         s.dispatches += dispatches
         s.rows += rows
         s.bytes_up += up
