@@ -44,6 +44,7 @@ log = structlog.get_logger("oxinfer.resident")
 BS = 32  # KV positions per block
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
+SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 
 
 class KVPoolFull(OxinferError):
@@ -654,7 +655,7 @@ class ResidentRunner:
         row_bytes = vocab * 4
         size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
         promise = staging.map_async("READ_NOSYNC", 0, size)
-        waited = False
+        waited, spin_until = False, time.perf_counter() + SPIN_S
         while promise._state == "pending":
             if _lib is None:
                 promise.sync_wait()
@@ -662,7 +663,9 @@ class ResidentRunner:
             _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
             if promise._state == "pending":
                 waited = True
-                time.sleep(0)
+                # 20 ms of polling cover a real GPU's step; past that (a software adapter runs
+                # on the CPU cores this loop would take from it) poll every half millisecond
+                time.sleep(0 if time.perf_counter() < spin_until else 5e-4)
         promise.sync_wait()
         try:
             mem = staging.read_mapped(0, size, copy=False)
