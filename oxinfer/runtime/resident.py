@@ -421,8 +421,7 @@ class ResidentRunner:
         # two staging buffers: a step's readback and the one submitted ahead of it
         self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST) for _ in range(2)]
         self.run_ahead = True
-        self._ahead: _Ahead | None = None  # the step submitted ahead, until it is asked for
-        self._pending: _Ahead | None = None
+        self._ahead: _Ahead | None = None  # the step submitted ahead, until the next step is asked for
         self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
@@ -553,17 +552,16 @@ class ResidentRunner:
         greedy = not all_logits and not picks  # the argmax is all the host needs
         with self.gpu._lock:
             t0 = time.perf_counter()
-            ahead = self._ahead if greedy and self._ahead is not None and self._ahead.matches(seqs, caches) else None
-            self._ahead = None
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None and not (greedy and ahead.matches(seqs, caches)):
+                self.stats.wasted_steps += 1  # submitted, never asked for
+                ahead = None
             if ahead is None:
-                if self._pending is not None:
-                    self.stats.wasted_steps += 1
                 self.reserve(caches, lens)
                 staging = self._stagings[0]
                 cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging)
             else:
                 staging, cost = ahead.staging, ahead.cost
-            self._pending = None
             if greedy and self.run_ahead:
                 self._submit_next(caches, lens, staging)
             t3 = time.perf_counter()
@@ -592,7 +590,7 @@ class ResidentRunner:
             return
         nxt = self._stagings[1] if staging is self._stagings[0] else self._stagings[0]
         cost = self._submit(None, caches, starts, [1] * len(caches), False, [], nxt)
-        self._ahead = self._pending = _Ahead([weakref.ref(c) for c in caches], starts, nxt, cost)
+        self._ahead = _Ahead([weakref.ref(c) for c in caches], starts, nxt, cost)
 
     def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float]:
         """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
