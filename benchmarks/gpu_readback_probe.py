@@ -13,7 +13,6 @@ import argparse
 import statistics
 import time
 
-import numpy as np
 import wgpu
 from wgpu.backends.wgpu_native._ffi import ffi, lib
 
