@@ -1,7 +1,7 @@
 """Where a device-resident step's GPU time goes: the pass timed (timestamp queries) with each
 kernel family alone, for a decode step of N streams on synthetic model shapes.
 
-    .venv/bin/python benchmarks/gpu_step_profile.py [--synthetic 135m 1b] [--streams 1 32]
+    .venv/bin/python benchmarks/gpu_step_profile.py [--synthetic 135m 1b] [--streams 1 32 -512]
 
 The families' times need not add up to the whole step (the GPU overlaps independent dispatches
 and each alone pays its own launch latency); their ratios say what to work on.
@@ -29,38 +29,49 @@ def pass_ms(runner, seqs, caches, reps: int = 20) -> float:
     times = []
     for _ in range(reps):
         runner.step_sync(seqs, caches)
-        for c in caches:
-            c.trim(1)
+        for c, s in zip(caches, seqs):
+            c.trim(len(s))
         times.append(runner.last.kernel_s or 0.0)
     return float(np.median(times)) * 1e3
+
+
+def _family(runner, d, rows: int) -> str:
+    """A dispatch's kernel, and for matmuls the kind picked for `rows` and the shape."""
+    if d.kernel != "mm":
+        return d.kernel
+    n_out, n_in = int(d.params[0]), int(d.params[1])
+    return f"{runner.gpu.kernel_for(rows, n_out)} {n_out}x{n_in}"
 
 
 async def profile(path: Path, streams: list[int]) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(streams))
     r = engine.resident
+    r.run_ahead = False
     for n in streams:
-        caches = [r.new_cache() for _ in range(n)]
+        caches = [r.new_cache() for _ in range(max(n, 1))]
         for c in caches:
             r.step_sync([np.arange(64) % 256], [c])  # 64 positions of context each
-        seqs = [np.array([1])] * n
+        # n < 0: one sequence's prefill of -n rows
+        seqs = [np.arange(-n) % 256] if n < 0 else [np.array([1])] * n
         prog = r.program(False)
         whole = pass_ms(r, seqs, caches)
         t0 = time.perf_counter()
         r.step_sync(seqs, caches)
         step = (time.perf_counter() - t0) * 1e3
-        for c in caches:
-            c.trim(1)
+        for c, s in zip(caches, seqs):
+            c.trim(len(s))
         kinds = defaultdict(list)
         for d in prog.disps:
-            kinds[d.kernel].append(d)
+            kinds[_family(r, d, n if n > 0 else (1 if d.rows == "s" else -n))].append(d)
         everything, plans = prog.disps, dict(prog.plans)
         parts = {}
         for kind, ds in kinds.items():
             prog.disps, prog.plans = ds, {}
             parts[kind] = (len(ds), pass_ms(r, seqs, caches, 10))
         prog.disps, prog.plans = everything, plans
-        print(f"{path.stem}, {n} streams: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
+        what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
+        print(f"{path.stem}, {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
         for kind, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1]):
             print(f"  {kind:24s} x{count:4d}  {ms:.3f} ms alone  ({ms / count * 1e3:.1f} us each)")
 
@@ -68,7 +79,8 @@ async def profile(path: Path, streams: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--synthetic", nargs="+", choices=list(SYNTHETIC), default=["135m", "1b"])
-    ap.add_argument("--streams", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--streams", type=int, nargs="+", default=[1, 32, -512],
+                    help="decode steps of N streams; -N: one prefill step of N rows")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
