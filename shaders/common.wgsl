@@ -8,9 +8,9 @@ struct Params {
     row0: u32,   // first of those rows inside the uploaded matrix
     t: u32,      // rows of x
     acc: u32,    // 1: add the product to y (a residual connection), 0: overwrite y
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    pre: u32,    // the matvecs' prologue on x (matvec_common.wgsl): 0 none, 1 rms_norm, 2 swiglu
+    eps: f32,    // rms_norm's epsilon (pre 1)
+    _pad: u32,
 };
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -44,6 +44,7 @@ log = structlog.get_logger("oxinfer.resident")
 BS = 32  # KV positions per block
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
+PRE_WORD = 5  # Params.pre (common.wgsl) in a matmul's uniform slot
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 
 
@@ -150,7 +151,14 @@ class _Dispatch:
     t_word: int  # the params word that holds the row count
     rows: str  # "t" or "s"
     grid: Callable[[str, int], tuple[int, int, int]]  # (kind, rows) -> workgroups
-    bound: dict = field(default_factory=dict)  # kind -> (pipeline, bind group), built at first use
+    bound: dict = field(default_factory=dict)  # (kind, prologue) -> (pipeline, bind group), built at first use
+    pre: _Dispatch | None = None  # mm: the norm or swiglu just before it, which its prologue may take over
+
+
+# the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
+# matmul kinds that do it; swiglu not on mv_rows: a CPU adapter would compute each silu once per row
+PROLOGUES = {"norm:rms_norm": (1, ("mv_rows", "mv_wg", "mv_subgroup", "mv_tok")),
+             "elementwise:silu_mul": (2, ("mv_wg", "mv_subgroup", "mv_tok"))}
 
 
 def _f32_word(v: float) -> int:
@@ -164,6 +172,18 @@ class Recorder:
         self.r = runner
         self.max_t = max_t  # rows a "t" tensor holds in this program
         self.disps: list[_Dispatch] = []
+        self._fused: dict[int, _Dispatch] = {}  # id(buffer) of a prologue's output -> the mm that may skip it
+
+    def _reads(self, *xs: DTensor) -> None:
+        """Ops read xs: a tensor a matvec's prologue would never write must be written after all."""
+        for x in xs:
+            mm = self._fused.pop(id(x.buf), None)
+            if mm is not None:
+                mm.pre = None
+
+    def _writes(self, out: DTensor) -> DTensor:
+        self._fused.pop(id(out.buf), None)
+        return out
 
     def _scratch(self, role: str, cols: int, rows: str) -> DTensor:
         n = self.max_t if rows == "t" else self.r.max_seqs
@@ -173,6 +193,7 @@ class Recorder:
         p = np.zeros(PARAM_WORDS, np.uint32)
         p[:len(words)] = words
         self.disps.append(_Dispatch(kernel, qtype, entries, p, t_word, rows, grid))
+        return self.disps[-1]
 
     # --- step bracket: the step's rows live in device buffers, written per step ----------------
     def begin(self, seqs, caches):
@@ -184,7 +205,7 @@ class Recorder:
     # --- ops ----------------------------------------------------------------------------------
     def embed(self, table: QuantMatrix, step) -> DTensor:
         d = table.n_in
-        out = self._scratch("x", d, "t")
+        out = self._writes(self._scratch("x", d, "t"))
         self._record("embed", {2: out.buf, 3: self.r.weight(table).buffer, 4: self.r.tokens},
                      [0, d, 0, 0], "t", lambda k, t: (-(-d // 512), t, 1), qtype=table.qtype, t_word=3)
         return out
@@ -192,8 +213,9 @@ class Recorder:
     def rms_norm(self, x: DTensor, w: np.ndarray, eps: float) -> DTensor:
         if not (x.whole or (x.gather and x.col0 == 0 and x.cols == x.stride)):
             raise NotImplementedError("rms_norm on the GPU takes whole rows")
+        self._reads(x)
         rows = "s" if x.gather else x.rows
-        out = self._scratch("norm", x.cols, rows)
+        out = self._writes(self._scratch("norm", x.cols, rows))
         self._record("norm:rms_norm", {1: self.r.meta, 2: x.buf, 3: self.r.vector(w), 4: out.buf},
                      [0, x.cols, 0, int(x.gather), _f32_word(eps)], rows, lambda k, t: (t, 1, 1))
         return out
@@ -201,17 +223,27 @@ class Recorder:
     async def linear(self, x: DTensor, *weights: QuantMatrix, tag=None) -> list[DTensor]:
         if not x.whole:
             raise NotImplementedError("linear on the GPU takes whole rows of one tensor")
+        self._reads(x)
+        last = self.disps[-1] if self.disps else None
+        runs = fused_runs([Job(w) for w in weights])
+        # x is what the norm (of every row, not gathered ones) or swiglu just before wrote, for one product
+        pre = last if (len(runs) == 1 and last is not None and last.kernel in PROLOGUES and not last.params[3]
+                       and x.buf is last.entries[max(last.entries)]) else None
+        eps = pre.params[4] if pre is not None and pre.kernel == "norm:rms_norm" else 0
         outs = []
-        for i, run in enumerate(fused_runs([Job(w) for w in weights])):
+        for i, run in enumerate(runs):
             first = self.r.weight(run[0].weight)
             n_out = sum(j.weight.n_out for j in run)
-            y = self._scratch(f"lin{i}", n_out, x.rows)
-            self._record("mm", {1: x.buf, 2: y.buf, 3: first.buffer}, [n_out, x.cols, first.row0, 0, 0],
-                         x.rows, lambda k, t, n=n_out: _grid(k, n, t), qtype=first.qtype, t_word=3)
+            y = self._writes(self._scratch(f"lin{i}", n_out, x.rows))
+            mm = self._record("mm", {1: x.buf, 2: y.buf, 3: first.buffer}, [n_out, x.cols, first.row0, 0, 0, 0, eps],
+                              x.rows, lambda k, t, n=n_out: _grid(k, n, t), qtype=first.qtype, t_word=3)
             c = 0
             for j in run:
                 outs.append(DTensor(y.buf, n_out, j.weight.n_out, c, x.rows))
                 c += j.weight.n_out
+        if pre is not None:
+            mm.pre = pre
+            self._fused[id(x.buf)] = mm
         return outs
 
     def attention(self, layer: int, q: DTensor, k: DTensor, v: DTensor, step) -> DTensor:
@@ -220,13 +252,14 @@ class Recorder:
         if not (q.buf is k.buf is v.buf and q.col0 == 0 and k.col0 == H * hd and v.col0 == (H + KV) * hd
                 and q.stride == (H + 2 * KV) * hd):
             raise NotImplementedError("attention on the GPU takes q|k|v of one fused product")
-        qr = self._scratch("q", H * hd, "t")
+        self._reads(q)
+        qr = self._writes(self._scratch("q", H * hd, "t"))
         kp, vp = self.r.kpool[layer], self.r.vpool[layer]
         pairs = (H + 2 * KV) * hd // 2
         self._record("attention:rope_kv", {1: self.r.meta, 2: q.buf, 3: self.r.table, 4: self.r.rope,
                                            5: qr.buf, 6: kp, 7: vp},
                      [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (-(-pairs // 64), t, 1))
-        out = self._scratch("attn", H * hd, "t")
+        out = self._writes(self._scratch("attn", H * hd, "t"))
         self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 8: kp, 9: vp, 10: out.buf},
                      [0, H, KV], "t", lambda k, t: (H, t, 1))
         return out
@@ -235,7 +268,8 @@ class Recorder:
         ff = gate.cols
         if not (gate.buf is up.buf and gate.col0 == 0 and up.col0 == ff and gate.stride == 2 * ff):
             raise NotImplementedError("silu_mul on the GPU takes gate|up of one fused product")
-        out = self._scratch("ffn", ff, gate.rows)
+        self._reads(gate)
+        out = self._writes(self._scratch("ffn", ff, gate.rows))
         self._record("elementwise:silu_mul", {2: gate.buf, 3: out.buf}, [0, ff], gate.rows,
                      lambda k, t: (-(-ff // 64), t, 1))
         return out
@@ -245,6 +279,7 @@ class Recorder:
         x with its accumulate flag instead (a residual costs no dispatch)."""
         if not (x.whole and y.whole and x.cols == y.cols and x.rows == y.rows):
             raise NotImplementedError("add on the GPU takes two whole tensors of one shape")
+        self._reads(x, y)
         last = self.disps[-1] if self.disps else None
         if last is not None and last.kernel == "mm" and last.entries[2] is y.buf and last.params[4] == 0:
             last.entries[2] = x.buf
@@ -259,6 +294,7 @@ class Recorder:
         return DTensor(x.buf, x.stride, x.cols, x.col0, "s", gather=True)
 
     def argmax(self, logits: DTensor) -> None:
+        self._reads(logits)
         self._record("argmax:argmax", {2: logits.buf, 3: self.r.ids, 4: self.r.tokens}, [0, logits.cols],
                      logits.rows, lambda k, t: (t, 1, 1))
 
@@ -275,13 +311,16 @@ class _Program:
         idx = np.arange(len(disps))
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
-        self.plans: dict[tuple[int, int], list[tuple]] = {}  # (rows, seqs) -> encoded dispatches
+        self.plans: dict[tuple[int, int], tuple[list[tuple], np.ndarray]] = {}  # (rows, seqs) -> _plan's
+        self.mm_at = idx[[d.kernel == "mm" for d in disps]]
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
 
-    def set_rows(self, t: int, s: int) -> None:
+    def set_rows(self, t: int, s: int, pre: np.ndarray) -> None:
+        """The uniform slots of a step of t rows of s sequences, the matvecs' prologues `pre`."""
         self.params[self.t_at] = t
         self.params[self.s_at] = s
+        self.params[self.mm_at, PRE_WORD] = pre[self.mm_at]
 
 
 @dataclass(eq=False)
@@ -466,34 +505,48 @@ class ResidentRunner:
                 layout="auto", compute={"module": module, "entry_point": entry})
         return pipe
 
-    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str):
-        got = d.bound.get(kind)
+    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int):
+        """(pipeline, bind group) of dispatch i run as `kind`, its prologue doing `pre` (Params.pre)."""
+        got = d.bound.get((kind, pre))
         if got is None:
+            entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
                 pipe, layout = self.gpu.pipeline(d.qtype, kind)
+                if kind.startswith("mv_"):  # x through the prologue: what the norm or swiglu read
+                    entries[1] = d.pre.entries[2] if pre else d.entries[1]
+                    entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
             else:
                 pipe = self._op_pipeline(d.kernel)
                 layout = pipe.get_bind_group_layout(0)
-            entries = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
-            entries += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
-                        for b, buf in sorted(d.entries.items())]
-            got = d.bound[kind] = (pipe, self.device.create_bind_group(layout=layout, entries=entries))
+            group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
+            group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                      for b, buf in sorted(entries.items())]
+            got = d.bound[(kind, pre)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
         return got
 
-    def _plan(self, prog: _Program, t: int, n: int) -> list[tuple]:
-        """(pipeline, bind group, workgroups) of every dispatch for t rows of n sequences, built
-        once per shape: a decode step of a steady batch re-encodes a list, nothing else."""
+    def _plan(self, prog: _Program, t: int, n: int) -> tuple[list[tuple], np.ndarray]:
+        """(pipeline, bind group, workgroups) of every dispatch for t rows of n sequences, and each
+        dispatch's prologue (Params.pre), built once per shape: a decode step of a steady batch
+        re-encodes a list, nothing else. A matvec whose prologue can do the norm or swiglu before
+        it takes that dispatch's place (a decode step saves two dispatches a layer)."""
         plan = prog.plans.get((t, n))
         if plan is None:
-            plan = []
-            for i, d in enumerate(prog.disps):
-                rows = n if d.rows == "s" else t
-                kind = self.gpu.kernel_for(rows, int(d.params[0])) if d.kernel == "mm" else d.kernel
-                pipe, bg = self._bind(prog, i, d, kind)
-                plan.append((pipe, bg, *d.grid(kind, rows)))
+            disps = prog.disps
+            rows = [n if d.rows == "s" else t for d in disps]
+            kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, int(d.params[0]))) if d.kernel == "mm" else d.kernel
+                     for d, r in zip(disps, rows)]
+            pre = np.zeros(len(disps), np.uint32)
+            for i, d in enumerate(disps):
+                if d.pre is not None and i and disps[i - 1] is d.pre and kinds[i] in PROLOGUES[d.pre.kernel][1]:
+                    pre[i] = PROLOGUES[d.pre.kernel][0]
+            calls = []
+            for i, d in enumerate(disps):
+                if i + 1 < len(disps) and pre[i + 1]:
+                    continue  # done by the next dispatch's prologue
+                calls.append((*self._bind(prog, i, d, kinds[i], int(pre[i])), *d.grid(kinds[i], rows[i])))
             if len(prog.plans) > 64:
                 prog.plans.clear()
-            prog.plans[(t, n)] = plan
+            plan = prog.plans[(t, n)] = (calls, pre)
         return plan
 
     # --- tracing ------------------------------------------------------------------------------
@@ -571,8 +624,8 @@ class ResidentRunner:
                 self._ahead.tokens = ids
         for c, s in zip(caches, seqs):
             c.append(s)
-        up, down, encode_s, submit_s = cost
-        self._record(t, n, len(self.program(all_logits).disps), up, down, encode_s, submit_s, t4 - t3, kernel_s,
+        up, down, encode_s, submit_s, dispatches = cost
+        self._record(t, n, dispatches, up, down, encode_s, submit_s, t4 - t3, kernel_s,
                      time.perf_counter() - t0, waited, ahead is not None)
         return ids, out
 
@@ -592,9 +645,9 @@ class ResidentRunner:
         cost = self._submit(None, caches, starts, [1] * len(caches), False, [], nxt)
         self._ahead = _Ahead([weakref.ref(c) for c in caches], starts, nxt, cost)
 
-    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float]:
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float, int]:
         """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
-        last argmax wrote on the device. (bytes up, bytes down, encode s, submit s)."""
+        last argmax wrote on the device. (bytes up, bytes down, encode s, submit s, dispatches)."""
         t0 = time.perf_counter()
         t, n = sum(lens), len(lens)
         queue = self.device.queue
@@ -616,14 +669,15 @@ class ResidentRunner:
                 queue.write_buffer(self.table, s * row.nbytes, row)
                 up += row.nbytes
         prog = self.program(all_logits)
-        prog.set_rows(t, n)
+        calls, pre = self._plan(prog, t, n)
+        prog.set_rows(t, n, pre)
         queue.write_buffer(prog.pbuf, 0, prog.params)
         up += prog.params.nbytes
         enc = self.device.create_command_encoder()
         ts = self.gpu._ts
         cp = enc.begin_compute_pass(timestamp_writes=ts and {
             "query_set": ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        _encode(cp, self._plan(prog, t, n))
+        _encode(cp, calls)
         cp.end()
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
@@ -641,7 +695,7 @@ class ResidentRunner:
         t1 = time.perf_counter()
         queue.submit([enc.finish()])
         self.stats.submissions += 1
-        return up, down, t1 - t0, time.perf_counter() - t1
+        return up, down, t1 - t0, time.perf_counter() - t1, len(calls)
 
     def _read(self, staging, t, n, all_logits, picks):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's

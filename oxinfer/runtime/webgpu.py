@@ -478,6 +478,8 @@ class WebGpuBackend:
                 {"binding": 1, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}},
                 {"binding": 2, "resource": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4}},
                 {"binding": 3, "resource": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}},
+                *([{"binding": 4, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}}]  # nw, unread (pre 0)
+                  if kind.startswith("mv_") else []),
             ])
             cp.set_pipeline(pipe)
             cp.set_bind_group(0, bg)
