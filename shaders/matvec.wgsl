@@ -36,7 +36,7 @@ fn mv_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let row0 = (wid.x + wid.y * nwg.x) * MV_ROWS;
     let tok = wid.z;
     var ss = 0.0;
-    red[lid] = mv_partial(row0, tok, lid, &ss);
+    red[lid] = mv_partial(row0, tok, lid, 64u, &ss);
     red_ss[lid] = ss;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s >>= 1u) {

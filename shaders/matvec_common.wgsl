@@ -45,14 +45,14 @@ fn x_scale(ss: f32) -> f32 {
     return 1.0;
 }
 
-// This invocation's partial dot products for rows row0 .. row0 + 3 of token tok: the 64 invocations
-// of a workgroup stride over the row 8 weights at a time (coalesced loads on a GPU). Rows past the
-// end are clamped (read, never written): no divergent branch in the loop. ss: the partial sum of
-// squares of the x chunks read.
-fn mv_partial(row0: u32, tok: u32, lid: u32, ss: ptr<function, f32>) -> vec4<f32> {
+// This invocation's partial dot products for rows row0 .. row0 + 3 of token tok: the `wg`
+// invocations of a workgroup stride over the row 8 weights at a time (coalesced loads on a GPU).
+// Rows past the end are clamped (read, never written): no divergent branch in the loop. ss: the
+// partial sum of squares of the x chunks read.
+fn mv_partial(row0: u32, tok: u32, lid: u32, wg: u32, ss: ptr<function, f32>) -> vec4<f32> {
     let last = P.n_out - 1u;
     var acc = vec4<f32>(0.0);
-    for (var c = lid; c < (P.n_in >> 3u); c += 64u) {
+    for (var c = lid; c < (P.n_in >> 3u); c += wg) {
         let xv = x8(tok, c);
         *ss += xv.ss;
         let w0 = w8(min(row0, last), c);

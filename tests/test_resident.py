@@ -75,13 +75,14 @@ async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
     assert gpu.resident.stats.steps == steps + 1  # 43 rows <= 64: one step, one submission
 
 
-@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_tok"])
+@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_tok"])
 async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel):
-    """Every product run as one matvec kind, whose prologue does the rms_norm before the q|k|v and
-    gate|up products and (except mv_rows) the swiglu before the down product, in place of their
-    dispatches: logits within 1e-4 of numpy's, and per layer 6 dispatches instead of 9 (7 on mv_rows)."""
+    """Every product run as one matvec kind. The one-token kinds' prologue does the rms_norm before
+    the q|k|v and gate|up products and the swiglu before the down product, in place of their
+    dispatches (mv_rows: the norms only; mv_tok: neither): logits within 1e-4 of numpy's, and per
+    layer 6 dispatches instead of 9."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
-    if kernel == "mv_subgroup" and "subgroup" not in gpu_backend.features:
+    if kernel.startswith("mv_subgroup") and "subgroup" not in gpu_backend.features:
         pytest.skip(f"the adapter has no subgroups ({gpu_backend.adapter.summary})")
     path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=7, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
@@ -90,7 +91,7 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
     layers = gpu.model.cfg.n_layers
-    per_layer = 7 if kernel == "mv_rows" else 6
+    per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
     # embed, the layers, the final norm (of gathered rows: never fused), the head and the argmax
     assert gpu.resident.last.dispatches == 1 + per_layer * layers + 3
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

@@ -46,7 +46,7 @@ def gpu() -> WebGpuBackend:
 def kernels(gpu: WebGpuBackend) -> list[str | None]:
     """None (the automatic choice) and every kernel this adapter can run, forced."""
     ks = [None, "mv_rows", "mv_wg", "mv_tok", "mm_tiled", "mm_tiled64"]
-    return ks + ["mv_subgroup"] if "subgroup" in gpu.features else ks
+    return ks + ["mv_subgroup", "mv_subgroup256"] if "subgroup" in gpu.features else ks
 
 
 # --- kernels against numpy --------------------------------------------------------------------

@@ -156,9 +156,11 @@ class _Dispatch:
 
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
-# matmul kinds that do it; swiglu not on mv_rows: a CPU adapter would compute each silu once per row
-PROLOGUES = {"norm:rms_norm": (1, ("mv_rows", "mv_wg", "mv_subgroup", "mv_tok")),
-             "elementwise:silu_mul": (2, ("mv_wg", "mv_subgroup", "mv_tok"))}
+# matmul kinds that do it: those of one token, which compute the prologue once per 4 rows of W
+# (mv_tok, at 8 rows x 8 tokens, was slower with it on an H200: its silu costs as much as its FMAs);
+# swiglu not on mv_rows: a CPU adapter would compute each silu once per row
+_ONE_TOKEN = ("mv_wg", "mv_subgroup", "mv_subgroup256")
+PROLOGUES = {"norm:rms_norm": (1, ("mv_rows", *_ONE_TOKEN)), "elementwise:silu_mul": (2, _ONE_TOKEN)}
 
 
 def _f32_word(v: float) -> int:
@@ -533,7 +535,7 @@ class ResidentRunner:
         if plan is None:
             disps = prog.disps
             rows = [n if d.rows == "s" else t for d in disps]
-            kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, int(d.params[0]))) if d.kernel == "mm" else d.kernel
+            kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
                      for d, r in zip(disps, rows)]
             pre = np.zeros(len(disps), np.uint32)
             for i, d in enumerate(disps):

@@ -64,6 +64,7 @@ MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
 MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
+MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 64
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 PARAMS_BYTES = 32  # struct Params of common.wgsl
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
@@ -78,6 +79,7 @@ _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
     "mv_wg": ("matvec", "mv_wg"),
     "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
+    "mv_subgroup256": ("matvec_subgroup", "mv_subgroup256"),
     "mv_tok": ("matvec", "mv_tok"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
@@ -376,15 +378,17 @@ class WebGpuBackend:
         return self._stats
 
     # --- kernels ------------------------------------------------------------------------------
-    def kernel_for(self, t: int, n_out: int = 4096) -> str:
-        """The kernel kind for t rows of x times n_out rows of W on this adapter."""
+    def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024) -> str:
+        """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
         if t >= (MM_MIN_T if self.cpu_adapter else MM_MIN_T_GPU):
             return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
-        return "mv_subgroup" if "subgroup" in self.features else "mv_wg"
+        if "subgroup" not in self.features:
+            return "mv_wg"
+        return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
 
     def pipeline(self, qtype: str, kind: str):
         """(pipeline, bind group layout) for one format and kernel, built once."""
@@ -400,7 +404,7 @@ class WebGpuBackend:
         """Build every pipeline this adapter can run (shader compile errors surface here)."""
         for qtype in _DECODERS:
             for kind in _KERNELS:
-                if kind != "mv_subgroup" or "subgroup" in self.features:
+                if not kind.startswith("mv_subgroup") or "subgroup" in self.features:
                     self.pipeline(qtype, kind)
 
     # --- one submission -----------------------------------------------------------------------
@@ -471,7 +475,7 @@ class WebGpuBackend:
         cp = enc.begin_compute_pass(timestamp_writes=tsw)
         for i, d in enumerate(dispatches):
             n_out = d.weight.n_out
-            kind = kernel or self.kernel_for(t, n_out)
+            kind = kernel or self.kernel_for(t, n_out, d.weight.n_in)
             pipe, bgl = self.pipeline(d.weight.qtype, kind)
             bg = self.device.create_bind_group(layout=bgl, entries=[
                 {"binding": 0, "resource": {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}},
