@@ -1,14 +1,63 @@
-// argmax of each logits row, ties to the lowest id (numpy's argmax): ids[r] for the host, and
-// tokens[r], where the next step's embedding reads it (a greedy token never has to visit the host
-// before the next step is encoded).
+// argmax of each logits row, ties to the lowest id (numpy's argmax), in two dispatches: argmax_part
+// reduces PARTS slices of a row in PARTS workgroups (one workgroup walking a 49,152-word row alone
+// was latency-bound at ~45 us on an H200), argmax reduces their PARTS candidates. It writes ids[r]
+// for the host, and tokens[r], where the next step's embedding reads it (a greedy token never has
+// to visit the host before the next step is encoded).
+
+struct Best {
+    v: f32,
+    i: u32,   // NONE: no candidate
+};
+
+const PARTS: u32 = 32u;
+const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
 @group(0) @binding(3) var<storage, read_write> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> tokens: array<u32>;
+@group(0) @binding(5) var<storage, read_write> parts: array<Best>;   // (rows, PARTS)
 
-const UNROLL: u32 = 8u;
 var<workgroup> bv: array<f32, 256>;
 var<workgroup> bi: array<u32, 256>;
+
+fn beats(v: f32, i: u32, w: f32, j: u32) -> bool {   // (v, i) before (w, j)
+    return i != NONE && (j == NONE || v > w || (v == w && i < j));
+}
+
+// the best of the workgroup's 256 candidates (b), in bv[0], bi[0]
+fn reduce(lid: u32, b: Best) -> Best {
+    bv[lid] = b.v;
+    bi[lid] = b.i;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (lid < s && beats(bv[lid + s], bi[lid + s], bv[lid], bi[lid])) {
+            bv[lid] = bv[lid + s];
+            bi[lid] = bi[lid + s];
+        }
+        workgroupBarrier();
+    }
+    return Best(bv[0], bi[0]);
+}
+
+@compute @workgroup_size(256)
+fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let p = wid.x;
+    let r = wid.y;
+    if (r >= P.t) {
+        return;
+    }
+    var b = Best(0.0, NONE);
+    for (var i = p * 256u + lid; i < P.n; i += PARTS * 256u) {   // ascending: a thread keeps its first maximum
+        let v = logits[r * P.n + i];
+        if (beats(v, i, b.v, b.i)) {
+            b = Best(v, i);
+        }
+    }
+    let best = reduce(lid, b);
+    if (lid == 0u) {
+        parts[r * PARTS + p] = best;
+    }
+}
 
 @compute @workgroup_size(256)
 fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -16,39 +65,13 @@ fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     if (r >= P.t) {
         return;
     }
-    var best = -3.0e38;  // replaced by the first value a thread reads (idx sentinel)
-    var idx = 0xffffffffu;
-    // ascending, so a thread keeps its first maximum; UNROLL independent loads in flight per
-    // iteration (one load at a time left a 49,152-word row at ~30 us on an H200, latency-bound)
-    for (var i0 = lid; i0 < P.n; i0 += 256u * UNROLL) {
-        var v: array<f32, UNROLL>;
-        for (var u = 0u; u < UNROLL; u++) {
-            v[u] = logits[r * P.n + min(i0 + 256u * u, P.n - 1u)];
-        }
-        for (var u = 0u; u < UNROLL; u++) {
-            let i = i0 + 256u * u;
-            if (i < P.n && (v[u] > best || idx == 0xffffffffu)) {
-                best = v[u];
-                idx = i;
-            }
-        }
+    var b = Best(0.0, NONE);
+    if (lid < PARTS) {
+        b = parts[r * PARTS + lid];
     }
-    bv[lid] = best;
-    bi[lid] = idx;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let v = bv[lid + s];
-            let j = bi[lid + s];
-            if (j != 0xffffffffu && (v > bv[lid] || (v == bv[lid] && j < bi[lid]) || bi[lid] == 0xffffffffu)) {
-                bv[lid] = v;
-                bi[lid] = j;
-            }
-        }
-        workgroupBarrier();
-    }
+    let best = reduce(lid, b);
     if (lid == 0u) {
-        ids[r] = bi[0];
-        tokens[r] = bi[0];
+        ids[r] = best.i;
+        tokens[r] = best.i;
     }
 }

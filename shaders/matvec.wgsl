@@ -52,12 +52,21 @@ fn mv_wg(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 }
 
 // mv_tok: mv_wg for a few tokens at once (batched decode steps: 2 to ~64 rows of x). A workgroup
-// computes 8 rows for TOK tokens: each weight chunk is decoded once and used for every one of them
-// (mv_wg decodes it once per token), and each x chunk serves 8 rows (re-reading x per 4 rows made
-// x, not W, the traffic of a 32-token step), then 8 tree reductions share the barriers.
+// computes 8 rows for TOK = 8 tokens: each weight chunk is decoded once and used for every one of
+// them (mv_wg decodes it once per token), and each x chunk serves 8 rows, then 16 tree reductions
+// share the barriers. The 16 accumulators are named variables, not an array indexed in a loop: a
+// driver may keep such an array in memory instead of registers (on an H200 that cost 4x). Plain x:
+// the prologues' silu would be computed once per 8 rows, as costly as the FMAs.
 const TOK: u32 = 8u;
 const TOK_ROWS: u32 = 8u;
 var<workgroup> red8: array<vec4<f32>, 1024>;   // [token][half][invocation]
+
+// the dot products of one x chunk (a, b) with 4 rows' chunks
+fn dot4rows(a: vec4<f32>, b: vec4<f32>, w0: array<vec4<f32>, 2>, w1: array<vec4<f32>, 2>,
+            w2: array<vec4<f32>, 2>, w3: array<vec4<f32>, 2>) -> vec4<f32> {
+    return vec4<f32>(dot(a, w0[0]) + dot(b, w0[1]), dot(a, w1[0]) + dot(b, w1[1]),
+                     dot(a, w2[0]) + dot(b, w2[1]), dot(a, w3[0]) + dot(b, w3[1]));
+}
 
 @compute @workgroup_size(64)
 fn mv_tok(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -65,9 +74,32 @@ fn mv_tok(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let row0 = (wid.x + wid.y * nwg.x) * TOK_ROWS;
     let tok0 = wid.z * TOK;
     let last = P.n_out - 1u;
-    var lo: array<vec4<f32>, TOK>;   // rows row0 .. +3
-    var hi: array<vec4<f32>, TOK>;   // rows row0 + 4 .. +7
-    var ss: array<f32, TOK>;
+    let stride = P.n_in >> 2u;
+    // x rows of the 8 tokens (tokens past t are computed on the last row, never stored)
+    let x0 = min(tok0, P.t - 1u) * stride;
+    let x1 = min(tok0 + 1u, P.t - 1u) * stride;
+    let x2 = min(tok0 + 2u, P.t - 1u) * stride;
+    let x3 = min(tok0 + 3u, P.t - 1u) * stride;
+    let x4 = min(tok0 + 4u, P.t - 1u) * stride;
+    let x5 = min(tok0 + 5u, P.t - 1u) * stride;
+    let x6 = min(tok0 + 6u, P.t - 1u) * stride;
+    let x7 = min(tok0 + 7u, P.t - 1u) * stride;
+    var lo0 = vec4<f32>(0.0);   // token k, rows row0 .. +3
+    var lo1 = vec4<f32>(0.0);
+    var lo2 = vec4<f32>(0.0);
+    var lo3 = vec4<f32>(0.0);
+    var lo4 = vec4<f32>(0.0);
+    var lo5 = vec4<f32>(0.0);
+    var lo6 = vec4<f32>(0.0);
+    var lo7 = vec4<f32>(0.0);
+    var hi0 = vec4<f32>(0.0);   // token k, rows row0 + 4 .. +7
+    var hi1 = vec4<f32>(0.0);
+    var hi2 = vec4<f32>(0.0);
+    var hi3 = vec4<f32>(0.0);
+    var hi4 = vec4<f32>(0.0);
+    var hi5 = vec4<f32>(0.0);
+    var hi6 = vec4<f32>(0.0);
+    var hi7 = vec4<f32>(0.0);
     for (var c = lid; c < (P.n_in >> 3u); c += 64u) {
         let w0 = w8(min(row0, last), c);
         let w1 = w8(min(row0 + 1u, last), c);
@@ -77,21 +109,40 @@ fn mv_tok(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let w5 = w8(min(row0 + 5u, last), c);
         let w6 = w8(min(row0 + 6u, last), c);
         let w7 = w8(min(row0 + 7u, last), c);
-        for (var k = 0u; k < TOK; k++) {
-            let xv = x8(min(tok0 + k, P.t - 1u), c);   // tokens past t: computed, never stored
-            let xa = xv.a;
-            let xc = xv.b;
-            ss[k] += xv.ss;
-            lo[k] += vec4<f32>(dot(xa, w0[0]) + dot(xc, w0[1]), dot(xa, w1[0]) + dot(xc, w1[1]),
-                               dot(xa, w2[0]) + dot(xc, w2[1]), dot(xa, w3[0]) + dot(xc, w3[1]));
-            hi[k] += vec4<f32>(dot(xa, w4[0]) + dot(xc, w4[1]), dot(xa, w5[0]) + dot(xc, w5[1]),
-                               dot(xa, w6[0]) + dot(xc, w6[1]), dot(xa, w7[0]) + dot(xc, w7[1]));
-        }
+        let o = 2u * c;
+        lo0 += dot4rows(x[x0 + o], x[x0 + o + 1u], w0, w1, w2, w3);
+        hi0 += dot4rows(x[x0 + o], x[x0 + o + 1u], w4, w5, w6, w7);
+        lo1 += dot4rows(x[x1 + o], x[x1 + o + 1u], w0, w1, w2, w3);
+        hi1 += dot4rows(x[x1 + o], x[x1 + o + 1u], w4, w5, w6, w7);
+        lo2 += dot4rows(x[x2 + o], x[x2 + o + 1u], w0, w1, w2, w3);
+        hi2 += dot4rows(x[x2 + o], x[x2 + o + 1u], w4, w5, w6, w7);
+        lo3 += dot4rows(x[x3 + o], x[x3 + o + 1u], w0, w1, w2, w3);
+        hi3 += dot4rows(x[x3 + o], x[x3 + o + 1u], w4, w5, w6, w7);
+        lo4 += dot4rows(x[x4 + o], x[x4 + o + 1u], w0, w1, w2, w3);
+        hi4 += dot4rows(x[x4 + o], x[x4 + o + 1u], w4, w5, w6, w7);
+        lo5 += dot4rows(x[x5 + o], x[x5 + o + 1u], w0, w1, w2, w3);
+        hi5 += dot4rows(x[x5 + o], x[x5 + o + 1u], w4, w5, w6, w7);
+        lo6 += dot4rows(x[x6 + o], x[x6 + o + 1u], w0, w1, w2, w3);
+        hi6 += dot4rows(x[x6 + o], x[x6 + o + 1u], w4, w5, w6, w7);
+        lo7 += dot4rows(x[x7 + o], x[x7 + o + 1u], w0, w1, w2, w3);
+        hi7 += dot4rows(x[x7 + o], x[x7 + o + 1u], w4, w5, w6, w7);
     }
-    for (var k = 0u; k < TOK; k++) {
-        red8[k * 128u + lid] = lo[k];
-        red8[k * 128u + 64u + lid] = hi[k];
-    }
+    red8[lid] = lo0;
+    red8[64u + lid] = hi0;
+    red8[128u + lid] = lo1;
+    red8[192u + lid] = hi1;
+    red8[256u + lid] = lo2;
+    red8[320u + lid] = hi2;
+    red8[384u + lid] = lo3;
+    red8[448u + lid] = hi3;
+    red8[512u + lid] = lo4;
+    red8[576u + lid] = hi4;
+    red8[640u + lid] = lo5;
+    red8[704u + lid] = hi5;
+    red8[768u + lid] = lo6;
+    red8[832u + lid] = hi6;
+    red8[896u + lid] = lo7;
+    red8[960u + lid] = hi7;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s >>= 1u) {
         if (lid < s) {
@@ -103,24 +154,7 @@ fn mv_tok(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     let k = lid / TOK_ROWS;   // 64 invocations = 8 tokens x 8 rows
     let r = lid % TOK_ROWS;
-    var v = red8[(2u * k + r / 4u) * 64u][r % 4u];
-    if (P.pre == 1u) {   // the tokens' sums of squares, through the same workgroup memory
-        workgroupBarrier();
-        for (var j = 0u; j < TOK / 4u; j++) {
-            red8[j * 64u + lid] = vec4<f32>(ss[4u * j], ss[4u * j + 1u], ss[4u * j + 2u], ss[4u * j + 3u]);
-        }
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s >>= 1u) {
-            if (lid < s) {
-                for (var j = 0u; j < TOK / 4u; j++) {
-                    red8[j * 64u + lid] += red8[j * 64u + lid + s];
-                }
-            }
-            workgroupBarrier();
-        }
-        v *= x_scale(red8[(k / 4u) * 64u][k % 4u]);
-    }
     if (row0 + r < P.n_out && tok0 + k < P.t) {
-        put((tok0 + k) * P.n_out + row0 + r, v);
+        put((tok0 + k) * P.n_out + row0 + r, red8[(2u * k + r / 4u) * 64u][r % 4u]);
     }
 }

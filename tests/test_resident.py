@@ -92,10 +92,19 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
     layers = gpu.model.cfg.n_layers
     per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
-    # embed, the layers, the final norm (of gathered rows: never fused), the head and the argmax
-    assert gpu.resident.last.dispatches == 1 + per_layer * layers + 3
+    # embed, the layers, the final norm (of gathered rows: never fused), the head, the argmax (2)
+    assert gpu.resident.last.dispatches == 1 + per_layer * layers + 4
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
+async def test_attention_over_several_tiles_with_a_head_size_that_leaves_threads_idle(tmp_path):
+    """head_dim 48 (12 groups of 4 dims: 256 invocations hold 21 lanes and 4 idle ones) and 300
+    positions (two tiles of 256): logits of every position within 1e-4 of numpy's."""
+    cpu, gpu = await engines(write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=2, n_kv=1, d_ff=160, seed=4,
+                                              extra_vocab=40, context=512))
+    tokens = list(np.random.default_rng(3).integers(0, 256, size=300))
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
 
 
 async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair):
@@ -216,3 +225,48 @@ async def test_weights_the_gpu_cannot_read_keep_the_forward_on_the_cpu(tmp_path)
     assert e.resident is None
     assert "gpu_resident_unavailable" in [x["event"] for x in logs]
     assert len(await e.next_logits([1, 2, 3])) == e.config.vocab_size
+
+
+def run_op(runner, kernel: str, buffers: dict[int, np.ndarray], words: list[int], grid, out: int) -> np.ndarray:
+    """One op kernel alone on the runner's device: buffers by binding, a uniform slot, buffer `out` read back."""
+    import wgpu
+
+    dev = runner.device
+    BU = wgpu.BufferUsage
+    params = np.zeros(64, np.uint32)
+    params[:len(words)] = words
+    bufs = {0: dev.create_buffer_with_data(data=params, usage=BU.UNIFORM)}
+    for b, a in buffers.items():
+        bufs[b] = dev.create_buffer_with_data(data=a, usage=BU.STORAGE | BU.COPY_SRC)
+    pipe = runner._op_pipeline(kernel)
+    bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
+        {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in bufs.items()])
+    enc = dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(*grid)
+    cp.end()
+    dev.queue.submit([enc.finish()])
+    return np.frombuffer(dev.queue.read_buffer(bufs[out]), buffers[out].dtype).copy()
+
+
+async def test_argmax_kernels_tie_to_the_lowest_id_as_numpy(pair):
+    """The two argmax passes against numpy on rows built to trip them: ties between slices and within
+    one, the maximum on the last id, all equal, all negative; 1,001 columns (no multiple of 256)."""
+    from oxinfer.runtime.resident import ARGMAX_PARTS
+
+    r = pair[1].resident
+    n = 1001
+    rows = np.random.default_rng(0).standard_normal((6, n)).astype(np.float32)
+    rows[0, [7, 300, 900]] = 9.0  # a tie across slices
+    rows[1, [600, 601]] = 9.0  # a tie inside one thread's neighbourhood
+    rows[2, n - 1] = 9.0
+    rows[3] = 1.5
+    rows[4] = -np.abs(rows[4]) - 1.0
+    t = len(rows)
+    parts = np.zeros(t * ARGMAX_PARTS * 2, np.uint32)
+    got_parts = run_op(r, "argmax:argmax_part", {2: rows.reshape(-1), 5: parts}, [t, n], (ARGMAX_PARTS, t, 1), out=5)
+    zeros = np.zeros(t, np.uint32)
+    ids = run_op(r, "argmax:argmax", {3: zeros, 4: zeros.copy(), 5: got_parts}, [t, n], (t, 1, 1), out=3)
+    assert ids.tolist() == rows.argmax(-1).tolist()

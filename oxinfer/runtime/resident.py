@@ -37,13 +37,15 @@ from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.webgpu import ALIGN, PARAMS_BYTES, WebGpuBackend, WebGpuUnavailable, _grid, _shader_dir, wgpu
+from oxinfer.runtime.webgpu import (ALIGN, PARAMS_BYTES, PROLOGUE_KINDS, WebGpuBackend, WebGpuUnavailable, _grid,
+                                    _shader_dir, wgpu)
 
 log = structlog.get_logger("oxinfer.resident")
 
 BS = 32  # KV positions per block
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
+ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl
 PRE_WORD = 5  # Params.pre (common.wgsl) in a matmul's uniform slot
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 
@@ -156,11 +158,10 @@ class _Dispatch:
 
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
-# matmul kinds that do it: those of one token, which compute the prologue once per 4 rows of W
-# (mv_tok, at 8 rows x 8 tokens, was slower with it on an H200: its silu costs as much as its FMAs);
-# swiglu not on mv_rows: a CPU adapter would compute each silu once per row
-_ONE_TOKEN = ("mv_wg", "mv_subgroup", "mv_subgroup256")
-PROLOGUES = {"norm:rms_norm": (1, ("mv_rows", *_ONE_TOKEN)), "elementwise:silu_mul": (2, _ONE_TOKEN)}
+# matmul kinds that do it (webgpu.PROLOGUE_KINDS: the one-token ones, which compute it once per 4
+# rows of W); swiglu not on mv_rows: a CPU adapter would compute each silu once per row
+PROLOGUES = {"norm:rms_norm": (1, PROLOGUE_KINDS),
+             "elementwise:silu_mul": (2, tuple(k for k in PROLOGUE_KINDS if k != "mv_rows"))}
 
 
 def _f32_word(v: float) -> int:
@@ -297,8 +298,11 @@ class Recorder:
 
     def argmax(self, logits: DTensor) -> None:
         self._reads(logits)
-        self._record("argmax:argmax", {2: logits.buf, 3: self.r.ids, 4: self.r.tokens}, [0, logits.cols],
-                     logits.rows, lambda k, t: (t, 1, 1))
+        parts = self.r.scratch("argmax_parts", self.max_t * ARGMAX_PARTS * 8)
+        self._record("argmax:argmax_part", {2: logits.buf, 5: parts}, [0, logits.cols], logits.rows,
+                     lambda k, t: (ARGMAX_PARTS, t, 1))
+        self._record("argmax:argmax", {3: self.r.ids, 4: self.r.tokens, 5: parts}, [0, logits.cols], logits.rows,
+                     lambda k, t: (t, 1, 1))
 
 
 class _Program:
@@ -514,7 +518,7 @@ class ResidentRunner:
             entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
                 pipe, layout = self.gpu.pipeline(d.qtype, kind)
-                if kind.startswith("mv_"):  # x through the prologue: what the norm or swiglu read
+                if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
             else:

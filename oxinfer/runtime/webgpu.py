@@ -65,6 +65,9 @@ MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this ma
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
 MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
 MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 64
+# the kinds that take x through a prologue (shaders/matvec_common.wgsl: a fused rms_norm or swiglu),
+# which binds the norm weight at binding 4
+PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256")
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 PARAMS_BYTES = 32  # struct Params of common.wgsl
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
@@ -483,7 +486,7 @@ class WebGpuBackend:
                 {"binding": 2, "resource": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4}},
                 {"binding": 3, "resource": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}},
                 *([{"binding": 4, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}}]  # nw, unread (pre 0)
-                  if kind.startswith("mv_") else []),
+                  if kind in PROLOGUE_KINDS else []),
             ])
             cp.set_pipeline(pipe)
             cp.set_bind_group(0, bg)
