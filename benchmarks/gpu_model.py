@@ -74,11 +74,11 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
     await engine.next_logits(prompt)  # warm up: pipelines, buffers, first-touch pages
     await crowd(engine, 2, 4)
     times = []
-    for _ in range(3):  # the median of 3: one run can meet a GPU whose clocks are still low
+    for _ in range(7):  # the median of the last 5: the first runs can meet a GPU whose clocks are still low
         t = time.perf_counter()
         await engine.next_logits(prompt)
         times.append(time.perf_counter() - t)
-    out = {"prefill": n_prompt / float(np.median(times))}
+    out = {"prefill": n_prompt / float(np.median(times[2:]))}
     out["phases"] = []
     for n in concurrency:
         await crowd(engine, n, 4)  # this batch size's plans and kernels, once

@@ -12,9 +12,14 @@
 // sequence up to its own position, 256 positions per tile with an online softmax (running max
 // and sum, the accumulators rescaled per tile), so any length runs in fixed workgroup memory.
 // Long contexts on few rows leave most of the GPU idle (split-K / flash-decoding is the next step).
+//
+// attend_decode: rope_kv and attend in one dispatch, for steps of one row per sequence (decode):
+// the workgroup rotates its own q, k and v from the q|k|v row, uses its own k and v for its row's
+// position (no other row of the step needs them), and the first query head of each kv head appends
+// them to the pool for the steps after.
 
 @group(0) @binding(1) var<storage, read> rows_info: array<u32>;
-@group(0) @binding(2) var<storage, read> src: array<f32>;     // rope_kv: q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
+@group(0) @binding(2) var<storage, read> src: array<f32>;     // q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
 @group(0) @binding(3) var<storage, read> table: array<u32>;
 
 struct Cs {
@@ -22,11 +27,12 @@ struct Cs {
     s: f32,
 };
 
-// rope_kv ------------------------------------------------------------------------------------
 @group(0) @binding(4) var<storage, read> rope: array<Cs>;     // (context, ROPE_PAIRS)
+@group(0) @binding(6) var<storage, read_write> kpool: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> vpool: array<vec4<f32>>;
+
+// rope_kv ------------------------------------------------------------------------------------
 @group(0) @binding(5) var<storage, read_write> q_out: array<f32>;
-@group(0) @binding(6) var<storage, read_write> kpool: array<f32>;
-@group(0) @binding(7) var<storage, read_write> vpool: array<f32>;
 
 fn kv_index(r: u32, kvh: u32, d: u32) -> u32 {
     let pos = rows_info[ROW_POS + r];
@@ -59,19 +65,17 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
         q_out[qo] = a * P.scale;
         q_out[qo + 1u] = b * P.scale;
     } else if (h < P.n + P.k) {
-        let ko = kv_index(r, h - P.n, 2u * i);
-        kpool[ko] = a;
-        kpool[ko + 1u] = b;
+        let ko = kv_index(r, h - P.n, 2u * i);   // even: a and b share one vec4
+        kpool[ko >> 2u][ko & 3u] = a;
+        kpool[ko >> 2u][(ko & 3u) + 1u] = b;
     } else {
         let vo = kv_index(r, h - P.n - P.k, 2u * i);
-        vpool[vo] = a;
-        vpool[vo + 1u] = b;
+        vpool[vo >> 2u][vo & 3u] = a;
+        vpool[vo >> 2u][(vo & 3u) + 1u] = b;
     }
 }
 
 // attend -------------------------------------------------------------------------------------
-@group(0) @binding(8) var<storage, read> keys: array<vec4<f32>>;
-@group(0) @binding(9) var<storage, read> values: array<vec4<f32>>;
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;   // (t, H*HD)
 
 // A workgroup of WG invocations walks the positions in tiles of WG. Scores: invocation i scores
@@ -90,6 +94,25 @@ var<workgroup> n_keys: u32;
 var<workgroup> part_m: array<f32, WG>;
 var<workgroup> part_l: array<f32, WG>;
 var<workgroup> part_a: array<vec4<f32>, WG>;
+var<workgroup> kown: array<vec4<f32>, DG>;   // attend_decode: the row's own key and value
+var<workgroup> vown: array<vec4<f32>, DG>;
+const OWN: u32 = 0xffffffffu;                // vrow of the row's own position (attend_decode)
+
+// dims 4g .. 4g + 3 of a head whose row starts at src[o], rotated for position pos when rot
+fn rotated4(o: u32, g: u32, pos: u32, rot: bool) -> vec4<f32> {
+    var v = vec4<f32>(src[o + 4u * g], src[o + 4u * g + 1u], src[o + 4u * g + 2u], src[o + 4u * g + 3u]);
+    for (var j = 0u; j < 2u; j++) {
+        let i = 2u * g + j;   // pair i: dims 2i, 2i + 1
+        if (rot && i < ROPE_PAIRS) {
+            let cs = rope[pos * ROPE_PAIRS + i];
+            let a = v[2u * j];
+            let b = v[2u * j + 1u];
+            v[2u * j] = a * cs.c - b * cs.s;
+            v[2u * j + 1u] = a * cs.s + b * cs.c;
+        }
+    }
+    return v;
+}
 
 fn kv_row(slot: u32, kvh: u32, p: u32) -> u32 {   // first vec4 of position p's key (or value)
     return (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
@@ -97,19 +120,37 @@ fn kv_row(slot: u32, kvh: u32, p: u32) -> u32 {   // first vec4 of position p's 
 
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
-    let r = wid.y;
+    attend_row(wid.x, wid.y, lid, false);
+}
+
+@compute @workgroup_size(256)
+fn attend_decode(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    attend_row(wid.x, wid.y, lid, true);
+}
+
+// query head h of row r; decode: rope and the KV append done here (attend_decode)
+fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
     if (r >= P.t) {
         return;
     }
     let kvh = h / (P.n / P.k);
     let slot = rows_info[ROW_SLOT + r];
+    let pos = rows_info[ROW_POS + r];
     if (lid == 0u) {
-        n_keys = rows_info[ROW_POS + r] + 1u;   // causal: positions 0 .. own
+        n_keys = pos + 1u;   // causal: positions 0 .. own
     }
-    if (lid < DG) {
-        let qo = (r * P.n + h) * HD + 4u * lid;
-        qs[lid] = vec4<f32>(src[qo], src[qo + 1u], src[qo + 2u], src[qo + 3u]);
+    if (lid < DG && decode) {
+        let row = r * (P.n + 2u * P.k) * HD;
+        qs[lid] = rotated4(row + h * HD, lid, pos, true) * P.scale;
+        kown[lid] = rotated4(row + (P.n + kvh) * HD, lid, pos, true);
+        vown[lid] = rotated4(row + (P.n + P.k + kvh) * HD, lid, pos, false);
+        if (h % (P.n / P.k) == 0u) {   // one workgroup of the kv head appends them
+            let at = (((table[slot * MAXB + pos / BS] * P.k + kvh) * BS + pos % BS) * HD) / 4u + lid;
+            kpool[at] = kown[lid];
+            vpool[at] = vown[lid];
+        }
+    } else if (lid < DG) {
+        qs[lid] = rotated4((r * P.n + h) * HD, lid, pos, false);
     }
     let n = workgroupUniformLoad(&n_keys);   // also the barrier after qs
     let g = lid % DG;
@@ -120,12 +161,19 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     for (var t0 = 0u; t0 < n; t0 += WG) {
         let p = t0 + lid;
         var s = -3.0e38;
-        if (p < n) {
+        if (decode && p + 1u == n) {   // the row's own position
+            vrow[lid] = OWN;
+            var s4 = vec4<f32>(0.0);
+            for (var d = 0u; d < DG; d++) {
+                s4 += qs[d] * kown[d];
+            }
+            s = s4.x + s4.y + s4.z + s4.w;
+        } else if (p < n) {
             let kb = kv_row(slot, kvh, p);
             vrow[lid] = kb;
             var s4 = vec4<f32>(0.0);
             for (var d = 0u; d < DG; d++) {
-                s4 += qs[d] * keys[kb + d];
+                s4 += qs[d] * kpool[kb + d];
             }
             s = s4.x + s4.y + s4.z + s4.w;
         }
@@ -143,7 +191,12 @@ fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             for (var j = lane; j < cnt; j += LANES) {
                 let pj = exp(sc[j] - cm);
                 l += pj;
-                acc += pj * values[vrow[j] + g];
+                let vr = vrow[j];
+                if (vr == OWN) {
+                    acc += pj * vown[g];
+                } else {
+                    acc += pj * vpool[vr + g];
+                }
             }
             m = cm;
         }

@@ -80,7 +80,7 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     """Every product run as one matvec kind. The one-token kinds' prologue does the rms_norm before
     the q|k|v and gate|up products and the swiglu before the down product, in place of their
     dispatches (mv_rows: the norms only; mv_tok: neither): logits within 1e-4 of numpy's, and per
-    layer 6 dispatches instead of 9."""
+    layer 6 dispatches instead of 9, 5 in decode steps (attend_decode takes rope_kv's place)."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
     if kernel.startswith("mv_subgroup") and "subgroup" not in gpu_backend.features:
         pytest.skip(f"the adapter has no subgroups ({gpu_backend.adapter.summary})")
@@ -96,6 +96,8 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert gpu.resident.last.dispatches == 1 + per_layer * layers + 4
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+    # decode steps (one row a sequence): attend_decode does rope_kv's work too
+    assert gpu.resident.last.rows == 1 and gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4
 
 
 async def test_attention_over_several_tiles_with_a_head_size_that_leaves_threads_idle(tmp_path):

@@ -154,7 +154,8 @@ class _Dispatch:
     rows: str  # "t" or "s"
     grid: Callable[[str, int], tuple[int, int, int]]  # (kind, rows) -> workgroups
     bound: dict = field(default_factory=dict)  # (kind, prologue) -> (pipeline, bind group), built at first use
-    pre: _Dispatch | None = None  # mm: the norm or swiglu just before it, which its prologue may take over
+    pre: _Dispatch | None = None  # the dispatch just before that this one may take over: a norm or swiglu
+    # (a matvec's prologue), rope_kv (attend_decode)
 
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
@@ -263,8 +264,11 @@ class Recorder:
                                            5: qr.buf, 6: kp, 7: vp},
                      [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (-(-pairs // 64), t, 1))
         out = self._writes(self._scratch("attn", H * hd, "t"))
-        self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 8: kp, 9: vp, 10: out.buf},
-                     [0, H, KV], "t", lambda k, t: (H, t, 1))
+        rope_kv = self.disps[-1]
+        attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
+                                                   6: kp, 7: vp, 10: out.buf},
+                              [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (H, t, 1))
+        attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out
 
     def silu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
@@ -512,7 +516,8 @@ class ResidentRunner:
         return pipe
 
     def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int):
-        """(pipeline, bind group) of dispatch i run as `kind`, its prologue doing `pre` (Params.pre)."""
+        """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
+        or its fused variant), a matvec's prologue doing `pre` (Params.pre)."""
         got = d.bound.get((kind, pre))
         if got is None:
             entries = dict(d.entries)
@@ -522,7 +527,9 @@ class ResidentRunner:
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
             else:
-                pipe = self._op_pipeline(d.kernel)
+                if kind == "attention:attend_decode":
+                    entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
+                pipe = self._op_pipeline(kind)
                 layout = pipe.get_bind_group_layout(0)
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
             group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
@@ -534,22 +541,25 @@ class ResidentRunner:
         """(pipeline, bind group, workgroups) of every dispatch for t rows of n sequences, and each
         dispatch's prologue (Params.pre), built once per shape: a decode step of a steady batch
         re-encodes a list, nothing else. A matvec whose prologue can do the norm or swiglu before
-        it takes that dispatch's place (a decode step saves two dispatches a layer)."""
+        it takes that dispatch's place, and so does attend_decode rope_kv's in a step of one row a
+        sequence: a one-token decode step runs 5 dispatches a layer instead of 9."""
         plan = prog.plans.get((t, n))
         if plan is None:
             disps = prog.disps
             rows = [n if d.rows == "s" else t for d in disps]
             kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
                      for d, r in zip(disps, rows)]
-            pre = np.zeros(len(disps), np.uint32)
+            pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
+            fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
             for i, d in enumerate(disps):
-                if d.pre is not None and i and disps[i - 1] is d.pre and kinds[i] in PROLOGUES[d.pre.kernel][1]:
-                    pre[i] = PROLOGUES[d.pre.kernel][0]
-            calls = []
-            for i, d in enumerate(disps):
-                if i + 1 < len(disps) and pre[i + 1]:
-                    continue  # done by the next dispatch's prologue
-                calls.append((*self._bind(prog, i, d, kinds[i], int(pre[i])), *d.grid(kinds[i], rows[i])))
+                if d.pre is None or not i or disps[i - 1] is not d.pre:
+                    continue
+                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1]:
+                    pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
+                elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
+                    kinds[i], fused[i] = "attention:attend_decode", True
+            calls = [(*self._bind(prog, i, d, kinds[i], int(pre[i])), *d.grid(kinds[i], rows[i]))
+                     for i, d in enumerate(disps) if not fused[i + 1]]
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = (calls, pre)
