@@ -25,7 +25,9 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import anyio
@@ -48,6 +50,7 @@ PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl
 PRE_WORD = 5  # Params.pre (common.wgsl) in a matmul's uniform slot
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
+AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
 
 
 class KVPoolFull(OxinferError):
@@ -467,10 +470,14 @@ class ResidentRunner:
         self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
         self._logit_bytes = max_seqs * cfg.vocab_size * 4
         self._ids_bytes = -(-(max_seqs * 4 + 16) // ALIGN) * ALIGN  # ids, then 2 timestamps in the last 16 bytes
-        # two staging buffers: a step's readback and the one submitted ahead of it
-        self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST) for _ in range(2)]
+        # staging buffers, taken in turn: a step's readback and the AHEAD steps submitted behind it
+        self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
+                          for _ in range(AHEAD + 1)]
+        self._turn = 0
         self.run_ahead = True
-        self._ahead: _Ahead | None = None  # the step submitted ahead, until the next step is asked for
+        self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
+        self._pending: Future | None = None  # the background submission of the furthest step ahead
         self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
@@ -604,12 +611,14 @@ class ResidentRunner:
         (rows, vocab) as the only list item; else, per sequence, its last row's logits where
         need[i] (None elsewhere). Caches advance.
 
-        Run-ahead: a greedy decode step (one row a sequence, no logits wanted) also submits the
-        next step of the same sequences before reading its own result, fed by this step's argmax
-        on the device. When the caller then asks for exactly that step (same caches, the tokens
-        the device chose), it is already computed or running: the step costs the encoding of the
-        one after it, and the GPU never waits for Python. Any other request discards it (its KV
-        writes lie past the caches' offsets and are rewritten before anything reads them)."""
+        Run-ahead: a greedy decode step (one row a sequence, no logits wanted) keeps the next AHEAD
+        steps of the same sequences submitted, each fed on the device by the argmax of the one
+        before: the next one before this one is read, the one after that encoded and submitted by
+        a background thread while this step is read and the caller handles its tokens. When the
+        caller then asks for exactly that step (same caches, the tokens the device chose), it is
+        already computed or running: neither the caller's work nor the encoding of a step makes
+        the GPU wait. Any other request discards them (their KV writes lie past the caches'
+        offsets and are rewritten before anything reads them)."""
         seqs = [np.asarray(s, np.int64).reshape(-1) for s in seqs]
         lens = [len(s) for s in seqs]
         t, n = sum(lens), len(seqs)
@@ -619,25 +628,30 @@ class ResidentRunner:
         need = need or [False] * n
         picks = [] if all_logits else [i for i in range(n) if need[i]]
         greedy = not all_logits and not picks  # the argmax is all the host needs
+        self._join()
+        ahead_run = greedy and self.run_ahead
         with self.gpu._lock:
             t0 = time.perf_counter()
-            ahead, self._ahead = self._ahead, None
+            ahead = self._aheads.popleft() if self._aheads else None
             if ahead is not None and not (greedy and ahead.matches(seqs, caches)):
-                self.stats.wasted_steps += 1  # submitted, never asked for
+                self.stats.wasted_steps += 1 + len(self._aheads)  # submitted, never asked for
+                self._aheads.clear()
                 ahead = None
             if ahead is None:
                 self.reserve(caches, lens)
-                staging = self._stagings[0]
+                staging = self._staging()
                 cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging)
             else:
                 staging, cost = ahead.staging, ahead.cost
-            if greedy and self.run_ahead:
-                self._submit_next(caches, lens, staging)
-            t3 = time.perf_counter()
-            ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks)
-            t4 = time.perf_counter()
-            if self._ahead is not None:
-                self._ahead.tokens = ids
+            if ahead_run and not self._aheads:
+                self._submit_next(caches, [c.offset + k for c, k in zip(caches, lens)])
+        if ahead_run and self._aheads and len(self._aheads) < AHEAD:
+            self._pending = self._background.submit(self._submit_after, caches)
+        t3 = time.perf_counter()
+        ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks)
+        t4 = time.perf_counter()
+        if self._aheads:
+            self._aheads[0].tokens = ids  # the input of the next step, which this one's argmax fed
         for c, s in zip(caches, seqs):
             c.append(s)
         up, down, encode_s, submit_s, dispatches = cost
@@ -645,10 +659,30 @@ class ResidentRunner:
                      time.perf_counter() - t0, waited, ahead is not None)
         return ids, out
 
-    def _submit_next(self, caches, lens, staging) -> None:
-        """Submit the decode step after the one in `staging` (which adds lens[i] rows to caches[i])
-        for the same sequences, fed on the device by its argmax."""
-        starts = [c.offset + k for c, k in zip(caches, lens)]
+    def settle(self) -> None:
+        """Wait until no submission runs in the background (the stats are final)."""
+        self._join()
+
+    def _join(self) -> None:
+        """Wait for the background submission (its error, a device fault, is raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _staging(self):
+        """The next staging buffer in turn: never the one being read, nor one of a step ahead."""
+        self._turn = (self._turn + 1) % len(self._stagings)
+        return self._stagings[self._turn]
+
+    def _submit_after(self, caches) -> None:
+        """Background: submit the step after the furthest one ahead."""
+        with self.gpu._lock:
+            if self._aheads:
+                self._submit_next(caches, [o + 1 for o in self._aheads[-1].offsets])
+
+    def _submit_next(self, caches, starts) -> None:
+        """Submit a decode step of one row for each of caches, at positions `starts`, fed on the
+        device by the argmax of the step before."""
         try:
             with self._lock:
                 for c, s0 in zip(caches, starts):
@@ -657,9 +691,9 @@ class ResidentRunner:
             return
         if max(starts) >= self.cfg.context_length:
             return
-        nxt = self._stagings[1] if staging is self._stagings[0] else self._stagings[0]
-        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], nxt)
-        self._ahead = _Ahead([weakref.ref(c) for c in caches], starts, nxt, cost)
+        staging = self._staging()
+        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging)
+        self._aheads.append(_Ahead([weakref.ref(c) for c in caches], starts, staging, cost))
 
     def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float, int]:
         """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
