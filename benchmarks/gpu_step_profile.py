@@ -10,6 +10,7 @@ and each alone pays its own launch latency); their ratios say what to work on.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from collections import defaultdict
@@ -63,19 +64,20 @@ async def profile(path: Path, streams: list[int]) -> None:
         for c, s in zip(caches, seqs):
             c.trim(len(s))
         t, m = sum(len(x) for x in seqs), len(seqs)
-        calls, pre = prog.plans[(t, m)]
-        kept = [i for i in range(len(prog.disps)) if not (i + 1 < len(prog.disps) and pre[i + 1])]
+        plan = prog.plans[(t, m)]
         kinds = defaultdict(list)
-        for call, i in zip(calls, kept):
+        for call, i in zip(plan.calls, plan.at):
             d = prog.disps[i]
-            name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[pre[i]]
+            name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
+            if d.kernel == "attention:attend" and t == m:
+                name = "attention:attend_decode (+rope_kv)"
             kinds[name].append(call)
         parts = {}
         for kind, sub in kinds.items():  # the step's plan cut down to one family
-            prog.plans[(t, m)] = (sub, pre)
+            prog.plans[(t, m)] = dataclasses.replace(plan, calls=sub)
             parts[kind] = (len(sub), pass_ms(r, seqs, caches, 10))
-        prog.plans[(t, m)] = (calls, pre)
-        everything = calls
+        prog.plans[(t, m)] = plan
+        everything = plan.calls
         what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
         print(f"{path.stem}, {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
         for kind, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1]):

@@ -1,6 +1,6 @@
 // argmax of each logits row, ties to the lowest id (numpy's argmax), in two dispatches: argmax_part
-// reduces PARTS slices of a row in PARTS workgroups (one workgroup walking a 49,152-word row alone
-// was latency-bound at ~45 us on an H200), argmax reduces their PARTS candidates. It writes ids[r]
+// reduces P.k slices of a row in P.k workgroups (one workgroup walking a 49,152-word row alone
+// was latency-bound at ~45 us on an H200), argmax reduces their P.k candidates. It writes ids[r]
 // for the host, and tokens[r], where the next step's embedding reads it (a greedy token never has
 // to visit the host before the next step is encoded).
 
@@ -9,7 +9,7 @@ struct Best {
     i: u32,   // NONE: no candidate
 };
 
-const PARTS: u32 = 32u;
+const PARTS: u32 = 32u;   // slices a row at most (P.k of a dispatch: 32 on a GPU, 1 on a CPU adapter)
 const NONE: u32 = 0xffffffffu;
 
 @group(0) @binding(2) var<storage, read> logits: array<f32>;
@@ -47,7 +47,7 @@ fn argmax_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         return;
     }
     var b = Best(0.0, NONE);
-    for (var i = p * 256u + lid; i < P.n; i += PARTS * 256u) {   // ascending: a thread keeps its first maximum
+    for (var i = p * 256u + lid; i < P.n; i += P.k * 256u) {   // ascending: a thread keeps its first maximum
         let v = logits[r * P.n + i];
         if (beats(v, i, b.v, b.i)) {
             b = Best(v, i);
@@ -66,7 +66,7 @@ fn argmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         return;
     }
     var b = Best(0.0, NONE);
-    if (lid < PARTS) {
+    if (lid < P.k) {
         b = parts[r * PARTS + lid];
     }
     let best = reduce(lid, b);

@@ -47,7 +47,7 @@ log = structlog.get_logger("oxinfer.resident")
 BS = 32  # KV positions per block
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
-ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl
+ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
 PRE_WORD = 5  # Params.pre (common.wgsl) in a matmul's uniform slot
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
@@ -306,10 +306,11 @@ class Recorder:
     def argmax(self, logits: DTensor) -> None:
         self._reads(logits)
         parts = self.r.scratch("argmax_parts", self.max_t * ARGMAX_PARTS * 8)
-        self._record("argmax:argmax_part", {2: logits.buf, 5: parts}, [0, logits.cols], logits.rows,
-                     lambda k, t: (ARGMAX_PARTS, t, 1))
-        self._record("argmax:argmax", {3: self.r.ids, 4: self.r.tokens, 5: parts}, [0, logits.cols], logits.rows,
-                     lambda k, t: (t, 1, 1))
+        k = 1 if self.r.gpu.cpu_adapter else ARGMAX_PARTS  # a CPU adapter pays for every barrier of every slice
+        self._record("argmax:argmax_part", {2: logits.buf, 5: parts}, [0, logits.cols, k], logits.rows,
+                     lambda _, t: (k, t, 1))
+        self._record("argmax:argmax", {3: self.r.ids, 4: self.r.tokens, 5: parts}, [0, logits.cols, k],
+                     logits.rows, lambda _, t: (t, 1, 1))
 
 
 class _Program:
@@ -324,7 +325,7 @@ class _Program:
         idx = np.arange(len(disps))
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
-        self.plans: dict[tuple[int, int], tuple[list[tuple], np.ndarray]] = {}  # (rows, seqs) -> _plan's
+        self.plans: dict[tuple[int, int], _Plan] = {}  # (rows, seqs) -> its plan
         self.mm_at = idx[[d.kernel == "mm" for d in disps]]
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
@@ -398,23 +399,53 @@ class ResidentStats:
                 f"dispatches a step; encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
 
 
-def _encode(cp, plan: list[tuple]) -> None:
-    """Record the plan's dispatches into the pass. wgpu-py's methods check for errors after every
-    call (~1.5 us each, three calls a dispatch); the raw C calls skip that, and wgpu still
-    validates the pass when the encoder finishes. The program keeps every object alive."""
-    if _lib is None:
-        for pipe, bg, x, y, z in plan:
-            cp.set_pipeline(pipe)
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(x, y, z)
+@dataclass
+class _Plan:
+    """A program's dispatches for one step shape: (pipeline, bind group, x, y, z workgroups,
+    pipeline handle, bind group handle) each, the matmuls' prologues (Params.pre of each dispatch
+    of the program), and which dispatch of the program each call is."""
+
+    calls: list[tuple]
+    pre: np.ndarray
+    at: list[int]
+
+
+def _encode(cp, calls: list[tuple]) -> None:
+    """Record the dispatches into the pass. wgpu-py's methods check for errors after every call
+    (~1.5 us each, three calls a dispatch); the raw C calls skip that, and wgpu still validates
+    the pass when the encoder finishes. They go through ctypes.PyDLL, which keeps the GIL: cffi
+    releases and retakes it around each call, and while the event loop's thread runs Python each
+    retake waits (a step's encoding took 0.94 ms in a background thread against 0.5 alone on the
+    H200 machine). The program keeps every object alive."""
+    if _C is not None:
+        h = _handle(cp)
+        set_pipeline, set_bind_group, dispatch = _C
+        for _, _, x, y, z, pipe, bg in calls:
+            set_pipeline(h, pipe)
+            set_bind_group(h, 0, bg, 0, None)
+            dispatch(h, x, y, z)
         return
-    h, null = cp._internal, _ffi.NULL
-    set_pipeline, set_bind_group = _lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup
-    dispatch = _lib.wgpuComputePassEncoderDispatchWorkgroups
-    for pipe, bg, x, y, z in plan:
-        set_pipeline(h, pipe._internal)
-        set_bind_group(h, 0, bg._internal, 0, null)
-        dispatch(h, x, y, z)
+    for pipe, bg, x, y, z, _, _ in calls:
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(x, y, z)
+
+
+def _raw_calls():
+    """(set_pipeline, set_bind_group, dispatch) of wgpu-native through ctypes.PyDLL, or None."""
+    import ctypes
+
+    from wgpu.backends.wgpu_native._ffi import lib_path
+
+    dll = ctypes.PyDLL(lib_path)
+    P, U32 = ctypes.c_void_p, ctypes.c_uint32
+    fns = []
+    for name, args in (("SetPipeline", [P, P]), ("SetBindGroup", [P, U32, P, ctypes.c_size_t, P]),
+                       ("DispatchWorkgroups", [P, U32, U32, U32])):
+        fn = getattr(dll, f"wgpuComputePassEncoder{name}")
+        fn.argtypes, fn.restype = args, None
+        fns.append(fn)
+    return tuple(fns)
 
 
 try:
@@ -422,6 +453,15 @@ try:
     from wgpu.backends.wgpu_native._ffi import lib as _lib
 except Exception:  # noqa: BLE001 - another wgpu build: the wrapped calls
     _ffi = _lib = None
+try:
+    _C = _raw_calls() if _lib is not None else None
+except Exception:  # noqa: BLE001 - no ctypes view of the library: the wrapped calls
+    _C = None
+
+
+def _handle(obj) -> int | None:
+    """The native pointer of a wgpu-py object, as an int (None without wgpu-native)."""
+    return int(_ffi.cast("uintptr_t", obj._internal)) if _ffi is not None else None
 
 
 # --- the runner -----------------------------------------------------------------------------------
@@ -544,9 +584,9 @@ class ResidentRunner:
             got = d.bound[(kind, pre)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
         return got
 
-    def _plan(self, prog: _Program, t: int, n: int) -> tuple[list[tuple], np.ndarray]:
-        """(pipeline, bind group, workgroups) of every dispatch for t rows of n sequences, and each
-        dispatch's prologue (Params.pre), built once per shape: a decode step of a steady batch
+    def _plan(self, prog: _Program, t: int, n: int) -> _Plan:
+        """The calls that encode a step of t rows of n sequences, and each dispatch's prologue
+        (Params.pre), built once per shape: a decode step of a steady batch
         re-encodes a list, nothing else. A matvec whose prologue can do the norm or swiglu before
         it takes that dispatch's place, and so does attend_decode rope_kv's in a step of one row a
         sequence: a one-token decode step runs 5 dispatches a layer instead of 9."""
@@ -565,11 +605,14 @@ class ResidentRunner:
                     pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
-            calls = [(*self._bind(prog, i, d, kinds[i], int(pre[i])), *d.grid(kinds[i], rows[i]))
-                     for i, d in enumerate(disps) if not fused[i + 1]]
+            at = [i for i in range(len(disps)) if not fused[i + 1]]
+            calls = []
+            for i in at:
+                pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]))
+                calls.append((pipe, bg, *disps[i].grid(kinds[i], rows[i]), _handle(pipe), _handle(bg)))
             if len(prog.plans) > 64:
                 prog.plans.clear()
-            plan = prog.plans[(t, n)] = (calls, pre)
+            plan = prog.plans[(t, n)] = _Plan(calls, pre, at)
         return plan
 
     # --- tracing ------------------------------------------------------------------------------
@@ -719,15 +762,15 @@ class ResidentRunner:
                 queue.write_buffer(self.table, s * row.nbytes, row)
                 up += row.nbytes
         prog = self.program(all_logits)
-        calls, pre = self._plan(prog, t, n)
-        prog.set_rows(t, n, pre)
+        plan = self._plan(prog, t, n)
+        prog.set_rows(t, n, plan.pre)
         queue.write_buffer(prog.pbuf, 0, prog.params)
         up += prog.params.nbytes
         enc = self.device.create_command_encoder()
         ts = self.gpu._ts
         cp = enc.begin_compute_pass(timestamp_writes=ts and {
             "query_set": ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        _encode(cp, calls)
+        _encode(cp, plan.calls)
         cp.end()
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
@@ -745,7 +788,7 @@ class ResidentRunner:
         t1 = time.perf_counter()
         queue.submit([enc.finish()])
         self.stats.submissions += 1
-        return up, down, t1 - t0, time.perf_counter() - t1, len(calls)
+        return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls)
 
     def _read(self, staging, t, n, all_logits, picks):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
