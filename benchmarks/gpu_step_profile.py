@@ -46,7 +46,7 @@ def _family(runner, d, rows: int) -> str:
 
 async def profile(path: Path, streams: list[int]) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
-    engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(streams))
+    engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(*streams, 1))
     r = engine.resident
     r.run_ahead = False
     for n in streams:
