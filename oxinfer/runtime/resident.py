@@ -22,6 +22,7 @@ positions it took as tokens arrived (taken per step, returned when the cache is 
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 import weakref
@@ -233,8 +234,9 @@ class Recorder:
         self._reads(x)
         last = self.disps[-1] if self.disps else None
         runs = fused_runs([Job(w) for w in weights])
-        # x is what the norm (of every row, not gathered ones) or swiglu just before wrote, for one product
-        pre = last if (len(runs) == 1 and last is not None and last.kernel in PROLOGUES and not last.params[3]
+        # x is what the norm or swiglu just before wrote, for one product (a norm of gathered last
+        # rows only in steps where each sequence's last row is its only one: see _plan)
+        pre = last if (len(runs) == 1 and last is not None and last.kernel in PROLOGUES
                        and x.buf is last.entries[max(last.entries)]) else None
         eps = pre.params[4] if pre is not None and pre.kernel == "norm:rms_norm" else 0
         outs = []
@@ -401,9 +403,9 @@ class ResidentStats:
 
 @dataclass
 class _Plan:
-    """A program's dispatches for one step shape: (pipeline, bind group, x, y, z workgroups,
-    pipeline handle, bind group handle) each, the matmuls' prologues (Params.pre of each dispatch
-    of the program), and which dispatch of the program each call is."""
+    """A program's dispatches for one step shape: (pipeline, bind group, x, y, z workgroups, the
+    same as ctypes arguments) each, the matmuls' prologues (Params.pre of each dispatch of the
+    program), and which dispatch of the program each call is."""
 
     calls: list[tuple]
     pre: np.ndarray
@@ -416,36 +418,41 @@ def _encode(cp, calls: list[tuple]) -> None:
     the pass when the encoder finishes. They go through ctypes.PyDLL, which keeps the GIL: cffi
     releases and retakes it around each call, and while the event loop's thread runs Python each
     retake waits (a step's encoding took 0.94 ms in a background thread against 0.5 alone on the
-    H200 machine). The program keeps every object alive."""
+    H200 machine); their arguments are built once with the plan (a quarter of a call's cost when
+    ctypes converts them). The program keeps every object alive."""
     if _C is not None:
-        h = _handle(cp)
+        h = ctypes.c_void_p(_handle(cp))
         set_pipeline, set_bind_group, dispatch = _C
-        for _, _, x, y, z, pipe, bg in calls:
+        zero, none, size0 = ctypes.c_uint32(0), ctypes.c_void_p(None), ctypes.c_size_t(0)
+        for *_, (pipe, bg, x, y, z) in calls:
             set_pipeline(h, pipe)
-            set_bind_group(h, 0, bg, 0, None)
+            set_bind_group(h, zero, bg, size0, none)
             dispatch(h, x, y, z)
         return
-    for pipe, bg, x, y, z, _, _ in calls:
+    for pipe, bg, x, y, z, _ in calls:
         cp.set_pipeline(pipe)
         cp.set_bind_group(0, bg)
         cp.dispatch_workgroups(x, y, z)
 
 
-def _raw_calls():
-    """(set_pipeline, set_bind_group, dispatch) of wgpu-native through ctypes.PyDLL, or None."""
-    import ctypes
+def _c_args(pipe, bg, x: int, y: int, z: int) -> tuple | None:
+    """One dispatch's arguments to the raw calls, as ctypes objects (None without them)."""
+    if _C is None:
+        return None
+    V, U = ctypes.c_void_p, ctypes.c_uint32
+    return V(_handle(pipe)), V(_handle(bg)), U(x), U(y), U(z)
 
+
+def _raw_calls():
+    """(set_pipeline, set_bind_group, dispatch) of wgpu-native through ctypes.PyDLL."""
     from wgpu.backends.wgpu_native._ffi import lib_path
 
     dll = ctypes.PyDLL(lib_path)
-    P, U32 = ctypes.c_void_p, ctypes.c_uint32
-    fns = []
-    for name, args in (("SetPipeline", [P, P]), ("SetBindGroup", [P, U32, P, ctypes.c_size_t, P]),
-                       ("DispatchWorkgroups", [P, U32, U32, U32])):
-        fn = getattr(dll, f"wgpuComputePassEncoder{name}")
-        fn.argtypes, fn.restype = args, None
-        fns.append(fn)
-    return tuple(fns)
+    fns = tuple(getattr(dll, f"wgpuComputePassEncoder{name}")
+                for name in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
+    for fn in fns:
+        fn.restype = None
+    return fns
 
 
 try:
@@ -459,9 +466,9 @@ except Exception:  # noqa: BLE001 - no ctypes view of the library: the wrapped c
     _C = None
 
 
-def _handle(obj) -> int | None:
-    """The native pointer of a wgpu-py object, as an int (None without wgpu-native)."""
-    return int(_ffi.cast("uintptr_t", obj._internal)) if _ffi is not None else None
+def _handle(obj) -> int:
+    """The native pointer of a wgpu-py object, as an int."""
+    return int(_ffi.cast("uintptr_t", obj._internal))
 
 
 # --- the runner -----------------------------------------------------------------------------------
@@ -601,7 +608,8 @@ class ResidentRunner:
             for i, d in enumerate(disps):
                 if d.pre is None or not i or disps[i - 1] is not d.pre:
                     continue
-                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1]:
+                gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
+                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
                     pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
@@ -609,7 +617,8 @@ class ResidentRunner:
             calls = []
             for i in at:
                 pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]))
-                calls.append((pipe, bg, *disps[i].grid(kinds[i], rows[i]), _handle(pipe), _handle(bg)))
+                grid = disps[i].grid(kinds[i], rows[i])
+                calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid)))
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = _Plan(calls, pre, at)
