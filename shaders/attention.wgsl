@@ -226,3 +226,68 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
         out[o + 3u] = v.w;
     }
 }
+
+// attend_rows: attend for a step of one sequence's many rows (a prompt): a workgroup takes RQ
+// consecutive rows and every query head of one kv head (RQ * G queries, one an invocation), and
+// walks the positions in tiles of 32 whose keys and values it stages in workgroup memory once for
+// all of them (attend reads them once per row and head). Each invocation keeps its query and its
+// accumulators in registers (HD <= 64) and updates an online softmax position by position,
+// rescaling only when its running maximum grows. A line ending in "unroll d < DG" is repeated by
+// the host for d = 0 .. DG - 1 (runtime/resident.py): named registers, where an array indexed in a
+// loop may live in memory (which made this kernel 2.5x slower than attend on an H200).
+const KT: u32 = 32u;   // positions a tile
+var<workgroup> kt: array<vec4<f32>, KT * DG>;
+var<workgroup> vt: array<vec4<f32>, KT * DG>;
+
+@compute @workgroup_size(256)
+fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let kvh = wid.y;
+    let g = P.n / P.k;
+    let r0 = wid.x * RQ;
+    let row = r0 + lid / g;
+    let h = kvh * g + lid % g;
+    let live = lid < RQ * g && row < P.t;
+    let rr = min(row, P.t - 1u);
+    let pos = rows_info[ROW_POS + rr];
+    let slot = rows_info[ROW_SLOT + r0];   // every row of the step is one sequence's
+    let n = rows_info[ROW_POS + min(r0 + RQ - 1u, P.t - 1u)] + 1u;   // positions the tile's last row sees
+    let qo = (rr * P.n + h) * HD;
+    let q{d} = vec4<f32>(src[qo + 4u * {d}u], src[qo + 4u * {d}u + 1u], src[qo + 4u * {d}u + 2u], src[qo + 4u * {d}u + 3u]);   // unroll d < DG
+    var a{d} = vec4<f32>(0.0);   // unroll d < DG
+    var m = -3.0e38;
+    var l = 0.0;
+    for (var t0 = 0u; t0 < n; t0 += KT) {
+        for (var i = lid; i < KT * DG; i += 256u) {
+            let p = t0 + i / DG;
+            if (p < n) {
+                let b = kv_row(slot, kvh, p) + i % DG;
+                kt[i] = kpool[b];
+                vt[i] = vpool[b];
+            }
+        }
+        workgroupBarrier();
+        let cnt = min(KT, n - t0);
+        for (var j = 0u; j < cnt; j++) {
+            if (live && t0 + j <= pos) {   // causal
+                let kb = j * DG;
+                var s4 = vec4<f32>(0.0);
+                s4 += q{d} * kt[kb + {d}u];   // unroll d < DG
+                let s = s4.x + s4.y + s4.z + s4.w;
+                if (s > m) {
+                    let c = exp(m - s);   // 0 at the first position
+                    l *= c;
+                    a{d} *= c;   // unroll d < DG
+                    m = s;
+                }
+                let pj = exp(s - m);
+                l += pj;
+                a{d} += pj * vt[kb + {d}u];   // unroll d < DG
+            }
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        let o = (row * P.n + h) * HD;
+        out[o + 4u * {d}u] = a{d}.x / l; out[o + 4u * {d}u + 1u] = a{d}.y / l; out[o + 4u * {d}u + 2u] = a{d}.z / l; out[o + 4u * {d}u + 3u] = a{d}.w / l;   // unroll d < DG
+    }
+}

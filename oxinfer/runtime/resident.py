@@ -270,9 +270,11 @@ class Recorder:
                      [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (-(-pairs // 64), t, 1))
         out = self._writes(self._scratch("attn", H * hd, "t"))
         rope_kv = self.disps[-1]
+        rq = self.r.att_rows
         attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
                                                    6: kp, 7: vp, 10: out.buf},
-                              [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t", lambda k, t: (H, t, 1))
+                              [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t",
+                              lambda k, t: (-(-t // rq), KV, 1) if k == "attention:attend_rows" else (H, t, 1))
         attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out
 
@@ -471,6 +473,19 @@ def _handle(obj) -> int:
     return int(_ffi.cast("uintptr_t", obj._internal))
 
 
+def _unroll(code: str, consts: dict[str, int]) -> str:
+    """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1,
+    "{d}" replaced by d (the shaders' named-register loops)."""
+    out = []
+    for line in code.splitlines():
+        body, mark, bound = line.partition("// unroll d < ")
+        if not mark:
+            out.append(line)
+            continue
+        out += [body.rstrip().replace("{d}", str(d)) for d in range(consts[bound.strip()])]
+    return "\n".join(out)
+
+
 # --- the runner -----------------------------------------------------------------------------------
 
 class ResidentRunner:
@@ -525,7 +540,8 @@ class ResidentRunner:
         self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
-        self._prefix = (f"const HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+        self.att_rows = min(64, 256 // (cfg.n_heads // cfg.n_kv_heads))  # rows an attend_rows workgroup takes
+        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
         log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *
@@ -564,6 +580,7 @@ class ResidentRunner:
             file, entry = kernel.split(":")
             d = _shader_dir()
             code = self._prefix + (d / "ops_common.wgsl").read_text() + "\n" + (d / f"{file}.wgsl").read_text()
+            code = _unroll(code, {"DG": self.cfg.head_dim // 4})
             module = self.device.create_shader_module(code=code)
             pipe = self._pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})
@@ -583,6 +600,8 @@ class ResidentRunner:
             else:
                 if kind == "attention:attend_decode":
                     entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
+                if kind == "attention:attend_rows":
+                    del entries[4]  # q comes rotated: no rope table
                 pipe = self._op_pipeline(kind)
                 layout = pipe.get_bind_group_layout(0)
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
@@ -613,6 +632,9 @@ class ResidentRunner:
                     pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
+            for i, d in enumerate(disps):
+                if d.kernel == "attention:attend" and n == 1 < t and self.cfg.head_dim <= 64:  # a prompt
+                    kinds[i] = "attention:attend_rows"
             at = [i for i in range(len(disps)) if not fused[i + 1]]
             calls = []
             for i in at:
