@@ -540,7 +540,12 @@ class ResidentRunner:
         self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
-        self.att_rows = min(64, 256 // (cfg.n_heads // cfg.n_kv_heads))  # rows an attend_rows workgroup takes
+        group = cfg.n_heads // cfg.n_kv_heads
+        self.att_rows = min(64, 256 // group)  # rows an attend_rows workgroup takes
+        # a prompt's attention by attend_rows (registers for HD <= 64): with 4+ query heads a kv
+        # head (TinyLlama's 8: 0.27 ms a layer against attend's 0.55, 512 rows on the H200); with
+        # SmolLM2's 3 its 24 workgroups were slower than attend (0.25 against 0.17 ms)
+        self.attend_rows = cfg.head_dim <= 64 and group >= 4
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
@@ -633,7 +638,7 @@ class ResidentRunner:
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
             for i, d in enumerate(disps):
-                if d.kernel == "attention:attend" and n == 1 < t and self.cfg.head_dim <= 64:  # a prompt
+                if d.kernel == "attention:attend" and n == 1 < t and self.attend_rows:  # a prompt
                     kinds[i] = "attention:attend_rows"
             at = [i for i in range(len(disps)) if not fused[i + 1]]
             calls = []
