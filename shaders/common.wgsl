@@ -10,7 +10,8 @@ struct Params {
     acc: u32,    // 1: add the product to y (a residual connection), 0: overwrite y
     pre: u32,    // the matvecs' prologue on x (matvec_common.wgsl): 0 none, 1 rms_norm, 2 swiglu
     eps: f32,    // rms_norm's epsilon (pre 1)
-    _pad: u32,
+    splits: u32, // the tiled kernels: k is split in this many slices (workgroup z), each product
+                 // written to its own (t, n_out) block of y, summed by add_splits (elementwise.wgsl)
 };
 
 @group(0) @binding(0) var<uniform> P: Params;

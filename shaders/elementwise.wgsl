@@ -1,5 +1,6 @@
 // silu_mul: y[r, i] = silu(g[r, i]) * g[r, n + i], where g holds gate | up side by side (one fused
-// product); add: y += x (a residual that could not ride on a matmul's accumulate flag).
+// product); add: y += x (a residual that could not ride on a matmul's accumulate flag);
+// add_splits: y = (y if flags & 1) + the sum of the k slices of a split tiled product (matmul.wgsl).
 
 @group(0) @binding(2) var<storage, read> g: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -23,4 +24,21 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     y[r * P.n + i] += g[r * P.n + i];
+}
+
+@compute @workgroup_size(64)
+fn add_splits(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= P.n || r >= P.t) {
+        return;
+    }
+    var v = 0.0;
+    for (var z = 0u; z < P.k; z++) {
+        v += g[(z * P.t + r) * P.n + i];
+    }
+    if ((P.flags & 1u) != 0u) {
+        v += y[r * P.n + i];
+    }
+    y[r * P.n + i] = v;
 }

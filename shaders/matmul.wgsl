@@ -14,22 +14,27 @@ const TK: u32 = 16u;     // k per step: half a quant block, the two halves of a 
 var<workgroup> xs: array<vec4<f32>, 512>;   // [k 0..15][m/4 0..31], component m % 4
 var<workgroup> ws: array<vec4<f32>, 512>;   // [k 0..15][n/4 0..31], component n % 4
 
-// y[m, n .. n + 3] = v, skipping rows past t and outputs past n_out (both tile kernels store this way)
-fn store4(m: u32, n: u32, v: vec4<f32>) {
+// y[m, n .. n + 3] = v, skipping rows past t and outputs past n_out (both tile kernels store this
+// way); slice z of a split product writes block z of y, as is
+fn store4(z: u32, m: u32, n: u32, v: vec4<f32>) {
     if (m >= P.t) {
         return;
     }
     for (var j = 0u; j < 4u; j++) {
         if (n + j < P.n_out) {
-            put(m * P.n_out + n + j, v[j]);
+            if (P.splits > 1u) {
+                y[(z * P.t + m) * P.n_out + n + j] = v[j];
+            } else {
+                put(m * P.n_out + n + j, v[j]);
+            }
         }
     }
 }
 
 // the 8 outputs an mm_tiled invocation holds for one token row: n .. n + 3 and n + 64 .. n + 67
-fn store_row(m: u32, n: u32, lo: vec4<f32>, hi: vec4<f32>) {
-    store4(m, n, lo);
-    store4(m, n + 64u, hi);
+fn store_row(z: u32, m: u32, n: u32, lo: vec4<f32>, hi: vec4<f32>) {
+    store4(z, m, n, lo);
+    store4(z, m, n + 64u, hi);
 }
 
 @compute @workgroup_size(256)
@@ -46,7 +51,8 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let row_x0 = min(m0 + xm, P.t - 1u) * (P.n_in >> 2u) + xq;
     let row_x1 = min(m0 + xm + 64u, P.t - 1u) * (P.n_in >> 2u) + xq;
     let row_w = min(n0 + wn, P.n_out - 1u);
-    let steps = P.n_in / TK;
+    let steps = P.n_in / TK / max(P.splits, 1u);   // this workgroup's slice of k: steps s0 .. s0 + steps
+    let s0 = wid.z * steps;
 
     // c{i}a: token row i (0..3: m0 + 4ty + i, 4..7: m0 + 64 + 4ty + i - 4) x outputs n0 + 4tx .. +3,
     // c{i}b: the same row x outputs n0 + 64 + 4tx .. +3. Named, not an array: registers on every driver.
@@ -66,10 +72,10 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     var c6b = vec4<f32>(0.0);
     var c7a = vec4<f32>(0.0);
     var c7b = vec4<f32>(0.0);
-    var xa = x[row_x0];
-    var xb = x[row_x1];
-    var w = w8(row_w, wh);
-    for (var s = 0u; s < steps; s++) {
+    var xa = x[row_x0 + 4u * s0];
+    var xb = x[row_x1 + 4u * s0];
+    var w = w8(row_w, 2u * s0 + wh);
+    for (var s = s0; s < s0 + steps; s++) {
         for (var j = 0u; j < 4u; j++) {
             xs[(4u * xq + j) * 32u + (xm >> 2u)][xm & 3u] = xa[j];
             xs[(4u * xq + j) * 32u + 16u + (xm >> 2u)][xm & 3u] = xb[j];
@@ -77,7 +83,7 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             ws[(8u * wh + 4u + j) * 32u + (wn >> 2u)][wn & 3u] = w[1][j];
         }
         workgroupBarrier();
-        if (s + 1u < steps) {
+        if (s + 1u < s0 + steps) {
             xa = x[row_x0 + 4u * (s + 1u)];
             xb = x[row_x1 + 4u * (s + 1u)];
             w = w8(row_w, 2u * (s + 1u) + wh);
@@ -107,14 +113,14 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         workgroupBarrier();
     }
     let n = n0 + 4u * tx;
-    store_row(m0 + 4u * ty + 0u, n, c0a, c0b);
-    store_row(m0 + 4u * ty + 1u, n, c1a, c1b);
-    store_row(m0 + 4u * ty + 2u, n, c2a, c2b);
-    store_row(m0 + 4u * ty + 3u, n, c3a, c3b);
-    store_row(m0 + 64u + 4u * ty + 0u, n, c4a, c4b);
-    store_row(m0 + 64u + 4u * ty + 1u, n, c5a, c5b);
-    store_row(m0 + 64u + 4u * ty + 2u, n, c6a, c6b);
-    store_row(m0 + 64u + 4u * ty + 3u, n, c7a, c7b);
+    store_row(wid.z, m0 + 4u * ty + 0u, n, c0a, c0b);
+    store_row(wid.z, m0 + 4u * ty + 1u, n, c1a, c1b);
+    store_row(wid.z, m0 + 4u * ty + 2u, n, c2a, c2b);
+    store_row(wid.z, m0 + 4u * ty + 3u, n, c3a, c3b);
+    store_row(wid.z, m0 + 64u + 4u * ty + 0u, n, c4a, c4b);
+    store_row(wid.z, m0 + 64u + 4u * ty + 1u, n, c5a, c5b);
+    store_row(wid.z, m0 + 64u + 4u * ty + 2u, n, c6a, c6b);
+    store_row(wid.z, m0 + 64u + 4u * ty + 3u, n, c7a, c7b);
 }
 
 // mm_tiled64: the same product with 64 x 64 tiles, k steps of 32 (one quant block), 4 x 4 outputs per
@@ -134,15 +140,16 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let lq = lid & 3u;         // ... k = 8lq .. 8lq + 7 of the step
     let row_x = min(m0 + lr, P.t - 1u) * (P.n_in >> 2u) + 2u * lq;
     let row_w = min(n0 + lr, P.n_out - 1u);
-    let steps = P.n_in >> 5u;
+    let steps = (P.n_in >> 5u) / max(P.splits, 1u);   // this workgroup's slice of k
+    let s0 = wid.z * steps;
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
     var c3 = vec4<f32>(0.0);
-    var xa = x[row_x];
-    var xb = x[row_x + 1u];
-    var w = w8(row_w, lq);
-    for (var s = 0u; s < steps; s++) {
+    var xa = x[row_x + 8u * s0];
+    var xb = x[row_x + 8u * s0 + 1u];
+    var w = w8(row_w, 4u * s0 + lq);
+    for (var s = s0; s < s0 + steps; s++) {
         for (var j = 0u; j < 4u; j++) {
             xs64[(8u * lq + j) * 16u + (lr >> 2u)][lr & 3u] = xa[j];
             xs64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = xb[j];
@@ -150,7 +157,7 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             ws64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = w[1][j];
         }
         workgroupBarrier();
-        if (s + 1u < steps) {   // next step's global loads overlap this step's FMAs
+        if (s + 1u < s0 + steps) {   // next step's global loads overlap this step's FMAs
             xa = x[row_x + 8u * (s + 1u)];
             xb = x[row_x + 8u * (s + 1u) + 1u];
             w = w8(row_w, 4u * (s + 1u) + lq);
@@ -166,8 +173,8 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         workgroupBarrier();
     }
     let n = n0 + 4u * tx;
-    store4(m0 + 4u * ty, n, c0);
-    store4(m0 + 4u * ty + 1u, n, c1);
-    store4(m0 + 4u * ty + 2u, n, c2);
-    store4(m0 + 4u * ty + 3u, n, c3);
+    store4(wid.z, m0 + 4u * ty, n, c0);
+    store4(wid.z, m0 + 4u * ty + 1u, n, c1);
+    store4(wid.z, m0 + 4u * ty + 2u, n, c2);
+    store4(wid.z, m0 + 4u * ty + 3u, n, c3);
 }

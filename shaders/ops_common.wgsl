@@ -7,8 +7,8 @@
 struct Op {
     t: u32,      // rows this dispatch covers: the step's rows, or one per sequence
     n: u32,      // columns (rms_norm, silu_mul, add, argmax); query heads (attention)
-    k: u32,      // kv heads (attention)
-    flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x
+    k: u32,      // kv heads (attention); slices (argmax_part, add_splits)
+    flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x; add_splits: 1 = add to y
     eps: f32,    // rms_norm
     scale: f32,  // rope_kv: the softmax scale 1/sqrt(head_dim), applied to q once
     _p0: u32,

@@ -40,8 +40,8 @@ from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.webgpu import (ALIGN, PARAMS_BYTES, PROLOGUE_KINDS, WebGpuBackend, WebGpuUnavailable, _grid,
-                                    _shader_dir, wgpu)
+from oxinfer.runtime.webgpu import (ALIGN, MM_MAX_SPLITS, MM_SPLIT_MAX_N, MM_SPLIT_MIN_K, PARAMS_BYTES,
+                                    PROLOGUE_KINDS, WebGpuBackend, WebGpuUnavailable, _grid, _shader_dir, wgpu)
 
 log = structlog.get_logger("oxinfer.resident")
 
@@ -49,7 +49,8 @@ BS = 32  # KV positions per block
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
-PRE_WORD = 5  # Params.pre (common.wgsl) in a matmul's uniform slot
+PRE_WORD, SPLITS_WORD = 5, 7  # Params.pre and Params.splits (common.wgsl) in a matmul's uniform slot
+SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
 
@@ -160,6 +161,7 @@ class _Dispatch:
     bound: dict = field(default_factory=dict)  # (kind, prologue) -> (pipeline, bind group), built at first use
     pre: _Dispatch | None = None  # the dispatch just before that this one may take over: a norm or swiglu
     # (a matvec's prologue), rope_kv (attend_decode)
+    optional: bool = False  # add_splits: runs only after a product split in k slices
 
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
@@ -246,6 +248,11 @@ class Recorder:
             y = self._writes(self._scratch(f"lin{i}", n_out, x.rows))
             mm = self._record("mm", {1: x.buf, 2: y.buf, 3: first.buffer}, [n_out, x.cols, first.row0, 0, 0, 0, eps],
                               x.rows, lambda k, t, n=n_out: _grid(k, n, t), qtype=first.qtype, t_word=3)
+            if x.cols >= 2 * MM_SPLIT_MIN_K and n_out <= MM_SPLIT_MAX_N and not self.r.gpu.cpu_adapter:
+                # the sum of its k slices, for the steps that split it (ResidentRunner._plan)
+                parts = self.r.scratch(f"splits:{n_out}", self.max_t * n_out * MM_MAX_SPLITS * 4)
+                self._record("elementwise:add_splits", {2: parts, 3: y.buf}, [0, n_out], x.rows,
+                             lambda k, t, n=n_out: (-(-n // 64), t, 1)).optional = True
             c = 0
             for j in run:
                 outs.append(DTensor(y.buf, n_out, j.weight.n_out, c, x.rows))
@@ -295,9 +302,13 @@ class Recorder:
             raise NotImplementedError("add on the GPU takes two whole tensors of one shape")
         self._reads(x, y)
         last = self.disps[-1] if self.disps else None
-        if last is not None and last.kernel == "mm" and last.entries[2] is y.buf and last.params[4] == 0:
-            last.entries[2] = x.buf
-            last.params[4] = 1
+        mm = self.disps[-2] if last is not None and last.optional else last  # a product, then its add_splits
+        if mm is not None and mm.kernel == "mm" and mm.entries[2] is y.buf and mm.params[4] == 0:
+            mm.entries[2] = x.buf
+            mm.params[4] = 1
+            if last is not mm:
+                last.entries[3] = x.buf
+                last.params[3] = 1
             return x
         n = x.cols
         self._record("elementwise:add", {2: y.buf, 3: x.buf}, [0, n], x.rows, lambda k, t: (-(-n // 64), t, 1))
@@ -330,15 +341,14 @@ class _Program:
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
         self.plans: dict[tuple[int, int], _Plan] = {}  # (rows, seqs) -> its plan
-        self.mm_at = idx[[d.kernel == "mm" for d in disps]]
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
 
-    def set_rows(self, t: int, s: int, pre: np.ndarray) -> None:
-        """The uniform slots of a step of t rows of s sequences, the matvecs' prologues `pre`."""
+    def set_rows(self, t: int, s: int, plan: _Plan) -> None:
+        """The uniform slots of a step of t rows of s sequences, run as `plan`."""
         self.params[self.t_at] = t
         self.params[self.s_at] = s
-        self.params[self.mm_at, PRE_WORD] = pre[self.mm_at]
+        self.params[plan.where] = plan.values
 
 
 @dataclass(eq=False)
@@ -406,12 +416,15 @@ class ResidentStats:
 @dataclass
 class _Plan:
     """A program's dispatches for one step shape: (pipeline, bind group, x, y, z workgroups, the
-    same as ctypes arguments) each, the matmuls' prologues (Params.pre of each dispatch of the
-    program), and which dispatch of the program each call is."""
+    same as ctypes arguments) each, which dispatch of the program each call is, and the uniform
+    words the shape decides (params[where] = values: each product's prologue and k slices, each
+    add_splits' slice count)."""
 
     calls: list[tuple]
-    pre: np.ndarray
     at: list[int]
+    where: tuple[np.ndarray, np.ndarray]
+    values: np.ndarray
+    pre: np.ndarray  # Params.pre of each dispatch of the program
 
 
 def _encode(cp, calls: list[tuple]) -> None:
@@ -591,14 +604,17 @@ class ResidentRunner:
                 layout="auto", compute={"module": module, "entry_point": entry})
         return pipe
 
-    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int):
+    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int, split: bool):
         """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
-        or its fused variant), a matvec's prologue doing `pre` (Params.pre)."""
-        got = d.bound.get((kind, pre))
+        or its fused variant), a matvec's prologue doing `pre` (Params.pre), a tiled product in
+        k slices (`split`: written to the next dispatch's, add_splits', input)."""
+        got = d.bound.get((kind, pre, split))
         if got is None:
             entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
                 pipe, layout = self.gpu.pipeline(d.qtype, kind)
+                if split:
+                    entries[2] = prog.disps[i + 1].entries[2]
                 if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
@@ -612,7 +628,7 @@ class ResidentRunner:
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
             group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
                       for b, buf in sorted(entries.items())]
-            got = d.bound[(kind, pre)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
+            got = d.bound[(kind, pre, split)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
         return got
 
     def _plan(self, prog: _Program, t: int, n: int) -> _Plan:
@@ -637,18 +653,29 @@ class ResidentRunner:
                     pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
+            splits = np.ones(len(disps), np.uint32)  # k slices of each product
             for i, d in enumerate(disps):
                 if d.kernel == "attention:attend" and n == 1 < t and self.attend_rows:  # a prompt
                     kinds[i] = "attention:attend_rows"
-            at = [i for i in range(len(disps)) if not fused[i + 1]]
+                if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not self.gpu.kernel:
+                    splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
+                    if splits[i] > 1:
+                        kinds[i] = "mm_tiled"
+            at = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
             calls = []
             for i in at:
-                pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]))
-                grid = disps[i].grid(kinds[i], rows[i])
+                pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]), bool(splits[i] > 1))
+                x, y, z = disps[i].grid(kinds[i], rows[i])
+                grid = (x, y, int(splits[i]) if splits[i] > 1 else z)
                 calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid)))
+            mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
+            opt = [i for i, d in enumerate(disps) if d.optional]
+            where = (np.array(mm + mm + opt, np.intp),
+                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [SLICES_WORD] * len(opt), np.intp))
+            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), splits[np.array(opt, np.intp) - 1]])
             if len(prog.plans) > 64:
                 prog.plans.clear()
-            plan = prog.plans[(t, n)] = _Plan(calls, pre, at)
+            plan = prog.plans[(t, n)] = _Plan(calls, at, where, values.astype(np.uint32), pre)
         return plan
 
     # --- tracing ------------------------------------------------------------------------------
@@ -799,7 +826,7 @@ class ResidentRunner:
                 up += row.nbytes
         prog = self.program(all_logits)
         plan = self._plan(prog, t, n)
-        prog.set_rows(t, n, plan.pre)
+        prog.set_rows(t, n, plan)
         queue.write_buffer(prog.pbuf, 0, prog.params)
         up += prog.params.nbytes
         enc = self.device.create_command_encoder()
