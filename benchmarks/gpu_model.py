@@ -79,7 +79,7 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
         await engine.next_logits(prompt)
         times.append(time.perf_counter() - t)
     out = {"prefill": n_prompt / float(np.median(times[2:]))}
-    out["phases"] = []
+    out["phases"] = ["prefill runs, ms: " + " ".join(f"{t * 1e3:.1f}" for t in times)]
     for n in concurrency:
         await crowd(engine, n, 4)  # this batch size's plans and kernels, once
         a = _waits(engine)
