@@ -441,7 +441,8 @@ def _encode(cp, calls: list[tuple]) -> None:
         set_pipeline, set_bind_group, dispatch = _C
         zero, none, size0 = ctypes.c_uint32(0), ctypes.c_void_p(None), ctypes.c_size_t(0)
         for *_, (pipe, bg, x, y, z) in calls:
-            set_pipeline(h, pipe)
+            if pipe is not None:
+                set_pipeline(h, pipe)
             set_bind_group(h, zero, bg, size0, none)
             dispatch(h, x, y, z)
         return
@@ -451,12 +452,14 @@ def _encode(cp, calls: list[tuple]) -> None:
         cp.dispatch_workgroups(x, y, z)
 
 
-def _c_args(pipe, bg, x: int, y: int, z: int) -> tuple | None:
-    """One dispatch's arguments to the raw calls, as ctypes objects (None without them)."""
+def _c_args(pipe, bg, x: int, y: int, z: int, same_pipeline: bool) -> tuple | None:
+    """One dispatch's arguments to the raw calls, as ctypes objects (None without them); no
+    pipeline when the dispatch before set the same one (a decode step's o, gate|up and down
+    products share theirs)."""
     if _C is None:
         return None
     V, U = ctypes.c_void_p, ctypes.c_uint32
-    return V(_handle(pipe)), V(_handle(bg)), U(x), U(y), U(z)
+    return None if same_pipeline else V(_handle(pipe)), V(_handle(bg)), U(x), U(y), U(z)
 
 
 def _raw_calls():
@@ -668,7 +671,7 @@ class ResidentRunner:
                 pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]), bool(splits[i] > 1))
                 x, y, z = disps[i].grid(kinds[i], rows[i])
                 grid = (x, y, int(splits[i]) if splits[i] > 1 else z)
-                calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid)))
+                calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
             mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
             opt = [i for i, d in enumerate(disps) if d.optional]
             where = (np.array(mm + mm + opt, np.intp),
