@@ -20,6 +20,7 @@ import anyio
 import numpy as np
 
 import oxinfer
+from oxinfer.runtime.resident import _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
 
@@ -41,7 +42,9 @@ def _family(runner, d, rows: int) -> str:
     if d.kernel != "mm":
         return d.kernel
     n_out, n_in = int(d.params[0]), int(d.params[1])
-    return f"{runner.gpu.kernel_for(rows, n_out, n_in)} {n_out}x{n_in}"
+    kind = runner.gpu.kernel_for(rows, n_out, n_in)
+    slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
+    return f"mm_tiled in {slices} k slices {n_out}x{n_in}" if slices > 1 else f"{kind} {n_out}x{n_in}"
 
 
 async def profile(path: Path, streams: list[int]) -> None:
@@ -71,7 +74,7 @@ async def profile(path: Path, streams: list[int]) -> None:
             name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
             if d.kernel == "attention:attend" and t == m:
                 name = "attention:attend_decode (+rope_kv)"
-            kinds[name].append(call)
+            kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline
         parts = {}
         for kind, sub in kinds.items():  # the step's plan cut down to one family
             prog.plans[(t, m)] = dataclasses.replace(plan, calls=sub)
