@@ -27,13 +27,26 @@ def _bytes_to_unicode() -> list[str]:
     return [chr(table[b]) for b in range(256)]
 
 
-def random_blocks(qtype: str, n_blocks: int, rng) -> np.ndarray:
-    """Raw Q8_0 / Q4_0 / Q4_1 blocks for codec and kernel tests: finite f16 scales ~ N(0, 0.05) and
-    random bytes elsewhere, so every nibble and int8 value occurs."""
+# byte offsets of each block type's f16 fields (scales, minimums): everything else is codes
+F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,),
+              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+
+
+def random_blocks(qtype: str, n_blocks: int, rng, std: float | None = None) -> np.ndarray:
+    """Raw blocks of a quantized type for codec and kernel tests: random bytes, so every code,
+    sub-block scale and high bit occurs, and finite f16 fields ~ N(0, 0.05), or scaled so that the
+    values' standard deviation is `std` (every type's values are linear in its f16 fields)."""
     raw = rng.integers(0, 256, size=(n_blocks, CODECS[qtype].block_bytes), dtype=np.uint8)
-    n_scales = {"Q8_0": 1, "Q4_0": 1, "Q4_1": 2}[qtype]
-    scales = rng.normal(0, 0.05, size=(n_blocks, n_scales)).astype(np.float16)
-    raw[:, : 2 * n_scales] = scales.view(np.uint8).reshape(n_blocks, -1)
+    fields = F16_FIELDS[qtype]
+    f16 = rng.normal(0, 0.05, size=(n_blocks, len(fields)))
+
+    def put(values):
+        for i, at in enumerate(fields):
+            raw[:, at:at + 2] = values[:, i:i + 1].astype(np.float16).view(np.uint8)
+
+    put(f16)
+    if std is not None:
+        put(f16 * (std / CODECS[qtype].decode_blocks(raw).std()))
     return raw
 
 
@@ -43,7 +56,7 @@ def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> Qu
         bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
         data = bits.view(np.uint8).reshape(n_out, -1)
     else:
-        data = random_blocks(qtype, n_out * n_in // 32, rng).reshape(n_out, -1)
+        data = random_blocks(qtype, n_out * n_in // CODECS[qtype].block_size, rng).reshape(n_out, -1)
     return QuantMatrix(name, qtype, n_out, n_in, data)
 
 
@@ -64,10 +77,12 @@ def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:
 
 def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
-                     extra_vocab: int = 0, context: int = 256, fast: bool = False) -> Path:
+                     extra_vocab: int = 0, context: int = 256, fast: bool = False,
+                     mix: dict[str, T] | None = None) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
-    quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model)."""
+    quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
+    for the matrices whose names contain a key (as llama.cpp's Q4_K_M keeps ffn_down in Q6_K)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
@@ -95,15 +110,19 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
     def mat(name, n_out, n_in, q=qtype):
+        q = next((t for key, t in (mix or {}).items() if key in name), q)
         if fast and q in (T.Q4_1, T.Q8_0):
             w.add_tensor(name, _random_blocks(rng, q, n_out, n_in), raw_dtype=q)
             return
         x = rng.normal(0, 0.5 / np.sqrt(n_in), size=(n_out, n_in)).astype(np.float32)
         if q == T.F32:
             data = x
-        elif q in (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1):
+        elif q in (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
             data = quants.quantize(x, q)
-        else:  # gguf-py cannot quantize it: random bytes of the right size will do for refusal tests
+        elif q.name in F16_FIELDS:  # gguf-py cannot quantize it: random codes, weights' scale
+            block = GGML_QUANT_SIZES[q][0]
+            data = random_blocks(q.name, n_out * n_in // block, rng, std=0.5 / np.sqrt(n_in)).reshape(n_out, -1)
+        else:  # a type oxinfer cannot read: random bytes of the right size will do for refusal tests
             block, nbytes = GGML_QUANT_SIZES[q]
             data = rng.integers(0, 256, size=(n_out, n_in // block * nbytes), dtype=np.uint8)
         w.add_tensor(name, data, raw_dtype=q)

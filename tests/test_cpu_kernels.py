@@ -26,7 +26,8 @@ def int8_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     return xq.reshape(len(x), -1) @ wq.reshape(w.n_out, w.n_in).T
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
+                                   "Q6_K", "IQ4_XS"])
 @pytest.mark.parametrize("rows", [1, 5, 48, 300])
 def test_blockwise_kernel_matches_numpy(qtype, rows):
     w = quant_matrix(qtype, 96, 256, seed=rows)

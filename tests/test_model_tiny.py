@@ -71,6 +71,37 @@ async def test_forward_matches_reference(tmp_path, qtype, tied, cpu_int8):
     np.testing.assert_allclose(last, ref[-1], rtol=0, atol=tol * np.abs(ref).max())
 
 
+K_TYPES = [T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("cpu_int8", [False, True])
+async def test_every_block_type_s_model_matches_reference(tmp_path, qtype, cpu_int8):
+    """A model in each of the other GGUF block types (rows of 256 for the k-quants) against the
+    float64 reference over gguf-py's dequantizer. float32 kernels: the reference's math. int8:
+    activations rounded per block of 32 as for every quantized type, and the weights of the
+    requantized types within absmax/254 of their sub-block (tests/test_quants.py)."""
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, d=256, n_heads=4, n_kv=2, d_ff=512, seed=11)
+    e = await oxinfer.Engine.load(path, cpu_int8=cpu_int8)
+    tokens = list(np.random.default_rng(0).integers(0, 256, size=9))
+    ref = reference_logits(path, tokens)
+    tol = 3e-2 if cpu_int8 else 2e-4
+    np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
+async def test_a_q4_k_m_style_mix_of_types_loads_and_matches_reference(tmp_path):
+    """As llama.cpp's Q4_K_M: Q4_K matrices, ffn_down and attn_v in Q6_K, a Q8_0 embedding; q/k/v
+    of two types are not fused (each keeps its own bytes)."""
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=T.Q4_K, d=256, n_heads=4, n_kv=2, d_ff=512, seed=12,
+                            tied=False, mix={"ffn_down": T.Q6_K, "attn_v": T.Q6_K})
+    e = await oxinfer.Engine.load(path, cpu_int8=False)
+    tokens = list(np.random.default_rng(1).integers(0, 256, size=9))
+    ref = reference_logits(path, tokens)
+    np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
+    b = e.model.blocks[0]
+    assert (b.wq.qtype, b.wv.qtype, b.w_down.qtype, b.w_gate.qtype) == ("Q4_K", "Q6_K", "Q6_K", "Q4_K")
+
+
 async def test_incremental_decode_equals_one_batch(tmp_path):
     """Feeding tokens one at a time through the KV cache gives the batch's logits."""
     path = write_tiny_llama(tmp_path / "m.gguf")

@@ -9,20 +9,44 @@ from oxinfer.errors import UnsupportedQuantError
 from oxinfer.formats.quants import QuantMatrix, codec
 from oxinfer.testing import random_blocks
 
-QUANTIZED = ["Q8_0", "Q4_0", "Q4_1"]
+QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+GGUF_QUANTIZES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # the types gguf-py's quantizer writes
 
 
 @pytest.mark.parametrize("name", QUANTIZED)
 def test_block_codecs_match_gguf_bit_for_bit(name):
     rng = np.random.default_rng(0)
     raw = random_blocks(name, 4096, rng)
-    ours = codec(name).dequantize(raw.reshape(64, -1), 64 * 32)
+    ours = codec(name).dequantize(raw.reshape(64, -1), 4096 // 64 * codec(name).block_size)
     theirs = ref.dequantize(raw.reshape(64, -1), T[name])
     assert ours.dtype == np.float32
     assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
 
 
+EXACT_INT8 = ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS"]  # int8 sub-blocks hold these types' values exactly
+
+
 @pytest.mark.parametrize("name", QUANTIZED)
+def test_int8_sub_blocks_hold_each_type_exactly_or_within_absmax_over_254(name):
+    """What the CPU's blockwise int8 kernels get: sub-blocks of 32 with one scale each, value =
+    scale * (q - 128). Exact for the types whose codes are int8 levels under one scale per 32
+    values; the others (minimums, or scales per 16) are requantized: each weight within
+    absmax/254 of its sub-block."""
+    c = codec(name)
+    raw = random_blocks(name, 64, np.random.default_rng(5))
+    q, scales = c.int8_blocks(raw)
+    assert q.dtype == np.uint8 and q.shape == (64 * c.block_size // 32, 32) and scales.shape == (len(q),)
+    got = scales[:, None] * (q.astype(np.float32) - 128)
+    want = c.decode_blocks(raw).reshape(-1, 32)
+    if name in EXACT_INT8:
+        assert np.array_equal(got, want)
+    else:
+        bound = np.abs(want).max(axis=1, keepdims=True) / 254
+        assert (np.abs(got - want) <= bound * (1 + 1e-5)).all()
+        assert not np.array_equal(got, want)  # it really is a requantization
+
+
+@pytest.mark.parametrize("name", GGUF_QUANTIZES)
 def test_codecs_read_what_gguf_quantizes(name):
     rng = np.random.default_rng(1)
     x = rng.normal(size=(48, 256)).astype(np.float32)
@@ -49,8 +73,8 @@ def test_bf16_matches_gguf():
 
 
 def test_unknown_quant_type_names_the_tensor():
-    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*Q5_K"):
-        codec("Q5_K", "blk.3.ffn_up.weight")
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*IQ2_XXS"):
+        codec("IQ2_XXS", "blk.3.ffn_up.weight")
 
 
 def test_fuse_gives_row_views_of_one_matrix():

@@ -213,3 +213,6 @@ class QuantMatrix:
             views.append(cls(p.name, p.qtype, p.n_out, p.n_in, base.data[r:r + p.n_out], base, r))
             r += p.n_out
         return views
+
+
+from oxinfer.formats import kquants  # noqa: E402, F401 - registers Q5_0, Q5_1, IQ4_NL and the k-quants

@@ -34,7 +34,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from oxinfer.formats.quants import QuantMatrix
 
-BLOCK = 32  # every quantized codec's block size, and MatMulNBits' block_size
+BLOCK = 32  # MatMulNBits' block_size: codecs of 256-value super-blocks give 8 sub-blocks each
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.30 refuses; opset 21 needs 10
 
@@ -65,7 +65,7 @@ def _cores() -> int:
 
 
 def supports(w: QuantMatrix) -> bool:
-    return w.codec.int8 and w.codec.block_size == BLOCK
+    return w.codec.int8 and w.codec.block_size % BLOCK == 0
 
 
 class BlockwiseKernel:
