@@ -7,12 +7,13 @@
 struct Op {
     t: u32,      // rows this dispatch covers: the step's rows, or one per sequence
     n: u32,      // columns (rms_norm, silu_mul, add, argmax); query heads (attention)
-    k: u32,      // kv heads (attention); slices (argmax_part, add_splits)
-    flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x; add_splits: 1 = add to y
+    k: u32,      // kv heads (attention); slices (argmax_part, add_splits); the source's row stride (copy_cols)
+    flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x; add_splits: 1 = add
+                 // to y; copy_cols: the source's first column
     eps: f32,    // rms_norm
     scale: f32,  // rope_kv: the softmax scale 1/sqrt(head_dim), applied to q once
-    _p0: u32,
-    _p1: u32,
+    stride: u32, // copy_cols: the destination's row stride
+    col: u32,    // copy_cols: the destination's first column
 };
 
 @group(0) @binding(0) var<uniform> P: Op;

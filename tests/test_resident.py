@@ -139,6 +139,22 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
 
 
+async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):
+    """Q4_K matrices with ffn_down and attn_v in Q6_K and attn_k in Q5_0, a Q8_0 embedding: every
+    product reads its own type's bytes on the device, and q, k, v (three products) are copied side
+    by side for attention. Logits within 1e-4 of numpy's, greedy tokens equal, no fault."""
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=T.Q4_K, d=256, n_heads=4, n_kv=2, d_ff=512, seed=9,
+                            mix={"ffn_down": T.Q6_K, "attn_v": T.Q6_K, "attn_k": T.Q5_0}, extra_vocab=40)
+    cpu, gpu = await engines(path)
+    tokens = list(np.random.default_rng(4).integers(0, 256, size=20))
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+    assert gpu.resident is not None and gpu.resident.stats.steps >= 7  # no fault sent it to the CPU
+    b = gpu.model.blocks[0]
+    assert (b.wq.qtype, b.wk.qtype, b.wv.qtype, b.w_down.qtype) == ("Q4_K", "Q5_0", "Q6_K", "Q6_K")
+
+
 async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair):
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

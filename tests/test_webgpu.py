@@ -16,7 +16,7 @@ import structlog
 from structlog.testing import capture_logs
 
 import oxinfer
-from oxinfer.formats.quants import QuantMatrix
+from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
 from oxinfer.testing import random_matrix
@@ -29,7 +29,7 @@ pytestmark = [
                        reason="no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)"),
 ]
 
-FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1"]
+FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]
 ROWS = [1, 15, 16, 17, 300]  # around the matvec / tiled switch at 16, and past one 128-row tile
 TOL = 1e-4  # max abs error / max abs reference
 
@@ -51,8 +51,9 @@ def kernels(gpu: WebGpuBackend) -> list[str | None]:
 
 # --- kernels against numpy --------------------------------------------------------------------
 
-@pytest.mark.parametrize("qtype", FORMATS)
-@pytest.mark.parametrize("n_out,n_in", [(200, 96), (256, 256)])  # 200: not a multiple of any tile
+@pytest.mark.parametrize("qtype,n_out,n_in", [  # 200: not a multiple of any tile; k-quants need rows of 256
+    (q, n_out, n_in) for q in FORMATS for n_out, n_in in [(200, 96), (256, 256), (200, 512)]
+    if n_in % CODECS[q].block_size == 0 and (n_in == 512) == (CODECS[q].block_size == 256)])
 def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
     rng = np.random.default_rng(FORMATS.index(qtype) * 1000 + n_out)
     w = random_matrix(qtype, n_out, n_in, rng)
@@ -73,14 +74,15 @@ async def test_fused_views_coalesce_into_one_submission(gpu, qtype):
     """q/k/v as row views of one base: one upload, one dispatch, one submission; odd row offsets
     put Q4_0 blocks at 2-byte offsets. Non-adjacent views still come back right."""
     rng = np.random.default_rng(7)
-    parts = [random_matrix(qtype, n, 64, rng, name) for name, n in (("q", 96), ("k", 33), ("v", 31))]
+    n_in = max(64, CODECS[qtype].block_size)
+    parts = [random_matrix(qtype, n, n_in, rng, name) for name, n in (("q", 96), ("k", 33), ("v", 31))]
     q, k, v = QuantMatrix.fuse("qkv", parts)
     before = gpu.stats().extra["resident_bytes"]
     for m in (q, k, v):
         assert gpu.upload(m) is not None
     assert gpu.stats().extra["resident_bytes"] - before == device_bytes(q.base).nbytes  # the base, once
     for t in (3, 40):
-        x = rng.standard_normal((t, 64), dtype=np.float32)
+        x = rng.standard_normal((t, n_in), dtype=np.float32)
         jobs = [Job(m) for m in (q, k, v, k)]
         calls = gpu.stats().calls
         assert await gpu.matmul(x, jobs)

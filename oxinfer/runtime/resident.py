@@ -265,9 +265,16 @@ class Recorder:
     def attention(self, layer: int, q: DTensor, k: DTensor, v: DTensor, step) -> DTensor:
         cfg = self.r.cfg
         H, KV, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        width = (H + 2 * KV) * hd
         if not (q.buf is k.buf is v.buf and q.col0 == 0 and k.col0 == H * hd and v.col0 == (H + KV) * hd
-                and q.stride == (H + 2 * KV) * hd):
-            raise NotImplementedError("attention on the GPU takes q|k|v of one fused product")
+                and q.stride == width):  # products of different types: side by side first
+            self._reads(q, k, v)
+            qkv = self._writes(self._scratch("qkv", width, q.rows))
+            for x, col in ((q, 0), (k, H * hd), (v, (H + KV) * hd)):
+                n = x.cols
+                self._record("elementwise:copy_cols", {2: x.buf, 3: qkv.buf}, [0, n, x.stride, x.col0, 0, 0, width, col],
+                             q.rows, lambda _, t, n=n: (-(-n // 64), t, 1))
+            q = DTensor(qkv.buf, width, H * hd, 0, q.rows)
         self._reads(q)
         qr = self._writes(self._scratch("q", H * hd, "t"))
         kp, vp = self.r.kpool[layer], self.r.vpool[layer]

@@ -77,7 +77,9 @@ ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on ev
 FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
 
 # qtype -> decode snippet; F32/F16 have no kernel: such matrices stay on the CPU
-_DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1"}
+_DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1",
+             "Q5_0": "decode_q5_0", "Q4_K": "decode_q4_k", "Q6_K": "decode_q6_k"}
+_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)}
 # kernel kind -> (file, entry point)
@@ -211,12 +213,14 @@ def shader_source(qtype: str, kind: str) -> str:
 def device_bytes(w: QuantMatrix) -> np.ndarray:
     """The bytes the kernels read for w (see the header of shaders/decode_*.wgsl), padded to 4 bytes."""
     data = np.ascontiguousarray(w.data).reshape(-1)
-    if w.qtype == "Q8_0":
-        # 34-byte blocks -> 36: two zero bytes after the f16 scale put the 32 int8 on a word boundary
-        blocks = data.reshape(-1, 34)
-        out = np.zeros((blocks.shape[0], 36), np.uint8)
-        out[:, 0:2] = blocks[:, 0:2]
-        out[:, 4:] = blocks[:, 2:]
+    if w.qtype in _WORD_ALIGN:
+        # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
+        # Q8_0 34 -> 36 and Q5_0 22 -> 24 bytes after the f16 scale, Q6_K 210 -> 212 at the end
+        at = _WORD_ALIGN[w.qtype]
+        blocks = data.reshape(-1, w.codec.block_bytes)
+        out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
+        out[:, :at] = blocks[:, :at]
+        out[:, at + 2:] = blocks[:, at:]
         data = out.reshape(-1)
     pad = -data.nbytes % 4 + (4 if w.qtype == "Q4_0" else 0)  # Q4_0 word_at may read one word past a block
     return np.concatenate([data, np.zeros(pad, np.uint8)]) if pad else data
