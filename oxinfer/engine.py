@@ -21,7 +21,7 @@ import structlog
 
 from oxinfer.errors import ContextOverflowError, EngineOverloaded
 from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
-from oxinfer.formats import GGUFFile, default_model_path
+from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
 from oxinfer.models import KVCache, Llama, ModelConfig
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
@@ -110,9 +110,12 @@ class Engine:
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
                    resident: bool = True) -> Engine:
         path = Path(path) if path is not None else default_model_path()
-        f = GGUFFile(path)
-        cfg = ModelConfig.from_gguf(f)
-        tokenizer = Tokenizer.from_gguf(f)
+        if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
+            f = HFDirectory(path)
+            cfg, tokenizer = ModelConfig.from_hf(f), Tokenizer.from_hf(f)
+        else:
+            f = GGUFFile(path)
+            cfg, tokenizer = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
         scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8),
                                     gpu=gpu if gpu is not None else select_gpu_backend(backend))
         model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))

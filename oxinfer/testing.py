@@ -151,3 +151,83 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Path:
+    """A .safetensors file of {name: (dtype, array)}; dtype "BF16" takes the array's top 16 bits
+    (the safetensors package's numpy writer has no bf16)."""
+    import json
+
+    header, blobs, offset = {}, [], 0
+    for name, (dtype, a) in tensors.items():
+        raw = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dtype == "BF16" else a
+        b = np.ascontiguousarray(raw).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+    return path
+
+
+def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
+                  seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1) -> dict[str, np.ndarray]:
+    """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
+    (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
+    rope). Returns the weights by HF name, as float32 (bf16's values when dtype is BF16)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    rng = np.random.default_rng(seed)
+    path.mkdir(parents=True, exist_ok=True)
+    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = len(tokens)
+    tk = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[], fuse_unk=False))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens[256:]])
+    tk.save(str(path / "tokenizer.json"))
+    hd = d // n_heads
+    weights = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, d)),
+               "model.norm.weight": 1 + 0.1 * rng.normal(size=d)}
+    if not tied:
+        weights["lm_head.weight"] = rng.normal(0, 0.5 / np.sqrt(d), (vocab, d))
+    for i in range(n_layers):
+        p = f"model.layers.{i}."
+        for name, shape in (("input_layernorm", (d,)), ("post_attention_layernorm", (d,))):
+            weights[p + name + ".weight"] = 1 + 0.1 * rng.normal(size=shape)
+        for name, (n_out, n_in) in (("self_attn.q_proj", (n_heads * hd, d)), ("self_attn.k_proj", (n_kv * hd, d)),
+                                    ("self_attn.v_proj", (n_kv * hd, d)), ("self_attn.o_proj", (d, n_heads * hd)),
+                                    ("mlp.gate_proj", (d_ff, d)), ("mlp.up_proj", (d_ff, d)),
+                                    ("mlp.down_proj", (d, d_ff))):
+            weights[p + name + ".weight"] = rng.normal(0, 0.5 / np.sqrt(n_in), (n_out, n_in))
+    weights = {k: v.astype(np.float32) for k, v in weights.items()}
+    if dtype == "BF16":  # the values the file holds
+        weights = {k: ((v.view(np.uint32) >> 16) << 16).view(np.float32) for k, v in weights.items()}
+    names = list(weights)
+    parts = [names[i::shards] for i in range(shards)]
+    files = ["model.safetensors"] if shards == 1 else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+                                                       for i in range(shards)]
+    for file, part in zip(files, parts):
+        if dtype == "F32":  # through the safetensors package: a writer independent of oxinfer's reader
+            from safetensors.numpy import save_file
+
+            save_file({k: weights[k] for k in part}, str(path / file))
+        else:
+            write_safetensors(path / file, {k: (dtype, weights[k]) for k in part})
+    if shards > 1:
+        (path / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: f for f, part in zip(files, parts) for k in part}}))
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
+        "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
+        "intermediate_size": d_ff, "vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32"}))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False,
+        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 256, "eos_token_id": [258, 256]}))
+    return weights

@@ -11,7 +11,7 @@ import codecs
 from dataclasses import dataclass
 from functools import lru_cache
 
-from oxinfer.errors import UnsupportedModelError
+from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
 _EOG_TEXTS = frozenset({
     "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>",
@@ -104,6 +104,52 @@ class Tokenizer:
         eog |= {i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _EOG_TEXTS}
         special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", False)))
         return cls(tk, tokens, types, special, f.get("tokenizer.chat_template", None))
+
+    @classmethod
+    def from_hf(cls, d) -> Tokenizer:
+        """From an HF directory (formats/hf_dir.py): tokenizer.json (byte-level BPE), its added
+        tokens (special ones are control tokens), BOS/EOS and the chat template from
+        tokenizer_config.json, the EOS list from generation_config.json."""
+        import json
+
+        from tokenizers import Tokenizer as HFTokenizer
+
+        path = d.path / "tokenizer.json"
+        try:
+            spec = json.loads(path.read_text())
+            tk = HFTokenizer.from_str(json.dumps(spec))
+        except (OSError, ValueError, Exception) as e:  # noqa: BLE001 - tokenizers raises its own Exception type
+            raise ModelFormatError(f"{path}: unreadable ({e})") from e
+        kind, dec = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
+        if kind != "BPE" or dec != "ByteLevel":
+            raise UnsupportedModelError(f"{path}: a {kind} model with a {dec} decoder is not supported "
+                                        "(only byte-level BPE)")
+        n = tk.get_vocab_size(with_added_tokens=True)
+        tokens = [tk.id_to_token(i) or "" for i in range(n)]
+        types = [1] * n
+        for i, t in tk.get_added_tokens_decoder().items():
+            types[i] = CONTROL if t.special else USER_DEFINED
+        tc, gc = d.tokenizer_config, d.generation_config
+
+        def token_id(value):  # a token's text, or {"content": text}, or an id
+            if isinstance(value, dict):
+                value = value.get("content")
+            if isinstance(value, int) or value is None:
+                return value
+            return tk.token_to_id(value)
+
+        bos, eos = token_id(tc.get("bos_token")), token_id(tc.get("eos_token"))
+        gen_eos = gc.get("eos_token_id")
+        eog = {i for i in ([eos] + (gen_eos if isinstance(gen_eos, list) else [gen_eos])) if i is not None}
+        eog |= {i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _EOG_TEXTS}
+        if bos is None:
+            bos = token_id(gc.get("bos_token_id"))
+        plain, marked = tk.encode("a", add_special_tokens=False).ids, tk.encode("a").ids
+        add_bos = bos is not None and len(marked) > len(plain) and marked[0] == bos  # its post-processor adds BOS
+        template = tc.get("chat_template")
+        if isinstance(template, list):  # [{"name": ..., "template": ...}]: the default one
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        return cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template)
 
     @property
     def vocab_size(self) -> int:

@@ -1,7 +1,8 @@
-"""Model file formats: GGUF reading and the block-quant codecs. Knows nothing of the runtime."""
+"""Model file formats: GGUF files, HF directories and the block-quant codecs. Knows nothing of the runtime."""
 
 from oxinfer.formats.default_model import default_model_path
 from oxinfer.formats.gguf_file import GGUFFile
+from oxinfer.formats.hf_dir import HFDirectory
 from oxinfer.formats.quants import CODECS, QuantMatrix, codec
 
-__all__ = ["CODECS", "GGUFFile", "QuantMatrix", "codec", "default_model_path"]
+__all__ = ["CODECS", "GGUFFile", "HFDirectory", "QuantMatrix", "codec", "default_model_path"]

@@ -1,4 +1,4 @@
-"""Model hyper-parameters as a frozen dataclass, built once from GGUF metadata."""
+"""Model hyper-parameters as a frozen dataclass, built once from GGUF metadata or an HF config.json."""
 
 from __future__ import annotations
 
@@ -26,6 +26,39 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @classmethod
+    def from_hf(cls, d) -> ModelConfig:
+        """From an HF directory's config.json (formats/hf_dir.py); a missing key, or one oxinfer
+        does not implement, fails here naming it."""
+        where = d.path / "config.json"
+        arch = d.cfg("model_type")
+        if arch not in SUPPORTED_ARCHS:
+            raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
+                                        f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        for key in ("rope_scaling", "attention_bias", "mlp_bias"):
+            if d.cfg(key, None):
+                raise UnsupportedModelError(f"{where}: {key} = {d.cfg(key)!r} is not supported yet")
+        if d.cfg("hidden_act", "silu") != "silu":
+            raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
+        d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
+        n_kv = int(d.cfg("num_key_value_heads", n_heads))
+        if d_model % n_heads or n_heads % n_kv or int(d.cfg("head_dim", d_model // n_heads)) != d_model // n_heads:
+            raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
+                                   f"head_dim {d.cfg('head_dim', None)} do not fit together")
+        return cls(
+            arch=arch,
+            n_layers=int(d.cfg("num_hidden_layers")),
+            d_model=d_model,
+            n_heads=n_heads,
+            n_kv_heads=n_kv,
+            d_ff=int(d.cfg("intermediate_size")),
+            vocab_size=int(d.cfg("vocab_size")),
+            context_length=int(d.cfg("max_position_embeddings", 2048)),
+            rms_eps=float(d.cfg("rms_norm_eps", 1e-5)),
+            rope_base=float(d.cfg("rope_theta", 10000.0)),
+            rope_dim=d_model // n_heads,
+        )
 
     @classmethod
     def from_gguf(cls, f) -> ModelConfig:

@@ -1,0 +1,169 @@
+"""An HF model directory (config.json, safetensors weights, tokenizer files) read through the GGUF
+names the model maps (`GGUFFile`'s matrix / vector / has_tensor), so `Llama.from_gguf` loads both.
+
+Weights: `model.safetensors`, or the shards `model.safetensors.index.json` names. A safetensors
+file is an 8-byte little-endian header length, a JSON header ({name: {dtype, shape,
+data_offsets}}), then the raw tensors; they are memory-mapped with numpy and stay in their
+dtype (bf16 stays bf16: the GPU kernels read it; the safetensors package's numpy API has no
+bf16). HF keeps q/k rows in the order its rotate-half rope expects; GGUF's converter permutes
+them for llama.cpp's rope of adjacent pairs, which oxinfer's ops use: `_rope_rows` does the
+same permutation here, once, at load (a reordering of rows: no value changes).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oxinfer.errors import ModelFormatError, UnsupportedQuantError
+from oxinfer.formats.quants import QuantMatrix
+
+DTYPES = {"F32": ("F32", 4), "F16": ("F16", 2), "BF16": ("BF16", 2)}  # safetensors dtype -> (codec, bytes)
+
+# GGUF name pieces -> HF names (blk.{i}. -> model.layers.{i}.)
+_GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+          "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
+          "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+          "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
+          "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def read_json(path: Path, required: bool = True) -> dict | None:
+    if not path.is_file():
+        if required:
+            raise ModelFormatError(f"{path}: missing (an HF model directory needs it)")
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelFormatError(f"{path}: unreadable JSON ({e})") from e
+
+
+class _Safetensors:
+    """One .safetensors file: its header, and its tensors as memory-mapped bytes."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelFormatError(f"{path}: not a safetensors file (shorter than its header length)")
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                raise ModelFormatError(f"{path}: header of {n} bytes in a file of {size}: the file is truncated")
+            try:
+                self.header = json.loads(f.read(n))
+            except ValueError as e:
+                raise ModelFormatError(f"{path}: unreadable safetensors header ({e})") from e
+        self.header.pop("__metadata__", None)
+        self._base = 8 + n
+        self._map = np.memmap(path, np.uint8, mode="r") if size > self._base else np.zeros(0, np.uint8)
+        for name, t in self.header.items():
+            end = self._base + t["data_offsets"][1]
+            if end > size:
+                raise ModelFormatError(f"{path}: tensor {name!r} ends at byte {end} but the file has {size}: "
+                                       "the file is truncated")
+
+    def raw(self, name: str) -> tuple[str, list[int], np.ndarray]:
+        """(dtype, shape, bytes) of one tensor."""
+        t = self.header[name]
+        begin, end = t["data_offsets"]
+        return t["dtype"], t["shape"], self._map[self._base + begin:self._base + end]
+
+
+class HFDirectory:
+    """config.json, the weights and the tokenizer files of an HF model directory."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.config = read_json(self.path / "config.json")
+        self.tokenizer_config = read_json(self.path / "tokenizer_config.json", required=False) or {}
+        self.generation_config = read_json(self.path / "generation_config.json", required=False) or {}
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = (read_json(index) or {}).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ModelFormatError(f"{index}: no 'weight_map'")
+            files = {}
+            for shard in sorted(set(weight_map.values())):
+                if not (self.path / shard).is_file():
+                    raise ModelFormatError(f"{index}: names shard {shard!r}, which is not in {self.path}")
+                files[shard] = _Safetensors(self.path / shard)
+            self._where = {name: files[shard] for name, shard in weight_map.items()}
+        elif (self.path / "model.safetensors").is_file():
+            single = _Safetensors(self.path / "model.safetensors")
+            self._where = {name: single for name in single.header}
+        else:
+            raise ModelFormatError(f"{self.path}: no model.safetensors or model.safetensors.index.json")
+        for name, f in self._where.items():
+            if name not in f.header:
+                raise ModelFormatError(f"{f.path}: tensor {name!r}, which the index places there, is missing")
+
+    def cfg(self, key: str, default: Any = ...) -> Any:
+        """A config.json value; ModelFormatError naming the key and the file when it is missing."""
+        if key in self.config:
+            return self.config[key]
+        if default is ...:
+            raise ModelFormatError(f"{self.path / 'config.json'}: key {key!r} is missing")
+        return default
+
+    # --- GGUF names -----------------------------------------------------------------------
+    @staticmethod
+    def hf_name(name: str) -> str:
+        if name in _GLOBAL:
+            return _GLOBAL[name]
+        if name.startswith("blk."):
+            _, i, rest = name.split(".", 2)
+            if rest in _LAYER:
+                return f"model.layers.{i}.{_LAYER[rest]}"
+        raise ModelFormatError(f"no HF tensor maps to {name!r}")
+
+    def has_tensor(self, name: str) -> bool:
+        return self.hf_name(name) in self._where
+
+    def _raw(self, name: str) -> tuple[str, str, list[int], np.ndarray]:
+        hf = self.hf_name(name)
+        f = self._where.get(hf)
+        if f is None:
+            raise ModelFormatError(f"{self.path}: tensor {hf!r} is missing")
+        dtype, shape, data = f.raw(hf)
+        if dtype not in DTYPES:
+            raise UnsupportedQuantError(f"{f.path}: tensor {hf!r} is stored as {dtype}, which oxinfer cannot read "
+                                        f"(supported: {', '.join(DTYPES)})")
+        if data.nbytes != int(np.prod(shape)) * DTYPES[dtype][1]:
+            raise ModelFormatError(f"{f.path}: tensor {hf!r} has {data.nbytes} bytes for shape {shape} {dtype}")
+        return hf, dtype, shape, data
+
+    def matrix(self, name: str) -> QuantMatrix:
+        """A 2-D weight (n_out, n_in) in its stored dtype; q/k rows in GGUF's rope order."""
+        hf, dtype, shape, data = self._raw(name)
+        if len(shape) != 2:
+            raise ModelFormatError(f"{self.path}: tensor {hf!r} has shape {shape}, expected 2-D")
+        n_out, n_in = shape
+        data = data.reshape(n_out, -1)
+        if name.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = self.cfg("num_attention_heads") if name.endswith("attn_q.weight") else \
+                self.cfg("num_key_value_heads", self.cfg("num_attention_heads"))
+            data = _rope_rows(data, heads)
+        return QuantMatrix(name, DTYPES[dtype][0], n_out, n_in, data)
+
+    def vector(self, name: str) -> np.ndarray:
+        hf, dtype, shape, data = self._raw(name)
+        from oxinfer.formats.quants import codec
+
+        return codec(DTYPES[dtype][0], hf).dequantize(data, int(np.prod(shape)))
+
+
+def _rope_rows(rows: np.ndarray, heads: int) -> np.ndarray:
+    """HF's q/k rows -> GGUF's: within each head, rows i and hd/2 + i (the pair HF's rope rotates)
+    become rows 2i and 2i + 1 (the pair oxinfer's rotates). A copy, in the stored bytes."""
+    n, width = rows.shape
+    hd = n // heads
+    return np.ascontiguousarray(rows.reshape(heads, 2, hd // 2, width).swapaxes(1, 2).reshape(n, width))

@@ -1,0 +1,125 @@
+"""HF model directories (config.json, safetensors, tokenizer.json): tiny random Llamas against an
+independent float64 transcription of HF's own forward (rotate-half rope, q/k rows as HF stores
+them), on the CPU and on the GPU; and every broken directory a clear error."""
+
+import json
+
+import numpy as np
+import pytest
+
+import oxinfer
+from oxinfer.errors import ModelFormatError, UnsupportedModelError
+from oxinfer.runtime.webgpu import WebGpuBackend, available
+from oxinfer.testing import write_tiny_hf
+
+TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150]
+
+
+def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0) -> np.ndarray:
+    """Logits at every position, as transformers' LlamaForCausalLM computes them, in float64."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    x = w["model.embed_tokens.weight"][tokens]
+    t, d = x.shape
+    hd = d // n_heads
+    norm = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g  # noqa: E731
+    ang = np.arange(t)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # (t, hd/2)
+    cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
+    rot = lambda v: np.concatenate([-v[..., hd // 2:], v[..., :hd // 2]], -1)  # noqa: E731 - rotate_half
+    layers = len({k.split(".")[2] for k in w if k.startswith("model.layers.")})
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        h = norm(x, w[p + "input_layernorm.weight"])
+        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(t, n_heads, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(t, n_kv, hd)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(t, n_kv, hd)
+        q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        out = np.zeros((t, n_heads, hd))
+        for head in range(n_heads):
+            kv = head // (n_heads // n_kv)
+            s = q[:, head] @ k[:, kv].T / np.sqrt(hd)
+            s[np.triu_indices(t, 1)] = -np.inf
+            pr = np.exp(s - s.max(-1, keepdims=True))
+            out[:, head] = pr / pr.sum(-1, keepdims=True) @ v[:, kv]
+        x = x + out.reshape(t, d) @ w[p + "self_attn.o_proj.weight"].T
+        h = norm(x, w[p + "post_attention_layernorm.weight"])
+        g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return norm(x, w["model.norm.weight"]) @ head.T
+
+
+def close(got, ref, tol=2e-4):
+    np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("tied,shards", [(False, 1), (True, 3)])
+async def test_an_hf_directory_matches_hf_s_own_forward(tmp_path, tied, shards):
+    """One safetensors file or three shards with an index; untied or tied head."""
+    w = write_tiny_hf(tmp_path / "m", tied=tied, shards=shards, seed=1)
+    e = await oxinfer.Engine.load(tmp_path / "m", cpu_int8=False)
+    close(await e.all_logits(TOKENS), hf_reference(w, TOKENS))
+    assert e.config.vocab_size == 259 and e.config.n_kv_heads == 2
+
+
+async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):
+    w = write_tiny_hf(tmp_path / "m", dtype="BF16", seed=2)
+    cpu = await oxinfer.Engine.load(tmp_path / "m", cpu_int8=False)
+    assert cpu.model.blocks[0].wq.qtype == "BF16"
+    ref = hf_reference(w, TOKENS)
+    close(await cpu.all_logits(TOKENS), ref)
+    if not available(allow_cpu_adapter=True):
+        pytest.skip("no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)")
+    gpu = await oxinfer.Engine.load(tmp_path / "m", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    assert gpu.resident is not None
+    close(await gpu.all_logits(TOKENS), ref)
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
+    assert gpu.resident is not None  # no fault sent it to the CPU
+
+
+async def test_the_tokenizer_files_give_ids_eos_list_and_chat_template(tmp_path):
+    write_tiny_hf(tmp_path / "m")
+    e = await oxinfer.Engine.load(tmp_path / "m")
+    tk = e.tokenizer
+    assert tk.encode("Hi!<|im_end|>") == [72, 105, 33, 258]  # bytes, and the control token parsed
+    assert tk.decode([72, 105, 258], skip_special=True) == "Hi"
+    assert tk.special.eog == {256, 258} and tk.special.bos == 256 and not tk.special.add_bos
+    assert tk.apply_chat_template([{"role": "user", "content": "x"}]) == \
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _edit_config(path, **changes):
+    cfg = json.loads((path / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            del cfg[k]
+        else:
+            cfg[k] = v
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+async def test_broken_directories_name_what_is_wrong(tmp_path):
+    m = tmp_path / "m"
+    write_tiny_hf(m, shards=2)
+    good = oxinfer.Engine._load_sync  # every failure below happens before an engine exists
+
+    _edit_config(m, intermediate_size=None)
+    with pytest.raises(ModelFormatError, match=r"config\.json.*'intermediate_size' is missing"):
+        good(m)
+    _edit_config(m, intermediate_size=128, model_type="mamba")
+    with pytest.raises(UnsupportedModelError, match=r"config\.json.*model_type = 'mamba'"):
+        good(m)
+    _edit_config(m, model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match=r"rope_scaling"):
+        good(m)
+    _edit_config(m, rope_scaling=None)
+    shard = sorted(m.glob("*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-100])
+    with pytest.raises(ModelFormatError, match=rf"{shard.name}: tensor '.*' ends at byte \d+ but the file has"):
+        good(m)
+    shard.unlink()
+    with pytest.raises(ModelFormatError, match=rf"index\.json: names shard '{shard.name}'"):
+        good(m)
+    shard.write_bytes(data)
+    assert good(m).config.n_layers == 2  # and whole again, it loads
