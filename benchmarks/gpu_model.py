@@ -23,6 +23,8 @@ from pathlib import Path
 import anyio
 import numpy as np
 
+from gguf import GGMLQuantizationType as T
+
 import oxinfer
 from oxinfer.testing import write_tiny_llama
 
@@ -103,6 +105,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
+    ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     print(f"machine: {os.cpu_count()} cores; {a.prompt_tokens}-token prefill, {a.decode_tokens} tokens decoded per stream")
@@ -110,7 +113,8 @@ def main() -> None:
         models = [Path(a.model)] if a.model else []
         for name in ([] if a.model else a.synthetic):
             t = time.perf_counter()
-            path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096, **SYNTHETIC[name])
+            path = write_tiny_llama(Path(tmp) / f"synthetic-{name}-{a.qtype}.gguf", fast=True, context=4096,
+                                    qtype=T[a.qtype], **SYNTHETIC[name])
             print(f"wrote {path.name}: {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t:.1f} s")
             models.append(path)
         cols = " | ".join(f"{n} streams tok/s" for n in a.concurrency)
