@@ -78,8 +78,10 @@ FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the a
 
 # qtype -> decode snippet; F32/F16 have no kernel: such matrices stay on the CPU
 _DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1",
-             "Q5_0": "decode_q5_0", "Q4_K": "decode_q4_k", "Q6_K": "decode_q6_k"}
-_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
+             "Q5_0": "decode_q5_0", "Q5_1": "decode_q5_1", "IQ4_NL": "decode_iq4_nl", "Q2_K": "decode_q2_k",
+             "Q3_K": "decode_q3_k", "Q4_K": "decode_q4_k", "Q5_K": "decode_q5_k", "Q6_K": "decode_q6_k",
+             "IQ4_XS": "decode_iq4_xs"}
+_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)}
 # kernel kind -> (file, entry point)
@@ -215,7 +217,8 @@ def device_bytes(w: QuantMatrix) -> np.ndarray:
     data = np.ascontiguousarray(w.data).reshape(-1)
     if w.qtype in _WORD_ALIGN:
         # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
-        # Q8_0 34 -> 36 and Q5_0 22 -> 24 bytes after the f16 scale, Q6_K 210 -> 212 at the end
+        # Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
+        # Q6_K 210 -> 212 at the end
         at = _WORD_ALIGN[w.qtype]
         blocks = data.reshape(-1, w.codec.block_bytes)
         out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
