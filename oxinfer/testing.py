@@ -78,11 +78,13 @@ def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:
 def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
-                     mix: dict[str, T] | None = None) -> Path:
+                     mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
-    for the matrices whose names contain a key (as llama.cpp's Q4_K_M keeps ffn_down in Q6_K)."""
+    for the matrices whose names contain a key (as llama.cpp's Q4_K_M keeps ffn_down in Q6_K).
+    rope_freqs: the factors each rotated pair's frequency is divided by (llama.cpp writes Llama
+    3.1's scaled rope so, as the tensor rope_freqs.weight)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
@@ -130,6 +132,8 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     def vec(name, n):
         w.add_tensor(name, (1 + 0.1 * rng.normal(size=n)).astype(np.float32))
 
+    if rope_freqs is not None:
+        w.add_tensor("rope_freqs.weight", np.asarray(rope_freqs, np.float32))
     mat("token_embd.weight", vocab, d, T.Q8_0)
     if not tied:
         mat("output.weight", vocab, d)
@@ -172,10 +176,12 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 
 
 def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
-                  seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1) -> dict[str, np.ndarray]:
+                  seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
+                  model_type: str = "llama", **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
-    rope). Returns the weights by HF name, as float32 (bf16's values when dtype is BF16)."""
+    rope); `config`: more config.json keys. Returns the weights by HF name, as float32 (bf16's
+    values when dtype is BF16)."""
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -221,10 +227,11 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
         (path / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {}, "weight_map": {k: f for f, part in zip(files, parts) for k in part}}))
     (path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": d,
+        "model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": d,
         "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
         "intermediate_size": d_ff, "vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32"}))
+        "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32",
+        **config}))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False,
         "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -15,14 +15,31 @@ from oxinfer.testing import write_tiny_hf
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150]
 
 
-def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0) -> np.ndarray:
+def llama3_inv_freq(hd, base, factor, low, high, old):
+    """Llama 3.1's scaled rope frequencies, one pair at a time as its paper's code states them."""
+    out = []
+    for f in base ** (-np.arange(0, hd, 2) / hd):
+        wavelen = 2 * np.pi / f
+        if wavelen < old / high:
+            out.append(f)
+        elif wavelen > old / low:
+            out.append(f / factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append((1 - smooth) * f / factor + smooth * f)
+    return np.array(out)
+
+
+def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv_freq=None) -> np.ndarray:
     """Logits at every position, as transformers' LlamaForCausalLM computes them, in float64."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     x = w["model.embed_tokens.weight"][tokens]
     t, d = x.shape
     hd = d // n_heads
     norm = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g  # noqa: E731
-    ang = np.arange(t)[:, None] * base ** (-np.arange(0, hd, 2) / hd)  # (t, hd/2)
+    if inv_freq is None:
+        inv_freq = base ** (-np.arange(0, hd, 2) / hd)
+    ang = np.arange(t)[:, None] * inv_freq  # (t, hd/2)
     cos, sin = np.cos(np.concatenate([ang, ang], -1))[:, None], np.sin(np.concatenate([ang, ang], -1))[:, None]
     rot = lambda v: np.concatenate([-v[..., hd // 2:], v[..., :hd // 2]], -1)  # noqa: E731 - rotate_half
     layers = len({k.split(".")[2] for k in w if k.startswith("model.layers.")})
@@ -59,6 +76,29 @@ async def test_an_hf_directory_matches_hf_s_own_forward(tmp_path, tied, shards):
     e = await oxinfer.Engine.load(tmp_path / "m", cpu_int8=False)
     close(await e.all_logits(TOKENS), hf_reference(w, TOKENS))
     assert e.config.vocab_size == 259 and e.config.n_kv_heads == 2
+
+
+async def test_llama3_rope_scaling_and_a_mistral_directory(tmp_path):
+    """Llama 3.1's rope_scaling (with an original context of 64 positions, the 8 rotated pairs of a
+    16-dim head fall in all three bands: kept, smoothed, divided by the factor), on the CPU and the
+    GPU; and model_type mistral without a sliding window, which is Llama."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64}
+    w = write_tiny_hf(tmp_path / "l3", seed=3, dtype="BF16", rope_scaling=scaling)  # bf16: the GPU reads it
+    ref = hf_reference(w, TOKENS, inv_freq=llama3_inv_freq(16, 10000.0, 8.0, 1.0, 4.0, 64))
+    plain = hf_reference(w, TOKENS)
+    cpu = await oxinfer.Engine.load(tmp_path / "l3", cpu_int8=False)
+    close(await cpu.all_logits(TOKENS), ref)
+    assert np.abs(ref - plain).max() > 10 * 2e-4 * np.abs(ref).max()  # the scaling shows at this tolerance
+    if available(allow_cpu_adapter=True):  # the GPU reads the same table
+        gpu = await oxinfer.Engine.load(tmp_path / "l3", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+        close(await gpu.all_logits(TOKENS), ref)
+        assert gpu.resident is not None
+    w = write_tiny_hf(tmp_path / "mi", seed=4, model_type="mistral", sliding_window=None)
+    close(await (await oxinfer.Engine.load(tmp_path / "mi", cpu_int8=False)).all_logits(TOKENS), hf_reference(w, TOKENS))
+    _edit_config(tmp_path / "mi", sliding_window=32)
+    with pytest.raises(UnsupportedModelError, match=r"sliding_window = 32"):
+        oxinfer.Engine._load_sync(tmp_path / "mi")
 
 
 async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):
@@ -110,7 +150,7 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
     with pytest.raises(UnsupportedModelError, match=r"config\.json.*model_type = 'mamba'"):
         good(m)
     _edit_config(m, model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match=r"rope_scaling"):
+    with pytest.raises(UnsupportedModelError, match=r"rope_scaling of type 'yarn'"):
         good(m)
     _edit_config(m, rope_scaling=None)
     shard = sorted(m.glob("*.safetensors"))[1]

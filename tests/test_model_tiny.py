@@ -24,8 +24,10 @@ def reference_logits(path, tokens) -> np.ndarray:
     t = len(tokens)
     pos = np.arange(t)
 
-    def rope(x):  # (t, heads, hd): rotate pairs (2i, 2i+1) by pos * base^(-2i/hd)
-        ang = pos[:, None, None] * base ** (-np.arange(0, hd, 2) / hd)
+    factors = get("rope_freqs.weight") if "rope_freqs.weight" in f._tensors else 1.0
+
+    def rope(x):  # (t, heads, hd): rotate pairs (2i, 2i+1) by pos * base^(-2i/hd) / factor_i
+        ang = pos[:, None, None] * base ** (-np.arange(0, hd, 2) / hd) / factors
         a, b = x[..., ::2], x[..., 1::2]
         out = np.empty_like(x)
         out[..., ::2] = a * np.cos(ang) - b * np.sin(ang)
@@ -100,6 +102,17 @@ async def test_a_q4_k_m_style_mix_of_types_loads_and_matches_reference(tmp_path)
     np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
     b = e.model.blocks[0]
     assert (b.wq.qtype, b.wv.qtype, b.w_down.qtype, b.w_gate.qtype) == ("Q4_K", "Q6_K", "Q6_K", "Q4_K")
+
+
+async def test_rope_freqs_divide_the_rotation_frequencies(tmp_path):
+    """A GGUF with rope_freqs.weight (Llama 3.1's scaled rope as llama.cpp writes it)."""
+    factors = np.array([1.0, 1.5, 4.0, 8.0, 8.0, 8.0, 8.0, 8.0], np.float32)  # head_dim 16: 8 pairs
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=T.F32, seed=13, rope_freqs=factors)
+    e = await oxinfer.Engine.load(path, cpu_int8=False)
+    assert e.config.rope_freq_factors == tuple(factors.tolist())
+    tokens = list(np.random.default_rng(2).integers(0, 256, size=30))
+    ref = reference_logits(path, tokens)
+    np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
 
 
 async def test_incremental_decode_equals_one_batch(tmp_path):

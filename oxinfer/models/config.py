@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
 SUPPORTED_ARCHS = ("llama",)
+HF_ARCHS = ("llama", "mistral")  # config.json model_type: Mistral is Llama's skeleton
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,9 @@ class ModelConfig:
     rms_eps: float
     rope_base: float
     rope_dim: int
+    # per rotated pair, the factor its frequency is divided by (Llama 3.1's rope scaling; GGUF's
+    # rope_freqs.weight); None: plain rope
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def head_dim(self) -> int:
@@ -33,12 +37,16 @@ class ModelConfig:
         does not implement, fails here naming it."""
         where = d.path / "config.json"
         arch = d.cfg("model_type")
-        if arch not in SUPPORTED_ARCHS:
+        if arch not in HF_ARCHS:
             raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
-                                        f"(supported: {', '.join(SUPPORTED_ARCHS)})")
-        for key in ("rope_scaling", "attention_bias", "mlp_bias"):
+                                        f"(supported: {', '.join(HF_ARCHS)})")
+        for key in ("attention_bias", "mlp_bias"):
             if d.cfg(key, None):
                 raise UnsupportedModelError(f"{where}: {key} = {d.cfg(key)!r} is not supported yet")
+        window = d.cfg("sliding_window", None) if arch == "mistral" else None
+        if window is not None and window < int(d.cfg("max_position_embeddings", 2048)):
+            raise UnsupportedModelError(f"{where}: sliding_window = {window} is not supported yet "
+                                        "(attention over the whole context only)")
         if d.cfg("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
         d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
@@ -58,6 +66,8 @@ class ModelConfig:
             rms_eps=float(d.cfg("rms_norm_eps", 1e-5)),
             rope_base=float(d.cfg("rope_theta", 10000.0)),
             rope_dim=d_model // n_heads,
+            rope_freq_factors=_hf_rope_factors(d.cfg("rope_scaling", None), float(d.cfg("rope_theta", 10000.0)),
+                                               d_model // n_heads, where),
         )
 
     @classmethod
@@ -86,4 +96,29 @@ class ModelConfig:
             rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(a("rope.freq_base", 10000.0)),
             rope_dim=int(a("rope.dimension_count", d_model // n_heads)),
+            rope_freq_factors=tuple(float(v) for v in f.vector("rope_freqs.weight"))
+            if f.has_tensor("rope_freqs.weight") else None,
         )
+
+
+def _hf_rope_factors(scaling: dict | None, base: float, dim: int, where) -> tuple[float, ...] | None:
+    """config.json's rope_scaling as the factor each rotated pair's frequency is divided by.
+    "llama3" (Llama 3.1+): wavelengths shorter than original_max_position_embeddings /
+    high_freq_factor keep their frequency, those longer than .../low_freq_factor are divided by
+    `factor`, and the band between moves smoothly from one to the other."""
+    if not scaling:
+        return None
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return None
+    if kind != "llama3":
+        raise UnsupportedModelError(f"{where}: rope_scaling of type {kind!r} is not supported yet (llama3 only)")
+    import numpy as np
+
+    factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old = float(scaling["original_max_position_embeddings"])
+    freq = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    wavelen = 2 * np.pi / freq
+    smooth = np.clip((old / wavelen - low) / (high - low), 0.0, 1.0)  # 0: long wavelengths, 1: short
+    new = (1 - smooth) * freq / factor + smooth * freq
+    return tuple(float(v) for v in freq / new)

@@ -129,6 +129,8 @@ def rope_table(cfg: ModelConfig) -> np.ndarray:
     """Rope as complex rotations e^(i pos theta_j), (context, rope_dim/2) complex64, computed in
     float64 (f32 pos * theta drifts by ~1e-3 rad at 8k positions). The GPU reads the same table."""
     inv_freq = cfg.rope_base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
+    if cfg.rope_freq_factors is not None:  # Llama 3.1's scaled rope
+        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors, np.float64)
     ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
     return np.exp(1j * ang).astype(np.complex64)
 
