@@ -78,13 +78,15 @@ def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:
 def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
-                     mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None) -> Path:
+                     mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
+                     qkv_bias: bool = False) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
     for the matrices whose names contain a key (as llama.cpp's Q4_K_M keeps ffn_down in Q6_K).
     rope_freqs: the factors each rotated pair's frequency is divided by (llama.cpp writes Llama
-    3.1's scaled rope so, as the tensor rope_freqs.weight)."""
+    3.1's scaled rope so, as the tensor rope_freqs.weight). qkv_bias: q/k/v biases (Qwen2's; with
+    arch="qwen2" the q/k rows are in the rotate-half order of its NEOX rope, as llama.cpp leaves them)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
@@ -145,6 +147,9 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
         mat(p + "attn_q.weight", n_heads * hd, d)
         mat(p + "attn_k.weight", n_kv * hd, d)
         mat(p + "attn_v.weight", n_kv * hd, d)
+        if qkv_bias:
+            for n, rows in (("q", n_heads * hd), ("k", n_kv * hd), ("v", n_kv * hd)):
+                w.add_tensor(p + f"attn_{n}.bias", rng.normal(0, 0.5, rows).astype(np.float32))
         mat(p + "attn_output.weight", d, n_heads * hd)
         vec(p + "ffn_norm.weight", d)
         mat(p + "ffn_gate.weight", d_ff, d)
@@ -177,7 +182,7 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 
 def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
-                  model_type: str = "llama", **config) -> dict[str, np.ndarray]:
+                  model_type: str = "llama", qkv_bias: bool = False, **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys. Returns the weights by HF name, as float32 (bf16's
@@ -209,6 +214,8 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                                     ("mlp.gate_proj", (d_ff, d)), ("mlp.up_proj", (d_ff, d)),
                                     ("mlp.down_proj", (d, d_ff))):
             weights[p + name + ".weight"] = rng.normal(0, 0.5 / np.sqrt(n_in), (n_out, n_in))
+            if qkv_bias and name[-6:] in ("q_proj", "k_proj", "v_proj"):
+                weights[p + name + ".bias"] = rng.normal(0, 0.5, n_out)
     weights = {k: v.astype(np.float32) for k, v in weights.items()}
     if dtype == "BF16":  # the values the file holds
         weights = {k: ((v.view(np.uint32) >> 16) << 16).view(np.float32) for k, v in weights.items()}

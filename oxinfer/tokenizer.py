@@ -36,9 +36,10 @@ def _pre_tokenizer(pre: str):
         return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
     if pre in ("gpt-2", "gpt2", "default", "phi-2", "jina-es", "olmo"):
         return byte_level
-    if pre in ("llama-bpe", "llama3", "smaug-bpe"):
+    if pre in ("llama-bpe", "llama3", "smaug-bpe", "qwen2"):
+        split = _LLAMA3_SPLIT if pre != "qwen2" else _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # digits one by one
         return pt.Sequence([
-            pt.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+            pt.Split(Regex(split), behavior="isolated"),
             pt.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     raise UnsupportedModelError(f"tokenizer.ggml.pre = {pre!r} is not supported")

@@ -2,7 +2,8 @@
 // product); add: y += x (a residual that could not ride on a matmul's accumulate flag);
 // add_splits: y = (y if flags & 1) + the sum of the k slices of a split tiled product (matmul.wgsl);
 // copy_cols: n columns of g (row stride k, from column flags) into y (row stride `stride`, from
-// column `col`): q, k and v of different types, multiplied apart, side by side for attention.
+// column `col`): q, k and v of different types, multiplied apart, side by side for attention;
+// add_bias: y[r, i] += g[i] (Qwen2's q|k|v bias).
 
 @group(0) @binding(2) var<storage, read> g: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
@@ -53,4 +54,14 @@ fn copy_cols(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     y[r * P.stride + P.col + i] = g[r * P.k + P.flags + i];
+}
+
+@compute @workgroup_size(64)
+fn add_bias(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let r = gid.y;
+    if (i >= P.n || r >= P.t) {
+        return;
+    }
+    y[r * P.n + i] += g[i];
 }

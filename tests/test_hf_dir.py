@@ -46,9 +46,10 @@ def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv
     for i in range(layers):
         p = f"model.layers.{i}."
         h = norm(x, w[p + "input_layernorm.weight"])
-        q = (h @ w[p + "self_attn.q_proj.weight"].T).reshape(t, n_heads, hd)
-        k = (h @ w[p + "self_attn.k_proj.weight"].T).reshape(t, n_kv, hd)
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(t, n_kv, hd)
+        b = lambda n: w.get(p + f"self_attn.{n}_proj.bias", 0.0)  # noqa: E731 - Qwen2's biases
+        q = (h @ w[p + "self_attn.q_proj.weight"].T + b("q")).reshape(t, n_heads, hd)
+        k = (h @ w[p + "self_attn.k_proj.weight"].T + b("k")).reshape(t, n_kv, hd)
+        v = (h @ w[p + "self_attn.v_proj.weight"].T + b("v")).reshape(t, n_kv, hd)
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
         out = np.zeros((t, n_heads, hd))
         for head in range(n_heads):
@@ -99,6 +100,22 @@ async def test_llama3_rope_scaling_and_a_mistral_directory(tmp_path):
     _edit_config(tmp_path / "mi", sliding_window=32)
     with pytest.raises(UnsupportedModelError, match=r"sliding_window = 32"):
         oxinfer.Engine._load_sync(tmp_path / "mi")
+
+
+async def test_a_qwen2_directory_with_q_k_v_biases(tmp_path):
+    """model_type qwen2: biases on q, k and v (q and k reordered with their rows), on the CPU and
+    the GPU (bf16)."""
+    w = write_tiny_hf(tmp_path / "q", seed=5, dtype="BF16", model_type="qwen2", qkv_bias=True, rope_theta=1e6)
+    ref = hf_reference(w, TOKENS, base=1e6)
+    cpu = await oxinfer.Engine.load(tmp_path / "q", cpu_int8=False)
+    assert cpu.model.blocks[0].qkv_bias is not None
+    close(await cpu.all_logits(TOKENS), ref)
+    if available(allow_cpu_adapter=True):
+        gpu = await oxinfer.Engine.load(tmp_path / "q", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+        close(await gpu.all_logits(TOKENS), ref)
+        params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
+        assert gpu.resident is not None
 
 
 async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):

@@ -17,7 +17,10 @@ def reference_logits(path, tokens) -> np.ndarray:
     """Logits at every position, written from the paper's equations with gguf-py's dequantizer."""
     f = GGUFFile(path)
     get = lambda n: quants.dequantize(np.asarray(f._tensors[n].data), f._tensors[n].tensor_type).astype(np.float64)  # noqa: E731
-    arch = lambda k: f.get("llama." + k)  # noqa: E731
+    name = f.get("general.architecture")
+    arch = lambda k: f.get(f"{name}." + k)  # noqa: E731
+    neox = name == "qwen2"  # its rope rotates (i, i + hd/2), on rows as llama.cpp's converter leaves them
+    bias = lambda n: get(n) if n in f._tensors else 0.0  # noqa: E731
     d, H, KV = arch("embedding_length"), arch("attention.head_count"), arch("attention.head_count_kv")
     hd, eps, base = d // H, arch("attention.layer_norm_rms_epsilon"), arch("rope.freq_base")
     norm = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w  # noqa: E731
@@ -26,21 +29,19 @@ def reference_logits(path, tokens) -> np.ndarray:
 
     factors = get("rope_freqs.weight") if "rope_freqs.weight" in f._tensors else 1.0
 
-    def rope(x):  # (t, heads, hd): rotate pairs (2i, 2i+1) by pos * base^(-2i/hd) / factor_i
+    def rope(x):  # (t, heads, hd): rotate pairs (2i, 2i+1), or (i, i + hd/2), by pos * base^(-2i/hd) / factor_i
         ang = pos[:, None, None] * base ** (-np.arange(0, hd, 2) / hd) / factors
-        a, b = x[..., ::2], x[..., 1::2]
-        out = np.empty_like(x)
-        out[..., ::2] = a * np.cos(ang) - b * np.sin(ang)
-        out[..., 1::2] = a * np.sin(ang) + b * np.cos(ang)
-        return out
+        a, b = (x[..., :hd // 2], x[..., hd // 2:]) if neox else (x[..., ::2], x[..., 1::2])
+        ra, rb = a * np.cos(ang) - b * np.sin(ang), a * np.sin(ang) + b * np.cos(ang)
+        return np.concatenate([ra, rb], -1) if neox else np.stack([ra, rb], -1).reshape(x.shape)
 
     x = get("token_embd.weight")[tokens]
     for i in range(arch("block_count")):
         p = f"blk.{i}."
         h = norm(x, get(p + "attn_norm.weight"))
-        q = rope((h @ get(p + "attn_q.weight").T).reshape(t, H, hd))
-        k = rope((h @ get(p + "attn_k.weight").T).reshape(t, KV, hd))
-        v = (h @ get(p + "attn_v.weight").T).reshape(t, KV, hd)
+        q = rope((h @ get(p + "attn_q.weight").T + bias(p + "attn_q.bias")).reshape(t, H, hd))
+        k = rope((h @ get(p + "attn_k.weight").T + bias(p + "attn_k.bias")).reshape(t, KV, hd))
+        v = (h @ get(p + "attn_v.weight").T + bias(p + "attn_v.bias")).reshape(t, KV, hd)
         out = np.zeros((t, H, hd))
         for head in range(H):
             kv = head // (H // KV)
@@ -113,6 +114,18 @@ async def test_rope_freqs_divide_the_rotation_frequencies(tmp_path):
     tokens = list(np.random.default_rng(2).integers(0, 256, size=30))
     ref = reference_logits(path, tokens)
     np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("cpu_int8", [False, True])
+async def test_a_qwen2_gguf_with_biases_and_neox_rope_matches_reference(tmp_path, cpu_int8):
+    """general.architecture qwen2: q/k/v biases, and q/k rows for the rope of each head's halves
+    (reordered at load into the adjacent pairs the ops rotate)."""
+    path = write_tiny_llama(tmp_path / "m.gguf", arch="qwen2", qtype=T.Q8_0, qkv_bias=True, seed=14, tied=False)
+    e = await oxinfer.Engine.load(path, cpu_int8=cpu_int8)
+    tokens = list(np.random.default_rng(3).integers(0, 256, size=13))
+    ref = reference_logits(path, tokens)
+    tol = 2e-2 if cpu_int8 else 2e-4
+    np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=tol * np.abs(ref).max())
 
 
 async def test_incremental_decode_equals_one_batch(tmp_path):

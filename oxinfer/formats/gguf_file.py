@@ -20,6 +20,8 @@ GGUF_MAGIC = b"GGUF"
 class GGUFFile:
     """Metadata and tensors of one .gguf file. Tensor bytes stay memory-mapped."""
 
+    rope_halves = False  # q/k rows as llama.cpp's converter leaves them (by architecture: models/llama.py)
+
     def __init__(self, path: str | Path):
         from gguf import GGUFReader  # heavy import, only when a file is opened
 

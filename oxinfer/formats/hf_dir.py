@@ -5,9 +5,9 @@ Weights: `model.safetensors`, or the shards `model.safetensors.index.json` names
 file is an 8-byte little-endian header length, a JSON header ({name: {dtype, shape,
 data_offsets}}), then the raw tensors; they are memory-mapped with numpy and stay in their
 dtype (bf16 stays bf16: the GPU kernels read it; the safetensors package's numpy API has no
-bf16). HF keeps q/k rows in the order its rotate-half rope expects; GGUF's converter permutes
-them for llama.cpp's rope of adjacent pairs, which oxinfer's ops use: `_rope_rows` does the
-same permutation here, once, at load (a reordering of rows: no value changes).
+bf16). HF keeps q/k rows in the order its rotate-half rope expects (`rope_halves`); GGUF's
+converter permutes Llama's for the rope of adjacent pairs, which oxinfer's ops use, and the
+model reorders these the same way at load (`models/llama.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,9 @@ DTYPES = {"F32": ("F32", 4), "F16": ("F16", 2), "BF16": ("BF16", 2)}  # safetens
 # GGUF name pieces -> HF names (blk.{i}. -> model.layers.{i}.)
 _GLOBAL = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
-_LAYER = {"attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
+_LAYER = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
+          "attn_v.bias": "self_attn.v_proj.bias",
+          "attn_norm.weight": "input_layernorm.weight", "attn_q.weight": "self_attn.q_proj.weight",
           "attn_k.weight": "self_attn.k_proj.weight", "attn_v.weight": "self_attn.v_proj.weight",
           "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
           "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
@@ -80,6 +82,8 @@ class _Safetensors:
 
 class HFDirectory:
     """config.json, the weights and the tokenizer files of an HF model directory."""
+
+    rope_halves = True  # q/k rows for HF's rotate-half rope (the model reorders them at load)
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -147,23 +151,10 @@ class HFDirectory:
         if len(shape) != 2:
             raise ModelFormatError(f"{self.path}: tensor {hf!r} has shape {shape}, expected 2-D")
         n_out, n_in = shape
-        data = data.reshape(n_out, -1)
-        if name.endswith(("attn_q.weight", "attn_k.weight")):
-            heads = self.cfg("num_attention_heads") if name.endswith("attn_q.weight") else \
-                self.cfg("num_key_value_heads", self.cfg("num_attention_heads"))
-            data = _rope_rows(data, heads)
-        return QuantMatrix(name, DTYPES[dtype][0], n_out, n_in, data)
+        return QuantMatrix(name, DTYPES[dtype][0], n_out, n_in, data.reshape(n_out, -1))
 
     def vector(self, name: str) -> np.ndarray:
         hf, dtype, shape, data = self._raw(name)
         from oxinfer.formats.quants import codec
 
         return codec(DTYPES[dtype][0], hf).dequantize(data, int(np.prod(shape)))
-
-
-def _rope_rows(rows: np.ndarray, heads: int) -> np.ndarray:
-    """HF's q/k rows -> GGUF's: within each head, rows i and hd/2 + i (the pair HF's rope rotates)
-    become rows 2i and 2i + 1 (the pair oxinfer's rotates). A copy, in the stored bytes."""
-    n, width = rows.shape
-    hd = n // heads
-    return np.ascontiguousarray(rows.reshape(heads, 2, hd // 2, width).swapaxes(1, 2).reshape(n, width))

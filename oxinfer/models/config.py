@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
-SUPPORTED_ARCHS = ("llama",)
-HF_ARCHS = ("llama", "mistral")  # config.json model_type: Mistral is Llama's skeleton
+SUPPORTED_ARCHS = ("llama", "qwen2")  # GGUF general.architecture
+HF_ARCHS = ("llama", "mistral", "qwen2")  # config.json model_type: Llama's skeleton, with switches
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class ModelConfig:
         if arch not in HF_ARCHS:
             raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
                                         f"(supported: {', '.join(HF_ARCHS)})")
-        for key in ("attention_bias", "mlp_bias"):
+        for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are its own (not attention_bias)
             if d.cfg(key, None):
                 raise UnsupportedModelError(f"{where}: {key} = {d.cfg(key)!r} is not supported yet")
         window = d.cfg("sliding_window", None) if arch == "mistral" else None

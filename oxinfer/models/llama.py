@@ -28,6 +28,26 @@ class Block:
     w_gate: QuantMatrix  # (d_ff, d)           gate/up: row views of one fused matrix
     w_up: QuantMatrix  # (d_ff, d)
     w_down: QuantMatrix  # (d, d_ff)
+    qkv_bias: np.ndarray | None = None  # ((H + 2 KV) * hd,) Qwen2's q|k|v bias
+
+
+NEOX_ARCHS = ("qwen2",)  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
+
+
+def pair_rope_rows(w, heads: int):
+    """A q or k matrix (or bias) in rotate-half order -> adjacent-pair order: within each head,
+    rows i and hd/2 + i become rows 2i and 2i + 1. Rows only move: no value changes."""
+    if isinstance(w, np.ndarray):
+        n = len(w)
+        return np.ascontiguousarray(w.reshape(heads, 2, n // heads // 2).swapaxes(1, 2).reshape(n))
+    data = pair_rope_rows_bytes(w.data, heads)
+    return QuantMatrix(w.name, w.qtype, w.n_out, w.n_in, data)
+
+
+def pair_rope_rows_bytes(rows: np.ndarray, heads: int) -> np.ndarray:
+    """(n, row bytes) in rotate-half row order -> adjacent-pair order (see pair_rope_rows)."""
+    n, width = rows.shape
+    return np.ascontiguousarray(rows.reshape(heads, 2, n // heads // 2, width).swapaxes(1, 2).reshape(n, width))
 
 
 class Llama:
@@ -44,16 +64,31 @@ class Llama:
 
     @classmethod
     def from_gguf(cls, f, cfg: ModelConfig, ops) -> Llama:
-        """Map GGUF tensor names once; q/k/v and gate/up are fused here, not in forward."""
+        """Map GGUF tensor names once (an HF directory answers to them too); q/k/v and gate/up are
+        fused here, not in forward. q/k rows (and biases) stored for a rope that rotates each
+        head's halves (every HF directory; GGUFs of NEOX-rope architectures such as Qwen2) are
+        reordered once into the adjacent pairs the ops rotate (llama.cpp's converter does the same
+        for Llama GGUFs)."""
+        neox = f.rope_halves or cfg.arch in NEOX_ARCHS
+        heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads, "v": None}
         blocks = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", [f.matrix(p + f"attn_{n}.weight") for n in "qkv"])
+            qkv = [f.matrix(p + f"attn_{n}.weight") for n in "qkv"]
+            bias = None
+            if f.has_tensor(p + "attn_q.bias"):
+                bias = [f.vector(p + f"attn_{n}.bias") for n in "qkv"]
+            if neox:
+                qkv = [pair_rope_rows(m, heads[n]) if heads[n] else m for m, n in zip(qkv, "qkv")]
+                if bias is not None:
+                    bias = [pair_rope_rows(b, heads[n]) if heads[n] else b for b, n in zip(bias, "qkv")]
+            wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", qkv)
             gate, up = QuantMatrix.fuse(p + "ffn_gate_up", [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")])
             blocks.append(Block(
                 attn_norm=f.vector(p + "attn_norm.weight"), wq=wq, wk=wk, wv=wv,
                 wo=f.matrix(p + "attn_output.weight"), ffn_norm=f.vector(p + "ffn_norm.weight"),
                 w_gate=gate, w_up=up, w_down=f.matrix(p + "ffn_down.weight"),
+                qkv_bias=None if bias is None else np.concatenate(bias).astype(np.float32),
             ))
         embed = f.matrix("token_embd.weight")
         head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
@@ -101,6 +136,8 @@ class Llama:
         for li, b in enumerate(self.blocks):
             h = ops.rms_norm(x, b.attn_norm, c.rms_eps)
             q, k, v = await ops.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (T, H*hd), (T, KV*hd) x2
+            if b.qkv_bias is not None:
+                q, k, v = ops.add_bias((q, k, v), b.qkv_bias)
             a = ops.attention(li, q, k, v, step)  # rope, scale, cache append, causal GQA -> (T, H*hd)
             x = ops.add(x, (await ops.linear(a, b.wo, tag=tag))[0])
             h = ops.rms_norm(x, b.ffn_norm, c.rms_eps)

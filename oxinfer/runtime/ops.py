@@ -1,7 +1,7 @@
 """The ops a model's forward is written in, run eagerly on the CPU.
 
-The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `attention`, `silu_mul`,
-`add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
+The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias`, `attention`,
+`silu_mul`, `add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
 through the matmul scheduler, which batches them across requests); runtime/resident.py records
 the same calls as GPU dispatches of one submission per step.
 
@@ -92,6 +92,15 @@ class CpuOps:
     @staticmethod
     def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
+
+    @staticmethod
+    def add_bias(xs: tuple[np.ndarray, ...], bias: np.ndarray) -> list[np.ndarray]:
+        """Each of xs plus its slice of bias (the columns of xs side by side)."""
+        out, c = [], 0
+        for x in xs:
+            out.append(x + bias[c:c + x.shape[1]])
+            c += x.shape[1]
+        return out
 
     @staticmethod
     def last_rows(x: np.ndarray, seqs: list[np.ndarray]) -> np.ndarray:

@@ -292,6 +292,18 @@ class Recorder:
         attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out
 
+    def add_bias(self, xs: tuple[DTensor, ...], bias: np.ndarray) -> tuple[DTensor, ...]:
+        """xs (the column slices of one product, side by side from column 0) plus bias, in place."""
+        n = sum(x.cols for x in xs)
+        if not (len({id(x.buf) for x in xs}) == 1 and xs[0].col0 == 0 and xs[0].stride == n
+                and all(b.col0 == a.col0 + a.cols for a, b in zip(xs, xs[1:]))):
+            raise NotImplementedError("add_bias on the GPU takes the slices of one fused product")
+        self._reads(*xs)
+        rows = xs[0].rows
+        self._record("elementwise:add_bias", {2: self.r.vector(bias), 3: xs[0].buf}, [0, n], rows,
+                     lambda k, t: (-(-n // 64), t, 1))
+        return xs
+
     def silu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
         ff = gate.cols
         if not (gate.buf is up.buf and gate.col0 == 0 and up.col0 == ff and gate.stride == 2 * ff):
