@@ -64,6 +64,26 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def _trim() -> None:
+    """Give the heap's free pages back to the OS. Building a kernel copies its weights through an
+    ONNX proto (values, serialized model, onnxruntime's parse) and glibc keeps the freed copies:
+    a kernel for 18 MB of int8 weights left RSS 120 MiB higher, 50 after a trim; the default
+    model's load peaked at 906 MiB (measured on the dev VM)."""
+    libc = _threads.get("libc")
+    if libc is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            libc.malloc_trim  # noqa: B018 - glibc only
+        except (OSError, AttributeError):
+            libc = False
+        _threads["libc"] = libc
+    if libc:
+        libc.malloc_trim(0)
+
+
 def supports(w: QuantMatrix) -> bool:
     return w.codec.int8 and w.codec.block_size % BLOCK == 0
 
@@ -98,6 +118,8 @@ class BlockwiseKernel:
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3  # errors only
         self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        del model, graph, values, scales
+        _trim()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         return self._session.run(["y"], {"x": np.ascontiguousarray(x, np.float32)})[0]
