@@ -655,11 +655,15 @@ class ResidentRunner:
         return got
 
     def _plan(self, prog: _Program, t: int, n: int) -> _Plan:
-        """The calls that encode a step of t rows of n sequences, and each dispatch's prologue
-        (Params.pre), built once per shape: a decode step of a steady batch
-        re-encodes a list, nothing else. A matvec whose prologue can do the norm or swiglu before
-        it takes that dispatch's place, and so does attend_decode rope_kv's in a step of one row a
-        sequence: a one-token decode step runs 5 dispatches a layer instead of 9."""
+        """The calls that encode a step of t rows of n sequences, and the uniform words the shape
+        decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
+        else. What the shape decides, per dispatch:
+        - the matmul kind (kernel_for);
+        - fusions: a matvec whose prologue can do the norm or swiglu before it takes that
+          dispatch's place, and attend_decode rope_kv's in a step of one row a sequence (a
+          one-token decode step runs 5 dispatches a layer instead of 9);
+        - attend_rows for one sequence's many rows (a prompt);
+        - k slices for a tiled product short of workgroups (splits_for), then its add_splits."""
         plan = prog.plans.get((t, n))
         if plan is None:
             disps = prog.disps
