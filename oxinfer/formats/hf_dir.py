@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from oxinfer.errors import ModelFormatError, UnsupportedQuantError
-from oxinfer.formats.quants import QuantMatrix
+from oxinfer.formats.quants import QuantMatrix, codec
 
 DTYPES = {"F32": ("F32", 4), "F16": ("F16", 2), "BF16": ("BF16", 2)}  # safetensors dtype -> (codec, bytes)
 
@@ -155,6 +155,4 @@ class HFDirectory:
 
     def vector(self, name: str) -> np.ndarray:
         hf, dtype, shape, data = self._raw(name)
-        from oxinfer.formats.quants import codec
-
         return codec(DTYPES[dtype][0], hf).dequantize(data, int(np.prod(shape)))
