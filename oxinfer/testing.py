@@ -79,14 +79,15 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
-                     qkv_bias: bool = False) -> Path:
+                     qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
     for the matrices whose names contain a key (as llama.cpp's Q4_K_M keeps ffn_down in Q6_K).
     rope_freqs: the factors each rotated pair's frequency is divided by (llama.cpp writes Llama
     3.1's scaled rope so, as the tensor rope_freqs.weight). qkv_bias: q/k/v biases (Qwen2's; with
-    arch="qwen2" the q/k rows are in the rotate-half order of its NEOX rope, as llama.cpp leaves them)."""
+    arch="qwen2" the q/k rows are in the rotate-half order of its NEOX rope, as llama.cpp leaves them).
+    head_dim: heads wider than d / n_heads (Qwen3's); qk_norm: Qwen3's RMSNorm weights per q/k head."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
@@ -100,7 +101,11 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     w.add_context_length(context)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(d // n_heads)
+    hd = head_dim or d // n_heads
+    w.add_rope_dimension_count(hd)
+    if head_dim:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
@@ -140,7 +145,6 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     if not tied:
         mat("output.weight", vocab, d)
     vec("output_norm.weight", d)
-    hd = d // n_heads
     for i in range(n_layers):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", d)
@@ -150,6 +154,9 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
         if qkv_bias:
             for n, rows in (("q", n_heads * hd), ("k", n_kv * hd), ("v", n_kv * hd)):
                 w.add_tensor(p + f"attn_{n}.bias", rng.normal(0, 0.5, rows).astype(np.float32))
+        if qk_norm:
+            vec(p + "attn_q_norm.weight", hd)
+            vec(p + "attn_k_norm.weight", hd)
         mat(p + "attn_output.weight", d, n_heads * hd)
         vec(p + "ffn_norm.weight", d)
         mat(p + "ffn_gate.weight", d_ff, d)
@@ -182,7 +189,8 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 
 def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
-                  model_type: str = "llama", qkv_bias: bool = False, **config) -> dict[str, np.ndarray]:
+                  model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
+                  qk_norm: bool = False, **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys. Returns the weights by HF name, as float32 (bf16's
@@ -200,14 +208,17 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     tk.decoder = decoders.ByteLevel()
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens[256:]])
     tk.save(str(path / "tokenizer.json"))
-    hd = d // n_heads
+    hd = head_dim or d // n_heads
     weights = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, d)),
                "model.norm.weight": 1 + 0.1 * rng.normal(size=d)}
     if not tied:
         weights["lm_head.weight"] = rng.normal(0, 0.5 / np.sqrt(d), (vocab, d))
     for i in range(n_layers):
         p = f"model.layers.{i}."
-        for name, shape in (("input_layernorm", (d,)), ("post_attention_layernorm", (d,))):
+        norms = (("input_layernorm", (d,)), ("post_attention_layernorm", (d,)))
+        if qk_norm:
+            norms += (("self_attn.q_norm", (hd,)), ("self_attn.k_norm", (hd,)))
+        for name, shape in norms:
             weights[p + name + ".weight"] = 1 + 0.1 * rng.normal(size=shape)
         for name, (n_out, n_in) in (("self_attn.q_proj", (n_heads * hd, d)), ("self_attn.k_proj", (n_kv * hd, d)),
                                     ("self_attn.v_proj", (n_kv * hd, d)), ("self_attn.o_proj", (d, n_heads * hd)),
@@ -238,7 +249,7 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
         "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
         "intermediate_size": d_ff, "vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": tied, "torch_dtype": "float32",
-        **config}))
+        **({"head_dim": hd} if head_dim else {}), **config}))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False,
         "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -1,6 +1,10 @@
 // rms_norm: y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, one workgroup of 256 per row (as the numpy op:
 // the mean over the row, then one reciprocal). With flags & 1 the rows are the last row of each
 // sequence (rows_info SEQ_LAST): the final norm gathers the rows whose logits are wanted.
+//
+// head_norm: the same norm over each head of P.n values of a row of z (row stride P.stride, from
+// column P.col: q or k inside the q|k|v product), in place, one workgroup of 64 per (head, row):
+// Qwen3's q/k norm.
 
 @group(0) @binding(1) var<storage, read> rows_info: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
@@ -36,5 +40,33 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
     for (var i = lid; i < P.n; i += 256u) {
         y[r * P.n + i] = x[xo + i] * inv * w[i];
+    }
+}
+
+@group(0) @binding(5) var<storage, read_write> z: array<f32>;
+
+@compute @workgroup_size(64)
+fn head_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y;
+    if (r >= P.t) {
+        return;
+    }
+    let o = r * P.stride + P.col + wid.x * P.n;
+    var s = 0.0;
+    for (var i = lid; i < P.n; i += 64u) {
+        let v = z[o + i];
+        s += v * v;
+    }
+    red[lid] = s;
+    workgroupBarrier();
+    for (var k = 32u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
+    for (var i = lid; i < P.n; i += 64u) {
+        z[o + i] = z[o + i] * inv * w[i];
     }
 }

@@ -30,12 +30,13 @@ def llama3_inv_freq(hd, base, factor, low, high, old):
     return np.array(out)
 
 
-def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv_freq=None) -> np.ndarray:
-    """Logits at every position, as transformers' LlamaForCausalLM computes them, in float64."""
+def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv_freq=None, hd=None) -> np.ndarray:
+    """Logits at every position, as transformers' LlamaForCausalLM (Qwen2/3: their q/k/v biases,
+    their q/k norms) computes them, in float64."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     x = w["model.embed_tokens.weight"][tokens]
     t, d = x.shape
-    hd = d // n_heads
+    hd = hd or d // n_heads
     norm = lambda x, g: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * g  # noqa: E731
     if inv_freq is None:
         inv_freq = base ** (-np.arange(0, hd, 2) / hd)
@@ -50,6 +51,8 @@ def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv
         q = (h @ w[p + "self_attn.q_proj.weight"].T + b("q")).reshape(t, n_heads, hd)
         k = (h @ w[p + "self_attn.k_proj.weight"].T + b("k")).reshape(t, n_kv, hd)
         v = (h @ w[p + "self_attn.v_proj.weight"].T + b("v")).reshape(t, n_kv, hd)
+        if p + "self_attn.q_norm.weight" in w:  # Qwen3
+            q, k = norm(q, w[p + "self_attn.q_norm.weight"]), norm(k, w[p + "self_attn.k_norm.weight"])
         q, k = q * cos + rot(q) * sin, k * cos + rot(k) * sin
         out = np.zeros((t, n_heads, hd))
         for head in range(n_heads):
@@ -58,7 +61,7 @@ def hf_reference(w: dict, tokens, n_heads=4, n_kv=2, eps=1e-5, base=10000.0, inv
             s[np.triu_indices(t, 1)] = -np.inf
             pr = np.exp(s - s.max(-1, keepdims=True))
             out[:, head] = pr / pr.sum(-1, keepdims=True) @ v[:, kv]
-        x = x + out.reshape(t, d) @ w[p + "self_attn.o_proj.weight"].T
+        x = x + out.reshape(t, n_heads * hd) @ w[p + "self_attn.o_proj.weight"].T
         h = norm(x, w[p + "post_attention_layernorm.weight"])
         g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
         x = x + (g / (1 + np.exp(-g)) * u) @ w[p + "mlp.down_proj.weight"].T
@@ -112,6 +115,21 @@ async def test_a_qwen2_directory_with_q_k_v_biases(tmp_path):
     close(await cpu.all_logits(TOKENS), ref)
     if available(allow_cpu_adapter=True):
         gpu = await oxinfer.Engine.load(tmp_path / "q", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+        close(await gpu.all_logits(TOKENS), ref)
+        params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
+        assert gpu.resident is not None
+
+
+async def test_a_qwen3_directory_with_q_k_norms_and_wide_heads(tmp_path):
+    """model_type qwen3: RMSNorm over each q and k head, heads of 32 dims in a 64-wide model; on the
+    CPU and the GPU (bf16), prefill and decode."""
+    w = write_tiny_hf(tmp_path / "q3", seed=6, dtype="BF16", model_type="qwen3", qk_norm=True, head_dim=32)
+    ref = hf_reference(w, TOKENS, hd=32)
+    cpu = await oxinfer.Engine.load(tmp_path / "q3", cpu_int8=False)
+    close(await cpu.all_logits(TOKENS), ref)
+    if available(allow_cpu_adapter=True):
+        gpu = await oxinfer.Engine.load(tmp_path / "q3", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
         close(await gpu.all_logits(TOKENS), ref)
         params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
         assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids

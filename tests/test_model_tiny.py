@@ -19,10 +19,11 @@ def reference_logits(path, tokens) -> np.ndarray:
     get = lambda n: quants.dequantize(np.asarray(f._tensors[n].data), f._tensors[n].tensor_type).astype(np.float64)  # noqa: E731
     name = f.get("general.architecture")
     arch = lambda k: f.get(f"{name}." + k)  # noqa: E731
-    neox = name == "qwen2"  # its rope rotates (i, i + hd/2), on rows as llama.cpp's converter leaves them
+    neox = name in ("qwen2", "qwen3")  # rope of (i, i + hd/2), on rows as llama.cpp's converter leaves them
     bias = lambda n: get(n) if n in f._tensors else 0.0  # noqa: E731
     d, H, KV = arch("embedding_length"), arch("attention.head_count"), arch("attention.head_count_kv")
-    hd, eps, base = d // H, arch("attention.layer_norm_rms_epsilon"), arch("rope.freq_base")
+    hd = f.get(f"{name}.attention.key_length", d // H)
+    eps, base = arch("attention.layer_norm_rms_epsilon"), arch("rope.freq_base")
     norm = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w  # noqa: E731
     t = len(tokens)
     pos = np.arange(t)
@@ -39,8 +40,9 @@ def reference_logits(path, tokens) -> np.ndarray:
     for i in range(arch("block_count")):
         p = f"blk.{i}."
         h = norm(x, get(p + "attn_norm.weight"))
-        q = rope((h @ get(p + "attn_q.weight").T + bias(p + "attn_q.bias")).reshape(t, H, hd))
-        k = rope((h @ get(p + "attn_k.weight").T + bias(p + "attn_k.bias")).reshape(t, KV, hd))
+        qn = lambda x, n: norm(x, get(p + f"attn_{n}_norm.weight")) if p + f"attn_{n}_norm.weight" in f._tensors else x  # noqa: E731
+        q = rope(qn((h @ get(p + "attn_q.weight").T + bias(p + "attn_q.bias")).reshape(t, H, hd), "q"))
+        k = rope(qn((h @ get(p + "attn_k.weight").T + bias(p + "attn_k.bias")).reshape(t, KV, hd), "k"))
         v = (h @ get(p + "attn_v.weight").T + bias(p + "attn_v.bias")).reshape(t, KV, hd)
         out = np.zeros((t, H, hd))
         for head in range(H):
@@ -49,7 +51,7 @@ def reference_logits(path, tokens) -> np.ndarray:
             s[np.triu_indices(t, 1)] = -np.inf
             pr = np.exp(s - s.max(-1, keepdims=True))
             out[:, head] = (pr / pr.sum(-1, keepdims=True)) @ v[:, kv]
-        x = x + out.reshape(t, d) @ get(p + "attn_output.weight").T
+        x = x + out.reshape(t, H * hd) @ get(p + "attn_output.weight").T
         h = norm(x, get(p + "ffn_norm.weight"))
         g, u = h @ get(p + "ffn_gate.weight").T, h @ get(p + "ffn_up.weight").T
         x = x + (g / (1 + np.exp(-g)) * u) @ get(p + "ffn_down.weight").T
@@ -126,6 +128,17 @@ async def test_a_qwen2_gguf_with_biases_and_neox_rope_matches_reference(tmp_path
     ref = reference_logits(path, tokens)
     tol = 2e-2 if cpu_int8 else 2e-4
     np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
+async def test_a_qwen3_gguf_with_q_k_norms_and_wide_heads_matches_reference(tmp_path):
+    """general.architecture qwen3: an RMSNorm over each q and k head before rope, and heads of
+    32 dims where d / n_heads is 16 (q is 128 wide for a 64-wide model)."""
+    path = write_tiny_llama(tmp_path / "m.gguf", arch="qwen3", qtype=T.F32, qk_norm=True, head_dim=32, seed=15)
+    e = await oxinfer.Engine.load(path, cpu_int8=False)
+    assert e.config.head_dim == 32 and e.model.blocks[0].wq.n_out == 128
+    tokens = list(np.random.default_rng(4).integers(0, 256, size=13))
+    ref = reference_logits(path, tokens)
+    np.testing.assert_allclose(await e.all_logits(tokens), ref, rtol=0, atol=2e-4 * np.abs(ref).max())
 
 
 async def test_incremental_decode_equals_one_batch(tmp_path):

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
-SUPPORTED_ARCHS = ("llama", "qwen2")  # GGUF general.architecture
-HF_ARCHS = ("llama", "mistral", "qwen2")  # config.json model_type: Llama's skeleton, with switches
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture
+HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # config.json model_type: Llama's skeleton, with switches
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,11 @@ class ModelConfig:
     # per rotated pair, the factor its frequency is divided by (Llama 3.1's rope scaling; GGUF's
     # rope_freqs.weight); None: plain rope
     rope_freq_factors: tuple[float, ...] | None = None
+    head_dim: int = 0  # 0: d_model / n_heads (Qwen3's heads are wider: q is n_heads * head_dim)
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
+    def __post_init__(self):
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
     @classmethod
     def from_hf(cls, d) -> ModelConfig:
@@ -51,9 +52,10 @@ class ModelConfig:
             raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
         d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
         n_kv = int(d.cfg("num_key_value_heads", n_heads))
-        if d_model % n_heads or n_heads % n_kv or int(d.cfg("head_dim", d_model // n_heads)) != d_model // n_heads:
+        head_dim = int(d.cfg("head_dim", None) or d_model // n_heads)
+        if n_heads % n_kv or head_dim % 2 or (arch != "qwen3" and head_dim * n_heads != d_model):
             raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
-                                   f"head_dim {d.cfg('head_dim', None)} do not fit together")
+                                   f"head_dim {head_dim} do not fit together")
         return cls(
             arch=arch,
             n_layers=int(d.cfg("num_hidden_layers")),
@@ -65,9 +67,10 @@ class ModelConfig:
             context_length=int(d.cfg("max_position_embeddings", 2048)),
             rms_eps=float(d.cfg("rms_norm_eps", 1e-5)),
             rope_base=float(d.cfg("rope_theta", 10000.0)),
-            rope_dim=d_model // n_heads,
+            rope_dim=head_dim,
             rope_freq_factors=_hf_rope_factors(d.cfg("rope_scaling", None), float(d.cfg("rope_theta", 10000.0)),
-                                               d_model // n_heads, where),
+                                               head_dim, where),
+            head_dim=head_dim,
         )
 
     @classmethod
@@ -81,8 +84,9 @@ class ModelConfig:
         a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
-        if d_model % n_heads or n_heads % n_kv:
-            raise ModelFormatError(f"{arch}: {d_model=} {n_heads=} {n_kv=} do not divide")
+        head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
+        if n_heads % n_kv or head_dim % 2 or (arch != "qwen3" and head_dim * n_heads != d_model):
+            raise ModelFormatError(f"{arch}: {d_model=} {n_heads=} {n_kv=} {head_dim=} do not divide")
         vocab = a("vocab_size", None) or len(f.get("tokenizer.ggml.tokens"))
         return cls(
             arch=arch,
@@ -95,9 +99,10 @@ class ModelConfig:
             context_length=int(a("context_length", 2048)),
             rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_base=float(a("rope.freq_base", 10000.0)),
-            rope_dim=int(a("rope.dimension_count", d_model // n_heads)),
+            rope_dim=int(a("rope.dimension_count", head_dim)),
             rope_freq_factors=tuple(float(v) for v in f.vector("rope_freqs.weight"))
             if f.has_tensor("rope_freqs.weight") else None,
+            head_dim=head_dim,
         )
 
 

@@ -29,9 +29,11 @@ class Block:
     w_up: QuantMatrix  # (d_ff, d)
     w_down: QuantMatrix  # (d, d_ff)
     qkv_bias: np.ndarray | None = None  # ((H + 2 KV) * hd,) Qwen2's q|k|v bias
+    q_norm: np.ndarray | None = None  # (hd,) Qwen3's RMSNorm of each query head
+    k_norm: np.ndarray | None = None  # (hd,) and of each key head
 
 
-NEOX_ARCHS = ("qwen2",)  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
+NEOX_ARCHS = ("qwen2", "qwen3")  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
 
 
 def pair_rope_rows(w, heads: int):
@@ -75,13 +77,17 @@ class Llama:
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
             qkv = [f.matrix(p + f"attn_{n}.weight") for n in "qkv"]
-            bias = None
+            bias = norms = None
             if f.has_tensor(p + "attn_q.bias"):
                 bias = [f.vector(p + f"attn_{n}.bias") for n in "qkv"]
+            if f.has_tensor(p + "attn_q_norm.weight"):
+                norms = [f.vector(p + f"attn_{n}_norm.weight") for n in "qk"]
             if neox:
                 qkv = [pair_rope_rows(m, heads[n]) if heads[n] else m for m, n in zip(qkv, "qkv")]
                 if bias is not None:
                     bias = [pair_rope_rows(b, heads[n]) if heads[n] else b for b, n in zip(bias, "qkv")]
+                if norms is not None:  # one head's weights, in the order its values now have
+                    norms = [pair_rope_rows(w, 1) for w in norms]
             wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", qkv)
             gate, up = QuantMatrix.fuse(p + "ffn_gate_up", [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")])
             blocks.append(Block(
@@ -89,6 +95,7 @@ class Llama:
                 wo=f.matrix(p + "attn_output.weight"), ffn_norm=f.vector(p + "ffn_norm.weight"),
                 w_gate=gate, w_up=up, w_down=f.matrix(p + "ffn_down.weight"),
                 qkv_bias=None if bias is None else np.concatenate(bias).astype(np.float32),
+                q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[1],
             ))
         embed = f.matrix("token_embd.weight")
         head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
@@ -138,6 +145,8 @@ class Llama:
             q, k, v = await ops.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (T, H*hd), (T, KV*hd) x2
             if b.qkv_bias is not None:
                 q, k, v = ops.add_bias((q, k, v), b.qkv_bias)
+            if b.q_norm is not None:  # RMSNorm over each head of q and of k
+                q, k = ops.head_norm(q, b.q_norm, c.rms_eps), ops.head_norm(k, b.k_norm, c.rms_eps)
             a = ops.attention(li, q, k, v, step)  # rope, scale, cache append, causal GQA -> (T, H*hd)
             x = ops.add(x, (await ops.linear(a, b.wo, tag=tag))[0])
             h = ops.rms_norm(x, b.ffn_norm, c.rms_eps)

@@ -1,7 +1,7 @@
 """The ops a model's forward is written in, run eagerly on the CPU.
 
-The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias`, `attention`,
-`silu_mul`, `add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
+The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias`, `head_norm`,
+`attention`, `silu_mul`, `add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
 through the matmul scheduler, which batches them across requests); runtime/resident.py records
 the same calls as GPU dispatches of one submission per step.
 
@@ -92,6 +92,11 @@ class CpuOps:
     @staticmethod
     def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         return x + y
+
+    @staticmethod
+    def head_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        """RMSNorm of each head of x (T, heads * hd) with weights w (hd,)."""
+        return rms_norm(x.reshape(-1, len(w)), w, eps).reshape(x.shape)
 
     @staticmethod
     def add_bias(xs: tuple[np.ndarray, ...], bias: np.ndarray) -> list[np.ndarray]:

@@ -304,6 +304,15 @@ class Recorder:
                      lambda k, t: (-(-n // 64), t, 1))
         return xs
 
+    def head_norm(self, x: DTensor, w: np.ndarray, eps: float) -> DTensor:
+        """RMSNorm of each head of x (columns of the q|k|v product), in place."""
+        hd = len(w)
+        self._reads(x)
+        self._record("norm:head_norm", {3: self.r.vector(w), 5: x.buf},
+                     [0, hd, 0, 0, _f32_word(eps), 0, x.stride, x.col0], x.rows,
+                     lambda k, t, heads=x.cols // hd: (heads, t, 1))
+        return x
+
     def silu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
         ff = gate.cols
         if not (gate.buf is up.buf and gate.col0 == 0 and up.col0 == ff and gate.stride == 2 * ff):
