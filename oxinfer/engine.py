@@ -116,6 +116,7 @@ class Engine:
         else:
             f = GGUFFile(path)
             cfg, tokenizer = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
+            f.drop_metadata()  # ~100 MiB of parsed vocabulary, before the kernels are built
         scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8),
                                     gpu=gpu if gpu is not None else select_gpu_backend(backend))
         model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))

@@ -41,6 +41,7 @@ class GGUFFile:
         except Exception as e:  # gguf-py raises bare IndexError/struct errors on cut-off headers
             raise ModelFormatError(f"{self.path}: unreadable GGUF ({type(e).__name__}: {e}); is the file truncated?") from e
         self._tensors = {t.name: t for t in self._reader.tensors}
+        self._dropped = False  # drop_metadata()
         size = self.path.stat().st_size
         for t in self._reader.tensors:
             if t.data_offset + t.n_bytes > size:
@@ -52,6 +53,8 @@ class GGUFFile:
     # --- metadata -------------------------------------------------------------------------
     def get(self, key: str, default: Any = ...) -> Any:
         """A metadata value as a Python scalar, str or list; KeyError-free when a default is given."""
+        if self._dropped:
+            raise RuntimeError(f"{self.path}: metadata was dropped after loading (read {key!r} before)")
         field = self._reader.fields.get(key)
         if field is None:
             if default is ...:
@@ -61,6 +64,13 @@ class GGUFFile:
 
     def keys(self) -> list[str]:
         return list(self._reader.fields)
+
+    def drop_metadata(self) -> None:
+        """Free the parsed metadata once the config and the tokenizer are built: gguf-py keeps
+        each token and merge of the vocabulary as numpy parts (SmolLM2's 49k vocabulary: ~100 MiB
+        of the process's memory). Tensors stay readable; `get` then fails."""
+        self._reader.fields.clear()
+        self._dropped = True
 
     # --- tensors --------------------------------------------------------------------------
     def has_tensor(self, name: str) -> bool:
