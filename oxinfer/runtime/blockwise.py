@@ -110,6 +110,8 @@ class BlockwiseKernel:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
                                                         helper.make_opsetid("com.microsoft", 1)])
         model.ir_version = IR_VERSION
+        serialized = model.SerializeToString()
+        del model, graph, values, scales, blocks  # only the bytes live while onnxruntime copies them
         opts = ort.SessionOptions()
         if _threads["ort"] == "global":
             opts.use_per_session_threads = False
@@ -117,8 +119,8 @@ class BlockwiseKernel:
             opts.intra_op_num_threads = _cores()
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3  # errors only
-        self._session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        del model, graph, values, scales
+        self._session = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
+        del serialized
         _trim()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
