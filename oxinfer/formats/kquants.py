@@ -24,8 +24,8 @@ def _bits(b: np.ndarray) -> np.ndarray:
 
 
 def _planes(b: np.ndarray, width: int) -> np.ndarray:
-    """(n, 32) bytes -> (n, 8 // width * 32) fields: the `width`-bit field at bit s * width of
-    byte j is value s * 32 + j (how k-quants stack 2-bit planes and 1-bit high masks)."""
+    """(n, k) bytes -> (n, 8 // width * k) fields: the `width`-bit field at bit s * width of byte
+    j is value s * k + j (how k-quants stack 2-bit planes, 1-bit high masks and Q3_K's scale bits)."""
     shifts = np.arange(0, 8, width, dtype=np.uint8)[None, :, None]
     return ((b[:, None, :] >> shifts) & np.uint8((1 << width) - 1)).reshape(len(b), -1)
 
@@ -45,11 +45,6 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     sc = np.concatenate([lo & 63, (hi & 15) | ((lo >> 6) << 4)], axis=1)
     mn = np.concatenate([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], axis=1)
     return sc.astype(np.float32), mn.astype(np.float32)
-
-
-def _planes4(b: np.ndarray) -> np.ndarray:
-    """(n, 4) bytes -> (n, 16) 2-bit fields: the pair at bit 2s of byte k is field 4s + k."""
-    return ((b[:, None, :] >> np.array([0, 2, 4, 6], np.uint8)[None, :, None]) & np.uint8(3)).reshape(len(b), 16)
 
 
 def _per(values: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
@@ -149,7 +144,7 @@ class Q3_K(Codec):
         low = np.concatenate([_planes(blocks[:, 32:64], 2), _planes(blocks[:, 64:96], 2)], axis=1)
         q = low.astype(np.int8) - (np.uint8(4) * (np.uint8(1) - _planes(blocks[:, :32], 1))).astype(np.int8)
         s = blocks[:, 96:108]
-        sc = np.concatenate([s[:, :8] & 15, s[:, :8] >> 4], axis=1) | (_planes4(s[:, 8:12]) << 4)
+        sc = np.concatenate([s[:, :8] & 15, s[:, :8] >> 4], axis=1) | (_planes(s[:, 8:12], 2) << 4)
         d = _f16(blocks[:, 108:110]) * (sc.astype(np.int8) - np.int8(32)).astype(np.float32)
         return _per(q.astype(np.float32), d, 16)
 
