@@ -47,6 +47,15 @@ def _k_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc.astype(np.float32), mn.astype(np.float32)
 
 
+def _k_values(blocks: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q4_K / Q5_K values from their codes q (n, 256): d * scale * q - dmin * minimum, with d and
+    dmin the f16s at bytes 0-3 and the 6-bit scales and minimums at bytes 4-15 (`_k_scales`)."""
+    sc, mn = _k_scales(blocks[:, 4:16])
+    d, dmin = _f16(blocks[:, :2]) * sc, _f16(blocks[:, 2:4]) * mn
+    q = q.astype(np.float32).reshape(len(blocks), 8, 32)
+    return (d[:, :, None] * q - dmin[:, :, None]).reshape(len(blocks), QK)
+
+
 def _per(values: np.ndarray, scale: np.ndarray, group: int) -> np.ndarray:
     """values (n, 256) times one scale (n, 256 // group) per `group` consecutive values."""
     n = len(values)
@@ -160,10 +169,7 @@ class Q4_K(Codec):
 
     @classmethod
     def decode_blocks(cls, blocks):
-        sc, mn = _k_scales(blocks[:, 4:16])
-        d, dmin = _f16(blocks[:, :2]) * sc, _f16(blocks[:, 2:4]) * mn
-        q = _k_nibbles(blocks[:, 16:]).astype(np.float32).reshape(len(blocks), 8, 32)
-        return (d[:, :, None] * q - dmin[:, :, None]).reshape(len(blocks), QK)
+        return _k_values(blocks, _k_nibbles(blocks[:, 16:]))
 
 
 class Q5_K(Codec):
@@ -176,11 +182,7 @@ class Q5_K(Codec):
 
     @classmethod
     def decode_blocks(cls, blocks):
-        sc, mn = _k_scales(blocks[:, 4:16])
-        d, dmin = _f16(blocks[:, :2]) * sc, _f16(blocks[:, 2:4]) * mn
-        q = _k_nibbles(blocks[:, 48:]) | (_planes(blocks[:, 16:48], 1) << 4)
-        q = q.astype(np.float32).reshape(len(blocks), 8, 32)
-        return (d[:, :, None] * q - dmin[:, :, None]).reshape(len(blocks), QK)
+        return _k_values(blocks, _k_nibbles(blocks[:, 48:]) | (_planes(blocks[:, 16:48], 1) << 4))
 
 
 class Q6_K(Codec):

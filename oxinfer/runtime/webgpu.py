@@ -81,6 +81,9 @@ _DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0"
              "Q5_0": "decode_q5_0", "Q5_1": "decode_q5_1", "IQ4_NL": "decode_iq4_nl", "Q2_K": "decode_q2_k",
              "Q3_K": "decode_q3_k", "Q4_K": "decode_q4_k", "Q5_K": "decode_q5_k", "Q6_K": "decode_q6_k",
              "IQ4_XS": "decode_iq4_xs"}
+# qtype -> the snippets its decoder shares with another's, put before it
+_DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
+                     "IQ4_XS": ("iq4_levels",)}
 _WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)}
@@ -205,9 +208,10 @@ def available(allow_cpu_adapter: bool = True) -> bool:
 
 
 def shader_source(qtype: str, kind: str) -> str:
-    """The WGSL of one kernel for one weight format: common + decoder + kernel file."""
+    """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
+    its kin) + kernel file."""
     file = _KERNELS[kind][0]
-    parts = ["common", _DECODERS[qtype], *_PRELUDES.get(file, ()), file]
+    parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), _DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = _shader_dir()
     return "\n".join((d / f"{p}.wgsl").read_text() for p in parts)
 
