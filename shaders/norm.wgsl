@@ -13,6 +13,20 @@
 
 var<workgroup> red: array<f32, 256>;
 
+// 1 / sqrt(mean of squares + eps) over P.n values, from each of the wg invocations' partial sum of
+// squares s (a tree reduction in `red`; every invocation gets the result)
+fn inv_rms(lid: u32, s: f32, wg: u32) -> f32 {
+    red[lid] = s;
+    workgroupBarrier();
+    for (var k = wg / 2u; k > 0u; k >>= 1u) {
+        if (lid < k) {
+            red[lid] += red[lid + k];
+        }
+        workgroupBarrier();
+    }
+    return 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
+}
+
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = wid.x;
@@ -29,15 +43,7 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         let v = x[xo + i];
         s += v * v;
     }
-    red[lid] = s;
-    workgroupBarrier();
-    for (var k = 128u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            red[lid] += red[lid + k];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
+    let inv = inv_rms(lid, s, 256u);
     for (var i = lid; i < P.n; i += 256u) {
         y[r * P.n + i] = x[xo + i] * inv * w[i];
     }
@@ -57,15 +63,7 @@ fn head_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         let v = z[o + i];
         s += v * v;
     }
-    red[lid] = s;
-    workgroupBarrier();
-    for (var k = 32u; k > 0u; k >>= 1u) {
-        if (lid < k) {
-            red[lid] += red[lid + k];
-        }
-        workgroupBarrier();
-    }
-    let inv = 1.0 / sqrt(red[0] / f32(P.n) + P.eps);
+    let inv = inv_rms(lid, s, 64u);
     for (var i = lid; i < P.n; i += 64u) {
         z[o + i] = z[o + i] * inv * w[i];
     }
