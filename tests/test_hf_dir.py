@@ -73,6 +73,18 @@ def close(got, ref, tol=2e-4):
     np.testing.assert_allclose(got, ref, rtol=0, atol=tol * np.abs(ref).max())
 
 
+async def on_the_gpu(path, ref, cpu=None):
+    """The directory on the GPU-resident forward: its logits within tolerance of ref and, given the
+    CPU engine, the same greedy tokens; no fault sent it to the CPU."""
+    gpu = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    assert gpu.resident is not None
+    close(await gpu.all_logits(TOKENS), ref)
+    if cpu is not None:
+        params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+        assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
+    assert gpu.resident is not None
+
+
 @pytest.mark.parametrize("tied,shards", [(False, 1), (True, 3)])
 async def test_an_hf_directory_matches_hf_s_own_forward(tmp_path, tied, shards):
     """One safetensors file or three shards with an index; untied or tied head."""
@@ -95,9 +107,7 @@ async def test_llama3_rope_scaling_and_a_mistral_directory(tmp_path):
     close(await cpu.all_logits(TOKENS), ref)
     assert np.abs(ref - plain).max() > 10 * 2e-4 * np.abs(ref).max()  # the scaling shows at this tolerance
     if available(allow_cpu_adapter=True):  # the GPU reads the same table
-        gpu = await oxinfer.Engine.load(tmp_path / "l3", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
-        close(await gpu.all_logits(TOKENS), ref)
-        assert gpu.resident is not None
+        await on_the_gpu(tmp_path / "l3", ref)
     w = write_tiny_hf(tmp_path / "mi", seed=4, model_type="mistral", sliding_window=None)
     close(await (await oxinfer.Engine.load(tmp_path / "mi", cpu_int8=False)).all_logits(TOKENS), hf_reference(w, TOKENS))
     _edit_config(tmp_path / "mi", sliding_window=32)
@@ -114,11 +124,7 @@ async def test_a_qwen2_directory_with_q_k_v_biases(tmp_path):
     assert cpu.model.blocks[0].qkv_bias is not None
     close(await cpu.all_logits(TOKENS), ref)
     if available(allow_cpu_adapter=True):
-        gpu = await oxinfer.Engine.load(tmp_path / "q", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
-        close(await gpu.all_logits(TOKENS), ref)
-        params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-        assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
-        assert gpu.resident is not None
+        await on_the_gpu(tmp_path / "q", ref, cpu)
 
 
 async def test_a_qwen3_directory_with_q_k_norms_and_wide_heads(tmp_path):
@@ -129,11 +135,7 @@ async def test_a_qwen3_directory_with_q_k_norms_and_wide_heads(tmp_path):
     cpu = await oxinfer.Engine.load(tmp_path / "q3", cpu_int8=False)
     close(await cpu.all_logits(TOKENS), ref)
     if available(allow_cpu_adapter=True):
-        gpu = await oxinfer.Engine.load(tmp_path / "q3", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
-        close(await gpu.all_logits(TOKENS), ref)
-        params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-        assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
-        assert gpu.resident is not None
+        await on_the_gpu(tmp_path / "q3", ref, cpu)
 
 
 async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):
@@ -144,12 +146,7 @@ async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):
     close(await cpu.all_logits(TOKENS), ref)
     if not available(allow_cpu_adapter=True):
         pytest.skip("no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)")
-    gpu = await oxinfer.Engine.load(tmp_path / "m", gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
-    assert gpu.resident is not None
-    close(await gpu.all_logits(TOKENS), ref)
-    params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
-    assert (await gpu.generate(TOKENS, params)).token_ids == (await cpu.generate(TOKENS, params)).token_ids
-    assert gpu.resident is not None  # no fault sent it to the CPU
+    await on_the_gpu(tmp_path / "m", ref, cpu)
 
 
 async def test_the_tokenizer_files_give_ids_eos_list_and_chat_template(tmp_path):
