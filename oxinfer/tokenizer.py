@@ -117,9 +117,9 @@ class Tokenizer:
 
         path = d.path / "tokenizer.json"
         try:
-            spec = json.loads(path.read_text())
-            tk = HFTokenizer.from_str(json.dumps(spec))
-        except (OSError, ValueError, Exception) as e:  # noqa: BLE001 - tokenizers raises its own Exception type
+            text = path.read_text()
+            spec, tk = json.loads(text), HFTokenizer.from_str(text)
+        except Exception as e:  # noqa: BLE001 - OSError, JSON errors, and tokenizers' own Exception type
             raise ModelFormatError(f"{path}: unreadable ({e})") from e
         kind, dec = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
         if kind != "BPE" or dec != "ByteLevel":
