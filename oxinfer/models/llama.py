@@ -37,19 +37,13 @@ NEOX_ARCHS = ("qwen2", "qwen3")  # GGUF architectures whose rope rotates (i, i +
 
 
 def pair_rope_rows(w, heads: int):
-    """A q or k matrix (or bias) in rotate-half order -> adjacent-pair order: within each head,
-    rows i and hd/2 + i become rows 2i and 2i + 1. Rows only move: no value changes."""
-    if isinstance(w, np.ndarray):
-        n = len(w)
-        return np.ascontiguousarray(w.reshape(heads, 2, n // heads // 2).swapaxes(1, 2).reshape(n))
-    data = pair_rope_rows_bytes(w.data, heads)
-    return QuantMatrix(w.name, w.qtype, w.n_out, w.n_in, data)
-
-
-def pair_rope_rows_bytes(rows: np.ndarray, heads: int) -> np.ndarray:
-    """(n, row bytes) in rotate-half row order -> adjacent-pair order (see pair_rope_rows)."""
-    n, width = rows.shape
-    return np.ascontiguousarray(rows.reshape(heads, 2, n // heads // 2, width).swapaxes(1, 2).reshape(n, width))
+    """A q or k matrix (or bias, or one head's norm weights) in rotate-half order -> adjacent-pair
+    order: within each head, rows i and hd/2 + i become rows 2i and 2i + 1. Rows only move (a
+    matrix's stored bytes with them): no value changes."""
+    if isinstance(w, QuantMatrix):
+        return QuantMatrix(w.name, w.qtype, w.n_out, w.n_in, pair_rope_rows(w.data, heads))
+    n, rest = w.shape[0], w.shape[1:]
+    return np.ascontiguousarray(w.reshape(heads, 2, n // heads // 2, *rest).swapaxes(1, 2).reshape(w.shape))
 
 
 class Llama:
