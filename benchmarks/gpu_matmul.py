@@ -67,6 +67,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes (software adapters)")
     ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--shapes", help="t x n_out x n_in list instead of the table's, e.g. 512x11264x2048,512x2048x5632")
+    ap.add_argument("--kernels", help="kernel kinds to time at every shape (default: the automatic choice and its rivals)")
     args = ap.parse_args()
 
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
@@ -77,7 +79,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     numpy_s: dict[tuple[int, int, int], float] = {}
     for qtype in args.formats.split(","):
-        for t, n_out, n_in in QUICK if args.quick else FULL:
+        shapes = [tuple(map(int, v.split("x"))) for v in args.shapes.split(",")] if args.shapes else None
+        for t, n_out, n_in in shapes or (QUICK if args.quick else FULL):
             w = random_matrix(qtype, n_out, n_in, rng)
             if gpu.upload(w) is None:
                 print(f"| {qtype} | {t} | {n_out} | {n_in} | refused by upload | | | | | |")
@@ -92,6 +95,8 @@ def main() -> None:
                 kinds = ["mv_wg"] + (["mv_subgroup"] if "subgroup" in gpu.features else [])
             elif not gpu.cpu_adapter:
                 kinds = ["mm_tiled", "mm_tiled64"] + (["mv_subgroup"] if t <= 64 else [])  # the t switch
+            if args.kernels:
+                kinds = args.kernels.split(",")
             auto = gpu.kernel_for(t, n_out)
             for kind in kinds:
                 e2e, kern = bench_cell(gpu, w, x, kind)

@@ -228,7 +228,7 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
 }
 
 // attend_rows: attend for a step of one sequence's many rows (a prompt): a workgroup takes RQ
-// consecutive rows and every query head of one kv head (RQ * G queries, one an invocation), and
+// consecutive rows and every query head of one kv head (RQ * G queries, one an invocation of AW), and
 // walks the positions in tiles of 32 whose keys and values it stages in workgroup memory once for
 // all of them (attend reads them once per row and head). Each invocation keeps its query and its
 // accumulators in registers (HD <= 64) and updates an online softmax position by position,
@@ -239,7 +239,7 @@ const KT: u32 = 32u;   // positions a tile
 var<workgroup> kt: array<vec4<f32>, KT * DG>;
 var<workgroup> vt: array<vec4<f32>, KT * DG>;
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(AW)
 fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let kvh = wid.y;
     let g = P.n / P.k;
@@ -257,7 +257,7 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var m = -3.0e38;
     var l = 0.0;
     for (var t0 = 0u; t0 < n; t0 += KT) {
-        for (var i = lid; i < KT * DG; i += 256u) {
+        for (var i = lid; i < KT * DG; i += AW) {
             let p = t0 + i / DG;
             if (p < n) {
                 let b = kv_row(slot, kvh, p) + i % DG;

@@ -51,8 +51,10 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     let row_x0 = min(m0 + xm, P.t - 1u) * (P.n_in >> 2u) + xq;
     let row_x1 = min(m0 + xm + 64u, P.t - 1u) * (P.n_in >> 2u) + xq;
     let row_w = min(n0 + wn, P.n_out - 1u);
-    let steps = P.n_in / TK / max(P.splits, 1u);   // this workgroup's slice of k: steps s0 .. s0 + steps
-    let s0 = wid.z * steps;
+    let all = P.n_in / TK;
+    let steps = (all + max(P.splits, 1u) - 1u) / max(P.splits, 1u);   // this workgroup's slice of k:
+    let s0 = wid.z * steps;                                            // steps s0 .. s1 (the last may be short)
+    let s1 = min(s0 + steps, all);
 
     // c{i}a: token row i (0..3: m0 + 4ty + i, 4..7: m0 + 64 + 4ty + i - 4) x outputs n0 + 4tx .. +3,
     // c{i}b: the same row x outputs n0 + 64 + 4tx .. +3. Named, not an array: registers on every driver.
@@ -75,7 +77,7 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     var xa = x[row_x0 + 4u * s0];
     var xb = x[row_x1 + 4u * s0];
     var w = w8(row_w, 2u * s0 + wh);
-    for (var s = s0; s < s0 + steps; s++) {
+    for (var s = s0; s < s1; s++) {
         for (var j = 0u; j < 4u; j++) {
             xs[(4u * xq + j) * 32u + (xm >> 2u)][xm & 3u] = xa[j];
             xs[(4u * xq + j) * 32u + 16u + (xm >> 2u)][xm & 3u] = xb[j];
@@ -83,7 +85,7 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             ws[(8u * wh + 4u + j) * 32u + (wn >> 2u)][wn & 3u] = w[1][j];
         }
         workgroupBarrier();
-        if (s + 1u < s0 + steps) {
+        if (s + 1u < s1) {
             xa = x[row_x0 + 4u * (s + 1u)];
             xb = x[row_x1 + 4u * (s + 1u)];
             w = w8(row_w, 2u * (s + 1u) + wh);
@@ -140,8 +142,10 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let lq = lid & 3u;         // ... k = 8lq .. 8lq + 7 of the step
     let row_x = min(m0 + lr, P.t - 1u) * (P.n_in >> 2u) + 2u * lq;
     let row_w = min(n0 + lr, P.n_out - 1u);
-    let steps = (P.n_in >> 5u) / max(P.splits, 1u);   // this workgroup's slice of k
+    let all = P.n_in >> 5u;
+    let steps = (all + max(P.splits, 1u) - 1u) / max(P.splits, 1u);   // this workgroup's slice of k
     let s0 = wid.z * steps;
+    let s1 = min(s0 + steps, all);
     var c0 = vec4<f32>(0.0);
     var c1 = vec4<f32>(0.0);
     var c2 = vec4<f32>(0.0);
@@ -149,7 +153,7 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     var xa = x[row_x + 8u * s0];
     var xb = x[row_x + 8u * s0 + 1u];
     var w = w8(row_w, 4u * s0 + lq);
-    for (var s = s0; s < s0 + steps; s++) {
+    for (var s = s0; s < s1; s++) {
         for (var j = 0u; j < 4u; j++) {
             xs64[(8u * lq + j) * 16u + (lr >> 2u)][lr & 3u] = xa[j];
             xs64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = xb[j];
@@ -157,7 +161,7 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             ws64[(8u * lq + 4u + j) * 16u + (lr >> 2u)][lr & 3u] = w[1][j];
         }
         workgroupBarrier();
-        if (s + 1u < s0 + steps) {   // next step's global loads overlap this step's FMAs
+        if (s + 1u < s1) {   // next step's global loads overlap this step's FMAs
             xa = x[row_x + 8u * (s + 1u)];
             xb = x[row_x + 8u * (s + 1u) + 1u];
             w = w8(row_w, 4u * (s + 1u) + lq);
@@ -178,3 +182,6 @@ fn mm_tiled64(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     store4(wid.z, m0 + 4u * ty + 2u, n, c2);
     store4(wid.z, m0 + 4u * ty + 3u, n, c3);
 }
+
+
+

@@ -586,12 +586,16 @@ class ResidentRunner:
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
         group = cfg.n_heads // cfg.n_kv_heads
-        self.att_rows = min(64, 256 // group)  # rows an attend_rows workgroup takes
+        # rows an attend_rows workgroup takes, all their query heads of one kv head: ~128 queries a
+        # workgroup (TinyLlama's 512-row prompt on the H200: 16 rows x 8 heads 0.19 ms a layer,
+        # 32 x 8 0.27, 8 x 8 0.22)
+        self.att_rows = min(64, 128 // group)
+        att_threads = -(-self.att_rows * group // 32) * 32
         # a prompt's attention by attend_rows (registers for HD <= 64): with 4+ query heads a kv
-        # head (TinyLlama's 8: 0.27 ms a layer against attend's 0.55, 512 rows on the H200); with
-        # SmolLM2's 3 its 24 workgroups were slower than attend (0.25 against 0.17 ms)
+        # head (TinyLlama's 8: 0.19 ms a layer against attend's 0.55, 512 rows on the H200); with
+        # SmolLM2's 3 it was slower than attend (0.20 against 0.17 ms at 16-21 rows a workgroup)
         self.attend_rows = cfg.head_dim <= 64 and group >= 4
-        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
         log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *

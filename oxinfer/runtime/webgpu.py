@@ -60,9 +60,10 @@ MM_TILE = 128  # output tile of mm_tiled (shaders/matmul.wgsl), both dimensions;
 # below this many 128 x 128 tiles, mm_tiled64 (4x the workgroups) keeps more cores busy: about two
 # workgroups per core of an H200 (132 SMs), measured 0.2-0.7 TFLOP/s for mm_tiled at 32-48 tiles
 MM_BIG_TILES = 256
+MM_SLOTS = 264  # mm_tiled workgroups an H200 runs at once (132 cores, 2 each): what splits_for fills
 MM_MAX_SPLITS = 4  # k slices of a split tiled product (resident steps: splits_for)
 MM_SPLIT_MIN_K = 512  # weights of a row each slice takes at least
-MM_SPLIT_MAX_N = 8192  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
+MM_SPLIT_MAX_N = 16384  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
@@ -408,17 +409,22 @@ class WebGpuBackend:
         return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
 
     def splits_for(self, kind: str, t: int, n_out: int, n_in: int) -> int:
-        """k slices for a product that `kind_for` gave to mm_tiled64 because 128 x 128 tiles would
-        leave a GPU's cores idle: mm_tiled over k slices in parallel fills them too (1: no split).
-        On the H200 a 512-row prompt through TinyLlama's 2048 x 5632 product took 0.70 ms in
-        mm_tiled64 at ~17 TFLOP/s, where mm_tiled reaches ~22 with enough workgroups."""
-        if kind != "mm_tiled64" or self.cpu_adapter or n_out > MM_SPLIT_MAX_N:
-            return 1
+        """k slices for a tiled product (1: none), each slice's tiles a workgroup of mm_tiled: the
+        count whose workgroups fill the GPU's last round of MM_SLOTS best (ties: fewer slices),
+        slices of MM_SPLIT_MIN_K weights or more. On the H200 (512-row prompt, TinyLlama shapes):
+        11264 x 2048 (352 tiles) 1.07 ms whole, 0.92 in 3 slices (1,056 workgroups, 4 full
+        rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
+        2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
+        add_splits ~25-60 us."""
         tiles = -(-t // MM_TILE) * -(-n_out // MM_TILE)
-        s = min(MM_MAX_SPLITS, -(-MM_BIG_TILES // tiles))
-        while s > 1 and (n_in % (s * 16) or n_in // s < MM_SPLIT_MIN_K):
-            s -= 1
-        return s
+        if kind not in ("mm_tiled", "mm_tiled64") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * MM_SLOTS:
+            return 1  # (past two rounds the last one's idle slots cost less than summing slices)
+
+        def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
+            return round(tiles * s / (MM_SLOTS * -(-tiles * s // MM_SLOTS)), 3)
+
+        options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
+        return max(options, key=lambda s: (fill(s), -s))
 
     def pipeline(self, qtype: str, kind: str):
         """(pipeline, bind group layout) for one format and kernel, built once."""
