@@ -19,6 +19,7 @@ import anyio.to_thread
 import numpy as np
 import structlog
 
+from oxinfer.constraints import Guide
 from oxinfer.errors import ContextOverflowError, EngineOverloaded
 from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
@@ -151,6 +152,9 @@ class Engine:
         are dropped), a full queue (EngineOverloaded) all raise at once.
         """
         params = params or SamplingParams()
+        vocab = self.config.vocab_size
+        if params.logit_bias and params.logit_bias[-1][0] >= vocab:
+            raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is not in the vocabulary (0..{vocab - 1})")
         ids = self.prompt_ids(prompt)
         ctx = self.config.context_length
         if params.max_tokens >= ctx:
@@ -254,6 +258,12 @@ class Engine:
             self._running[nxt.id] = nxt
             nxt.admitted.set()
 
+    async def _forward_step(self, req: _Request, step) -> tuple:
+        """(argmax, logits row or None) after the step's tokens: the prompt in chunks, or one token."""
+        for i in range(0, len(step), PREFILL_CHUNK):
+            argmax, logits = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req), tag=req.id)
+        return argmax, logits
+
     async def _decode_loop(self, req: _Request) -> AsyncIterator[Event]:
         p = req.params
         sampler = Sampler(p, req.prompt_ids)
@@ -264,13 +274,20 @@ class Engine:
         t_first = t_prompt = None
         step = req.prompt_ids
         req.needs_logits = sampler.needs_logits
+        if p.constraint is not None and not req.aborted:  # its matcher (a complex grammar: ~0.1-1 s)
+            sampler.guide = await anyio.to_thread.run_sync(Guide, p.constraint, self.tokenizer, self.config.vocab_size)
+        guide = sampler.guide
         if not req.aborted:
             req.cache = self._new_cache(len(req.prompt_ids) + p.max_tokens)
         while not req.aborted:
             t0 = time.perf_counter()
             with anyio.CancelScope() as req.scope:
-                for i in range(0, len(step), PREFILL_CHUNK):  # the prompt in chunks, or one token
-                    argmax, logits = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req), tag=req.id)
+                if guide is None:
+                    argmax, logits = await self._forward_step(req, step)
+                else:
+                    async with anyio.create_task_group() as tg:  # the next token's mask, while the forward runs
+                        tg.start_soon(anyio.to_thread.run_sync, guide.compute)
+                        argmax, logits = await self._forward_step(req, step)
             req.scope = None
             if req.aborted:
                 break
@@ -280,7 +297,8 @@ class Engine:
                 t_first = time.perf_counter()
                 t_prompt = t_first - t0
             eos = tok in eog  # shown to no one: only text it completes comes out
-            last = eos or n == p.max_tokens
+            complete = guide is not None and guide.done  # the constraint admits nothing more
+            last = eos or complete or n == p.max_tokens
             piece = "" if eos else detok.add(tok)
             if last:
                 piece += detok.flush()
@@ -290,7 +308,7 @@ class Engine:
             if text or not eos:
                 yield Token(text, tok, lp, top)
             if last or stopped:
-                reason = "stop" if eos or stopped else "length"
+                reason = "stop" if eos or stopped or complete else "length"
                 break
             step = [tok]
         now = time.perf_counter()

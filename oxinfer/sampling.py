@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
+from oxinfer.constraints import Constraint, Guide
 
 GREEDY_BELOW = 1e-5  # temperatures below this sample greedily (vLLM's _SAMPLING_EPS)
 
@@ -27,6 +29,16 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # never emitted, even when split across tokens
     logprobs: int | None = None  # top-n alternatives per token (0 = only the chosen token's)
     ignore_eos: bool = False
+    # OpenAI: token id -> bias in [-100, 100] added to its logit (-100 bans it, +100 forces it);
+    # kept as sorted (id, bias) pairs
+    logit_bias: Any = ()
+    # at most one constraint on the output (oxinfer/constraints.py): a JSON schema (a dict or its
+    # JSON text), a regular expression, or a grammar in llama.cpp's GBNF or Lark (grammar_syntax)
+    json_schema: Any = None
+    regex: str | None = None
+    grammar: str | None = None
+    grammar_syntax: str = "gbnf"
+    constraint: Constraint | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -49,11 +61,34 @@ class SamplingParams:
             raise ValueError(f"stop takes at most 16 strings, got {len(self.stop)}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, 20)
+        object.__setattr__(self, "logit_bias", _logit_bias(self.logit_bias))
+        object.__setattr__(self, "constraint", Constraint.of(json_schema=self.json_schema, regex=self.regex,
+                                                             grammar=self.grammar, grammar_syntax=self.grammar_syntax))
 
     @property
     def greedy(self) -> bool:
         # below 1e-5 the scaled logits overflow float32 (x / 1e-40 = inf): that is argmax anyway
         return self.temperature < GREEDY_BELOW
+
+
+def _logit_bias(v) -> tuple[tuple[int, float], ...]:
+    """{id: bias} (ids as ints or, as OpenAI's JSON sends them, digit strings) -> sorted pairs."""
+    items = v.items() if isinstance(v, dict) else v
+    try:
+        pairs = [(k, b) for k, b in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {v!r}") from None
+    out = {}
+    for k, b in pairs:
+        if isinstance(k, str) and k.isdigit():
+            k = int(k)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 0:
+            raise ValueError(f"logit_bias: keys must be token ids (integers >= 0), got {k!r}")
+        _check_num(f"logit_bias[{k}]", b, -100.0, 100.0)
+        out[int(k)] = float(b)
+    if len(out) > 1024:
+        raise ValueError(f"logit_bias takes at most 1024 tokens, got {len(out)}")
+    return tuple(sorted(out.items()))
 
 
 def _check_int(name: str, v, low: int, high: int | None = None) -> None:
@@ -76,6 +111,7 @@ class Sampler:
 
     params: SamplingParams
     prompt_ids: list[int]
+    guide: Guide | None = None  # the request's constraint, when it has one
     rng: np.random.Generator = field(init=False)
     counts: dict[int, int] = field(default_factory=dict)  # output token -> occurrences
 
@@ -84,11 +120,12 @@ class Sampler:
 
     @property
     def needs_logits(self) -> bool:
-        """False when the token is the plain argmax of the logits (greedy, no logprobs, no penalties):
-        a device forward then hands back only the id."""
+        """False when the token is the plain argmax of the logits (greedy, no logprobs, no penalties,
+        no bias, no constraint): a device forward then hands back only the id."""
         p = self.params
         penalized = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        return not p.greedy or p.logprobs is not None or bool(penalized)
+        shaped = bool(p.logit_bias) or p.constraint is not None
+        return not p.greedy or p.logprobs is not None or bool(penalized) or shaped
 
     def __call__(self, logits: np.ndarray) -> tuple[int, float | None, tuple[tuple[int, float], ...] | None]:
         """(token, its logprob, top-n [(id, logprob)]) from one logits row (vocab,)."""
@@ -97,6 +134,12 @@ class Sampler:
         if p.logprobs is not None:
             logsm = _log_softmax(logits)
         x = self._penalize(logits)
+        if p.logit_bias:
+            x = x.astype(np.float32, copy=x is logits)
+            ids, bias = zip(*p.logit_bias)
+            x[list(ids)] += np.asarray(bias, np.float32)
+        if self.guide is not None:
+            x = self.guide.apply(x)
         if p.greedy:
             tok = int(np.argmax(x))
         else:
@@ -108,6 +151,8 @@ class Sampler:
                 ids = ids[np.argsort(-logsm[ids], kind="stable")]
                 top = tuple((int(i), float(logsm[i])) for i in ids)
         self.counts[tok] = self.counts.get(tok, 0) + 1
+        if self.guide is not None:
+            self.guide.advance(tok)
         return tok, lp, top
 
     def _penalize(self, logits: np.ndarray) -> np.ndarray:

@@ -176,6 +176,10 @@ class Tokenizer:
             self._token_bytes[i] = b
         return b
 
+    def hf_json(self) -> str:
+        """The tokenizer as HF tokenizers' JSON (what llguidance reads: oxinfer/constraints.py)."""
+        return self._tk.to_str()
+
     def is_control(self, i: int) -> bool:
         return self._types[i] == CONTROL
 

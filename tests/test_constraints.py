@@ -1,0 +1,107 @@
+"""Constrained decoding in the engine (oxinfer/constraints.py): outputs that always parse and
+validate, greedy and sampled, alone and batched with other constraints, on the CPU and the GPU."""
+
+import json
+
+import anyio
+import jsonschema
+import pytest
+from json_schemas import SCHEMAS
+
+import oxinfer
+from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable
+from oxinfer.sampling import SamplingParams
+from oxinfer.testing import write_tiny_llama
+
+ASK = [{"role": "user", "content": "Answer with JSON."}]
+
+
+async def run_all(engine, params_list, prompt=ASK):
+    out = [None] * len(params_list)
+
+    async def one(i, p):
+        out[i] = await engine.generate(prompt, p)
+
+    async with anyio.create_task_group() as tg:
+        for i, p in enumerate(params_list):
+            tg.start_soon(one, i, p)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_twenty_schemas_give_valid_json_greedy_and_sampled(engine, temperature):
+    params = [SamplingParams(json_schema=s, max_tokens=80, temperature=temperature, seed=i)
+              for i, s in enumerate(SCHEMAS)]
+    for schema, r in zip(SCHEMAS, await run_all(engine, params)):
+        assert r.finished.reason == "stop", (schema, r.text)
+        jsonschema.validate(json.loads(r.text), schema)
+
+
+async def test_different_constraints_in_one_batch_equal_their_solo_answers(engine):
+    params = [SamplingParams(json_schema=s, max_tokens=60, temperature=0) for s in SCHEMAS[:8]]
+    batched = await run_all(engine, params)
+    for p, r in zip(params, batched):
+        solo = await engine.generate(ASK, p)
+        assert r.token_ids == solo.token_ids
+        json.loads(r.text)
+
+
+async def test_regex_and_grammar_restrict_the_language(engine):
+    r = await engine.generate("My phone number is", SamplingParams(regex=r"\d{3}-\d{4}", temperature=1.0, seed=5))
+    assert r.finished.reason == "stop" and len(r.text) == 8 and r.text[3] == "-" and r.text.replace("-", "").isdigit()
+    yes_no = 'root ::= answer "."\nanswer ::= "yes" | "no"'
+    for seed in range(3):
+        r = await engine.generate("Is water wet?", SamplingParams(grammar=yes_no, temperature=1.5, seed=seed))
+        assert r.text in ("yes.", "no."), r.text
+    lark = 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,2}/'
+    r = await engine.generate("A tuple:", SamplingParams(grammar=lark, grammar_syntax="lark", max_tokens=30, temperature=0))
+    assert r.text.startswith("(") and r.text.endswith(")") and all(x.isdigit() for x in r.text[1:-1].split(","))
+
+
+async def test_logit_bias_bans_and_forces_tokens(engine):
+    prompt = "The capital of France is"
+    greedy = await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
+    first = greedy.token_ids[0]
+    banned = await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0, logit_bias={first: -100}))
+    assert banned.token_ids[0] != first
+    forced_id = engine.tokenizer.encode(" banana")[0]
+    for temperature in (0.0, 1.0):
+        forced = await engine.generate(prompt, SamplingParams(max_tokens=3, temperature=temperature, seed=2,
+                                                              logit_bias={str(forced_id): 100}))
+        assert forced.token_ids == (forced_id,) * 3
+
+
+async def test_bad_constraints_are_refused_by_name_and_the_engine_keeps_serving(engine):
+    bad = [({"json_schema": {"type": "nonsense"}}, "json_schema"), ({"json_schema": "{not json"}, "json_schema"),
+           ({"regex": "(unclosed"}, "regex"), ({"grammar": "root ::= missing"}, "grammar"),
+           ({"regex": "a", "grammar": 'root ::= "a"'}, "grammar"), ({"logit_bias": {"x": 1}}, "logit_bias"),
+           ({"logit_bias": {1: 500}}, "logit_bias"), ({"grammar_syntax": "ebnf"}, "grammar_syntax")]
+    for kw, field in bad:
+        with pytest.raises(ValueError, match=field):
+            SamplingParams(**kw)
+    with pytest.raises(ValueError, match="logit_bias"):
+        engine.stream("hi", SamplingParams(logit_bias={10**7: 1}))
+    r = await engine.generate("hi", SamplingParams(max_tokens=2, temperature=0))
+    assert r.finished.completion_tokens == 2
+
+
+async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
+    """A tiny random model (byte-level vocabulary) on whatever WebGPU adapter runs the tests: the
+    masked logits come back from the device, and the answers equal the CPU's token for token."""
+    try:
+        gpu = WebGpuBackend.create(allow_cpu_adapter=True)
+    except WebGpuUnavailable as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=3, context=256)
+    cpu_engine = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu_engine = await oxinfer.Engine.load(path, gpu=gpu, cpu_int8=False)
+    assert gpu_engine.resident is not None
+    schema = SCHEMAS[0]
+    answers = []
+    for p in (SamplingParams(json_schema=schema, max_tokens=40, temperature=0),
+              SamplingParams(regex=r"[a-f]{4}", max_tokens=8, temperature=1.0, seed=9)):
+        a, b = await cpu_engine.generate("x", p), await gpu_engine.generate("x", p)
+        assert a.token_ids == b.token_ids and a.finished.reason == "stop"
+        answers.append(b.text)
+    jsonschema.validate(json.loads(answers[0]), schema)
+    assert len(answers[1]) == 4 and set(answers[1]) <= set("abcdef")
