@@ -190,15 +190,19 @@ class Tokenizer:
     def detokenizer(self, skip_special: bool = True) -> Detokenizer:
         return Detokenizer(self, skip_special)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            tools: list[dict] | None = None) -> str:
+        """The template rendered as HF does; `tools` (OpenAI's tool definitions) reach templates
+        that take them."""
         from oxinfer.chat_template import render
 
         if not self.chat_template:
             raise UnsupportedModelError("the model has no chat template (tokenizer.chat_template); use raw prompts")
         bos = self._tokens[self.special.bos] if self.special.bos is not None else ""
         eos = self._tokens[self.special.eos] if self.special.eos is not None else ""
+        extra = {"tools": tools} if tools else {}
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=bos, eos_token=eos)
+                      bos_token=bos, eos_token=eos, **extra)
 
 
 class Detokenizer:

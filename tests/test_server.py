@@ -257,7 +257,21 @@ BAD = [
     ("penalty range", _chat(presence_penalty=3), 400, "presence_penalty"),
     ("top_logprobs range", _chat(logprobs=True, top_logprobs=50), 400, "top_logprobs"),
     ("empty stop", _chat(stop=[""]), 400, "stop"),
-    ("n", _chat(n=2), 400, "n"),
+    ("n", _chat(n=9), 400, "n"),
+    ("unknown field", _chat(frobnicate=1), 400, "frobnicate"),
+    ("unknown message field", {"messages": [{"role": "user", "content": "x", "audio": 1}]}, 400, "messages.0.audio"),
+    ("response_format type", _chat(response_format={"type": "xml"}), 400, "response_format.type"),
+    ("schema missing", _chat(response_format={"type": "json_schema", "json_schema": {"name": "x"}}), 400,
+     "response_format"),
+    ("invalid schema", _chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "nonsense"}}}), 400, "response_format"),
+    ("invalid grammar", _chat(grammar="root ::= missing"), 400, "grammar"),
+    ("grammar and schema", _chat(grammar='root ::= "a"', response_format={"type": "json_object"}), 400, "grammar"),
+    ("logit_bias range", _chat(logit_bias={"5": 101}), 400, "logit_bias"),
+    ("logit_bias id", _chat(logit_bias={"9999999": 1}), 400, "logit_bias"),
+    ("tool_choice without tools", _chat(tool_choice="required"), 400, "tool_choice"),
+    ("unknown tool", _chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                           tool_choice={"type": "function", "function": {"name": "g"}}), 400, "tool_choice"),
     ("max_tokens over context", _chat(max_tokens=10**6), 400, "max_tokens"),
     ("prompt over context", {"messages": [{"role": "user", "content": "hello " * 9000}], "max_tokens": 2},
      400, "messages"),
@@ -380,3 +394,137 @@ def test_after_fuzz_a_valid_stream_works(client, srv, http):
     assert metric(http, "oxinfer_requests_running") == 0
     assert metric(http, "oxinfer_time_to_first_token_seconds_count") > 0
     assert metric(http, "oxinfer_scheduler_rows_per_call_count") > 0
+
+
+# --- structured output, tools, logit_bias, n ----------------------------------------------------------
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+
+import jsonschema  # noqa: E402
+
+from json_schemas import SCHEMAS  # noqa: E402
+
+ASK_JSON = [{"role": "user", "content": "Answer with JSON."}]
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                                       "required": ["tz"], "additionalProperties": False}}}
+
+
+def _text(client, model, stream, **kw):
+    """(content, finish_reason) of one chat completion, streamed or not."""
+    if not stream:
+        c = client.chat.completions.create(model=model, messages=ASK_JSON, **kw).choices[0]
+        return c.message.content, c.finish_reason
+    parts, reason = [], None
+    for ch in client.chat.completions.create(model=model, messages=ASK_JSON, stream=True, **kw):
+        if ch.choices:
+            parts.append(ch.choices[0].delta.content or "")
+            reason = ch.choices[0].finish_reason or reason
+    return "".join(parts), reason
+
+
+def test_twenty_json_schemas_validate_greedy_sampled_streamed_and_not(client, srv):
+    model = srv.engine.model_name
+    cases = [(s, i, t, stream) for i, s in enumerate(SCHEMAS) for t in (0.0, 1.0) for stream in (False, True)]
+
+    def one(case):
+        schema, i, temperature, stream = case
+        fmt = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+        return _text(client, model, stream, response_format=fmt, temperature=temperature, seed=i, max_tokens=80)
+
+    with ThreadPoolExecutor(CONCURRENT) as pool:  # concurrent: the engine batches them
+        answers = list(pool.map(one, cases))
+    for (schema, *_), (text, reason) in zip(cases, answers):
+        assert reason == "stop", (schema, text)
+        jsonschema.validate(json.loads(text), schema)
+    person = [{"role": "user", "content": "Give a JSON object with a person's name and age."}]
+    r = client.chat.completions.create(model=model, messages=person, response_format={"type": "json_object"},
+                                       temperature=0.0, max_tokens=60)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)  # any object (this model's: a person)
+
+
+def test_grammar_extension_restricts_the_language(client, srv):
+    for seed in range(3):
+        r = client.completions.create(model=srv.engine.model_name, prompt="Is the sky blue?", max_tokens=5,
+                                      temperature=1.5, seed=seed, extra_body={"grammar": 'root ::= "yes" | "no"'})
+        assert r.choices[0].text in ("yes", "no") and r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+def test_a_forced_tool_call_parses_into_its_declared_arguments(client, srv, stream, choice):
+    kw = {"model": srv.engine.model_name, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+          "tools": [WEATHER, TIME], "tool_choice": choice, "temperature": 0.0, "max_tokens": 60}
+    if not stream:
+        c = client.chat.completions.create(**kw).choices[0]
+        calls, reason, content = c.message.tool_calls, c.finish_reason, c.message.content
+    else:
+        calls, reason, content = [], None, ""
+        for ch in client.chat.completions.create(stream=True, **kw):
+            d = ch.choices[0].delta if ch.choices else None
+            if d is not None:
+                calls += d.tool_calls or []
+                content += d.content or ""
+                reason = ch.choices[0].finish_reason or reason
+    assert reason == "tool_calls" and not content and len(calls) == 1
+    call = calls[0]
+    tool = {t["function"]["name"]: t for t in (WEATHER, TIME)}[call.function.name]
+    if isinstance(choice, dict):
+        assert call.function.name == "get_time"
+    assert call.id.startswith("call_") and call.type == "function"
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+
+
+def test_auto_tools_answer_text_or_a_valid_call_and_tool_results_go_back_in(client, srv):
+    model = srv.engine.model_name
+    msgs = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    c = client.chat.completions.create(model=model, messages=msgs, tools=[WEATHER], temperature=0.0, max_tokens=60)
+    choice = c.choices[0]
+    if choice.message.tool_calls:
+        assert choice.finish_reason == "tool_calls"
+        json.loads(choice.message.tool_calls[0].function.arguments)
+    else:
+        assert choice.message.content and choice.finish_reason in ("stop", "length")
+    follow = msgs + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}]
+    r = client.chat.completions.create(model=model, messages=follow, tools=[WEATHER], tool_choice="none",
+                                       temperature=0.0, max_tokens=8)
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+def test_logit_bias_bans_and_forces_a_token(client, srv):
+    model, prompt = srv.engine.model_name, "The capital of France is"
+    first = srv.engine.tokenizer.encode(client.completions.create(
+        model=model, prompt=prompt, max_tokens=1, temperature=0.0).choices[0].text)[0]
+    banned = client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0.0,
+                                       logit_bias={str(first): -100}).choices[0].text
+    assert srv.engine.tokenizer.encode(banned)[0] != first
+    forced = srv.engine.tokenizer.encode(" banana")[0]
+    r = client.completions.create(model=model, prompt=prompt, max_tokens=3, temperature=1.0, seed=1,
+                                  logit_bias={str(forced): 100})
+    assert r.choices[0].text == srv.engine.tokenizer.decode([forced] * 3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_samples_with_a_seed_are_reproducible(client, srv, stream):
+    kw = {"model": srv.engine.model_name, "messages": CHAT, "n": 3, "seed": 7, "temperature": 1.0, "max_tokens": 8}
+
+    def texts():
+        if not stream:
+            r = client.chat.completions.create(**kw)
+            assert [c.index for c in r.choices] == [0, 1, 2] and r.usage.completion_tokens <= 24
+            return [c.message.content for c in r.choices]
+        out = ["", "", ""]
+        for ch in client.chat.completions.create(stream=True, **kw):
+            for c in ch.choices:
+                out[c.index] += c.delta.content or ""
+        return out
+
+    first = texts()
+    assert texts() == first
+    assert len(set(first)) > 1  # three samples, not one copied

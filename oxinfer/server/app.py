@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
 
+import anyio
 import jinja2
 import structlog
 from starlette.applications import Starlette
@@ -26,7 +27,7 @@ from oxinfer.events import Event, Finished, Token
 from oxinfer.server.errors import APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
-from oxinfer.server.openai_format import Answer
+from oxinfer.server.openai_format import Answer, full, usage
 from oxinfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -35,7 +36,13 @@ from oxinfer.server.schemas import (
     parse_body,
     sampling_params,
 )
-from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
+from oxinfer.server.sse import (
+    ClientDisconnected,
+    EventStreamResponse,
+    sse,
+    until_disconnect,
+)
+from oxinfer.server.tools import with_tools
 
 log = structlog.get_logger("oxinfer.server")
 
@@ -77,19 +84,33 @@ class _Server:
             raise bad_request(f"model: '{model}' is not served here (this server has '{self.model_name}')",
                               param="model", code="model_not_found")
 
-    def start(self, req: ChatCompletionRequest | CompletionRequest, prompt, prompt_param: str, rid: str):
-        """Validate everything and start the engine's stream; any refusal is an APIError."""
+    def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
+        """(the prompt's token ids, the field it came from); the chat template takes the tools."""
         engine = self.engine
+        param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
-            ids = engine.prompt_ids(prompt)
+            if isinstance(req, CompletionRequest):
+                return engine.prompt_ids(req.engine_prompt()), param
+            messages, tools = with_tools(req.prompt(), req.tool_dicts(), engine.tokenizer.chat_template)
+            tk = engine.tokenizer
+            return engine.prompt_ids(tk.encode(tk.apply_chat_template(messages, tools=tools))), param
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
-            raise bad_request(f"{prompt_param}: {e}", param=prompt_param) from None
+            raise bad_request(f"{param}: {e}", param=param) from None
+
+    def start(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], prompt_param: str, rid: str,
+              choice: int = 0):
+        """Validate everything and start the engine's stream of one choice; any refusal is an APIError."""
+        engine = self.engine
         max_tokens = req.requested_max_tokens
         if max_tokens is None:  # fit the default into what the context leaves
             default = DEFAULT_MAX_TOKENS_CHAT if isinstance(req, ChatCompletionRequest) else DEFAULT_MAX_TOKENS_COMPLETION
             max_tokens = max(1, min(default, engine.config.context_length - len(ids)))
         kw = req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
-        params = sampling_params(kw, logprobs_param="top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs")
+        if choice and "seed" in kw:  # n choices with a seed: reproducible, and not all the same
+            kw["seed"] += choice
+        chat = isinstance(req, ChatCompletionRequest)
+        params = sampling_params(kw, logprobs_param="top_logprobs" if chat else "logprobs",
+                                 schema_param="tools" if chat and req.forced_tools() else "response_format")
         try:
             events = engine.stream(ids, params, request_id=rid)
         except ContextOverflowError as e:
@@ -99,8 +120,9 @@ class _Server:
         except EngineOverloaded as e:
             raise from_status(503, str(e), code="engine_overloaded",
                               headers={"retry-after": str(RETRY_AFTER_S)}) from None
-        except ValueError as e:
-            raise bad_request(str(e)) from None
+        except ValueError as e:  # a field the engine checks against the model (a logit_bias id)
+            field = str(e).split(" ", 1)[0].rstrip(":")
+            raise bad_request(str(e), param=field if field in kw else None) from None
         return self.tracked(events, len(ids))
 
     async def tracked(self, events: AsyncIterator[Event], prompt_tokens: int) -> AsyncIterator[Event]:
@@ -129,19 +151,33 @@ class _Server:
         req = parse_body(await self.body(request), model)
         self.check_model(req.model)
         rid = request.scope[REQUEST_ID_KEY]
-        if chat:
-            events = self.start(req, req.prompt(), "messages", rid)
-        else:
-            events = self.start(req, req.engine_prompt(), "prompt", rid)
-        answer = Answer(id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=self.model_name,
-                        created=int(time.time()), chat=chat, tokenizer=self.engine.tokenizer)
+        ids, param = self.prompt_ids(req)
+        n = req.n or 1
+        streams, answers = [], []
+        tools = frozenset(t.function.name for t in req.tools or []) if chat else frozenset()
+        for i in range(n):
+            try:
+                streams.append(self.start(req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
+            except APIError:
+                for st in streams:  # not started yet: nothing ran
+                    await st.aclose()
+                raise
+            answers.append(Answer(id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=self.model_name,
+                                  created=int(time.time()), chat=chat, tokenizer=self.engine.tokenizer, index=i,
+                                  tool_names=tools, tool_mode=req.tool_mode() if chat else "none"))
         if req.stream:
-            return EventStreamResponse(self.stream(events, answer, req.include_usage))
+            return EventStreamResponse(self.stream(streams, answers, req.include_usage))
+
+        async def collect_all():
+            async with anyio.create_task_group() as tg:
+                for st, a in zip(streams, answers):
+                    tg.start_soon(self.collect, st, a)
+
         try:
-            await until_disconnect(request.scope, request.receive, lambda: self.collect(events, answer))
+            await until_disconnect(request.scope, request.receive, collect_all)
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it; the access log records it
-        return JSONResponse(answer.full())
+        return JSONResponse(full(answers))
 
     async def collect(self, events: AsyncIterator[Event], answer: Answer) -> None:
         try:
@@ -155,26 +191,25 @@ class _Server:
             log.exception("generation_failed")
             raise from_status(500, f"generation failed: {e!r}", code="generation_failed") from None
 
-    async def stream(self, events: AsyncIterator[Event], answer: Answer, include_usage: bool) -> AsyncIterator[bytes]:
-        if answer.chat:
-            yield sse(answer.chunk(role=True, include_usage=include_usage))
+    async def stream(self, streams: list[AsyncIterator[Event]], answers: list[Answer],
+                     include_usage: bool) -> AsyncIterator[bytes]:
+        if answers[0].chat:
+            for a in answers:
+                yield sse(a.chunk(role=True, include_usage=include_usage))
         try:
-            async with aclosing(events) as evs:
-                async for ev in evs:
-                    if isinstance(ev, Finished):
-                        answer.finished = ev
-                        continue
-                    lp = answer.add(ev)
-                    if ev.text or lp is not None:  # '' while a character or a stop string is incomplete
-                        yield sse(answer.chunk(text=ev.text, logprobs=lp, include_usage=include_usage))
+            async with aclosing(_merged(streams)) as evs:
+                async for i, ev in evs:
+                    a = answers[i]
+                    chunks = a.on_finish(ev, include_usage) if isinstance(ev, Finished) else a.on_token(ev, include_usage)
+                    for c in chunks:
+                        yield sse(c)
         except Exception as e:  # noqa: BLE001 - the status is sent already: report in the stream
             log.exception("generation_failed")
             yield sse(from_status(500, f"generation failed: {e!r}", code="generation_failed").body())
             yield sse("[DONE]")
             return
-        yield sse(answer.chunk(finish=True, include_usage=include_usage))
         if include_usage:
-            yield sse(answer.usage_chunk())
+            yield sse(answers[0].usage_chunk(usage(answers)))
         yield sse("[DONE]")
 
     # --- the other endpoints --------------------------------------------------------------------
@@ -227,6 +262,32 @@ class _Server:
         if bad:
             raise bad_request(f"tokens: ids out of range [0, {n}): {bad[:5]}", param="tokens")
         return JSONResponse({"prompt": self.engine.tokenizer.decode(req.tokens)})
+
+
+async def _merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice, event) from n streams as they come (they advance together, in the engine's batches)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as evs:
+            async for ev in evs:
+                yield 0, ev
+        return
+    send, receive = anyio.create_memory_object_stream(len(streams) * 4)
+
+    async def pump(i: int, st: AsyncIterator[Event], out) -> None:
+        async with out, aclosing(st) as evs:
+            async for ev in evs:
+                await out.send((i, ev))
+
+    async with anyio.create_task_group() as tg:
+        try:
+            async with send:
+                for i, st in enumerate(streams):
+                    tg.start_soon(pump, i, st, send.clone())
+            async with receive:
+                async for item in receive:
+                    yield item
+        finally:
+            tg.cancel_scope.cancel()  # the client went away: end the other choices too
 
 
 # --- errors ---------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from oxinfer.events import Finished, Token
+from oxinfer.server.tools import may_be_call, parse_call
 
 
 @dataclass
@@ -17,9 +18,14 @@ class Answer:
     created: int
     chat: bool
     tokenizer: object
+    index: int = 0  # which of the request's n choices
+    tool_names: frozenset = frozenset()  # the functions an answer may call (empty: no tools)
+    tool_mode: str = "none"  # none, auto (a call if the answer is one), forced (always a call)
     text: list[str] = field(default_factory=list)
     chat_logprobs: list[dict] = field(default_factory=list)
     finished: Finished | None = None
+    call: dict | None = None  # the tool call the answer turned out to be
+    held: int = 0  # streamed: how many of text's pieces wait until it is known whether they are a call
 
     # --- pieces ---------------------------------------------------------------------------------
     def logprobs(self, tok: Token) -> dict | None:
@@ -45,28 +51,70 @@ class Answer:
 
     @property
     def finish_reason(self) -> str | None:
+        if self.call is not None:
+            return "tool_calls"
         return self.finished.reason if self.finished else None
+
+    def settle_call(self) -> None:
+        """At the end: whether the answer is a tool call."""
+        if self.tool_mode != "none":
+            self.call = parse_call("".join(self.text), set(self.tool_names))
+
+    # --- streaming ------------------------------------------------------------------------------
+    def on_token(self, tok: Token, include_usage: bool) -> list[dict]:
+        """The chunks to send for one token: none while it may still turn out to be a tool call."""
+        lp = self.add(tok)
+        text = tok.text
+        if self.chat and self.tool_mode == "forced":
+            self.held += 1
+            return []
+        if self.chat and self.tool_mode == "auto" and (self.held or len(self.text) == 1):
+            text = "".join(self.text[-(self.held + 1):])  # the answer so far
+            if may_be_call(text) is not False:
+                self.held += 1
+                return []
+            self.held = 0  # plain text after all: send what was held
+        if not text and lp is None:  # '' while a character or a stop string is incomplete
+            return []
+        return [self.chunk(text=text, logprobs=lp, include_usage=include_usage)]
+
+    def on_finish(self, fin: Finished, include_usage: bool) -> list[dict]:
+        """The last chunks of this choice: the held text (as a call, or as content), then the finish."""
+        self.finished = fin
+        self.settle_call()
+        out = []
+        if self.call is not None:
+            delta = {"tool_calls": [{"index": 0, **self.call}]}
+            out.append(self._chat_chunk(delta, None, False, include_usage))
+        elif self.held:
+            out.append(self.chunk(text="".join(self.text[-self.held:]), include_usage=include_usage))
+        out.append(self.chunk(finish=True, include_usage=include_usage))
+        return out
 
     # --- stream chunks --------------------------------------------------------------------------
     def chunk(self, *, text: str | None = None, role: bool = False, logprobs: dict | None = None,
               finish: bool = False, include_usage: bool = False) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
-            choice = {"index": 0, "delta": delta, "logprobs": {"content": [logprobs]} if logprobs else None,
-                      "finish_reason": self.finish_reason if finish else None}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": logprobs,
-                      "finish_reason": self.finish_reason if finish else None}
-            obj = "text_completion"
+            return self._chat_chunk(delta, logprobs, finish, include_usage)
+        choice = {"index": self.index, "text": text or "", "logprobs": logprobs,
+                  "finish_reason": self.finish_reason if finish else None}
+        return self._wrap("text_completion", choice, include_usage)
+
+    def _chat_chunk(self, delta: dict, logprobs: dict | None, finish: bool, include_usage: bool) -> dict:
+        choice = {"index": self.index, "delta": delta, "logprobs": {"content": [logprobs]} if logprobs else None,
+                  "finish_reason": self.finish_reason if finish else None}
+        return self._wrap("chat.completion.chunk", choice, include_usage)
+
+    def _wrap(self, obj: str, choice: dict, include_usage: bool) -> dict:
         out = {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": [choice]}
         if include_usage:  # OpenAI: every chunk carries "usage": null, the extra last one the totals
             out["usage"] = None
         return out
 
-    def usage_chunk(self) -> dict:
+    def usage_chunk(self, usage: dict | None = None) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [], "usage": self.usage()}
+                "created": self.created, "model": self.model, "choices": [], "usage": usage or self.usage()}
 
     # --- whole answers --------------------------------------------------------------------------
     def add(self, tok: Token) -> dict | None:
@@ -77,19 +125,38 @@ class Answer:
         self.text.append(tok.text)
         return lp
 
-    def full(self) -> dict:
+    def choice(self) -> dict:
         text = "".join(self.text)
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": {"content": self.chat_logprobs} if self.chat_logprobs else None,
-                      "finish_reason": self.finish_reason}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": _merge(self.chat_logprobs),
-                      "finish_reason": self.finish_reason}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice], "usage": self.usage()}
+        if not self.chat:
+            return {"index": self.index, "text": text, "logprobs": _merge(self.chat_logprobs),
+                    "finish_reason": self.finish_reason}
+        message = {"role": "assistant", "content": text}
+        if self.call is not None:
+            message = {"role": "assistant", "content": None, "tool_calls": [self.call]}
+        return {"index": self.index, "message": message,
+                "logprobs": {"content": self.chat_logprobs} if self.chat_logprobs else None,
+                "finish_reason": self.finish_reason}
+
+    def full(self) -> dict:
+        return full([self])
+
+
+def full(answers: list[Answer]) -> dict:
+    """The whole response of a request's n answers."""
+    a = answers[0]
+    for x in answers:
+        x.settle_call()
+    return {"id": a.id, "object": "chat.completion" if a.chat else "text_completion", "created": a.created,
+            "model": a.model, "choices": [x.choice() for x in answers], "usage": usage(answers)}
+
+
+def usage(answers: list[Answer]) -> dict | None:
+    """One prompt, n completions."""
+    each = [a.usage() for a in answers]
+    if any(u is None for u in each):
+        return None
+    prompt, completion = each[0]["prompt_tokens"], sum(u["completion_tokens"] for u in each)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _merge(entries: list[dict]) -> dict | None:

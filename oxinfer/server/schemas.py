@@ -2,7 +2,8 @@
 
 Validation is strict (JSON types as OpenAI documents them: "1" is not a number, true is not an
 integer) and every failure becomes a 400 naming the field, so that no body reaches the engine in a
-shape it would choke on. Unknown fields are ignored, as OpenAI-compatible tools send many.
+shape it would choke on. A field this server does not implement is a 400 naming it too: a client
+must never believe a parameter was applied when it was dropped (README: "Supported fields").
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from oxinfer.sampling import SamplingParams
 from oxinfer.server.errors import APIError, bad_request
@@ -28,8 +29,11 @@ def _utf8(s: str) -> str:
 Text = Annotated[str, AfterValidator(_utf8)]
 
 
+MAX_N = 8  # choices a request may ask for (each one a stream of the engine)
+
+
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class TextPart(_Body):
@@ -37,14 +41,76 @@ class TextPart(_Body):
     text: Text
 
 
+class FunctionCall(_Body):
+    name: Text
+    arguments: Text  # JSON text, as OpenAI sends it back
+
+
+class ToolCall(_Body):
+    id: Text
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    name: Text | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # a tool's answer: to which call
 
     def as_engine_message(self) -> dict:
         content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         # "developer" is OpenAI's new name for the system role; chat templates know only "system"
-        return {"role": "system" if self.role == "developer" else self.role, "content": content}
+        m = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        if self.tool_calls:  # HF templates read tool_calls[i].function.{name, arguments}
+            m["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            m["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            m["name"] = self.name
+        return m
+
+
+def _json_or_text(s: str):
+    try:
+        return json.loads(s)
+    except ValueError:
+        return s
+
+
+class FunctionDef(_Body):
+    name: Annotated[str, AfterValidator(_utf8)]
+    description: Text | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: Text
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Body):
+    name: Text
+    description: Text | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(_Body):
@@ -69,20 +135,38 @@ class _Sampling(_Body):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
-    user: str | None = None
+    user: str | None = None  # OpenAI: an end-user id for abuse monitoring; logged, nothing else
+    logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None
+    grammar: Text | None = None  # extension (llama.cpp's server): a GBNF grammar the output follows
 
     def check_common(self) -> None:
-        if self.n is not None and self.n != 1:
-            raise bad_request(f"n: only n=1 is supported, got {self.n}", param="n")
+        if self.n is not None and not 1 <= self.n <= MAX_N:
+            raise bad_request(f"n: must be in [1, {MAX_N}], got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
             raise bad_request("stream_options: only allowed when stream is true", param="stream_options")
+        rf = self.response_format
+        if rf is not None and rf.type == "json_schema" and (rf.json_schema is None or rf.json_schema.schema_ is None):
+            raise bad_request("response_format.json_schema.schema: a json_schema response format needs its schema",
+                              param="response_format")
+        if self.grammar is not None and self.json_schema() is not None:
+            raise bad_request("grammar: give either grammar or a JSON response_format, not both", param="grammar")
+
+    def json_schema(self) -> dict | None:
+        """The schema response_format asks for (json_object: any JSON object)."""
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            return None
+        return {"type": "object"} if rf.type == "json_object" else rf.json_schema.schema_
 
     def sampling_kwargs(self) -> dict[str, Any]:
         names = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                 "frequency_penalty", "seed", "ignore_eos")
+                 "frequency_penalty", "seed", "ignore_eos", "logit_bias", "grammar")
         kw = {k: getattr(self, k) for k in names if getattr(self, k) is not None}
         if self.stop is not None:
             kw["stop"] = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        if self.json_schema() is not None:
+            kw["json_schema"] = self.json_schema()
         return kw
 
     @property
@@ -95,6 +179,9 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # allowed; an answer holds at most one call here
 
     def check(self) -> None:
         self.check_common()
@@ -102,6 +189,44 @@ class ChatCompletionRequest(_Sampling):
             raise bad_request("messages: at least one message is needed", param="messages")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise bad_request("tools: function names must be unique", param="tools")
+        choice = self.tool_choice
+        if choice is not None and not self.tools and choice != "none":
+            raise bad_request("tool_choice: needs tools", param="tool_choice")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise bad_request(f"tool_choice: no tool named '{choice.function.name}' in tools", param="tool_choice")
+        if self.forced_tools() and (self.json_schema() is not None or self.grammar is not None):
+            raise bad_request("tool_choice: a forced tool call cannot also follow response_format or grammar",
+                              param="tool_choice")
+
+    def tool_mode(self) -> str:
+        """none (no tools offered), auto (the model may call one), or forced (it must)."""
+        if not self.tools or self.tool_choice == "none":
+            return "none"
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def forced_tools(self) -> list[Tool]:
+        """The tools one of which the answer must call (tool_choice required or named)."""
+        if self.tool_mode() != "forced":
+            return []
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return [t for t in self.tools if t.function.name == self.tool_choice.function.name]
+        return list(self.tools)
+
+    def sampling_kwargs(self) -> dict[str, Any]:
+        kw = super().sampling_kwargs()
+        forced = self.forced_tools()
+        if forced:  # the call as {"name": ..., "arguments": {...}} under its parameters' schema
+            calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                                       "arguments": t.function.parameters or {"type": "object"}},
+                      "required": ["name", "arguments"], "additionalProperties": False} for t in forced]
+            kw["json_schema"] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return kw
+
+    def tool_dicts(self) -> list[dict]:
+        return [t.model_dump(exclude_none=True, by_alias=True) for t in self.tools or []]
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -184,6 +309,9 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
         param = _param(err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise bad_request(f"{param}: not supported by this server", param=param,
+                              code="unsupported_parameter") from None
         raise bad_request(f"{param or 'body'}: {err['msg']}", param=param or None,
                           code="invalid_type" if "type" in err["type"] else "invalid_value") from None
     except RecursionError:
@@ -194,17 +322,21 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     return req
 
 
-def sampling_params(kw: dict[str, Any], logprobs_param: str = "logprobs") -> SamplingParams:
-    """SamplingParams(**kw); its ValueError (which starts with the field's name) becomes a 400."""
+def sampling_params(kw: dict[str, Any], logprobs_param: str = "logprobs",
+                    schema_param: str = "response_format") -> SamplingParams:
+    """SamplingParams(**kw); its ValueError (which starts with the field's name) becomes a 400.
+    The engine's names become the request's: logprobs (chat: top_logprobs), json_schema (from
+    response_format, or from tools for a forced call), logit_bias[id]."""
     try:
         return SamplingParams(**kw)
     except ValueError as e:
         message = str(e)
-        field = message.split(" ", 1)[0]
-        if field == "logprobs":  # the engine's name; chat requests call it top_logprobs
-            field, message = logprobs_param, logprobs_param + message[len("logprobs"):]
-        raise bad_request(message, param=field if field in kw or field == logprobs_param else None,
-                          code="invalid_value") from None
+        field = message.split(" ", 1)[0].rstrip(":").split("[", 1)[0]
+        renamed = {"logprobs": logprobs_param, "json_schema": schema_param}.get(field)
+        if renamed:
+            message = f"{renamed}: {message}" if field == "json_schema" else renamed + message[len(field):]
+            field = renamed
+        raise bad_request(message, param=field if field in kw or renamed else None, code="invalid_value") from None
 
 
 def _reject_constant(name: str) -> None:
