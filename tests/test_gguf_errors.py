@@ -47,7 +47,7 @@ def test_unknown_ggml_type_id(tmp_path, tiny):
     """A type id no GGML version defines (patched into the first tensor's info) is refused."""
     data = bytearray(tiny.read_bytes())
     f = GGUFFile(tiny)
-    t = f._reader.tensors[0]
+    t = next(iter(f._tensors.values()))
     # tensor info: name (u64 len + bytes), n_dims u32, dims u64 * n, type u32, offset u64
     name = t.name.encode()
     at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
