@@ -22,15 +22,13 @@ from pathlib import Path
 
 import anyio
 import numpy as np
-
 from gguf import GGMLQuantizationType as T
 
 import oxinfer
+from oxinfer.bench import SYNTHETIC as BENCH_SHAPES
 from oxinfer.testing import write_tiny_llama
 
-SYNTHETIC = {"135m": dict(n_layers=30, d=576, d_ff=1536, n_heads=9, n_kv=3, extra_vocab=49152 - 259),
-             "1b": dict(n_layers=22, d=2048, d_ff=5632, n_heads=32, n_kv=4, extra_vocab=32000 - 259),
-             "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000)}
+SYNTHETIC = {**BENCH_SHAPES, "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000)}
 
 
 def _waits(engine):

@@ -1,4 +1,5 @@
-"""`oxinfer run | tokenize`: stream a reply from a GGUF model, or show its token ids."""
+"""`oxinfer run | tokenize | serve | bench`: stream a reply from a model, show its token ids, serve
+it over OpenAI's API, or benchmark it (beside llama.cpp)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import sys
 
 import anyio
 
+from oxinfer.bench import add_bench_parser, bench_command
 from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
-from oxinfer.server.cli import add_serve_parser, run_serve  # needs no server extra until it runs
+from oxinfer.server.cli import (  # needs no server extra until it runs
+    add_serve_parser,
+    run_serve,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("--model")
 
     add_serve_parser(sub)
+    add_bench_parser(sub)
     return p
 
 
@@ -71,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
     try:
-        anyio.run({"run": _run, "tokenize": _tokenize, "serve": run_serve}[args.command], args)
+        if args.command == "bench":
+            bench_command(args)
+        else:
+            anyio.run({"run": _run, "tokenize": _tokenize, "serve": run_serve}[args.command], args)
     except OxinferError as e:
         print(f"oxinfer: error: {e}", file=sys.stderr)
         return 2

@@ -79,7 +79,8 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
-                     qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False) -> Path:
+                     qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False,
+                     llama_cpp: bool = False) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
@@ -87,10 +88,17 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     rope_freqs: the factors each rotated pair's frequency is divided by (llama.cpp writes Llama
     3.1's scaled rope so, as the tensor rope_freqs.weight). qkv_bias: q/k/v biases (Qwen2's; with
     arch="qwen2" the q/k rows are in the rotate-half order of its NEOX rope, as llama.cpp leaves them).
-    head_dim: heads wider than d / n_heads (Qwen3's); qk_norm: Qwen3's RMSNorm weights per q/k head."""
+    head_dim: heads wider than d / n_heads (Qwen3's); qk_norm: Qwen3's RMSNorm weights per q/k head.
+    llama_cpp: loadable by llama.cpp too, which refuses a BPE vocabulary without merges: the first
+    filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
+    merges = []
+    if llama_cpp:
+        if not extra_vocab:
+            raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place)")
+        tokens[259], merges = "\u0120\u0120", ["\u0120 \u0120"]
     vocab = len(tokens)
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layers)
@@ -111,7 +119,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
     w.add_token_types([1] * 256 + [3, 3, 3] + [1] * extra_vocab)
-    w.add_token_merges([])
+    w.add_token_merges(merges)
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)
     w.add_add_bos_token(False)

@@ -1,0 +1,342 @@
+"""`oxinfer bench`: prefill, decode, time to first token, aggregate tok/s per concurrency, peak RSS
+and load time, for oxinfer and (with --compare llama.cpp) llama.cpp on the same GGUF.
+
+Each engine runs in its own fresh process per repeat (load time and peak RSS are the process's
+own), interleaved oxinfer, llama.cpp, oxinfer, llama.cpp...; the table gives medians, the spread
+(max - min over the repeats) and the ratios. llama.cpp runs through llama-cpp-python (this
+interpreter's, or .bench-venv's from `make bench-venv`, or --llama-python), which serves one
+sequence at a time: its aggregate for N streams is N sequences one after another.
+
+Synthetic models (--synthetic 135m,1b,3b) are GGUFs of those shapes with random weights, written on
+demand (--qtype Q4_1, Q8_0 or BF16) and loadable by both engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# name -> write_tiny_llama shape: SmolLM2-135M, TinyLlama-1.1B, Llama-3.2-3B (vocab 32000: the
+# embedding matters little to the speed and a lot to the file)
+SYNTHETIC = {"135m": dict(n_layers=30, d=576, d_ff=1536, n_heads=9, n_kv=3, extra_vocab=49152 - 259),
+             "1b": dict(n_layers=22, d=2048, d_ff=5632, n_heads=32, n_kv=4, extra_vocab=32000 - 259),
+             "3b": dict(n_layers=28, d=3072, d_ff=8192, n_heads=24, n_kv=8, extra_vocab=32000 - 259)}
+METRICS = ("load_s", "peak_rss_mib", "ttft_s", "decode_tps")  # plus prefill_tps@P and aggregate_tps@N
+
+
+def add_bench_parser(sub) -> None:
+    b = sub.add_parser("bench", help="benchmark a model (optionally beside llama.cpp)")
+    src = b.add_mutually_exclusive_group()
+    src.add_argument("--model", help="a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
+    src.add_argument("--synthetic", help="comma-separated shapes: " + ",".join(SYNTHETIC))
+    b.add_argument("--qtype", default="Q4_1", choices=["Q4_1", "Q8_0", "BF16"], help="synthetic models' matrices")
+    b.add_argument("--backend", default="cpu", choices=["cpu", "webgpu", "auto"])
+    b.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths for prefill")
+    b.add_argument("--gen-tokens", type=int, default=128, help="tokens decoded per stream")
+    b.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")
+    b.add_argument("--repeats", type=int, default=3, help="fresh processes per engine (medians, spread)")
+    b.add_argument("--compare", choices=["llama.cpp"], help="run llama.cpp on the same GGUF, interleaved")
+    b.add_argument("--llama-python", help="a Python with llama_cpp (default: this one, else .bench-venv)")
+    b.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's CPU threads")
+    b.add_argument("--json", dest="json_out", help="write the results here")
+    b.add_argument("--plot", help="write PNG plots into this folder (matplotlib: oxinfer[bench])")
+    b.add_argument("--from-json", nargs="+", metavar="FILE",
+                   help="run nothing: print and plot the results these --json files hold, together")
+
+
+def _ids(n: int, vocab: int, salt: int = 0) -> list[int]:
+    """n ordinary token ids (no control tokens), different per salt."""
+    span = max(vocab - 600, 1)
+    return [500 + (i * 7919 + salt * 104729) % span for i in range(n)]
+
+
+# --- the workers (each in its own process) ------------------------------------------------------
+async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int, conc: list[int]) -> dict:
+    import anyio
+
+    import oxinfer
+
+    t0 = time.perf_counter()
+    engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc))
+    out = {"load_s": time.perf_counter() - t0}
+    vocab = engine.config.vocab_size
+    await engine.generate(_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    for p in prompts:  # the first prompt of a length builds its plans (on a GPU): warm, then measure
+        one = oxinfer.SamplingParams(max_tokens=1, temperature=0)
+        await engine.generate(_ids(p, vocab, p + 1), one)
+        r = await engine.generate(_ids(p, vocab, p), one)
+        out[f"prefill_tps@{p}"] = p / r.finished.ttft_s
+    params = oxinfer.SamplingParams(max_tokens=gen, temperature=0, ignore_eos=True)
+    r = await engine.generate(_ids(128, vocab, 1), params)
+    out["ttft_s"] = r.finished.ttft_s
+    out["decode_tps"] = r.finished.generation_tps
+    for n in conc:
+        async def one(i: int) -> None:
+            await engine.generate(_ids(128, vocab, 10 + i), params)
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
+    return out
+
+
+LLAMA_WORKER = r"""
+import json, resource, sys, time
+from llama_cpp import Llama
+model, prompts, gen, conc, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
+def ids(n, vocab, salt=0):
+    span = max(vocab - 600, 1)
+    return [500 + (i * 7919 + salt * 104729) % span for i in range(n)]
+t0 = time.perf_counter()
+llm = Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False)
+out = {"load_s": time.perf_counter() - t0}
+vocab = llm.n_vocab()
+def run(prompt, n_gen):
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    tok = int(llm.scores[llm.n_tokens - 1].argmax())
+    ttft = time.perf_counter() - t
+    t1 = time.perf_counter()
+    for _ in range(n_gen - 1):
+        llm.eval([tok])
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+    return ttft, time.perf_counter() - t1
+run(ids(16, vocab), 4)
+for p in prompts:
+    run(ids(p, vocab, p + 1), 1)
+    out[f"prefill_tps@{p}"] = p / run(ids(p, vocab, p), 1)[0]
+ttft, dec = run(ids(128, vocab, 1), gen)
+out["ttft_s"], out["decode_tps"] = ttft, (gen - 1) / dec
+for n in conc:
+    t0 = time.perf_counter()
+    for i in range(n):
+        run(ids(128, vocab, 10 + i), gen)
+    out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
+out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def _worker_main(argv: list[str]) -> None:
+    """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC: one oxinfer run, JSON last."""
+    import resource
+
+    import anyio
+
+    from oxinfer.logs import configure_logging
+
+    configure_logging("WARNING")
+    model, backend, prompts, gen, conc = argv[0], argv[1], json.loads(argv[2]), int(argv[3]), json.loads(argv[4])
+    out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc)
+    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+
+
+def _llama_python(given: str | None) -> str:
+    if given:
+        return given
+    try:
+        import llama_cpp  # noqa: F401
+
+        return sys.executable
+    except ImportError:
+        pass
+    venv = Path(__file__).resolve().parents[1] / ".bench-venv" / "bin" / "python"
+    if venv.exists():
+        return str(venv)
+    raise SystemExit("--compare llama.cpp needs llama-cpp-python: `pip install llama-cpp-python`, "
+                     "`make bench-venv`, or --llama-python PATH")
+
+
+def _run(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise SystemExit(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _progress(total: int):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, unit="run", file=sys.stderr)
+    except ImportError:  # the bench extra is not installed: a line per run
+        class Lines:
+            n = 0
+
+            def set_description(self, s: str) -> None:
+                print(f"[{self.n + 1}/{total}] {s}", file=sys.stderr, flush=True)
+
+            def update(self, k: int = 1) -> None:
+                self.n += k
+
+            def close(self) -> None:
+                pass
+
+        return Lines()
+
+
+def _summary(runs: list[dict]) -> dict:
+    keys = runs[0].keys()
+    return {k: {"median": statistics.median(r[k] for r in runs), "spread": max(r[k] for r in runs) - min(r[k] for r in runs)}
+            for k in keys}
+
+
+def _models(args, tmp: Path) -> list[tuple[str, str]]:
+    """(label, path) of each model to run."""
+    if not args.synthetic:
+        from oxinfer.formats import default_model_path
+
+        path = args.model or str(default_model_path())
+        return [(Path(path).stem, path)]
+    from gguf import GGMLQuantizationType as T
+
+    from oxinfer.testing import write_tiny_llama
+
+    out = []
+    for name in args.synthetic.split(","):
+        if name not in SYNTHETIC:
+            raise SystemExit(f"--synthetic: unknown shape {name!r} (known: {', '.join(SYNTHETIC)})")
+        path = tmp / f"synthetic-{name}-{args.qtype}.gguf"
+        print(f"writing {path.name} ...", file=sys.stderr, flush=True)
+        write_tiny_llama(path, qtype=T[args.qtype], fast=True, context=2048, llama_cpp=True, **SYNTHETIC[name])
+        out.append((path.stem, str(path)))
+    return out
+
+
+def run_bench(args) -> list[dict]:
+    prompts = [int(v) for v in args.prompt_tokens.split(",")]
+    conc = [int(v) for v in args.concurrency.split(",")]
+    llama_py = _llama_python(args.llama_python) if args.compare else None
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="oxinfer-bench-") as tmp:
+        models = _models(args, Path(tmp))
+        engines = ["oxinfer"] + (["llama.cpp"] if llama_py else [])
+        bar = _progress(len(models) * len(engines) * args.repeats)
+        for label, path in models:
+            runs: dict[str, list[dict]] = {e: [] for e in engines}
+            for r in range(args.repeats):
+                for e in engines:  # interleaved: A B A B
+                    bar.set_description(f"{label}: {e} run {r + 1}")
+                    if e == "oxinfer":
+                        cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", path, args.backend,
+                               json.dumps(prompts), str(args.gen_tokens), json.dumps(conc)]
+                    else:
+                        cmd = [llama_py, "-c", LLAMA_WORKER, path, json.dumps(prompts), str(args.gen_tokens),
+                               json.dumps(conc), str(args.threads)]
+                    runs[e].append(_run(cmd))
+                    bar.update(1)
+            for e in engines:
+                rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu",
+                             "repeats": args.repeats, **_summary(runs[e])})
+        bar.close()
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r if isinstance(r[k], dict)))
+    print("| model | engine | " + " | ".join(keys) + " |")
+    print("|---|---|" + "---:|" * len(keys))
+    for r in rows:
+        cells = [f"{r[k]['median']:,.3g} ± {r[k]['spread']:,.2g}" if k in r else "-" for k in keys]
+        print(f"| {r['model']} | {r['engine']} ({r['backend']}) | " + " | ".join(cells) + " |")
+    by_model: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], {})[r["engine"]] = r
+    for model, rs in by_model.items():
+        if "llama.cpp" in rs:
+            ratios = ", ".join(f"{k} {rs['oxinfer'][k]['median'] / rs['llama.cpp'][k]['median']:.2f}x" for k in keys
+                               if k in rs["oxinfer"] and rs["llama.cpp"].get(k, {}).get("median"))
+            print(f"\n{model}, oxinfer / llama.cpp: {ratios}")
+
+
+def plot(rows: list[dict], folder: str) -> list[Path]:
+    try:
+        import matplotlib
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: pip install 'oxinfer[bench]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(folder)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for r in (r for r in rows if r["model"] == model):
+            ns = sorted(int(k.split("@")[1]) for k in r if k.startswith("aggregate_tps@"))
+            ax.errorbar(ns, [r[f"aggregate_tps@{n}"]["median"] for n in ns],
+                        yerr=[r[f"aggregate_tps@{n}"]["spread"] / 2 for n in ns], marker="o",
+                        label=f"{r['engine']} ({r['backend']})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams")
+        ax.set_ylabel("aggregate tok/s (128-token prompts + decode)")
+        ax.set_title(model, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    written.append(out_dir / "aggregate_vs_concurrency.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    engines = list(dict.fromkeys((r["engine"], r["backend"]) for r in rows))
+    def longest_prefill(r: dict) -> dict:
+        return r[max((k for k in r if k.startswith("prefill_tps@")), key=lambda k: int(k.split("@")[1]))]
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, pick, title in ((axes[0], longest_prefill, "prefill tok/s (longest prompt measured)"),
+                            (axes[1], lambda r: r["decode_tps"], "decode tok/s (1 stream)")):
+        width = 0.8 / len(engines)
+        for j, (e, b) in enumerate(engines):
+            vals = [next((pick(r)["median"] for r in rows if r["model"] == m and (r["engine"], r["backend"]) == (e, b)), 0)
+                    for m in models]
+            ax.bar([i + j * width for i in range(len(models))], vals, width, label=f"{e} ({b})")
+        ax.set_xticks([i + width * (len(engines) - 1) / 2 for i in range(len(models))], models, fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    written.append(out_dir / "prefill_decode_by_model.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+    return written
+
+
+def bench_command(args) -> None:
+    """The CLI entry (oxinfer/cli.py): run (or read --from-json), print the table, write JSON and plots."""
+    if args.from_json:
+        rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())["rows"]]
+    else:
+        rows = run_bench(args)
+    print_table(rows)
+    if args.json_out and not args.from_json:
+        meta = {"date": time.strftime("%Y-%m-%d"), "argv": sys.argv, "python": sys.version.split()[0],
+                "cpu": _cpu_name(), "rows": rows}
+        Path(args.json_out).write_text(json.dumps(meta, indent=1))
+    if args.plot:
+        for p in plot(rows, args.plot):
+            print(f"wrote {p}", file=sys.stderr)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                flags = Path("/proc/cpuinfo").read_text()
+                return line.split(":", 1)[1].strip() + (" (AVX-512 VNNI)" if "avx512_vnni" in flags else " (no AVX-512 VNNI)")
+    except OSError:
+        pass
+    return "unknown"
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
+    _worker_main(sys.argv[2:])
