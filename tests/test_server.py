@@ -528,3 +528,24 @@ def test_n_samples_with_a_seed_are_reproducible(client, srv, stream):
     first = texts()
     assert texts() == first
     assert len(set(first)) > 1  # three samples, not one copied
+
+
+async def test_a_dropped_stream_of_n_choices_ends_all_of_them(srv, http):
+    """n=3, streamed: the client goes away after a few chunks; all three requests leave the engine."""
+    client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    try:
+        stream = await client.chat.completions.create(
+            model=srv.engine.model_name, messages=CHAT, n=3, stream=True, temperature=1.0, seed=3,
+            max_tokens=200, extra_body={"ignore_eos": True})
+        seen = set()
+        async for chunk in stream:
+            seen |= {c.index for c in chunk.choices if c.delta.content}
+            if len(seen) == 3:
+                break
+        await stream.close()
+    finally:
+        await client.close()
+    deadline = time.monotonic() + 10
+    while metric(http, "oxinfer_requests_running") and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert metric(http, "oxinfer_requests_running") == 0 and seen == {0, 1, 2}
