@@ -87,10 +87,12 @@ class MatmulScheduler:
         self.call_observers: list[Callable[[int, int], None]] = []
 
     # --- weights ------------------------------------------------------------------------------
-    def register(self, w: QuantMatrix) -> None:
-        """Prepare w on the CPU and, when the GPU backend takes it, on the GPU."""
+    def register(self, w: QuantMatrix, cpu: bool = True) -> None:
+        """Prepare w on the GPU when the GPU backend takes it, and on the CPU (cpu=False: the CPU
+        kernel is built when a matmul first needs it)."""
         self._order.setdefault(w, len(self._order))
-        self.cpu.upload(w)
+        if cpu:
+            self.cpu.upload(w)
         if self.gpu is None:
             return
         try:
