@@ -361,8 +361,11 @@ _valid = st.fixed_dictionaries(
     optional={"temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(0, 40),
               "min_p": st.floats(0, 1), "seed": st.integers(0, 2**64), "stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
               "presence_penalty": st.floats(-2, 2), "frequency_penalty": st.floats(-2, 2),
-              "repetition_penalty": st.floats(0.5, 2), "n": st.just(1), "stream": st.booleans(),
-              "logprobs": st.just(True), "top_logprobs": st.integers(0, 20), "ignore_eos": st.booleans()},
+              "repetition_penalty": st.floats(0.5, 2), "n": st.integers(1, 2), "stream": st.booleans(),
+              "logprobs": st.just(True), "top_logprobs": st.integers(0, 20), "ignore_eos": st.booleans(),
+              "logit_bias": st.dictionaries(st.integers(0, 49151).map(str), st.floats(-100, 100), max_size=3),
+              "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
+              "grammar": st.sampled_from(['root ::= "a" | "b"', "root ::= [0-9]+", "root ::= ("])},
 )
 _bodies = (
     _valid.map(lambda d: json.dumps(d).encode())
@@ -373,7 +376,7 @@ _bodies = (
 )
 
 
-@settings(max_examples=220, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=180, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(body=_bodies)
 def test_fuzz_chat_never_500(http, body):
     r = http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
