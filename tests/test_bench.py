@@ -1,0 +1,57 @@
+"""`oxinfer bench`: the worker's metrics on a tiny model, the table and ratios from saved results,
+and synthetic GGUFs that llama.cpp can load too (it refuses a BPE vocabulary without merges)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from oxinfer.bench import _oxinfer_worker, print_table
+from oxinfer.cli import main as cli_main
+from oxinfer.formats import GGUFFile
+from oxinfer.testing import write_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_llama(tmp_path_factory.mktemp("bench") / "t.gguf", d=64, n_heads=4, n_kv=2, d_ff=128,
+                            extra_vocab=700, context=512, llama_cpp=True)
+
+
+async def test_the_worker_measures_every_metric(tiny):
+    out = await _oxinfer_worker(str(tiny), "cpu", [16, 32], 4, [1, 3])
+    assert set(out) == {"load_s", "prefill_tps@16", "prefill_tps@32", "ttft_s", "decode_tps",
+                        "aggregate_tps@1", "aggregate_tps@3"}
+    assert all(v > 0 for v in out.values())
+
+
+def test_a_worker_process_prints_its_json_last(tiny):
+    cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", str(tiny), "cpu", "[16]", "3", "[2]"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
+    row = json.loads(out.stdout.strip().splitlines()[-1])
+    assert row["peak_rss_mib"] > 0 and row["aggregate_tps@2"] > 0
+
+
+def test_saved_results_print_medians_and_ratios(tmp_path, capsys):
+    def m(v):
+        return {"median": v, "spread": v / 10}
+
+    rows = [{"model": "m", "engine": "oxinfer", "backend": "cpu", "repeats": 2, "decode_tps": m(30.0), "load_s": m(2.0)},
+            {"model": "m", "engine": "llama.cpp", "backend": "cpu", "repeats": 2, "decode_tps": m(60.0), "load_s": m(0.5)}]
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"rows": rows}))
+    assert cli_main(["bench", "--from-json", str(f)]) == 0
+    text = capsys.readouterr().out
+    assert "| m | oxinfer (cpu) | 30 ± 3 | 2 ± 0.2 |" in text
+    assert "decode_tps 0.50x" in text and "load_s 4.00x" in text
+    print_table(rows[:1])  # one engine: no ratios
+    assert "oxinfer / llama.cpp" not in capsys.readouterr().out
+
+
+def test_synthetic_models_carry_a_merge_for_llama_cpp(tiny):
+    f = GGUFFile(tiny)
+    assert f.get("tokenizer.ggml.merges") == ["\u0120 \u0120"]
+    assert f.get("tokenizer.ggml.tokens")[259] == "\u0120\u0120"
+    with pytest.raises(ValueError, match="extra_vocab"):
+        write_tiny_llama(tiny.parent / "x.gguf", llama_cpp=True)
