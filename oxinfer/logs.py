@@ -8,6 +8,17 @@ import sys
 import structlog
 
 
+class _CurrentStderr:
+    """Whatever sys.stderr is when a line is written: pytest, notebooks and daemons swap it, and a
+    logger holding the old one writes to a closed file ("I/O operation on closed file")."""
+
+    def write(self, s: str) -> int:
+        return sys.stderr.write(s)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str | int = "INFO", json: bool = False) -> None:
     """Route oxinfer's structlog events to stderr at `level` (the CLI and server call this)."""
     if isinstance(level, str):
@@ -20,7 +31,7 @@ def configure_logging(level: str | int = "INFO", json: bool = False) -> None:
             structlog.processors.TimeStamper(fmt="iso"),
             structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False),
         ],
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_CurrentStderr()),
         cache_logger_on_first_use=False,
     )
 

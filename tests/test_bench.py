@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from oxinfer.bench import _oxinfer_worker, print_table
-from oxinfer.cli import main as cli_main
+from oxinfer.bench import _oxinfer_worker, bench_command, print_table
+from oxinfer.cli import _parser
 from oxinfer.formats import GGUFFile
 from oxinfer.testing import write_tiny_llama
 
@@ -41,7 +41,7 @@ def test_saved_results_print_medians_and_ratios(tmp_path, capsys):
             {"model": "m", "engine": "llama.cpp", "backend": "cpu", "repeats": 2, "decode_tps": m(60.0), "load_s": m(0.5)}]
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"rows": rows}))
-    assert cli_main(["bench", "--from-json", str(f)]) == 0
+    bench_command(_parser().parse_args(["bench", "--from-json", str(f)]))  # (cli.main would reconfigure logging)
     text = capsys.readouterr().out
     assert "| m | oxinfer (cpu) | 30 ± 3 | 2 ± 0.2 |" in text
     assert "decode_tps 0.50x" in text and "load_s 4.00x" in text

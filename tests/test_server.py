@@ -178,6 +178,7 @@ async def test_concurrent_streams_with_dropped_clients(srv, http):
     n_tokens = 40
     dropped = {1, 5, 9, 13}
     first = [asyncio.Event() for _ in range(CONCURRENT)]
+    checked = asyncio.Event()  # the 17th request was refused: only then do the 4 clients leave
     done = [False] * CONCURRENT
     client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
     cancelled_before = metric(http, 'oxinfer_requests_finished_total{reason="cancelled"}') if \
@@ -194,6 +195,7 @@ async def test_concurrent_streams_with_dropped_clients(srv, http):
                 seen += 1
                 first[i].set()
                 if i in dropped and seen >= 2:
+                    await checked.wait()
                     await stream.close()
                     done[i] = True
                     return "dropped", None
@@ -211,6 +213,7 @@ async def test_concurrent_streams_with_dropped_clients(srv, http):
             r = await h.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": 2})
             assert r.status_code == 503 and r.headers["retry-after"].isdigit()
             assert r.json()["error"]["code"] == "engine_overloaded"
+            checked.set()
             await asyncio.wait_for(asyncio.gather(*(tasks[i] for i in dropped)), 60)
             deadline = time.monotonic() + 5
             while True:  # the dropped requests leave the engine as soon as their connections close
