@@ -11,6 +11,7 @@ sampled decoding both stay inside the constraint, on every backend.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import weakref
@@ -33,8 +34,10 @@ class Constraint:
     source: str
     syntax: str = "gbnf"
 
+    @functools.cached_property
     def grammar(self) -> str:
-        """llguidance's grammar for this constraint; ValueError naming the problem if it is invalid."""
+        """llguidance's grammar for this constraint (compiled once: SamplingParams validates it,
+        the request's matcher uses it); ValueError naming the problem if it is invalid."""
         from llguidance import LLMatcher
         from llguidance.gbnf_to_lark import any_to_lark
 
@@ -84,7 +87,7 @@ class Constraint:
             c = cls("grammar", grammar, grammar_syntax)
         else:
             return None
-        c.grammar()  # invalid ones fail here, before any work
+        c.grammar  # invalid ones fail here, before any work  # noqa: B018
         return c
 
 
@@ -96,7 +99,7 @@ class Guide:
         from llguidance import LLMatcher
 
         self.vocab = vocab
-        self._m = LLMatcher(_lltokenizer(tokenizer, vocab), constraint.grammar(), log_level=0)
+        self._m = LLMatcher(_lltokenizer(tokenizer, vocab), constraint.grammar, log_level=0)
         if self._m.is_error():
             raise ValueError(f"{constraint.kind}: {self._m.get_error()}")
         self._allowed: np.ndarray | None = None
