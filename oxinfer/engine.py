@@ -122,16 +122,17 @@ class Engine:
                                     gpu=gpu if gpu is not None else select_gpu_backend(backend))
         model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
         whole_on_gpu = resident and hasattr(scheduler.gpu, "device")  # a WebGpuBackend may run it all
+        if not whole_on_gpu:
+            scheduler.cpu.upload_all(model.matrices())
         for m in model.matrices():
-            scheduler.register(m, cpu=not whole_on_gpu)
+            scheduler.register(m, cpu=False)
         runner = None
         if whole_on_gpu:
             try:
                 runner = ResidentRunner(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent))
             except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
                 log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
-                for m in model.matrices():
-                    scheduler.cpu.upload(m)
+                scheduler.cpu.upload_all(model.matrices())
         # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;
         # TinyLlama: ~20 s) wait until a GPU fault sends a request to the CPU
         return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, runner)

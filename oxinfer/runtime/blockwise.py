@@ -42,7 +42,7 @@ log = structlog.get_logger("oxinfer.runtime")
 _threads: dict[str, object] = {}  # process-wide settings, made once
 
 
-def _set_up_threads() -> None:
+def set_up_threads() -> None:
     """OpenBLAS to one thread, and one onnxruntime pool for every session (else each session has
     its own, which must not spin: 121 spinning pools made a step 60x slower)."""
     if _threads:
@@ -100,7 +100,7 @@ class BlockwiseKernel:
     """y (t, n_out) = x (t, n_in) @ W^T for one quantized matrix."""
 
     def __init__(self, w: QuantMatrix):
-        _set_up_threads()
+        set_up_threads()
         blocks = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
         values, scales = w.codec.int8_blocks(blocks)  # (n_out * n_in / 32, 32) u8, (n_out * n_in / 32,) f32
         self.nbytes = values.nbytes + scales.nbytes

@@ -9,8 +9,10 @@ read a quarter of f32's bytes and multiply 16 stacked rows in half the time.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import anyio
 import anyio.to_thread
@@ -57,6 +59,18 @@ class CpuBackend:
         if kernel is None:
             kernel = self._kernels[base] = self._int8_kernel(base) or F32Kernel(base)
         return kernel
+
+    def upload_all(self, weights) -> None:
+        """Build the kernels of many matrices at once, in threads: building one is mostly
+        onnxruntime's C++ (SmolLM2's 121 kernels: 2.4 s one by one, 1.7 s on 2 cores)."""
+        bases = [b for b in dict.fromkeys(w.base or w for w in weights) if b not in self._kernels]
+        if not bases:
+            return
+        if self.int8:
+            blockwise.set_up_threads()  # once, before any session: not from several threads at once
+        with ThreadPoolExecutor(min(len(bases), os.cpu_count() or 1, 8), thread_name_prefix="oxinfer-kernels") as ex:
+            for b, kernel in zip(bases, ex.map(self._int8_kernel, bases)):
+                self._kernels[b] = kernel or F32Kernel(b)
 
     def _int8_kernel(self, w: QuantMatrix) -> Kernel | None:
         if not (self.int8 and blockwise.supports(w)):
