@@ -59,7 +59,7 @@ async def main() -> None:
         t = time.perf_counter()
         guide.compute()
         times.append(time.perf_counter() - t)
-        guide.apply(np.zeros(vocab, np.float32))
+        guide.apply(np.zeros(vocab, np.float32))  # as the sampler does, into its own row
         guide.advance(tok)
     print(f"model {engine.model_name}, vocabulary {vocab}: matcher built in {build * 1e3:.0f} ms "
           f"(first one: the tokenizer's index too); mask {statistics.median(times) * 1e6:.0f} us a token "

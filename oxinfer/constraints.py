@@ -108,15 +108,13 @@ class Guide:
         bits = np.frombuffer(self._m.compute_bitmask(), np.uint8)
         self._allowed = np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool)
 
-    def apply(self, logits: np.ndarray) -> np.ndarray:
-        """logits with every token the constraint forbids at -inf (a copy)."""
+    def apply(self, x: np.ndarray) -> None:
+        """Every token the constraint forbids to -inf, in x (a logits row the caller owns)."""
         if self._allowed is None:
             self.compute()
-        x = np.array(logits, np.float32, copy=True)
         x[: len(self._allowed)][~self._allowed] = -np.inf
         x[len(self._allowed):] = -np.inf
         self._allowed = None
-        return x
 
     def advance(self, token: int) -> None:
         if not self._m.consume_token(token):

@@ -117,6 +117,9 @@ class Sampler:
 
     def __post_init__(self):
         self.rng = np.random.default_rng(self.params.seed)
+        pairs = self.params.logit_bias  # as arrays once, not per token
+        self._bias_ids = np.array([i for i, _ in pairs], np.int64)
+        self._bias = np.array([b for _, b in pairs], np.float32)
 
     @property
     def needs_logits(self) -> bool:
@@ -134,12 +137,12 @@ class Sampler:
         if p.logprobs is not None:
             logsm = _log_softmax(logits)
         x = self._penalize(logits)
+        if (p.logit_bias or self.guide is not None) and x is logits:
+            x = x.astype(np.float32)  # one copy for the bias and the mask to write into
         if p.logit_bias:
-            x = x.astype(np.float32, copy=x is logits)
-            ids, bias = zip(*p.logit_bias)
-            x[list(ids)] += np.asarray(bias, np.float32)
+            x[self._bias_ids] += self._bias
         if self.guide is not None:
-            x = self.guide.apply(x)
+            self.guide.apply(x)
         if p.greedy:
             tok = int(np.argmax(x))
         else:
