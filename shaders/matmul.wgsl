@@ -132,6 +132,137 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     store_row(wid.z, m0 + 64u + 4u * ty + 3u, n, c7a, c7b);
 }
 
+// mm_wide: mm_tiled's product with 128 (tokens) x 192 (outputs) tiles: each invocation keeps 8 tokens x
+// 12 outputs (24 vec4) and reads 5 vec4 a k for 96 FMAs (mm_tiled: 4 for 64). 20 KiB of workgroup
+// memory (x 8 KiB as mm_tiled's, W 12 KiB), so it needs a device that grants more than WebGPU's default
+// 16 KiB (webgpu.py requests the adapter's limit; kernel_for falls back to mm_tiled where it is lower).
+// W: invocations 0..191 each stage one output row's 16 weights of the step (two w8); the rest stage x
+// only. On the H200 this loop alone reaches 40.7 TFLOP/s against mm_tiled's 35.2 (gpu_fma_peak.py).
+var<workgroup> ws192: array<vec4<f32>, 768>;   // [k 0..15][n/4 0..47], component n % 4
+
+// the 12 outputs an mm_wide invocation holds for one token row: n .. n + 3, n + 64 .., n + 128 ..
+fn store_row3(z: u32, m: u32, n: u32, lo: vec4<f32>, mid: vec4<f32>, hi: vec4<f32>) {
+    store4(z, m, n, lo);
+    store4(z, m, n + 64u, mid);
+    store4(z, m, n + 128u, hi);
+}
+
+@compute @workgroup_size(256)
+fn mm_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * 192u;
+    let m0 = wid.y * 128u;
+    let tx = lid & 15u;        // outputs n0 + 4tx .. +3, n0 + 64 + 4tx .. +3, n0 + 128 + 4tx .. +3
+    let ty = lid >> 4u;        // tokens  m0 + 4ty .. +3 and m0 + 64 + 4ty .. +3
+    let xm = lid >> 2u;        // x loaders: rows xm and xm + 64, k quarter xq
+    let xq = lid & 3u;
+    let loads_w = lid < 192u;  // W loaders: row n0 + lid, all 16 k of the step
+    let row_x0 = min(m0 + xm, P.t - 1u) * (P.n_in >> 2u) + xq;
+    let row_x1 = min(m0 + xm + 64u, P.t - 1u) * (P.n_in >> 2u) + xq;
+    let row_w = min(n0 + lid, P.n_out - 1u);
+    let all = P.n_in / TK;
+    let steps = (all + max(P.splits, 1u) - 1u) / max(P.splits, 1u);   // this workgroup's slice of k
+    let s0 = wid.z * steps;
+    let s1 = min(s0 + steps, all);
+
+    // c{i}{a,b,c}: token row i (as mm_tiled's) x outputs n0 + 4tx, n0 + 64 + 4tx, n0 + 128 + 4tx .. +3
+    var c0a = vec4<f32>(0.0);
+    var c0b = vec4<f32>(0.0);
+    var c0c = vec4<f32>(0.0);
+    var c1a = vec4<f32>(0.0);
+    var c1b = vec4<f32>(0.0);
+    var c1c = vec4<f32>(0.0);
+    var c2a = vec4<f32>(0.0);
+    var c2b = vec4<f32>(0.0);
+    var c2c = vec4<f32>(0.0);
+    var c3a = vec4<f32>(0.0);
+    var c3b = vec4<f32>(0.0);
+    var c3c = vec4<f32>(0.0);
+    var c4a = vec4<f32>(0.0);
+    var c4b = vec4<f32>(0.0);
+    var c4c = vec4<f32>(0.0);
+    var c5a = vec4<f32>(0.0);
+    var c5b = vec4<f32>(0.0);
+    var c5c = vec4<f32>(0.0);
+    var c6a = vec4<f32>(0.0);
+    var c6b = vec4<f32>(0.0);
+    var c6c = vec4<f32>(0.0);
+    var c7a = vec4<f32>(0.0);
+    var c7b = vec4<f32>(0.0);
+    var c7c = vec4<f32>(0.0);
+    var xa = x[row_x0 + 4u * s0];
+    var xb = x[row_x1 + 4u * s0];
+    var wl = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+    var wh = wl;
+    if (loads_w) {
+        wl = w8(row_w, 2u * s0);
+        wh = w8(row_w, 2u * s0 + 1u);
+    }
+    for (var s = s0; s < s1; s++) {
+        for (var j = 0u; j < 4u; j++) {
+            xs[(4u * xq + j) * 32u + (xm >> 2u)][xm & 3u] = xa[j];
+            xs[(4u * xq + j) * 32u + 16u + (xm >> 2u)][xm & 3u] = xb[j];
+        }
+        if (loads_w) {
+            for (var j = 0u; j < 4u; j++) {
+                ws192[j * 48u + (lid >> 2u)][lid & 3u] = wl[0][j];
+                ws192[(4u + j) * 48u + (lid >> 2u)][lid & 3u] = wl[1][j];
+                ws192[(8u + j) * 48u + (lid >> 2u)][lid & 3u] = wh[0][j];
+                ws192[(12u + j) * 48u + (lid >> 2u)][lid & 3u] = wh[1][j];
+            }
+        }
+        workgroupBarrier();
+        if (s + 1u < s1) {
+            xa = x[row_x0 + 4u * (s + 1u)];
+            xb = x[row_x1 + 4u * (s + 1u)];
+            if (loads_w) {
+                wl = w8(row_w, 2u * (s + 1u));
+                wh = w8(row_w, 2u * (s + 1u) + 1u);
+            }
+        }
+        for (var k = 0u; k < TK; k++) {
+            let a0 = xs[k * 32u + ty];
+            let a1 = xs[k * 32u + 16u + ty];
+            let b0 = ws192[k * 48u + tx];
+            let b1 = ws192[k * 48u + 16u + tx];
+            let b2 = ws192[k * 48u + 32u + tx];
+            c0a += a0.x * b0;
+            c0b += a0.x * b1;
+            c0c += a0.x * b2;
+            c1a += a0.y * b0;
+            c1b += a0.y * b1;
+            c1c += a0.y * b2;
+            c2a += a0.z * b0;
+            c2b += a0.z * b1;
+            c2c += a0.z * b2;
+            c3a += a0.w * b0;
+            c3b += a0.w * b1;
+            c3c += a0.w * b2;
+            c4a += a1.x * b0;
+            c4b += a1.x * b1;
+            c4c += a1.x * b2;
+            c5a += a1.y * b0;
+            c5b += a1.y * b1;
+            c5c += a1.y * b2;
+            c6a += a1.z * b0;
+            c6b += a1.z * b1;
+            c6c += a1.z * b2;
+            c7a += a1.w * b0;
+            c7b += a1.w * b1;
+            c7c += a1.w * b2;
+        }
+        workgroupBarrier();
+    }
+    let n = n0 + 4u * tx;
+    store_row3(wid.z, m0 + 4u * ty + 0u, n, c0a, c0b, c0c);
+    store_row3(wid.z, m0 + 4u * ty + 1u, n, c1a, c1b, c1c);
+    store_row3(wid.z, m0 + 4u * ty + 2u, n, c2a, c2b, c2c);
+    store_row3(wid.z, m0 + 4u * ty + 3u, n, c3a, c3b, c3c);
+    store_row3(wid.z, m0 + 64u + 4u * ty + 0u, n, c4a, c4b, c4c);
+    store_row3(wid.z, m0 + 64u + 4u * ty + 1u, n, c5a, c5b, c5c);
+    store_row3(wid.z, m0 + 64u + 4u * ty + 2u, n, c6a, c6b, c6c);
+    store_row3(wid.z, m0 + 64u + 4u * ty + 3u, n, c7a, c7b, c7c);
+}
+
 // mm_tiled64: the same product with 64 x 64 tiles, k steps of 32 (one quant block), 4 x 4 outputs per
 // invocation, same 16 KiB of workgroup memory. webgpu.py takes it when 128 x 128 tiles would leave the
 // GPU's cores idle: (n_out / 128) * (t / 128) workgroups is below ~2 per core for prefill-sized t
