@@ -64,13 +64,11 @@ async def crowd(engine, streams: int, n_decode: int) -> float:
     return streams * (n_decode - 1) / (time.perf_counter() - max(firsts))
 
 
-async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
-                  big_tile: str | None = None) -> dict:
+async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int]) -> dict:
     gpu = None
     if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
         from oxinfer.runtime.webgpu import WebGpuBackend
         gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
-        gpu.big_tile = big_tile or gpu.big_tile
     engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max(concurrency))
     prompt = [int(i) for i in np.random.default_rng(0).integers(0, 256, n_prompt)]
     await engine.next_logits(prompt)  # warm up: pipelines, buffers, first-touch pages
@@ -105,8 +103,6 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
-    ap.add_argument("--big-tile", nargs="+", default=[None], choices=["mm_tiled", "mm_wide"],
-                    help="webgpu: the kernel of products with many tiles (default: the backend's), each measured")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
@@ -123,9 +119,8 @@ def main() -> None:
         print(f"| model | backend | prefill tok/s | {cols} | waits/token (1 stream) | submissions/step |")
         print("|---|---|---:|" + "---:|" * len(a.concurrency) + "---:|---:|")
         for path in models:
-            for backend, big in [(b, t) for b in a.backends for t in (a.big_tile if b == "webgpu" else [None])]:
-                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, big)
-                backend += f" ({big})" if big else ""
+            for backend in a.backends:
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency)
                 c = a.concurrency[0]
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
                 print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {r.get(f'waits{c}', 0):.2f} | "

@@ -2,7 +2,6 @@
 kernel family alone, for a decode step of N streams on synthetic model shapes.
 
     .venv/bin/python benchmarks/gpu_step_profile.py [--synthetic 135m 1b] [--streams 1 32 -512]
-        [--big-tile mm_tiled mm_wide] [--slots 264 132]
 
 The families' times need not add up to the whole step (the GPU overlaps independent dispatches
 and each alone pays its own launch latency); their ratios say what to work on.
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import anyio
 import numpy as np
-from gpu_model import SYNTHETIC
 
 import oxinfer
-from oxinfer.runtime import webgpu
 from oxinfer.runtime.resident import _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
+
+from gpu_model import SYNTHETIC
 
 
 def pass_ms(runner, seqs, caches, reps: int = 20) -> float:
@@ -45,14 +44,11 @@ def _family(runner, d, rows: int) -> str:
     n_out, n_in = int(d.params[0]), int(d.params[1])
     kind = runner.gpu.kernel_for(rows, n_out, n_in)
     slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
-    if slices > 1:
-        return f"{runner.gpu.big_tile if kind == 'mm_tiled64' else kind} in {slices} k slices {n_out}x{n_in}"
-    return f"{kind} {n_out}x{n_in}"
+    return f"mm_tiled in {slices} k slices {n_out}x{n_in}" if slices > 1 else f"{kind} {n_out}x{n_in}"
 
 
-async def profile(path: Path, streams: list[int], big_tile: str) -> None:
+async def profile(path: Path, streams: list[int]) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
-    gpu.big_tile = big_tile
     engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(*streams, 1))
     r = engine.resident
     r.run_ahead = False
@@ -86,7 +82,7 @@ async def profile(path: Path, streams: list[int], big_tile: str) -> None:
         prog.plans[(t, m)] = plan
         everything = plan.calls
         what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
-        print(f"{path.stem} ({big_tile}, slots {webgpu.MM_SLOTS[big_tile]}), {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
+        print(f"{path.stem}, {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
         for kind, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1]):
             print(f"  {kind:24s} x{count:4d}  {ms:.3f} ms alone  ({ms / count * 1e3:.1f} us each)")
 
@@ -96,21 +92,12 @@ def main() -> None:
     ap.add_argument("--synthetic", nargs="+", choices=list(SYNTHETIC), default=["135m", "1b"])
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 32, -512],
                     help="decode steps of N streams; -N: one prefill step of N rows")
-    ap.add_argument("--big-tile", nargs="+", default=["mm_tiled"], choices=["mm_tiled", "mm_wide"],
-                    help="the kernel(s) of products with many tiles, each profiled")
-    ap.add_argument("--slots", type=int, nargs="+", default=[0],
-                    help="workgroups a round for splits_for (0: webgpu.MM_SLOTS as it is), each profiled")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.synthetic:
             path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096, **SYNTHETIC[name])
-            for big in a.big_tile:
-                default = webgpu.MM_SLOTS[big]
-                for slots in a.slots:
-                    webgpu.MM_SLOTS[big] = slots or default
-                    anyio.run(profile, path, a.streams, big)
-                webgpu.MM_SLOTS[big] = default
+            anyio.run(profile, path, a.streams)
 
 
 if __name__ == "__main__":

@@ -13,20 +13,15 @@ import anyio
 import numpy as np
 import pytest
 import structlog
-from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 from structlog.testing import capture_logs
 
 import oxinfer
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
-from oxinfer.runtime.webgpu import (
-    MATMUL_KINDS,
-    WebGpuBackend,
-    WebGpuUnavailable,
-    available,
-    device_bytes,
-)
+from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
 from oxinfer.testing import random_matrix
+
+from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,7 +45,8 @@ def gpu() -> WebGpuBackend:
 
 def kernels(gpu: WebGpuBackend) -> list[str | None]:
     """None (the automatic choice) and every kernel this adapter can run, forced."""
-    return [None, *filter(gpu.runs, MATMUL_KINDS)]
+    ks = [None, "mv_rows", "mv_wg", "mv_tok", "mm_tiled", "mm_tiled64"]
+    return ks + ["mv_subgroup", "mv_subgroup256"] if "subgroup" in gpu.features else ks
 
 
 # --- kernels against numpy --------------------------------------------------------------------

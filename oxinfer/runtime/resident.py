@@ -40,19 +40,8 @@ from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.webgpu import (
-    ALIGN,
-    MM_MAX_SPLITS,
-    MM_SPLIT_MAX_N,
-    MM_SPLIT_MIN_K,
-    PARAMS_BYTES,
-    PROLOGUE_KINDS,
-    WebGpuBackend,
-    WebGpuUnavailable,
-    _grid,
-    _shader_dir,
-    wgpu,
-)
+from oxinfer.runtime.webgpu import (ALIGN, MM_MAX_SPLITS, MM_SPLIT_MAX_N, MM_SPLIT_MIN_K, PARAMS_BYTES,
+                                    PROLOGUE_KINDS, WebGpuBackend, WebGpuUnavailable, _grid, _shader_dir, wgpu)
 
 log = structlog.get_logger("oxinfer.resident")
 
@@ -710,8 +699,8 @@ class ResidentRunner:
                     kinds[i] = "attention:attend_rows"
                 if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not self.gpu.kernel:
                     splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
-                    if splits[i] > 1 and kinds[i] == "mm_tiled64":  # slices run in the big tiles
-                        kinds[i] = self.gpu.big_tile
+                    if splits[i] > 1:
+                        kinds[i] = "mm_tiled"
             at = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
             calls = []
             for i in at:

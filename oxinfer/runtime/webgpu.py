@@ -57,14 +57,10 @@ MM_MIN_T = 16  # from this many rows of x on, the tiled kernels beat mv_rows on 
 # 3-5x faster than mm_tiled64 at t=16 and level with it at t=64 (4096x4096, benchmarks/gpu_matmul.py)
 MM_MIN_T_GPU = 64
 MM_TILE = 128  # output tile of mm_tiled (shaders/matmul.wgsl), both dimensions; mm_tiled64: 64
-# (tokens, outputs) of each tiled kernel's workgroup, and the workgroup memory it needs
-MM_TILES = {"mm_tiled": (128, 128), "mm_tiled64": (64, 64), "mm_wide": (128, 192)}
-MM_WIDE_BYTES = 20480
 # below this many 128 x 128 tiles, mm_tiled64 (4x the workgroups) keeps more cores busy: about two
 # workgroups per core of an H200 (132 SMs), measured 0.2-0.7 TFLOP/s for mm_tiled at 32-48 tiles
 MM_BIG_TILES = 256
-# workgroups of each big-tile kernel an H200 runs at once (132 cores, 2 each): what splits_for fills
-MM_SLOTS = {"mm_tiled": 264, "mm_wide": 264}
+MM_SLOTS = 264  # mm_tiled workgroups an H200 runs at once (132 cores, 2 each): what splits_for fills
 MM_MAX_SPLITS = 4  # k slices of a split tiled product (resident steps: splits_for)
 MM_SPLIT_MIN_K = 512  # weights of a row each slice takes at least
 MM_SPLIT_MAX_N = 16384  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
@@ -101,10 +97,8 @@ _KERNELS = {
     "mv_tok": ("matvec", "mv_tok"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
-    "mm_wide": ("matmul", "mm_wide"),
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
 }
-MATMUL_KINDS = tuple(k for k in _KERNELS if k != "embed")
 
 
 class WebGpuUnavailable(OxinferError):
@@ -283,9 +277,6 @@ class WebGpuBackend:
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = _is_cpu(adapter)
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call
-        # the kernel of prompt-sized products with many tiles: mm_wide where the device grants its
-        # workgroup memory (benchmarks may set either)
-        self.big_tile = "mm_tiled"
         self.last: SubmissionRecord | None = None
         limits = device.limits
         self._max_binding = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
@@ -408,7 +399,7 @@ class WebGpuBackend:
     def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024) -> str:
         """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
         if t >= (MM_MIN_T if self.cpu_adapter else MM_MIN_T_GPU):
-            return self.big_tile if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
+            return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if t >= MV_TOK_MIN_T:
@@ -425,16 +416,12 @@ class WebGpuBackend:
         rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
         2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
         add_splits ~25-60 us."""
-        if kind not in MM_TILES or self.cpu_adapter or n_out > MM_SPLIT_MAX_N:
-            return 1
-        big = self.big_tile if kind == "mm_tiled64" else kind  # a split product runs in the big tiles
-        tm, tn = MM_TILES[big]
-        tiles, slots = -(-t // tm) * -(-n_out // tn), MM_SLOTS[big]
-        if tiles >= 2 * slots:
+        tiles = -(-t // MM_TILE) * -(-n_out // MM_TILE)
+        if kind not in ("mm_tiled", "mm_tiled64") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * MM_SLOTS:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
-            return round(tiles * s / (slots * -(-tiles * s // slots)), 3)
+            return round(tiles * s / (MM_SLOTS * -(-tiles * s // MM_SLOTS)), 3)
 
         options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
         return max(options, key=lambda s: (fill(s), -s))
@@ -452,14 +439,9 @@ class WebGpuBackend:
     def warmup(self) -> None:
         """Build every pipeline this adapter can run (shader compile errors surface here)."""
         for qtype in _DECODERS:
-            for kind in filter(self.runs, _KERNELS):
-                self.pipeline(qtype, kind)
-
-    def runs(self, kind: str) -> bool:
-        """Whether this device can run a kernel kind (its features and workgroup memory)."""
-        if kind.startswith("mv_subgroup"):
-            return "subgroup" in self.features
-        return kind != "mm_wide" or self.device.limits["max-compute-workgroup-storage-size"] >= MM_WIDE_BYTES
+            for kind in _KERNELS:
+                if not kind.startswith("mv_subgroup") or "subgroup" in self.features:
+                    self.pipeline(qtype, kind)
 
     # --- one submission -----------------------------------------------------------------------
     def _plan(self, jobs: Sequence[Job], t: int) -> tuple[list[_Dispatch], int]:
@@ -584,9 +566,10 @@ class WebGpuBackend:
 
 def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
     """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
-    if kind in MM_TILES:
-        tm, tn = MM_TILES[kind]
-        return -(-n_out // tn), -(-t // tm), 1
+    if kind == "mm_tiled":
+        return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
+    if kind == "mm_tiled64":
+        return -(-n_out // 64), -(-t // 64), 1
     if kind == "mv_rows":
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":
