@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_matmul.py            # the full table (meant for a real GPU)
     python benchmarks/gpu_matmul.py --quick    # small shapes, e.g. on lavapipe
+    python benchmarks/gpu_matmul.py --sweep --json out.json --plot out.png   # kernel GFLOP/s by rows
 
 Per (format, shape): kernel time from timestamp queries (the compute pass alone, where the adapter
 has `timestamp-query`), end to end (upload of x, submit, wait, readback, as `matmul_sync` does it),
@@ -12,6 +13,7 @@ then the round trip of one tiny matmul.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -34,9 +36,18 @@ FULL = [(1, 4096, 4096), (8, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (5
 QUICK = [(1, 1536, 576), (8, 1536, 576), (64, 1536, 576), (256, 1024, 1024), (512, 2048, 1024)]
 
 
-def timed(fn, budget_s: float = 0.4, min_n: int = 3, max_n: int = 30) -> list[float]:
-    """Wall times of fn() after one warm-up call, repeated until the budget is spent."""
+# --sweep: the automatic kernel's GFLOP/s against the rows of x, for TinyLlama-1.1B's products
+SWEEP_ROWS = [1, 4, 16, 32, 64, 128, 256, 512, 1024, 2048]
+SWEEP_SHAPES = [(2048, 2048), (2560, 2048), (11264, 2048), (2048, 5632), (32000, 2048)]
+
+
+def timed(fn, budget_s: float = 0.4, min_n: int = 3, max_n: int = 30, warm_s: float = 0.0) -> list[float]:
+    """Wall times of fn() after one warm-up call (and warm_s of back-to-back calls: an idle GPU
+    runs at low clocks for a while), repeated until the budget is spent."""
     fn()
+    t_end = time.perf_counter() + warm_s
+    while time.perf_counter() < t_end:
+        fn()
     times: list[float] = []
     t_end = time.perf_counter() + budget_s
     while len(times) < min_n or (len(times) < max_n and time.perf_counter() < t_end):
@@ -46,7 +57,8 @@ def timed(fn, budget_s: float = 0.4, min_n: int = 3, max_n: int = 30) -> list[fl
     return times
 
 
-def bench_cell(gpu: WebGpuBackend, w: QuantMatrix, x: np.ndarray, kernel: str | None) -> tuple[float, float | None]:
+def bench_cell(gpu: WebGpuBackend, w: QuantMatrix, x: np.ndarray, kernel: str | None,
+               warm_s: float = 0.0) -> tuple[float, float | None]:
     """(median end-to-end seconds, median kernel seconds or None)."""
     kernel_s: list[float] = []
 
@@ -55,8 +67,54 @@ def bench_cell(gpu: WebGpuBackend, w: QuantMatrix, x: np.ndarray, kernel: str | 
         if gpu.last.kernel_s:
             kernel_s.append(gpu.last.kernel_s)
 
-    e2e = statistics.median(timed(once))
-    return e2e, statistics.median(kernel_s) if kernel_s else None
+    e2e = statistics.median(timed(once, warm_s=warm_s))
+    return e2e, statistics.median(kernel_s[-10:]) if kernel_s else None
+
+
+def sweep(gpu: WebGpuBackend, qtype: str, json_out: str | None, plot_out: str | None) -> None:
+    """Kernel GFLOP/s of the automatic choice against rows, per product shape (clocks kept up)."""
+    rng = np.random.default_rng(0)
+    rows = []
+    print("\n| format | n_out x n_in | " + " | ".join(f"t={t}" for t in SWEEP_ROWS) + " |")
+    print("|---|---|" + "---:|" * len(SWEEP_ROWS))
+    for n_out, n_in in SWEEP_SHAPES:
+        w = random_matrix(qtype, n_out, n_in, rng)
+        gpu.upload(w)
+        cells = []
+        for t in SWEEP_ROWS:
+            x = rng.standard_normal((t, n_in), dtype=np.float32)
+            _, kern = bench_cell(gpu, w, x, None, warm_s=0.3)
+            gf = 2.0 * t * n_out * n_in / kern / 1e9 if kern else None
+            rows.append({"qtype": qtype, "n_out": n_out, "n_in": n_in, "t": t, "kernel": gpu.kernel_for(t, n_out, n_in),
+                         "kernel_ms": kern * 1e3 if kern else None, "gflops": gf})
+            cells.append(f"{gf:,.0f}" if gf else "n/a")
+        print(f"| {qtype} | {n_out}x{n_in} | " + " | ".join(cells) + " |", flush=True)
+        gpu.release(w)
+    meta = {"adapter": gpu.adapter.summary, "date": time.strftime("%Y-%m-%d"),
+            "command": "python " + " ".join(sys.argv)}
+    if json_out:
+        Path(json_out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    if plot_out:
+        plot(rows, meta, plot_out)
+
+
+def plot(rows: list[dict], meta: dict, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for shape in dict.fromkeys((r["n_out"], r["n_in"]) for r in rows):
+        pts = [r for r in rows if (r["n_out"], r["n_in"]) == shape and r["gflops"]]
+        ax.plot([r["t"] for r in pts], [r["gflops"] for r in pts], marker="o", label=f"{shape[0]} x {shape[1]}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rows of x (tokens in the step)")
+    ax.set_ylabel("kernel GFLOP/s (timestamp queries)")
+    ax.set_title(f"WebGPU {rows[0]['qtype']} matmul kernels, {meta['adapter'].split(' (')[0]}", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(title="W: n_out x n_in", fontsize=8)
+    fig.text(0.01, 0.01, f"{meta['date']}; {meta['command']}", fontsize=6, color="gray")
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(out, dpi=120)
 
 
 def gflops(flop: float, s: float | None) -> str:
@@ -69,11 +127,20 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--shapes", help="t x n_out x n_in list instead of the table's, e.g. 512x11264x2048,512x2048x5632")
     ap.add_argument("--kernels", help="kernel kinds to time at every shape (default: the automatic choice and its rivals)")
+    ap.add_argument("--sweep", action="store_true", help="only the GFLOP/s-by-rows sweep (of the first format)")
+    ap.add_argument("--json", help="--sweep: write its rows here")
+    ap.add_argument("--plot", help="--sweep: a PNG of it here (matplotlib)")
+    ap.add_argument("--from-json", help="only plot a sweep's JSON (--plot), e.g. one measured elsewhere")
     args = ap.parse_args()
+    if args.from_json:
+        data = json.loads(Path(args.from_json).read_text())
+        return plot(data["rows"], data["meta"], args.plot)
 
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     gpu.warmup()
     print(f"adapter: {gpu.adapter.summary}; device features: {sorted(gpu.features & {'subgroup', 'shader-f16', 'timestamp-query'})}")
+    if args.sweep:
+        return sweep(gpu, args.formats.split(",")[0], args.json, args.plot)
     rng = np.random.default_rng(0)
     print("\n| format | t | n_out | n_in | kernel | kernel GFLOP/s | end-to-end GFLOP/s | numpy f32 GFLOP/s | kernel ms | end-to-end ms |")
     print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")

@@ -1,9 +1,6 @@
 """oxinfer: an asyncio-native LLM inference runtime (GGUF models, WebGPU or numpy matmuls)."""
 
 from oxinfer.engine import Engine
-from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
-from oxinfer.sampling import SamplingParams
-from oxinfer.logs import configure_logging, ensure_configured
 from oxinfer.errors import (
     ContextOverflowError,
     EngineOverloaded,
@@ -13,6 +10,9 @@ from oxinfer.errors import (
     UnsupportedModelError,
     UnsupportedQuantError,
 )
+from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
+from oxinfer.logs import configure_logging, ensure_configured
+from oxinfer.sampling import SamplingParams
 
 __all__ = [
     "ContextOverflowError",

@@ -71,7 +71,8 @@ class Engine:
         model.kv_slots = max(model.kv_slots, max_concurrent)  # before the first cache makes the pool
         self._running: dict[str, _Request] = {}
         self._queued: deque[_Request] = deque()
-        self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0)
+        self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0,
+                            cached_tokens=0)
         self._ids = itertools.count(1)
         # the forwards of concurrent requests (prompt chunks and decode steps) run as one
         # forward_batch: rows stacked for every matmul and norm, attention per length group;
@@ -217,8 +218,13 @@ class Engine:
             finished_stop=t["stop"], finished_length=t["length"], finished_cancelled=t["cancelled"],
             prompt_tokens_total=t["prompt_tokens"], generation_tokens_total=t["generation_tokens"],
             kv_bytes=sum(r.cache.nbytes for r in self._running.values() if r.cache is not None),
-            pending_jobs=self.scheduler.pending + self._steps.pending,
+            pending_jobs=self.scheduler.pending + self._steps.pending, prompt_tokens_cached_total=t["cached_tokens"],
+            **dict(zip(("kv_blocks_used", "kv_blocks_cached", "kv_evictions"), self._block_counts())),
         )
+
+    def _block_counts(self) -> list[int]:
+        pools = [p for p in (self.model.kv_pool, self.resident and self.resident.kv) if p is not None]
+        return [sum(c) for c in zip((0, 0, 0), *(p.block_counts() for p in pools))]
 
     # --- one request --------------------------------------------------------------------------
     async def _generate(self, req: _Request) -> AsyncIterator[Event]:
@@ -233,8 +239,10 @@ class Engine:
                     finished = True
                     self._totals[ev.reason] += 1
                     self._totals["prompt_tokens"] += ev.prompt_tokens
+                    self._totals["cached_tokens"] += ev.cached_tokens
                     self._totals["generation_tokens"] += ev.completion_tokens
                     rlog.info("request_finished", reason=ev.reason, prompt_tokens=ev.prompt_tokens,
+                              cached_tokens=ev.cached_tokens,
                               completion_tokens=ev.completion_tokens, ttft_s=round(ev.ttft_s, 4),
                               prompt_tps=round(ev.prompt_tps, 1), generation_tps=round(ev.generation_tps, 1))
                 yield ev
@@ -247,6 +255,8 @@ class Engine:
                 self._queued.remove(req)
             if self._running.pop(req.id, None) is not None:
                 self._admit_next()
+            if isinstance(req.cache, KVCache):  # its prefix blocks stay for later requests
+                req.cache.pool.keep(req.cache)
             req.cache = None
 
     async def _admit(self, req: _Request) -> None:
@@ -284,7 +294,9 @@ class Engine:
             sampler.guide = await anyio.to_thread.run_sync(Guide, p.constraint, self.tokenizer, self.config.vocab_size)
         guide = sampler.guide
         if not req.aborted:
-            req.cache = self._new_cache(len(req.prompt_ids) + p.max_tokens)
+            req.cache = self._new_cache(len(req.prompt_ids) + p.max_tokens, req.prompt_ids)
+            step = req.prompt_ids[req.cache.offset:]  # what no earlier request computed
+        cached = req.cache.offset if req.cache is not None else 0
         while not req.aborted:
             t0 = time.perf_counter()
             with anyio.CancelScope() as req.scope:
@@ -321,7 +333,7 @@ class Engine:
         t_first = t_first or now
         yield Finished(
             reason=reason or "cancelled", request_id=req.id, prompt_tokens=len(req.prompt_ids), completion_tokens=n,
-            ttft_s=t_first - req.arrived, prompt_tps=len(req.prompt_ids) / t_prompt if t_prompt else 0.0,
+            cached_tokens=cached, ttft_s=t_first - req.arrived, prompt_tps=len(req.prompt_ids) / t_prompt if t_prompt else 0.0,
             generation_tps=(n - 1) / (now - t_first) if n > 1 and now > t_first else 0.0,
         )
 
@@ -376,15 +388,16 @@ class Engine:
             rows += n
         return groups
 
-    def _new_cache(self, capacity: int) -> KVCache | DeviceCache:
+    def _new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache | DeviceCache:
         """A KV cache where steps run: the device pool when the forward lives on the GPU (when it
-        has a free slot), else the CPU's."""
+        has a free slot), else the CPU's; holding what earlier requests computed of the prompt's
+        leading blocks (its offset)."""
         if self.resident is not None:
             try:
-                return self.resident.new_cache()
+                return self.resident.new_cache(prompt)
             except KVPoolFull as e:
                 log.info("gpu_kv_full", reason=str(e), action="this request runs on the CPU")
-        return self.model.new_cache(capacity)
+        return self.model.new_cache(capacity, prompt)
 
     async def _reserve_on_device(self, tickets: list[Ticket]) -> list[Ticket]:
         """The tickets whose rows the device pool can hold; the others move to the CPU."""
@@ -410,8 +423,8 @@ class Engine:
     async def _move_to_cpu(self, req: _Request) -> None:
         """Rebuild a request's device cache on the CPU from the tokens it holds."""
         held = req.cache.tokens
-        cache = self.model.new_cache(len(req.prompt_ids) + req.params.max_tokens)
-        for i in range(0, len(held), PREFILL_CHUNK):
+        cache = self.model.new_cache(len(req.prompt_ids) + req.params.max_tokens, held)
+        for i in range(cache.offset, len(held), PREFILL_CHUNK):
             await self.scheduler.run(self.model.hidden, [np.asarray(held[i:i + PREFILL_CHUNK])], [cache])
         req.cache = cache
         log.info("request_moved_to_cpu", request_id=req.id, tokens=len(held))

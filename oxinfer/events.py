@@ -28,6 +28,7 @@ class Finished:
     ttft_s: float  # time to first token
     prompt_tps: float
     generation_tps: float  # tokens after the first, per second
+    cached_tokens: int = 0  # prompt tokens whose keys and values earlier requests had computed
 
 
 Event = Token | Finished
@@ -61,3 +62,7 @@ class EngineStats:
     generation_tokens_total: int
     kv_bytes: int  # KV cache memory held by live requests
     pending_jobs: int  # matmul submissions queued in the scheduler
+    prompt_tokens_cached_total: int = 0  # prompt tokens earlier requests had computed (not computed again)
+    kv_blocks_used: int = 0  # KV blocks (BLOCK positions) live requests hold
+    kv_blocks_cached: int = 0  # full blocks no request holds, kept for later prompts
+    kv_evictions: int = 0  # kept blocks (CPU: a kept sequence's, counted once) given up for room

@@ -7,10 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
+from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
 from gguf import GGMLQuantizationType as T
-from gguf import GGUFWriter
-from gguf import quants
 
 from oxinfer.formats.quants import CODECS, QuantMatrix
 

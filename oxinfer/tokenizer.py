@@ -28,7 +28,8 @@ _LLAMA3_SPLIT = (
 
 def _pre_tokenizer(pre: str):
     """HF pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
-    from tokenizers import Regex, pre_tokenizers as pt
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
 
     byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
     if pre in ("smollm", "starcoder", "refact", "command-r"):
@@ -81,7 +82,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, f) -> Tokenizer:
-        from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models
+        from tokenizers import AddedToken, decoders, models
+        from tokenizers import Tokenizer as HFTokenizer
 
         model = f.get("tokenizer.ggml.model")
         if model != "gpt2":

@@ -536,6 +536,17 @@ def test_n_samples_with_a_seed_are_reproducible(client, srv, stream):
     assert len(set(first)) > 1  # three samples, not one copied
 
 
+def test_n_choices_compute_the_prompt_once(client, srv, http):
+    """n=3 on a new 100-token prompt: the first choice computes it, the two others start from its
+    3 full blocks (96 tokens each, counted in the engine's cached-token total)."""
+    before = metric(http, "oxinfer_prompt_tokens_cached_total")
+    prompt = "Count: " + " ".join(str(i) for i in range(60))
+    r = client.completions.create(model=srv.engine.model_name, prompt=prompt, n=3, seed=1, temperature=1.0,
+                                  max_tokens=4)
+    assert r.usage.prompt_tokens > 96 and len(r.choices) == 3
+    assert metric(http, "oxinfer_prompt_tokens_cached_total") - before == 2 * ((r.usage.prompt_tokens - 1) // 32 * 32)
+
+
 async def test_a_dropped_stream_of_n_choices_ends_all_of_them(srv, http):
     """n=3, streamed: the client goes away after a few chunks; all three requests leave the engine."""
     client = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -555,3 +566,23 @@ async def test_a_dropped_stream_of_n_choices_ends_all_of_them(srv, http):
     while metric(http, "oxinfer_requests_running") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert metric(http, "oxinfer_requests_running") == 0 and seen == {0, 1, 2}
+
+
+def test_a_ten_turn_chat_computes_each_turn_s_new_tokens_only(client, srv, http):
+    """A chat client resends the whole conversation every turn: from the second turn on, the
+    prompt's leading blocks come from the previous turn's cache (`cached_tokens` in the usage),
+    so each turn computes little more than what is new in it (within one block of 32 tokens)."""
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 8}]
+    before = metric(http, "oxinfer_prompt_tokens_cached_total")
+    prev, cached = 0, []
+    for turn in range(10):
+        messages.append({"role": "user", "content": f"Turn {turn}: name a number."})
+        r = client.chat.completions.create(model=srv.engine.model_name, messages=messages, **GREEDY)
+        usage = r.usage
+        cached.append(usage.prompt_tokens_details.cached_tokens)
+        if turn:  # computed: at most the new tokens (last answer, this question) and one block
+            assert usage.prompt_tokens - cached[-1] <= usage.prompt_tokens - prev + 32, (turn, usage)
+        prev = usage.prompt_tokens
+        messages.append({"role": "assistant", "content": r.choices[0].message.content})
+    assert all(c > 0 for c in cached[1:])
+    assert metric(http, "oxinfer_prompt_tokens_cached_total") - before == sum(cached)

@@ -12,15 +12,27 @@ The pool's memory is reserved for the whole context but committed page by page a
 written (anonymous mmap, no huge pages): 16 slots of SmolLM2's 8192 tokens reserve 6 GB of
 address space and hold ~150 MB after 200 tokens each. A cache that finds no free slot, or needs
 more tokens than a slot holds, gets a pool of its own that grows in chunks.
+
+Prompt prefixes are computed once: every cache knows the token ids it holds and the chain hash of
+each full block of BLOCK of them (`HeldTokens`; a block's hash stands for every token up to its
+end, as vLLM keys its blocks). A new sequence copies the longest run of leading blocks that any
+cache of the pool holds, running or kept after its request ended (`KVPool.reuse`), and computes
+only the rest. Kept caches hold their slots until the pool needs one: then the least recently
+used goes. (The device pool shares such blocks in place: runtime/resident.py.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import mmap
+import threading
 import weakref
+from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 
+BLOCK = 32  # positions of a shared prefix block (the device pool's block too)
 CHUNK = 256  # tokens added per growth step of a private pool
 SLOT_TOKENS_MAX = 32768  # a shared slot holds at most this many tokens (longer sequences get their own pool)
 
@@ -33,6 +45,48 @@ def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, np.float32, count=n // 4).reshape(shape)
+
+
+def block_hash(prev: bytes, block: Sequence[int]) -> bytes:
+    """The key of a full block: its tokens and, through `prev` (the previous block's key), every
+    token before them."""
+    return hashlib.blake2b(prev + np.asarray(block, np.int64).tobytes(), digest_size=16).digest()
+
+
+def reusable(hashes: Sequence[bytes], held: Sequence[bytes], n_prompt: int) -> int:
+    """Leading blocks of a prompt (its `hashes`) that a cache holding `held` has computed, short of
+    the prompt's last token (its logits must be computed)."""
+    n = 0
+    for a, b in zip(hashes[:(n_prompt - 1) // BLOCK], held):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+class HeldTokens:
+    """The token ids whose keys and values a cache holds (`offset` of them) and the chain hash of
+    each of their full blocks."""
+
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.hashes: list[bytes] = []
+
+    @property
+    def offset(self) -> int:
+        return len(self.tokens)
+
+    def append(self, tokens) -> None:
+        """The step that wrote these tokens' keys and values is done."""
+        self.tokens.extend(int(i) for i in tokens)
+        while len(self.hashes) < len(self.tokens) // BLOCK:
+            i = len(self.hashes)
+            self.hashes.append(block_hash(self.hashes[-1] if i else b"", self.tokens[i * BLOCK:(i + 1) * BLOCK]))
+
+    def trim(self, n: int) -> None:
+        """Forget the last n tokens."""
+        del self.tokens[max(0, len(self.tokens) - n):]
+        del self.hashes[len(self.tokens) // BLOCK:]
 
 
 class KVPool:
@@ -51,13 +105,70 @@ class KVPool:
         self.keys = [make(shape) for _ in range(n_layers)]
         self.values = [make(shape) for _ in range(n_layers)]
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
+        self.live: weakref.WeakSet[KVCache] = weakref.WeakSet()  # caches of this pool's slots
+        self.kept: OrderedDict[int, KVCache] = OrderedDict()  # ended requests' caches, oldest first
+        self.evictions = 0
+        self._lock = threading.Lock()  # slots come back from finalizers, in any thread
 
     def take(self) -> int | None:
-        return self._free.pop() if self._free else None
+        """A free slot; the least recently used kept cache gives up its own when none is free."""
+        while not self._free and self.kept:
+            self.kept.popitem(last=False)  # its finalizer gives the slot back
+            self.evictions += 1
+        with self._lock:
+            return self._free.pop() if self._free else None
+
+    def keep(self, cache: KVCache) -> None:
+        """Hold an ended sequence's cache for its prefix blocks (evicted when a slot is wanted)."""
+        if cache.pool is not self or not cache.hashes:
+            return
+        for key, other in list(self.kept.items()):  # kept blocks this cache holds as well
+            if other.hashes == cache.hashes[:len(other.hashes)]:
+                del self.kept[key]
+        self.kept[id(cache)] = cache
+
+    def open(self, capacity: int, max_tokens: int, prompt: Sequence[int] = ()) -> KVCache | None:
+        """A cache in a slot of this pool, holding the longest run of the prompt's leading blocks
+        that one of its caches computed (its offset says how many tokens): copied into a free slot,
+        or, when none is free, a kept cache hands over its own (its blocks past the run are written
+        over). None when no slot is free and none is kept."""
+        want = HeldTokens()
+        want.append(prompt[:max(len(prompt) - 1, 0) // BLOCK * BLOCK])
+        best, n = self._longest(want.hashes, len(prompt))
+        if best is not None and id(best) in self.kept:
+            self.kept.move_to_end(id(best))  # used now: the last to be evicted
+        if best is not None and id(best) in self.kept and not self._free:
+            del self.kept[id(best)]
+            best.release.detach()  # the slot is the new cache's now
+            self.live.discard(best)
+            cache = KVCache(self, best.slot, capacity, max_tokens)
+        else:
+            slot = self.take()
+            if slot is None:
+                return None
+            cache = KVCache(self, slot, capacity, max_tokens)
+            for arrays in (self.keys, self.values):
+                for layer in arrays:
+                    layer[slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK] if n else 0
+        cache.tokens[:], cache.hashes[:] = want.tokens[:n * BLOCK], want.hashes[:n]
+        return cache
+
+    def block_counts(self) -> tuple[int, int, int]:
+        """(blocks live caches hold, blocks kept caches hold, evictions)."""
+        used = sum(-(-c.offset // BLOCK) for c in list(self.live) if id(c) not in self.kept)
+        return used, sum(len(c.hashes) for c in list(self.kept.values())), self.evictions
+
+    def _longest(self, hashes: list[bytes], n_prompt: int) -> tuple[KVCache | None, int]:
+        """The cache holding the most of these leading blocks, and how many (a function of its
+        own: no loop variable may keep an evicted cache, and its slot, alive)."""
+        held = [(reusable(hashes, c.hashes, n_prompt), c) for c in [*self.kept.values(), *self.live]]
+        n, best = max(held, key=lambda h: h[0], default=(0, None))
+        return (best, n) if n else (None, 0)
 
     def give_back(self, slot: int) -> None:
-        self._free.append(slot)
-        self._free.sort(reverse=True)
+        with self._lock:
+            self._free.append(slot)
+            self._free.sort(reverse=True)
 
     def grow(self, tokens: int, limit: int) -> None:
         """Private pools only: room for `tokens` (in chunks, at most `limit`), keeping the contents."""
@@ -87,17 +198,19 @@ class KVPool:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
 
 
-class KVCache:
-    """All layers of one sequence: `slot` of `pool`. `offset` counts the tokens stored; `advance`
+class KVCache(HeldTokens):
+    """All layers of one sequence: `slot` of `pool`. `offset` counts the tokens stored; `append`
     commits a step. The slot goes back to the pool when the cache is garbage collected, never
     earlier: a decode batch still running holds a reference and writes into the slot."""
 
     def __init__(self, pool: KVPool, slot: int, capacity: int, max_tokens: int):
+        super().__init__()
         self.pool, self.slot = pool, slot
         self.max_tokens = max_tokens
         self.capacity = min(max(capacity, 1), max_tokens)  # tokens this sequence asked room for
-        self.offset = 0
-        weakref.finalize(self, pool.give_back, slot)
+        if not pool.growable:
+            pool.live.add(self)
+        self.release = weakref.finalize(self, pool.give_back, slot)
 
     @classmethod
     def private(cls, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, max_tokens: int) -> KVCache:
@@ -123,14 +236,9 @@ class KVCache:
         self.pool.grow(tokens, self.max_tokens)
         self.capacity = max(self.capacity, tokens)
 
-    def advance(self, t: int) -> None:
-        self.offset += t
-
-    def trim(self, n: int) -> None:
-        """Forget the last n tokens."""
-        self.offset = max(0, self.offset - n)
-
     @property
     def nbytes(self) -> int:
-        """Memory this sequence holds: the room it reserved."""
-        return self.capacity * self.pool.bytes_per_token
+        """Memory this sequence holds: its blocks in the shared pool (whose pages are committed as
+        they are written), or its own pool."""
+        tokens = self.pool.tokens if self.pool.growable else -(-self.offset // BLOCK) * BLOCK
+        return tokens * self.pool.bytes_per_token

@@ -8,6 +8,7 @@ where it ran.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,17 +101,23 @@ class Llama:
         ms = [m for b in self.blocks for m in (b.wq, b.wk, b.wv, b.wo, b.w_gate, b.w_up, b.w_down)]
         return [*ms, self.head]
 
-    def new_cache(self, capacity: int) -> KVCache:
+    @property
+    def kv_pool(self) -> KVPool | None:
+        """The shared KV pool (None until the first cache)."""
+        return self._pool
+
+    def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache:
         """A slot of the shared pool (made at the first call, `kv_slots` of them) when one is free
-        and holds `capacity`; else a cache with a pool of its own."""
+        and holds `capacity`, holding what the pool's caches computed of the prompt's leading
+        blocks already (its offset says how much); else a cache with a pool of its own."""
         c = self.cfg
         if self._pool is None:
             self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_slots,
                                 min(c.context_length, SLOT_TOKENS_MAX))
-        slot = self._pool.take() if capacity <= self._pool.tokens else None
-        if slot is None:
-            return KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
-        return KVCache(self._pool, slot, capacity, min(c.context_length, self._pool.tokens))
+        cache = None
+        if capacity <= self._pool.tokens:
+            cache = self._pool.open(capacity, min(c.context_length, self._pool.tokens), prompt)
+        return cache or KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
 
     async def forward(self, tokens: np.ndarray, cache, *, all_logits: bool = False, tag=None) -> np.ndarray:
         """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""

@@ -11,13 +11,14 @@ caches hold the new rows).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig
-from oxinfer.models.kv_cache import KVCache, KVPool
+from oxinfer.models.kv_cache import BLOCK, KVCache, KVPool
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -45,7 +46,7 @@ class CpuStep:
     caches: list[KVCache]
     pos: np.ndarray  # (T,)
     rows: np.ndarray  # (n_seqs + 1,)
-    masks: list[np.ndarray | None]
+    starts: list[int]  # each sequence's first position
     groups: list | None  # decode steps: rows grouped by pool and length (decode_groups)
 
 
@@ -70,12 +71,11 @@ class CpuOps:
         if groups is not None:
             for cache in caches:
                 cache.reserve(cache.offset + 1)
-        return CpuStep(seqs, caches, pos, np.cumsum([0, *lens]),
-                       [causal_mask(s0, n) for s0, n in zip(starts, lens)], groups)
+        return CpuStep(seqs, caches, pos, np.cumsum([0, *lens]), starts, groups)
 
     def end(self, step: CpuStep) -> None:
         for cache, s in zip(step.caches, step.seqs):
-            cache.advance(len(s))
+            cache.append(s)
 
     # --- ops ------------------------------------------------------------------------------------
     def embed(self, table: QuantMatrix, step: CpuStep) -> np.ndarray:
@@ -122,9 +122,9 @@ class CpuOps:
         if step.groups is not None:
             return attention_decode(layer, q, k, v, step.groups)
         a = np.empty((len(step.pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
-        for cache, mask, r0, r1 in zip(step.caches, step.masks, step.rows[:-1], step.rows[1:]):
+        for cache, start, r0, r1 in zip(step.caches, step.starts, step.rows[:-1], step.rows[1:]):
             keys, values = cache.update_and_fetch(layer, k[r0:r1], v[r0:r1])
-            a[r0:r1] = attention(q[r0:r1], keys, values, mask)
+            a[r0:r1] = prompt_attention(q[r0:r1], keys, values, start)
         return a
 
     def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
@@ -149,18 +149,37 @@ def rope_table(cfg: ModelConfig) -> np.ndarray:
     return np.exp(1j * ang).astype(np.complex64)
 
 
-def causal_mask(start: int, t: int) -> np.ndarray | None:
-    """(t, t + start) additive mask: query i (at position start + i) sees keys up to its own
-    position. None for one query, which sees everything. Built once per forward, used per layer."""
+@functools.lru_cache(maxsize=BLOCK)
+def causal_mask(t: int) -> np.ndarray:
+    """(t, t) additive mask: query i sees keys up to its own position (shared: read only)."""
+    return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(np.float32)
+
+
+def prompt_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+    """GQA for one sequence's rows at positions start.. (q (t, H, hd) scaled; keys and values
+    (KV, start + t, hd)) -> (t, H*hd), in blocks of BLOCK rows at positions that are multiples of
+    BLOCK, each over the keys up to its own end. Which rows are computed together then changes
+    nothing of a row's arithmetic: a prompt whose leading blocks came from a cache gets the keys,
+    values and logits of one computed whole, bit for bit (whole, the softmax sums and BLAS's
+    kernels followed the number of rows, and the int8 products turned those last-bit changes
+    into ~0.5-logit ones)."""
+    t = q.shape[0]
     if t == 1:
-        return None
-    future = np.arange(start + t)[None, :] > (start + np.arange(t))[:, None]  # (t, T)
-    return np.where(future, -np.inf, 0).astype(np.float32)
+        return attention(q, keys, values, None)
+    out = np.empty((t, q.shape[1] * q.shape[2]), np.float32)
+    i = 0
+    while i < t:
+        p = start + i  # a block's rows: to the next multiple of BLOCK, or the end
+        n = min(t - i, (p // BLOCK + 1) * BLOCK - p)
+        out[i:i + n] = attention(q[i:i + n], keys[:, :p + n], values[:, :p + n], causal_mask(n), p)
+        i += n
+    return out
 
 
-def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None,
+              at: int = 0) -> np.ndarray:
     """GQA for one sequence. q (t, H, hd) already scaled by 1/sqrt(hd), keys and values
-    (KV, T, hd), mask (t, T) or None -> (t, H*hd)."""
+    (KV, T, hd), mask (t, T - at) over the last keys (from `at` on) or None -> (t, H*hd)."""
     t, H, hd = q.shape
     KV, T, _ = keys.shape
     g = H // KV
@@ -168,7 +187,7 @@ def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndar
     qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
     scores = qg @ keys.swapaxes(-1, -2)  # (KV, g*t, T)
     if mask is not None:
-        scores.reshape(KV, g, t, T)[...] += mask
+        scores.reshape(KV, g, t, T)[..., at:] += mask
     out = softmax(scores) @ values  # (KV, g*t, hd)
     return out.reshape(KV, g, t, hd).transpose(2, 0, 1, 3).reshape(t, H * hd)
 

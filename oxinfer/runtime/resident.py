@@ -26,8 +26,8 @@ import ctypes
 import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Callable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -38,14 +38,26 @@ import structlog
 
 from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.models.kv_cache import BLOCK, HeldTokens
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.webgpu import (ALIGN, MM_MAX_SPLITS, MM_SPLIT_MAX_N, MM_SPLIT_MIN_K, PARAMS_BYTES,
-                                    PROLOGUE_KINDS, WebGpuBackend, WebGpuUnavailable, _grid, _shader_dir, wgpu)
+from oxinfer.runtime.webgpu import (
+    ALIGN,
+    MM_MAX_SPLITS,
+    MM_SPLIT_MAX_N,
+    MM_SPLIT_MIN_K,
+    PARAMS_BYTES,
+    PROLOGUE_KINDS,
+    WebGpuBackend,
+    WebGpuUnavailable,
+    _grid,
+    _shader_dir,
+    wgpu,
+)
 
 log = structlog.get_logger("oxinfer.resident")
 
-BS = 32  # KV positions per block
+BS = BLOCK  # KV positions per block: the blocks prompts share
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
@@ -62,8 +74,14 @@ class KVPoolFull(OxinferError):
 # --- the KV pool ----------------------------------------------------------------------------------
 
 class DeviceKV:
-    """Host bookkeeping of the device KV pool: free blocks, free block-table rows (slots), and the
-    table itself, whose changed rows are written to the device before the next step."""
+    """Host bookkeeping of the device KV pool: blocks, block-table rows (slots), and the table
+    itself, whose changed rows are written to the device before the next step.
+
+    Blocks are shared: a full block is published under its chain hash (kv_cache.HeldTokens), and
+    a new sequence whose prompt begins with published blocks points its table at them (`share`)
+    instead of computing them. A block counts its sequences; one that none holds stays cached
+    while it is published, and the least recently released cached block is evicted when a free
+    one is wanted. Sequences only write past their shared blocks (full, so never written again)."""
 
     def __init__(self, n_blocks: int, n_slots: int, max_blocks: int):
         self.n_blocks, self.n_slots, self.max_blocks = n_blocks, n_slots, max_blocks
@@ -71,58 +89,125 @@ class DeviceKV:
         self.free_slots = list(range(n_slots - 1, -1, -1))
         self.table = np.zeros((n_slots, max_blocks), np.uint32)
         self.dirty: set[int] = set()
+        self.refs = np.zeros(n_blocks, np.int32)
+        self.published: dict[bytes, int] = {}  # chain hash -> block
+        self.hash_of: dict[int, bytes] = {}  # block -> its chain hash, while published
+        self.cached: OrderedDict[int, None] = OrderedDict()  # published blocks no sequence holds, oldest first
+        self.evictions = 0
+        self._lock = threading.RLock()  # blocks come back from finalizers, in any thread
 
     def take_slot(self) -> int:
-        if not self.free_slots:
-            raise KVPoolFull(f"all {self.n_slots} device KV slots are in use")
-        return self.free_slots.pop()
+        with self._lock:
+            if not self.free_slots:
+                raise KVPoolFull(f"all {self.n_slots} device KV slots are in use")
+            return self.free_slots.pop()
+
+    def _take_block(self) -> int:
+        if not self.free_blocks:  # the least recently used cached block
+            b, _ = self.cached.popitem(last=False)
+            del self.published[self.hash_of.pop(b)]
+            self.evictions += 1
+            return b
+        return self.free_blocks.pop()
+
+    def _hold(self, slot: int, blocks: list[int], b: int) -> None:
+        self.refs[b] += 1
+        self.table[slot, len(blocks)] = b
+        blocks.append(b)
+        self.dirty.add(slot)
 
     def grow(self, slot: int, blocks: list[int], n: int) -> None:
         """Give `blocks` (the slot's) room for n positions."""
         need = -(-n // BS)
         if need > self.max_blocks:
             raise KVPoolFull(f"{n} positions > the {self.max_blocks * BS} a device KV slot holds")
-        if need - len(blocks) > len(self.free_blocks):
-            raise KVPoolFull(f"the device KV pool is full ({self.n_blocks} blocks of {BS} positions)")
-        while len(blocks) < need:
-            b = self.free_blocks.pop()
-            self.table[slot, len(blocks)] = b
-            blocks.append(b)
-            self.dirty.add(slot)
+        with self._lock:
+            if need - len(blocks) > len(self.free_blocks) + len(self.cached):
+                raise KVPoolFull(f"the device KV pool is full ({self.n_blocks} blocks of {BS} positions)")
+            while len(blocks) < need:
+                self._hold(slot, blocks, self._take_block())
+
+    def share(self, slot: int, blocks: list[int], hashes: list[bytes]) -> int:
+        """Point an empty slot at the published blocks of these leading hashes; how many."""
+        with self._lock:
+            for h in hashes:
+                b = self.published.get(h)
+                if b is None:
+                    break
+                self.cached.pop(b, None)
+                self._hold(slot, blocks, b)
+            return len(blocks)
+
+    def publish(self, blocks: list[int], hashes: list[bytes], first: int) -> None:
+        """Blocks [first, len(hashes)) of a sequence are full: others may share them."""
+        with self._lock:
+            for b, h in zip(blocks[first:len(hashes)], hashes[first:]):
+                if h not in self.published and b not in self.hash_of:
+                    self.published[h], self.hash_of[b] = b, h
+
+    def unpublish(self, blocks: list[int]) -> None:
+        """These blocks will be written again (a trimmed sequence): no one may share them from now."""
+        with self._lock:
+            for b in blocks:
+                if self.refs[b] > 1:
+                    raise ValueError(f"block {b} is shared by {self.refs[b]} sequences: it cannot be trimmed into")
+                h = self.hash_of.pop(b, None)
+                if h is not None:
+                    del self.published[h]
 
     def release(self, slot: int, blocks: list[int]) -> None:
-        self.free_blocks.extend(blocks)
-        self.free_slots.append(slot)
-        blocks.clear()
+        with self._lock:
+            for b in blocks:
+                self.refs[b] -= 1
+                if self.refs[b] == 0:
+                    if b in self.hash_of:
+                        self.cached[b] = None
+                    else:
+                        self.free_blocks.append(b)
+            self.free_slots.append(slot)
+            blocks.clear()
+
+    @property
+    def used(self) -> int:
+        """Blocks some sequence holds."""
+        return self.n_blocks - len(self.free_blocks) - len(self.cached)
+
+    def block_counts(self) -> tuple[int, int, int]:
+        """(blocks sequences hold, cached blocks, evictions)."""
+        return self.used, len(self.cached), self.evictions
 
 
-class DeviceCache:
-    """One sequence's keys and values in the device pool (the CPU's KVCache API: offset, advance,
-    trim, nbytes). `tokens` are the ids it holds, to rebuild it on the CPU after a device fault.
+class DeviceCache(HeldTokens):
+    """One sequence's keys and values in the device pool (the CPU's KVCache API: offset, append,
+    trim, nbytes, tokens, hashes); its tokens also rebuild it on the CPU after a device fault.
     The slot and blocks go back when the cache is garbage collected, never earlier: a step in
     flight holds a reference."""
 
-    def __init__(self, kv: DeviceKV, bytes_per_token: int):
+    def __init__(self, kv: DeviceKV, bytes_per_token: int, prompt: Sequence[int] = ()):
+        super().__init__()
         self.kv = kv
         self.slot = kv.take_slot()
         self.blocks: list[int] = []
-        self.offset = 0
-        self.tokens: list[int] = []
         self._bytes_per_token = bytes_per_token
         weakref.finalize(self, kv.release, self.slot, self.blocks)
+        if prompt:  # the prompt's leading blocks others computed, short of its last token
+            want = HeldTokens()
+            want.append(prompt[:(len(prompt) - 1) // BS * BS])
+            n = kv.share(self.slot, self.blocks, want.hashes)
+            self.tokens[:], self.hashes[:] = want.tokens[:n * BS], want.hashes[:n]
 
     def reserve(self, n: int) -> None:
         self.kv.grow(self.slot, self.blocks, n)
 
     def append(self, tokens: np.ndarray) -> None:
-        """The step that wrote these tokens' keys and values is done."""
-        self.offset += len(tokens)
-        self.tokens.extend(int(i) for i in tokens)
+        full = len(self.hashes)
+        super().append(tokens)
+        if len(self.hashes) > full:
+            self.kv.publish(self.blocks, self.hashes, full)
 
     def trim(self, n: int) -> None:
-        n = min(n, self.offset)
-        self.offset -= n
-        del self.tokens[len(self.tokens) - n:]
+        self.kv.unpublish(self.blocks[(self.offset - min(n, self.offset)) // BS:])  # raises if shared
+        super().trim(n)
 
     @property
     def nbytes(self) -> int:
@@ -624,9 +709,10 @@ class ResidentRunner:
                 data=np.ascontiguousarray(v, np.float32), usage=wgpu.BufferUsage.STORAGE)
         return buf
 
-    def new_cache(self) -> DeviceCache:
+    def new_cache(self, prompt: Sequence[int] = ()) -> DeviceCache:
+        """An empty cache, or one holding the published blocks the prompt begins with (its offset)."""
         with self._lock:
-            return DeviceCache(self.kv, self.bytes_per_token)
+            return DeviceCache(self.kv, self.bytes_per_token, prompt)
 
     def _op_pipeline(self, kernel: str):
         pipe = self._pipelines.get(kernel)

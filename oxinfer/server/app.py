@@ -47,7 +47,7 @@ from oxinfer.server.tools import with_tools
 log = structlog.get_logger("oxinfer.server")
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: ~250k tokens of text, far over any context this runtime serves
-DEFAULT_MAX_TOKENS_CHAT = 512  # OpenAI's "rest of the context" would preallocate a KV cache that size
+# chat: OpenAI's "rest of the context" (the KV pools take memory as tokens arrive, not up front)
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's documented default for /v1/completions
 RETRY_AFTER_S = 1
 
@@ -103,8 +103,8 @@ class _Server:
         engine = self.engine
         max_tokens = req.requested_max_tokens
         if max_tokens is None:  # fit the default into what the context leaves
-            default = DEFAULT_MAX_TOKENS_CHAT if isinstance(req, ChatCompletionRequest) else DEFAULT_MAX_TOKENS_COMPLETION
-            max_tokens = max(1, min(default, engine.config.context_length - len(ids)))
+            rest = engine.config.context_length - len(ids)
+            max_tokens = max(1, rest if isinstance(req, ChatCompletionRequest) else min(DEFAULT_MAX_TOKENS_COMPLETION, rest))
         kw = req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
         if choice and "seed" in kw:  # n choices with a seed: reproducible, and not all the same
             kw["seed"] += choice
@@ -168,25 +168,20 @@ class _Server:
         if req.stream:
             return EventStreamResponse(self.stream(streams, answers, req.include_usage))
 
-        async def collect_all():
-            async with anyio.create_task_group() as tg:
-                for st, a in zip(streams, answers):
-                    tg.start_soon(self.collect, st, a)
-
         try:
-            await until_disconnect(request.scope, request.receive, collect_all)
+            await until_disconnect(request.scope, request.receive, lambda: self.collect(streams, answers))
         except ClientDisconnected:
             return Response(status_code=499)  # nobody reads it; the access log records it
         return JSONResponse(full(answers))
 
-    async def collect(self, events: AsyncIterator[Event], answer: Answer) -> None:
+    async def collect(self, streams: list[AsyncIterator[Event]], answers: list[Answer]) -> None:
         try:
-            async with aclosing(events) as evs:
-                async for ev in evs:
+            async with aclosing(_merged(streams)) as evs:
+                async for i, ev in evs:
                     if isinstance(ev, Token):
-                        answer.add(ev)
+                        answers[i].add(ev)
                     else:
-                        answer.finished = ev
+                        answers[i].finished = ev
         except Exception as e:  # noqa: BLE001 - a fault of the engine mid-answer: report it, keep serving
             log.exception("generation_failed")
             raise from_status(500, f"generation failed: {e!r}", code="generation_failed") from None
@@ -265,18 +260,28 @@ class _Server:
 
 
 async def _merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:
-    """(choice, event) from n streams as they come (they advance together, in the engine's batches)."""
+    """(choice, event) from n streams as they come (they advance together, in the engine's batches),
+    streamed or collected.
+    Choices after the first start once it has its first token: the prompt's blocks are computed
+    once, and the others start from them (prefix caching)."""
     if len(streams) == 1:
         async with aclosing(streams[0]) as evs:
             async for ev in evs:
                 yield 0, ev
         return
     send, receive = anyio.create_memory_object_stream(len(streams) * 4)
+    prefilled = anyio.Event()  # choice 0 computed the prompt: the others reuse its blocks
 
     async def pump(i: int, st: AsyncIterator[Event], out) -> None:
         async with out, aclosing(st) as evs:
-            async for ev in evs:
-                await out.send((i, ev))
+            try:
+                if i:
+                    await prefilled.wait()
+                async for ev in evs:
+                    prefilled.set()
+                    await out.send((i, ev))
+            finally:
+                prefilled.set()
 
     async with anyio.create_task_group() as tg:
         try:

@@ -3,7 +3,13 @@ tests, must not share or clash). Names follow the engine's vocabulary (events.py
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 
 from oxinfer.events import Finished
@@ -25,7 +31,13 @@ class Metrics:
             lambda: engine.stats().queued)
         Gauge("oxinfer_kv_bytes", "KV cache memory held by live requests", registry=r).set_function(
             lambda: engine.stats().kv_bytes)
+        for name, help_ in (("kv_blocks_used", "KV blocks live requests hold"),
+                            ("kv_blocks_cached", "Full KV blocks kept for later prompts"),
+                            ("kv_evictions", "Kept KV blocks given up for room (total)")):
+            Gauge(f"oxinfer_{name}", help_, registry=r).set_function(lambda n=name: getattr(engine.stats(), n))
         self.prompt_tokens = Counter("oxinfer_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_tokens = Counter("oxinfer_prompt_tokens_cached", "Prompt tokens reused from earlier requests",
+                                     registry=r)
         self.generation_tokens = Counter("oxinfer_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("oxinfer_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
         self.ttft = Histogram("oxinfer_time_to_first_token_seconds", "Arrival to first token (queue included)",
@@ -56,6 +68,7 @@ class Metrics:
 
     def finished_request(self, fin: Finished, e2e_s: float) -> None:
         self.finished.labels(reason=fin.reason).inc()
+        self.cached_tokens.inc(fin.cached_tokens)
         if fin.completion_tokens:
             self.ttft.observe(fin.ttft_s)
             self.e2e.observe(e2e_s)

@@ -47,7 +47,8 @@ class Answer:
         if f is None:
             return None
         return {"prompt_tokens": f.prompt_tokens, "completion_tokens": f.completion_tokens,
-                "total_tokens": f.prompt_tokens + f.completion_tokens}
+                "total_tokens": f.prompt_tokens + f.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": f.cached_tokens}}
 
     @property
     def finish_reason(self) -> str | None:
@@ -151,12 +152,13 @@ def full(answers: list[Answer]) -> dict:
 
 
 def usage(answers: list[Answer]) -> dict | None:
-    """One prompt, n completions."""
+    """One prompt, n completions (the other choices reuse the first's prompt blocks)."""
     each = [a.usage() for a in answers]
     if any(u is None for u in each):
         return None
     prompt, completion = each[0]["prompt_tokens"], sum(u["completion_tokens"] for u in each)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": each[0]["prompt_tokens_details"]}  # the prompt as the first choice met it
 
 
 def _merge(entries: list[dict]) -> dict | None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from oxinfer.sampling import SamplingParams
-from oxinfer.server.errors import APIError, bad_request
+from oxinfer.server.errors import bad_request
 
 
 def _utf8(s: str) -> str:
