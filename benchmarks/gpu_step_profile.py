@@ -18,13 +18,13 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+from gpu_model import SYNTHETIC
 
 import oxinfer
+from oxinfer.runtime import webgpu
 from oxinfer.runtime.resident import _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
-
-from gpu_model import SYNTHETIC
 
 
 def pass_ms(runner, seqs, caches, reps: int = 20) -> float:
@@ -44,10 +44,12 @@ def _family(runner, d, rows: int) -> str:
     n_out, n_in = int(d.params[0]), int(d.params[1])
     kind = runner.gpu.kernel_for(rows, n_out, n_in)
     slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
-    return f"mm_tiled in {slices} k slices {n_out}x{n_in}" if slices > 1 else f"{kind} {n_out}x{n_in}"
+    if slices > 1:
+        return f"{runner.gpu.split_kind(kind, rows)} in {slices} k slices {n_out}x{n_in}"
+    return f"{kind} {n_out}x{n_in}"
 
 
-async def profile(path: Path, streams: list[int]) -> None:
+async def profile(path: Path, streams: list[int], whole_only: bool = False) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(*streams, 1))
     r = engine.resident
@@ -76,13 +78,13 @@ async def profile(path: Path, streams: list[int]) -> None:
                 name = "attention:attend_decode (+rope_kv)"
             kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline
         parts = {}
-        for kind, sub in kinds.items():  # the step's plan cut down to one family
+        for kind, sub in ([] if whole_only else kinds.items()):  # the step's plan cut down to one family
             prog.plans[(t, m)] = dataclasses.replace(plan, calls=sub)
             parts[kind] = (len(sub), pass_ms(r, seqs, caches, 10))
         prog.plans[(t, m)] = plan
         everything = plan.calls
         what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
-        print(f"{path.stem}, {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
+        print(f"{path.stem} (tiled from {webgpu.MM_MIN_T_GPU} rows), {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
         for kind, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1]):
             print(f"  {kind:24s} x{count:4d}  {ms:.3f} ms alone  ({ms / count * 1e3:.1f} us each)")
 
@@ -92,12 +94,19 @@ def main() -> None:
     ap.add_argument("--synthetic", nargs="+", choices=list(SYNTHETIC), default=["135m", "1b"])
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 32, -512],
                     help="decode steps of N streams; -N: one prefill step of N rows")
+    ap.add_argument("--min-t", type=int, nargs="+", default=[0],
+                    help="rows from which products take the tiled kernels (0: webgpu.MM_MIN_T_GPU), each profiled")
+    ap.add_argument("--whole", action="store_true", help="only each step's whole pass, not its kernel families")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.synthetic:
             path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096, **SYNTHETIC[name])
-            anyio.run(profile, path, a.streams)
+            default = webgpu.MM_MIN_T_GPU
+            for min_t in a.min_t:
+                webgpu.MM_MIN_T_GPU = min_t or default
+                anyio.run(profile, path, a.streams, a.whole)
+            webgpu.MM_MIN_T_GPU = default
 
 
 if __name__ == "__main__":

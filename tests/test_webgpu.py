@@ -310,5 +310,8 @@ def test_split_products_fill_the_h200_s_workgroup_rounds(gpu):
         assert gpu.splits_for("mm_tiled64", 512, 2048, 5632) == 4
         assert gpu.splits_for("mm_tiled64", 512, 3072, 576) == 1
         assert gpu.splits_for("mm_tiled", 512, 65536, 2048) == 1
+        # a prompt's slices run in 128-row tiles, a few rows' in 64-row ones (not 8x the rows)
+        assert (gpu.split_kind("mm_tiled64", 512), gpu.split_kind("mm_tiled64", 32)) == ("mm_tiled", "mm_tiled64")
+        assert gpu.splits_for("mm_tiled64", 32, 2048, 2048) == 4
     finally:
         gpu.cpu_adapter = real

@@ -786,7 +786,7 @@ class ResidentRunner:
                 if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not self.gpu.kernel:
                     splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
                     if splits[i] > 1:
-                        kinds[i] = "mm_tiled"
+                        kinds[i] = self.gpu.split_kind(kinds[i], rows[i])
             at = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
             calls = []
             for i in at:
