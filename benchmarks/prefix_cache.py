@@ -58,7 +58,15 @@ async def main_async(a, path: Path) -> None:
     system = ids(a.system_tokens, 1, vocab)
     rows = []
     for i in range(a.requests):
+        if a.profile and i == 2:  # the later requests, plans built: where the host's time goes
+            import cProfile
+            prof = cProfile.Profile()
+            prof.enable()
         rows.append(await ttft(engine, system + ids(20, 100 + i, vocab)))
+    if a.profile:
+        import pstats
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     cold, warm = rows[0][0], statistics.median(r[0] for r in rows[1:])
     print(f"{path.stem} on {engine.scheduler.gpu.name if engine.resident else 'cpu'}: "
           f"{a.system_tokens}-token system prompt + 20-token questions")
@@ -92,6 +100,7 @@ def main() -> None:
     ap.add_argument("--system-tokens", type=int, default=1000)
     ap.add_argument("--requests", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--profile", action="store_true", help="cProfile the requests after the second")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
