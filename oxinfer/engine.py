@@ -293,8 +293,9 @@ class Engine:
         if p.constraint is not None and not req.aborted:  # its matcher (a complex grammar: ~0.1-1 s)
             sampler.guide = await anyio.to_thread.run_sync(Guide, p.constraint, self.tokenizer, self.config.vocab_size)
         guide = sampler.guide
-        if not req.aborted:
-            req.cache = self._new_cache(len(req.prompt_ids) + p.max_tokens, req.prompt_ids)
+        if not req.aborted:  # in a worker thread: copying a reused prefix's blocks takes milliseconds
+            req.cache = await anyio.to_thread.run_sync(self._new_cache, len(req.prompt_ids) + p.max_tokens,
+                                                       req.prompt_ids)
             step = req.prompt_ids[req.cache.offset:]  # what no earlier request computed
         cached = req.cache.offset if req.cache is not None else 0
         while not req.aborted:

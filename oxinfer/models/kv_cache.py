@@ -109,6 +109,7 @@ class KVPool:
         self.kept: OrderedDict[int, KVCache] = OrderedDict()  # ended requests' caches, oldest first
         self.evictions = 0
         self._lock = threading.Lock()  # slots come back from finalizers, in any thread
+        self._opening = threading.Lock()  # caches are opened in worker threads (a prefix copy takes ~10 ms)
 
     def take(self) -> int | None:
         """A free slot; the least recently used kept cache gives up its own when none is free."""
@@ -132,6 +133,10 @@ class KVPool:
         that one of its caches computed (its offset says how many tokens): copied into a free slot,
         or, when none is free, a kept cache hands over its own (its blocks past the run are written
         over). None when no slot is free and none is kept."""
+        with self._opening:
+            return self._open(capacity, max_tokens, prompt)
+
+    def _open(self, capacity: int, max_tokens: int, prompt: Sequence[int]) -> KVCache | None:
         want = HeldTokens()
         want.append(prompt[:max(len(prompt) - 1, 0) // BLOCK * BLOCK])
         best, n = self._longest(want.hashes, len(prompt))
