@@ -124,7 +124,12 @@ class Engine:
         model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
         whole_on_gpu = resident and hasattr(scheduler.gpu, "device")  # a WebGpuBackend may run it all
         if not whole_on_gpu:
-            scheduler.cpu.upload_all(model.matrices())
+            release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as kernels copy them
+            if release:
+                release()  # the pages fusing q/k/v and gate/up read
+            scheduler.cpu.upload_all(model.matrices(), release)
+            if release:
+                release()  # the embedding's rows come back one page at a time, as tokens need them
         for m in model.matrices():
             scheduler.register(m, cpu=False)
         runner = None

@@ -95,6 +95,7 @@ class GGUFFile:
             if magic != GGUF_MAGIC:
                 raise ModelFormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._addr = np.frombuffer(self._map, np.uint8).ctypes.data  # where the map starts (release_pages)
         self._fields: dict[str, Any] = {}
         self._tensors: dict[str, TensorInfo] = {}
         self._dropped = False  # drop_metadata()
@@ -161,6 +162,19 @@ class GGUFFile:
         self._dropped = True
 
     # --- tensors --------------------------------------------------------------------------
+    def release_pages(self, data: np.ndarray | None = None) -> None:
+        """Drop the resident pages of tensor bytes read already (of `data`, when it lies in this file;
+        of the whole file when None). They stay readable: the kernel reads them again from the page
+        cache on the next access. Once the CPU kernels hold their weights, the file's pages are
+        RSS held for nothing (SmolLM2 Q4_1: 93 MiB, of the 98 MB file)."""
+        start, end = 0, len(self._map)
+        if data is not None:
+            start = data.__array_interface__["data"][0] - self._addr
+            end = start + data.nbytes
+            if not (0 <= start and end <= len(self._map)):
+                return  # not this file's bytes (a fused copy, a reordered matrix)
+        start -= start % mmap.PAGESIZE  # a page shared with a neighbour is read back when needed
+        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors
 
@@ -182,7 +196,9 @@ class GGUFFile:
         return QuantMatrix(name, qtype, n_out, n_in, data)
 
     def vector(self, name: str) -> np.ndarray:
-        """A 1-D tensor (norm weights) as float32."""
+        """A 1-D tensor (norm weights) as float32, in memory of its own: an F32 view of the map
+        would map in the file's pages around it at each step (SmolLM2: 20 MiB of the released
+        weights back in RSS after 16 tokens)."""
         t = self._tensor(name)
         c = codec(t.tensor_type.name, name)
-        return c.dequantize(np.asarray(t.data).view(np.uint8).reshape(-1), int(t.n_elements))
+        return np.array(c.dequantize(np.asarray(t.data).view(np.uint8).reshape(-1), int(t.n_elements)))

@@ -150,6 +150,28 @@ class Q4_1(Codec):
         return _requantize_q8(cls.decode_blocks(blocks))
 
 
+def _owner(a):
+    """The object that owns an array's memory (a file's map, for tensors read from one)."""
+    while isinstance(a, np.ndarray) and a.base is not None:
+        a = a.base
+    return a.obj if isinstance(a, memoryview) else a
+
+
+def _back_to_back(arrays: list[np.ndarray]) -> np.ndarray | None:
+    """The arrays as one byte array without a copy, where they lie back to back in one buffer
+    (a GGUF stores ffn_gate right before ffn_up: SmolLM2's fused gate/up then stay in the file's
+    map, not 28 MiB of copies); else None."""
+    owner = _owner(arrays[0])
+    if not all(a.flags.c_contiguous and _owner(a) is owner for a in arrays):
+        return None
+    starts = [a.__array_interface__["data"][0] for a in arrays]
+    if any(s + a.nbytes != nxt for s, a, nxt in zip(starts, arrays, starts[1:])):
+        return None
+    whole = np.frombuffer(owner, np.uint8) if not isinstance(owner, np.ndarray) else owner.reshape(-1).view(np.uint8)
+    at = starts[0] - whole.__array_interface__["data"][0]
+    return whole[at:at + sum(a.nbytes for a in arrays)]
+
+
 def codec(qtype: str, tensor: str = "?") -> type[Codec]:
     """The codec of a GGML type name, or UnsupportedQuantError naming the tensor."""
     try:
@@ -206,8 +228,10 @@ class QuantMatrix:
         """Stack matrices that share n_in and qtype into one; return row views of it, in order."""
         if len({(p.qtype, p.n_in) for p in parts}) != 1:
             return parts  # mixed formats stay separate; the scheduler still coalesces them
-        base = cls(name, parts[0].qtype, sum(p.n_out for p in parts), parts[0].n_in,
-                   np.concatenate([p.data for p in parts]))
+        n_out = sum(p.n_out for p in parts)
+        data = _back_to_back([p.data for p in parts])
+        base = cls(name, parts[0].qtype, n_out, parts[0].n_in,
+                   np.concatenate([p.data for p in parts]) if data is None else data.reshape(n_out, -1))
         views, r = [], 0
         for p in parts:
             views.append(cls(p.name, p.qtype, p.n_out, p.n_in, base.data[r:r + p.n_out], base, r))
