@@ -152,9 +152,8 @@ class KVPool:
             if slot is None:
                 return None
             cache = KVCache(self, slot, capacity, max_tokens)
-            for arrays in (self.keys, self.values):
-                for layer in arrays:
-                    layer[slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK] if n else 0
+            for layer in (*self.keys, *self.values) if n else ():
+                layer[slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK]
         cache.tokens[:], cache.hashes[:] = want.tokens[:n * BLOCK], want.hashes[:n]
         return cache
 
