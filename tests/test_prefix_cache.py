@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import oxinfer
-from oxinfer.models.kv_cache import BLOCK
+from oxinfer.models.kv_cache import BLOCK, KVPool
 from oxinfer.runtime.resident import DeviceCache, DeviceKV, KVPoolFull
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
@@ -154,3 +154,22 @@ def test_device_blocks_are_counted_cached_and_evicted_least_recently_used():
     assert d.offset == 0  # its first block was evicted: nothing to share
     with pytest.raises(KVPoolFull):
         d.reserve(2 * BLOCK)
+
+
+def test_a_kept_cache_hands_its_slot_over_only_when_no_forward_writes_into_it():
+    """A pool of one slot whose kept cache belongs to a cancelled request with a forward still in
+    flight (busy): a new prompt must not take over that slot (the forward would write into the new
+    sequence's positions), so it gets none (a private cache, in Llama.new_cache); once the forward
+    is done, the slot is handed over with the prompt's blocks in place."""
+    pool = KVPool(n_layers=1, n_kv_heads=1, head_dim=4, slots=1, tokens=128)
+    a = pool.open(128, 128)
+    pool.keys[0][a.slot, :, :64] = 1.5
+    a.append(range(64))
+    a.busy = 1
+    pool.keep(a)
+    prompt = [*range(64), 99]
+    assert pool.open(128, 128, prompt) is None
+    a.busy = 0
+    b = pool.open(128, 128, prompt)
+    assert b is not None and b.slot == a.slot and b.offset == 64 and not pool.kept
+    assert (pool.keys[0][b.slot, :, :64] == 1.5).all()
