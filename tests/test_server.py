@@ -555,3 +555,21 @@ async def test_a_dropped_stream_of_n_choices_ends_all_of_them(srv, http):
     while metric(http, "oxinfer_requests_running") and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert metric(http, "oxinfer_requests_running") == 0 and seen == {0, 1, 2}
+
+
+async def test_an_unexpected_error_is_a_500_in_openai_shape():
+    class Broken:  # an engine whose stats() fails: /health reaches the catch-all handler
+        model_name = "broken"
+        scheduler = type("Scheduler", (), {"call_observers": []})()
+
+        def stats(self):
+            raise RuntimeError("boom")
+
+    from oxinfer.server import create_app
+
+    transport = httpx.ASGITransport(app=create_app(Broken()), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        r = await c.get("/health")
+    assert r.status_code == 500
+    assert r.json()["error"] == {"message": "internal error; see the server log", "type": "server_error",
+                                 "param": None, "code": None}
