@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -235,12 +236,37 @@ def test_health_and_metrics_of_each_replica(client, url):
             health = http.get("/health", headers={REPLICA_HEADER: replica})
             assert health.status_code == 200 and health.json()["status"] == "ok"
             assert health.headers[REPLICA_HEADER] == replica
+            assert len(health.headers.get_list("x-request-id")) == 1  # Serve's; the app's has its own name
+            assert health.headers["x-oxinfer-request-id"] != health.headers["x-request-id"]
             metrics = http.get("/metrics", headers={REPLICA_HEADER: replica})
             assert metrics.headers[REPLICA_HEADER] == replica
             served = [line for line in metrics.text.splitlines() if line.startswith("oxinfer_requests_finished_total")]
             assert served and sum(float(line.rsplit(" ", 1)[1]) for line in served) > 0, metrics.text
         r = http.get("/health", headers={REPLICA_HEADER: "no-such-replica"})
         assert r.status_code == 404 and "no-such-replica" in r.json()["error"]["message"]
+
+
+def finished(http: httpx.Client, replica: str) -> dict[str, float]:
+    """The replica's oxinfer_requests_finished_total by reason."""
+    text = http.get("/metrics", headers={REPLICA_HEADER: replica}).text
+    return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith("oxinfer_requests_finished_total{")}
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_cancels_its_request_in_the_replica(client, url):
+    body = {"messages": QUESTIONS[0], "max_tokens": 400, "temperature": 0.0, "stream": True}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        replica = stream_chat(client, QUESTIONS[0], 1).replica
+        before = finished(http, replica)
+        with http.stream("POST", "/v1/chat/completions", json=body, headers={REPLICA_HEADER: replica}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data:") and next(lines) == "" and next(lines).startswith("data:")
+        deadline = time.monotonic() + 30  # the engine ends it at its next token; Serve's cancel takes a hop
+        while finished(http, replica).get("cancelled", 0) == before.get("cancelled", 0):
+            assert time.monotonic() < deadline, "the request was not cancelled"
+            time.sleep(0.1)
+        assert finished(http, replica).get("length", 0) == before.get("length", 0)
 
 
 @pytest.mark.slow

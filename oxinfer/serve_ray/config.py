@@ -5,6 +5,7 @@ a bad value found inside a replica surfaces as a deployment that never becomes h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from oxinfer.runtime.select import BACKENDS
@@ -18,7 +19,8 @@ PROBE_SLOTS = 2  # Serve counts /health and /metrics as ongoing requests: room f
 class RayServeConfig:
     """One oxinfer app on Ray Serve.
 
-    model: a .gguf or HF directory at the same path on every node (None: the default SmolLM2).
+    model: the absolute path of a .gguf or HF directory, the same on every node (replicas run in
+    other directories, maybe on other machines); None: the default SmolLM2 of each node's install.
     backend, max_concurrent, max_queue: each replica's `Engine.load` arguments. max_concurrent is
     also Serve's max_ongoing_requests (plus PROBE_SLOTS), so requests beyond it wait in Serve's
     router, where they can still go to any replica, instead of in one engine's queue.
@@ -44,6 +46,8 @@ class RayServeConfig:
     prefix_chars: int = PREFIX_CHARS
 
     def __post_init__(self) -> None:
+        if self.model is not None and not Path(self.model).is_absolute():
+            raise ValueError(f"model must be an absolute path (replicas do not run in this directory), got {self.model!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.max_concurrent < 1:

@@ -30,10 +30,15 @@ def build_app(config: RayServeConfig) -> Application:
     return ingress.bind(replicas, config.prefix_chars, config.max_body_bytes)
 
 
-def run(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
-        blocking: bool = True) -> None:
-    """Deploy on the cluster at `address`; None: $RAY_ADDRESS, else the latest cluster `ray start`
-    began on this machine, else a new local one. blocking: serve until Ctrl-C, then shut down."""
+def run(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None) -> None:
+    """Deploy on the cluster at `address` and serve until Ctrl-C. address None: $RAY_ADDRESS, else
+    the cluster `ray start` began on this machine, else a new local one, which stops with this call."""
     ray.init(address=address)
-    serve.start(http_options={"host": host, "port": port})
-    serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=blocking)
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(config), name=APP_NAME, route_prefix="/", blocking=True)
+    except KeyboardInterrupt:
+        serve.delete(APP_NAME)  # the app goes with the command that made it; a cluster that was there stays
+        raise
+    finally:
+        ray.shutdown()
