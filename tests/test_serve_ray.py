@@ -135,6 +135,22 @@ async def test_requests_are_refused_when_replicas_keep_dying_or_the_body_is_too_
     assert r.status_code == 413 and "64 bytes" in r.json()["error"]["message"] and not replicas.calls
 
 
+async def test_a_failed_call_is_an_openai_error_and_a_gone_client_is_not_relayed():
+    replicas = ScriptedReplicas([RuntimeError("not a lost replica")], [START_SSE, END])
+    r = await relay(replicas)
+    assert r.status_code == 502 and r.json()["error"]["code"] == "replica_failed" and len(replicas.calls) == 1
+    replicas, sent = ScriptedReplicas(), []
+
+    async def gone():
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await Relay(replicas, 256, 64)({"type": "http", "path": "/v1/completions", "headers": []}, gone, send)
+    assert not replicas.calls and not sent
+
+
 # --- the cluster -----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -230,6 +246,9 @@ def test_each_prefix_stays_on_one_replica_and_prefixes_spread(client):
 def test_health_and_metrics_of_each_replica(client, url):
     with ThreadPoolExecutor(len(QUESTIONS)) as pool:  # more than one replica holds: both answer
         seen = set(pool.map(lambda q: stream_chat(client, q, 2).replica, QUESTIONS))
+    prefix = f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#"  # how docs/ray.md lists the replicas
+    assert seen == {a["name"].removeprefix(prefix) for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith(prefix)}
     assert len(seen) == 2
     with httpx.Client(base_url=url, timeout=60) as http:
         for replica in seen:

@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from oxinfer.serve_ray.request import ForwardedRequest
 from oxinfer.server.errors import APIError, from_status
-from oxinfer.server.sse import sse
+from oxinfer.server.sse import ClientDisconnected, sse
 
 log = structlog.get_logger("oxinfer.serve_ray")
 
@@ -50,7 +50,10 @@ class Relay:
             return await _lifespan(receive, send)
         if scope["type"] != "http":  # the API has no websocket routes
             return await send({"type": "websocket.close", "code": 1003})
-        body = await _read_body(receive, self.max_body_bytes)
+        try:
+            body = await _read_body(receive, self.max_body_bytes)
+        except ClientDisconnected:
+            return  # nobody to answer, nothing sent on
         if body is None:
             err = from_status(413, f"request body is over the limit of {self.max_body_bytes} bytes")
             return await err.response()(scope, receive, send)
@@ -73,28 +76,33 @@ class Relay:
                         b"text/event-stream")
                 await send(message)
                 started = True
-        except RayActorError:
-            if not started:
+        except Exception as e:  # noqa: BLE001 - whatever broke the call, the client gets an answer in OpenAI's shape
+            lost = isinstance(e, RayActorError)  # the replica died, or cannot be reached
+            if lost and not started:
                 return False
-            log.warning("replica_lost_mid_answer", path=req.scope["path"])
-            err = APIError(502, "the replica serving this answer was lost mid-answer", type="server_error",
-                           code="replica_lost")
-            tail = sse(err.body()) + sse("[DONE]") if event_stream else b""
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
+            log.warning("replica_failed", path=req.scope["path"], error=repr(e), started=started)
+            err = (APIError(502, "the replica serving this answer was lost mid-answer", type="server_error",
+                            code="replica_lost") if lost else
+                   APIError(502, "the call to the replica failed; see the ingress's log", type="server_error",
+                            code="replica_failed"))
+            if not started:
+                await err.response()(req.scope, _no_body, send)
+            else:  # the status went out already: end the body, in the stream's own terms when it is one
+                tail = sse(err.body()) + sse("[DONE]") if event_stream else b""
+                await send({"type": "http.response.body", "body": tail, "more_body": False})
             return True
         if not started:  # the app raised before its answer began (the replica logged why)
-            await from_status(500, "internal error; see the replica's log", type="server_error").response()(
-                req.scope, _no_body, send)
+            await from_status(500, "internal error; see the replica's log").response()(req.scope, _no_body, send)
         return True
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:
-    """The whole body, or None as soon as it is over `limit` bytes."""
+    """The whole body, or None as soon as it is over `limit` bytes; ClientDisconnected if the client left."""
     chunks, size = [], 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            return b"".join(chunks)  # the replica's app notices nothing; Serve cancels this request
+            raise ClientDisconnected()
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
