@@ -13,6 +13,7 @@ from oxinfer.server.app import MAX_BODY_BYTES
 
 PREFIX_CHARS = 256  # ~64 tokens: a system prompt's worth, short enough that users' questions differ after it
 PROBE_SLOTS = 2  # Serve counts /health and /metrics as ongoing requests: room for them when every slot generates
+DRAIN_S = 120  # a replica scaled down or redeployed finishes its answers first (Serve's 20 s would cut long ones)
 
 
 @dataclass(frozen=True)
@@ -76,5 +77,6 @@ class RayServeConfig:
         return {
             **scale,
             "max_ongoing_requests": self.max_concurrent + PROBE_SLOTS,
+            "graceful_shutdown_timeout_s": DRAIN_S,
             "ray_actor_options": {"num_cpus": self.replica_cpus, "num_gpus": 1 if self.backend == "webgpu" else 0},
         }
