@@ -235,13 +235,13 @@ class Engine:
     async def _generate(self, req: _Request) -> AsyncIterator[Event]:
         self._totals["requests"] += 1
         rlog = log.bind(request_id=req.id)
-        finished = False
+        finished = clean = False
         try:
             await self._admit(req)
             rlog.debug("request_started", prompt_tokens=len(req.prompt_ids), queue_s=time.perf_counter() - req.arrived)
             async for ev in self._decode_loop(req):
                 if isinstance(ev, Finished):
-                    finished = True
+                    finished, clean = True, ev.reason != "cancelled"
                     self._totals[ev.reason] += 1
                     self._totals["prompt_tokens"] += ev.prompt_tokens
                     self._totals["cached_tokens"] += ev.cached_tokens
@@ -260,8 +260,8 @@ class Engine:
                 self._queued.remove(req)
             if self._running.pop(req.id, None) is not None:
                 self._admit_next()
-            if isinstance(req.cache, KVCache):  # its prefix blocks stay for later requests
-                req.cache.pool.keep(req.cache)
+            if clean and isinstance(req.cache, KVCache):  # its prefix blocks stay for later requests (not
+                req.cache.pool.keep(req.cache)  # a cancelled one's: a forward may still write into it)
             req.cache = None
 
     async def _admit(self, req: _Request) -> None:

@@ -4,12 +4,14 @@ earlier or running request computed, on the CPU pool (copied into its slot) and 
 
 from __future__ import annotations
 
+import gc
+
 import anyio
 import numpy as np
 import pytest
 
 import oxinfer
-from oxinfer.models.kv_cache import BLOCK, KVPool
+from oxinfer.models.kv_cache import BLOCK
 from oxinfer.runtime.resident import DeviceCache, DeviceKV, KVPoolFull
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
@@ -86,25 +88,34 @@ async def test_kept_prefixes_are_evicted_least_recently_used_under_a_tiny_pool(m
 
 
 async def test_cancelled_and_finished_requests_leave_the_pool_s_counts(model):
-    """Requests that finish, are cancelled mid-prompt or mid-decode, or are aborted: afterwards
-    every slot of the pool is free or kept (none is lost), and the kept ones are the ended ones."""
+    """Requests that finish, or are cancelled mid-prompt or mid-decode: afterwards every slot of
+    the pool is free or kept (none is lost), and only requests that ran to their end are kept."""
     engine = await oxinfer.Engine.load(model, max_concurrent=4)
     long = oxinfer.SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 
+    ended = []  # the prompts whose requests ran to the end
+
     async def cancelled(prompt, after: int):
         with anyio.move_on_after(0.05 * after):
-            async for _ in engine.stream(prompt, long):
-                pass
+            async for ev in engine.stream(prompt, long):
+                if isinstance(ev, oxinfer.Finished):
+                    ended.append(prompt)
 
     async with anyio.create_task_group() as tg:
         for i in range(6):
             tg.start_soon(cancelled, ids(150, 20 + i), i)
         tg.start_soon(engine.generate, ids(90, 30), GREEDY)
     pool = engine.model.kv_pool
-    assert engine.stats().running == 0
+    with anyio.fail_after(10):  # a cancelled request's forward may still be finishing in the batch
+        while engine.stats().running or engine.stats().pending_jobs:
+            await anyio.sleep(0.01)
+    await anyio.sleep(0.05)
+    gc.collect()
     free = len(pool._free)
     assert free + len(pool.kept) == pool.slots
     assert all(c.hashes and c.offset <= 150 + 200 for c in pool.kept.values())
+    # a cancelled request's cache is not kept: a forward may still write into its slot
+    assert {tuple(c.tokens[:90]) for c in pool.kept.values()} <= {tuple(p[:90]) for p in [*ended, ids(90, 30)]}
 
 
 @pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (install mesa-vulkan-drivers)")
@@ -154,22 +165,3 @@ def test_device_blocks_are_counted_cached_and_evicted_least_recently_used():
     assert d.offset == 0  # its first block was evicted: nothing to share
     with pytest.raises(KVPoolFull):
         d.reserve(2 * BLOCK)
-
-
-def test_a_kept_cache_hands_its_slot_over_only_when_no_forward_writes_into_it():
-    """A pool of one slot whose kept cache belongs to a cancelled request with a forward still in
-    flight (busy): a new prompt must not take over that slot (the forward would write into the new
-    sequence's positions), so it gets none (a private cache, in Llama.new_cache); once the forward
-    is done, the slot is handed over with the prompt's blocks in place."""
-    pool = KVPool(n_layers=1, n_kv_heads=1, head_dim=4, slots=1, tokens=128)
-    a = pool.open(128, 128)
-    pool.keys[0][a.slot, :, :64] = 1.5
-    a.append(range(64))
-    a.busy = 1
-    pool.keep(a)
-    prompt = [*range(64), 99]
-    assert pool.open(128, 128, prompt) is None
-    a.busy = 0
-    b = pool.open(128, 128, prompt)
-    assert b is not None and b.slot == a.slot and b.offset == 64 and not pool.kept
-    assert (pool.keys[0][b.slot, :, :64] == 1.5).all()

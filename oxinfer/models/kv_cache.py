@@ -112,19 +112,17 @@ class KVPool:
         self._opening = threading.Lock()  # caches are opened in worker threads (a prefix copy takes ~10 ms)
 
     def take(self) -> int | None:
-        """A free slot; the least recently used kept cache gives up its own when none is free (not
-        one a forward still writes into: its slot would come back only after that forward)."""
-        for key in list(self.kept):
-            if self._free:
-                break
-            if not self.kept[key].busy:
-                del self.kept[key]  # its finalizer gives the slot back
-                self.evictions += 1
+        """A free slot; the least recently used kept cache gives up its own when none is free."""
+        while not self._free and self.kept:
+            self.kept.popitem(last=False)  # its finalizer gives the slot back
+            self.evictions += 1
         with self._lock:
             return self._free.pop() if self._free else None
 
     def keep(self, cache: KVCache) -> None:
-        """Hold an ended sequence's cache for its prefix blocks (evicted when a slot is wanted)."""
+        """Hold the cache of a sequence that ended with no forward in flight (its slot may be handed
+        over: nothing may write into it any more) for its prefix blocks; evicted when a slot is
+        wanted."""
         if cache.pool is not self or not cache.hashes:
             return
         for key, other in list(self.kept.items()):  # kept blocks this cache holds as well
@@ -136,8 +134,7 @@ class KVPool:
         """A cache in a slot of this pool, holding the longest run of the prompt's leading blocks
         that one of its caches computed (its offset says how many tokens): copied into a free slot,
         or, when none is free, a kept cache hands over its own (its blocks past the run are written
-        over; not while a forward of its cancelled request still writes into it). None when no slot
-        is free and none is kept."""
+        over). None when no slot is free and none is kept."""
         with self._opening:
             return self._open(capacity, max_tokens, prompt)
 
@@ -147,7 +144,7 @@ class KVPool:
         best, n = self._longest(want.hashes, len(prompt))
         if best is not None and id(best) in self.kept:
             self.kept.move_to_end(id(best))  # used now: the last to be evicted
-        if best is not None and id(best) in self.kept and not self._free and not best.busy:
+        if best is not None and id(best) in self.kept and not self._free:
             del self.kept[id(best)]
             best.release.detach()  # the slot is the new cache's now
             self.live.discard(best)
@@ -217,7 +214,6 @@ class KVCache(HeldTokens):
         self.pool, self.slot = pool, slot
         self.max_tokens = max_tokens
         self.capacity = min(max(capacity, 1), max_tokens)  # tokens this sequence asked room for
-        self.busy = 0  # forwards writing into it now (CpuOps.begin .. end)
         if not pool.growable:
             pool.live.add(self)
         self.release = weakref.finalize(self, pool.give_back, slot)

@@ -67,8 +67,6 @@ class CpuOps:
             if s0 + n > ctx:
                 raise ValueError(f"context overflow: {s0 + n} tokens > context length {ctx}")
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,)
-        for cache in caches:
-            cache.busy += 1
         groups = decode_groups(caches) if max(lens) == 1 else None
         if groups is not None:
             for cache in caches:
@@ -78,7 +76,6 @@ class CpuOps:
     def end(self, step: CpuStep) -> None:
         for cache, s in zip(step.caches, step.seqs):
             cache.append(s)
-            cache.busy -= 1
 
     # --- ops ------------------------------------------------------------------------------------
     def embed(self, table: QuantMatrix, step: CpuStep) -> np.ndarray:
