@@ -17,42 +17,19 @@ import argparse
 import asyncio
 import os
 import signal
-import socket
 import statistics
 import subprocess
-import sys
-import time
 
-import httpx
 from server_load import (  # benchmarks/ is on sys.path when run as a script
-    ROOT,
     run_level,
     start_server,
 )
 
 
 def start_ray(replicas: int, max_concurrent: int, backend: str, replica_cpus: float) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # a new local cluster each time
-    proc = subprocess.Popen([sys.executable, "-m", "oxinfer.server", "--ray", "--replicas", str(replicas),
-                             "--replica-cpus", str(replica_cpus), "--port", str(port), "--backend", backend,
-                             "--max-concurrent", str(max_concurrent), "--log-level", "WARNING"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit("oxinfer serve --ray exited during startup")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.send_signal(signal.SIGINT)
-    raise SystemExit("oxinfer serve --ray did not come up within 300 s")
+    return start_server(max_concurrent, backend, "--ray", "--replicas", str(replicas),
+                        "--replica-cpus", str(replica_cpus), env=env, timeout_s=300, quiet=True)
 
 
 def measure(name: str, proc: subprocess.Popen, url: str, a) -> dict[int, float]:

@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -91,24 +92,29 @@ async def run_level(url: str, concurrency: int, n_requests: int, max_tokens: int
                 itl_p99=pct(gaps, 99), errors=len(errors), first_error=errors[0] if errors else None, wall_s=wall)
 
 
-def start_server(max_concurrent: int, backend: str) -> tuple[subprocess.Popen, str]:
+def start_server(max_concurrent: int, backend: str, *extra: str, env: dict | None = None,
+                 timeout_s: float = 120, quiet: bool = False) -> tuple[subprocess.Popen, str]:
+    """`python -m oxinfer.server` (with `extra` arguments) on a free port, once /health answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "oxinfer.server", "--port", str(port), "--backend", backend,
-                             "--max-concurrent", str(max_concurrent), "--log-level", "WARNING"], cwd=ROOT)
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen([sys.executable, "-m", "oxinfer.server", *extra, "--port", str(port), "--backend", backend,
+                             "--max-concurrent", str(max_concurrent), "--log-level", "WARNING"],
+                            cwd=ROOT, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit("the server exited during startup")
+            raise SystemExit(f"the server {' '.join(extra)} exited during startup")
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
-            time.sleep(0.25)
-    proc.terminate()
-    raise SystemExit("the server did not come up within 120 s")
+            pass
+        time.sleep(0.25)
+    proc.send_signal(signal.SIGINT)
+    raise SystemExit(f"the server {' '.join(extra)} did not come up within {timeout_s:.0f} s")
 
 
 def main() -> None:
