@@ -53,12 +53,11 @@ def block_hash(prev: bytes, block: Sequence[int]) -> bytes:
     return hashlib.blake2b(prev + np.asarray(block, np.int64).tobytes(), digest_size=16).digest()
 
 
-def reusable(hashes: Sequence[bytes], held: Sequence[bytes], n_prompt: int) -> int:
-    """Leading blocks of a prompt (its `hashes`) that a cache holding `held` has computed, short of
-    the prompt's last token (its logits must be computed)."""
+def shared(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    """Leading blocks two caches both hold (equal chain hashes: equal tokens up to there)."""
     n = 0
-    for a, b in zip(hashes[:(n_prompt - 1) // BLOCK], held):
-        if a != b:
+    for x, y in zip(a, b):
+        if x != y:
             break
         n += 1
     return n
@@ -87,6 +86,14 @@ class HeldTokens:
         """Forget the last n tokens."""
         del self.tokens[max(0, len(self.tokens) - n):]
         del self.hashes[len(self.tokens) // BLOCK:]
+
+
+def prompt_blocks(prompt: Sequence[int]) -> HeldTokens:
+    """The full blocks of a prompt that another cache may have computed: those before its last
+    token, whose logits the new request must compute itself."""
+    want = HeldTokens()
+    want.append(prompt[:max(len(prompt) - 1, 0) // BLOCK * BLOCK])
+    return want
 
 
 class KVPool:
@@ -139,9 +146,8 @@ class KVPool:
             return self._open(capacity, max_tokens, prompt)
 
     def _open(self, capacity: int, max_tokens: int, prompt: Sequence[int]) -> KVCache | None:
-        want = HeldTokens()
-        want.append(prompt[:max(len(prompt) - 1, 0) // BLOCK * BLOCK])
-        best, n = self._longest(want.hashes, len(prompt))
+        want = prompt_blocks(prompt)
+        best, n = self._longest(want.hashes)
         if best is not None and id(best) in self.kept:
             self.kept.move_to_end(id(best))  # used now: the last to be evicted
         if best is not None and id(best) in self.kept and not self._free:
@@ -164,10 +170,10 @@ class KVPool:
         used = sum(-(-c.offset // BLOCK) for c in list(self.live) if id(c) not in self.kept)
         return used, sum(len(c.hashes) for c in list(self.kept.values())), self.evictions
 
-    def _longest(self, hashes: list[bytes], n_prompt: int) -> tuple[KVCache | None, int]:
+    def _longest(self, hashes: list[bytes]) -> tuple[KVCache | None, int]:
         """The cache holding the most of these leading blocks, and how many (a function of its
         own: no loop variable may keep an evicted cache, and its slot, alive)."""
-        held = [(reusable(hashes, c.hashes, n_prompt), c) for c in [*self.kept.values(), *self.live]]
+        held = [(shared(hashes, c.hashes), c) for c in [*self.kept.values(), *self.live]]
         n, best = max(held, key=lambda h: h[0], default=(0, None))
         return (best, n) if n else (None, 0)
 

@@ -38,7 +38,7 @@ import structlog
 
 from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.models.kv_cache import BLOCK, HeldTokens
+from oxinfer.models.kv_cache import BLOCK, HeldTokens, prompt_blocks
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.webgpu import (
@@ -191,8 +191,7 @@ class DeviceCache(HeldTokens):
         self._bytes_per_token = bytes_per_token
         weakref.finalize(self, kv.release, self.slot, self.blocks)
         if prompt:  # the prompt's leading blocks others computed, short of its last token
-            want = HeldTokens()
-            want.append(prompt[:(len(prompt) - 1) // BS * BS])
+            want = prompt_blocks(prompt)
             n = kv.share(self.slot, self.blocks, want.hashes)
             self.tokens[:], self.hashes[:] = want.tokens[:n * BS], want.hashes[:n]
 
