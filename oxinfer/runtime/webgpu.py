@@ -13,6 +13,7 @@ Only this module imports wgpu.
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -91,7 +92,9 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
                      "IQ4_XS": ("iq4_levels",)}
 _WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
-_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)}
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matmul_f16": ("matmul",)}
+# kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
+_ENABLES = {"matmul_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
 _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
@@ -101,6 +104,7 @@ _KERNELS = {
     "mv_tok": ("matvec", "mv_tok"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
+    "mm_tiled_h": ("matmul_f16", "mm_tiled_h"),  # mm_tiled staged in f16 (needs shader-f16)
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
 }
 
@@ -218,7 +222,7 @@ def shader_source(qtype: str, kind: str) -> str:
     file = _KERNELS[kind][0]
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), _DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = _shader_dir()
-    return "\n".join((d / f"{p}.wgsl").read_text() for p in parts)
+    return "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
 
 
 def device_bytes(w: QuantMatrix) -> np.ndarray:
@@ -272,7 +276,7 @@ class WebGpuBackend:
     name = "webgpu"
 
     def __init__(self, adapter, device, *, min_t: int = 16, min_flop: float = 1e8, timestamps: bool = False,
-                 kernel: str | None = None):
+                 kernel: str | None = None, f16: bool | None = None):
         self.adapter = adapter
         self.device = device
         self.min_t = min_t  # below this many rows a matmul stays on the CPU (the ~0.3-1 ms round trip)
@@ -281,6 +285,12 @@ class WebGpuBackend:
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = _is_cpu(adapter)
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call
+        # prompts' products in mm_tiled_h (f16 tiles, ~1e-3 relative error, 1.4x mm_tiled's loop on
+        # an H200) rather than mm_tiled: on GPUs with shader-f16, unless OXINFER_WEBGPU_F16=0
+        if f16 is None:
+            f16 = not self.cpu_adapter and os.environ.get("OXINFER_WEBGPU_F16", "1") != "0"
+        self.f16 = f16 and "shader-f16" in self.features
+        self.big_tiled = "mm_tiled_h" if self.f16 else "mm_tiled"  # the 128 x 128 tile kernel
         self.last: SubmissionRecord | None = None
         limits = device.limits
         self._max_binding = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
@@ -297,9 +307,10 @@ class WebGpuBackend:
     # --- construction -----------------------------------------------------------------------
     @classmethod
     def create(cls, allow_cpu_adapter: bool = False, *, min_t: int = 16, min_flop: float = 1e8,
-               timestamps: bool = False, kernel: str | None = None) -> WebGpuBackend:
+               timestamps: bool = False, kernel: str | None = None, f16: bool | None = None) -> WebGpuBackend:
         """Open the best adapter's device; WebGpuUnavailable if there is none (or only a CPU one,
-        unless allow_cpu_adapter). Thresholds: see `wants`; timestamps: measure kernel time."""
+        unless allow_cpu_adapter). Thresholds: see `wants`; timestamps: measure kernel time; f16:
+        prompts in f16 tiles (None: on GPUs that have shader-f16)."""
         adapter = _best_adapter(allow_cpu_adapter)
         features = [f for f in FEATURES if f in adapter.features]
         keys = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size")
@@ -308,9 +319,9 @@ class WebGpuBackend:
                                                  required_limits={k: adapter.limits[k] for k in keys})
         except Exception as e:  # noqa: BLE001 - wgpu raises its own error types
             raise WebGpuUnavailable(f"{adapter.summary}: requesting a device failed: {e!r}") from e
-        backend = cls(adapter, device, min_t=min_t, min_flop=min_flop, timestamps=timestamps, kernel=kernel)
+        backend = cls(adapter, device, min_t=min_t, min_flop=min_flop, timestamps=timestamps, kernel=kernel, f16=f16)
         log.info("gpu_device", adapter=adapter.summary, features=sorted(backend.features & set(FEATURES)),
-                 max_binding=backend._max_binding)
+                 max_binding=backend._max_binding, prompt_kernel=backend.big_tiled)
         return backend
 
     def _timestamp_objects(self):
@@ -403,7 +414,7 @@ class WebGpuBackend:
     def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024) -> str:
         """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
         if t >= (MM_MIN_T if self.cpu_adapter else MM_MIN_T_GPU):
-            return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
+            return self.big_tiled if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if t >= MV_TOK_MIN_T:
@@ -420,9 +431,9 @@ class WebGpuBackend:
         rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
         2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
         add_splits ~25-60 us."""
-        tile = MM_TILE if self.split_kind(kind, t) == "mm_tiled" else 64
+        tile = 64 if self.split_kind(kind, t) == "mm_tiled64" else MM_TILE
         tiles = -(-t // tile) * -(-n_out // tile)
-        if kind not in ("mm_tiled", "mm_tiled64") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * MM_SLOTS:
+        if kind not in ("mm_tiled", "mm_tiled64", "mm_tiled_h") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * MM_SLOTS:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
@@ -431,10 +442,9 @@ class WebGpuBackend:
         options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
         return max(options, key=lambda s: (fill(s), -s))
 
-    @staticmethod
-    def split_kind(kind: str, t: int) -> str:
+    def split_kind(self, kind: str, t: int) -> str:
         """The kernel a product of t rows runs in k slices: a prompt's in the big tiles."""
-        return "mm_tiled" if kind == "mm_tiled64" and t >= MM_SPLIT_BIG_T else kind
+        return self.big_tiled if kind == "mm_tiled64" and t >= MM_SPLIT_BIG_T else kind
 
     def pipeline(self, qtype: str, kind: str):
         """(pipeline, bind group layout) for one format and kernel, built once."""
@@ -450,8 +460,14 @@ class WebGpuBackend:
         """Build every pipeline this adapter can run (shader compile errors surface here)."""
         for qtype in _DECODERS:
             for kind in _KERNELS:
-                if not kind.startswith("mv_subgroup") or "subgroup" in self.features:
+                if self.can_run(kind):
                     self.pipeline(qtype, kind)
+
+    def can_run(self, kind: str) -> bool:
+        """Has this device the features the kernel kind needs?"""
+        if kind.startswith("mv_subgroup"):
+            return "subgroup" in self.features
+        return kind != "mm_tiled_h" or "shader-f16" in self.features
 
     # --- one submission -----------------------------------------------------------------------
     def _plan(self, jobs: Sequence[Job], t: int) -> tuple[list[_Dispatch], int]:
@@ -576,7 +592,7 @@ class WebGpuBackend:
 
 def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
     """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
-    if kind == "mm_tiled":
+    if kind in ("mm_tiled", "mm_tiled_h"):
         return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
     if kind == "mm_tiled64":
         return -(-n_out // 64), -(-t // 64), 1
