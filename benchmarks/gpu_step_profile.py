@@ -66,6 +66,7 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
         t0 = time.perf_counter()
         r.step_sync(seqs, caches)
         step = (time.perf_counter() - t0) * 1e3
+        rec = r.last
         for c, s in zip(caches, seqs):
             c.trim(len(s))
         t, m = sum(len(x) for x in seqs), len(seqs)
@@ -84,7 +85,9 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
         prog.plans[(t, m)] = plan
         everything = plan.calls
         what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
-        print(f"{path.stem} (tiled from {webgpu.MM_MIN_T_GPU} rows), {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, {len(everything)} dispatches")
+        print(f"{path.stem} (tiled from {webgpu.MM_MIN_T_GPU} rows), {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, "
+              f"{len(everything)} dispatches; the step's host: encode {rec.encode_s * 1e3:.2f} ms, submit "
+              f"{rec.submit_s * 1e3:.2f}, wait and read {rec.wait_s * 1e3:.2f}")
         for kind, (count, ms) in sorted(parts.items(), key=lambda kv: -kv[1][1]):
             print(f"  {kind:24s} x{count:4d}  {ms:.3f} ms alone  ({ms / count * 1e3:.1f} us each)")
 

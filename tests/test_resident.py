@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType as T
 from structlog.testing import capture_logs
 
 import oxinfer
+from oxinfer.runtime import resident
 from oxinfer.runtime.resident import AHEAD, BS
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
@@ -58,6 +59,25 @@ async def pair(tmp_path_factory):
     path = write_tiny_llama(tmp_path_factory.mktemp("m") / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160,
                             seed=5, extra_vocab=300)
     return await engines(path)
+
+
+async def test_a_prompt_s_step_submitted_in_pieces_computes_the_same(pair, monkeypatch):
+    """A prompt's step goes to the GPU in pieces (the first dispatches start while the rest is
+    encoded), the GPU time measured from the first piece's start to the last one's end: the logits
+    equal one submission's, bit for bit."""
+    _, gpu = pair
+    r = gpu.resident
+    tokens = list(np.random.default_rng(8).integers(0, 256, size=70))
+    monkeypatch.setattr(resident, "PIECES_MIN_ROWS", 10**6)
+    s0 = r.stats.submissions
+    whole = await gpu.next_logits(tokens)
+    assert r.stats.submissions == s0 + 1
+    monkeypatch.setattr(resident, "PIECES_MIN_ROWS", 64)
+    monkeypatch.setattr(resident, "FIRST_PIECES", (3, 10))
+    monkeypatch.setattr(r.gpu, "_ts", r.gpu._timestamp_objects())  # as WebGpuBackend(timestamps=True)
+    got = await gpu.next_logits(tokens)
+    assert r.stats.submissions == s0 + 4 and r.last.rows == 70 and r.last.kernel_s > 0
+    assert np.array_equal(got, whole)
 
 
 @pytest.mark.parametrize("qtype,tied", [(T.Q4_1, True), (T.Q4_0, False), (T.Q8_0, True), (T.BF16, False)])
