@@ -23,6 +23,7 @@ positions it took as tokens arrived (taken per step, returned when the cache is 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import threading
 import time
 import weakref
@@ -968,18 +969,18 @@ class ResidentRunner:
         ts = self.gpu._ts
         pieces = seqs is not None and t >= PIECES_MIN_ROWS
         ends = [k for k in FIRST_PIECES if pieces and k < len(plan.calls)] + [len(plan.calls)]
-        for k, (a, b) in enumerate(zip([0, *ends], ends)):
-            if k:
-                queue.submit([enc.finish()])  # the GPU starts on the pieces before while this one is encoded
+        for a, b in itertools.pairwise([0, *ends]):
             enc = self.device.create_command_encoder()
             stamps = {}  # the GPU time: from the first piece's start to the last one's end
-            if ts and not k:
+            if ts and not a:
                 stamps["beginning_of_pass_write_index"] = 0
             if ts and b == len(plan.calls):
                 stamps["end_of_pass_write_index"] = 1
             cp = enc.begin_compute_pass(timestamp_writes={"query_set": ts[0], **stamps} if stamps else None)
             _encode(cp, plan.calls[a:b])
             cp.end()
+            if b < len(plan.calls):
+                queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
             enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
