@@ -49,9 +49,10 @@ def random_blocks(qtype: str, n_blocks: int, rng, std: float | None = None) -> n
 
 
 def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
-    """Random weights in their stored bytes, with sane f16 scales (bf16: rounded normals)."""
-    if qtype == "BF16":
-        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    """Random weights in their stored bytes, with sane f16 scales (bf16, f16: rounded normals)."""
+    if qtype in ("BF16", "F16"):
+        w = rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32)
+        bits = (w.view(np.uint32) >> 16).astype(np.uint16) if qtype == "BF16" else w.astype(np.float16)
         data = bits.view(np.uint8).reshape(n_out, -1)
     else:
         data = random_blocks(qtype, n_out * n_in // CODECS[qtype].block_size, rng).reshape(n_out, -1)
