@@ -99,8 +99,10 @@ class Engine:
         one exists). `gpu` passes a ready Backend instead (tests, custom thresholds).
         max_concurrent requests run at once; up to max_queue more wait in order; beyond that,
         EngineOverloaded. cpu_int8: on the CPU, quantized weights multiply through blockwise int8
-        kernels, the activations rounded to int8 per block of 32 as llama.cpp does; False
-        dequantizes them to float32 once (exact, 4x the bytes per token, about half the speed).
+        kernels, the activations rounded to int8 per block of 32 as llama.cpp does, and so do
+        bf16 and f16 weights, requantized to int8 blocks (each weight within absmax/254 of its
+        32: formats/quants.py's BF16); False dequantizes them to float32 once (exact, 2-8x the
+        bytes per token, about half the speed). float32 weights always multiply as float32.
         resident: on a WebGPU device, run the whole forward there (runtime/resident.py: one
         submission per step); False offloads only the big matmuls, each with its own round trip.
         """

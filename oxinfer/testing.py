@@ -49,9 +49,10 @@ def random_blocks(qtype: str, n_blocks: int, rng, std: float | None = None) -> n
 
 
 def random_matrix(qtype: str, n_out: int, n_in: int, rng, name: str = "w") -> QuantMatrix:
-    """Random weights in their stored bytes, with sane f16 scales (bf16: rounded normals)."""
-    if qtype == "BF16":
-        bits = (rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    """Random weights in their stored bytes, with sane f16 scales (bf16, f16: rounded normals)."""
+    if qtype in ("BF16", "F16"):
+        w = rng.normal(0, 0.05, (n_out, n_in)).astype(np.float32)
+        bits = (w.view(np.uint32) >> 16).astype(np.uint16) if qtype == "BF16" else w.astype(np.float16)
         data = bits.view(np.uint8).reshape(n_out, -1)
     else:
         data = random_blocks(qtype, n_out * n_in // CODECS[qtype].block_size, rng).reshape(n_out, -1)
@@ -262,3 +263,81 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 256, "eos_token_id": [258, 256]}))
     return weights
+
+
+def _bf16_bits(a: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (uint16), rounded to nearest even as torch's .to(bfloat16) does."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((u + np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+
+
+def write_hf_from_gguf(gguf_path: Path, path: Path, dtype: str = "BF16") -> Path:
+    """An HF Llama directory holding a Llama GGUF's weights (dequantized, stored as `dtype`: BF16,
+    F16 or F32), its tokenizer and its chat template: a real-sized HF model made without a
+    download (benchmarks/load_memory.py --hf). q/k rows go back to HF's rotate-half order (GGUF's
+    converter paired them); tensors are written one at a time, so the writer holds one in memory."""
+    import json
+
+    from oxinfer.formats.gguf_file import GGUFFile
+    from oxinfer.models.config import ModelConfig
+    from oxinfer.tokenizer import Tokenizer
+
+    f = GGUFFile(gguf_path)
+    cfg, tk = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
+    if cfg.arch != "llama":
+        raise ValueError(f"{gguf_path}: architecture {cfg.arch!r}; only llama GGUFs are written back")
+    path.mkdir(parents=True, exist_ok=True)
+    tk._tk.save(str(path / "tokenizer.json"))
+
+    def halves(w: np.ndarray, heads: int) -> np.ndarray:  # models/llama.py's pair_rope_rows, undone
+        n = w.shape[0]
+        return w.reshape(heads, n // heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
+    if f.has_tensor("output.weight"):
+        names["output.weight"] = "lm_head.weight"
+    layer = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+             "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "ffn_norm": "post_attention_layernorm",
+             "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+    for i in range(cfg.n_layers):
+        names |= {f"blk.{i}.{g}.weight": f"model.layers.{i}.{h}.weight" for g, h in layer.items()}
+    heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}
+
+    def tensor(name: str) -> np.ndarray:
+        if name.endswith("norm.weight"):
+            return f.vector(name)
+        w = f.matrix(name).dequantize()
+        kind = name.split(".")[-2]
+        return halves(w, heads[kind]) if kind in heads else w
+
+    width = {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+    header, offset = {}, 0
+    for g, h in names.items():
+        shape = [int(s) for s in reversed(f._tensor(g).shape)]  # GGUF lists the innermost first
+        size = int(np.prod(shape)) * width
+        header[h] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    head = json.dumps({"__metadata__": {"format": "pt"}, **header}).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path / "model.safetensors", "wb") as out:
+        out.write(len(head).to_bytes(8, "little") + head)
+        for g in names:
+            w = tensor(g)
+            out.write((_bf16_bits(w) if dtype == "BF16" else w.astype(np.float16 if dtype == "F16" else np.float32))
+                      .tobytes())
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": cfg.d_model,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.d_ff, "vocab_size": cfg.vocab_size,
+        "max_position_embeddings": cfg.context_length, "rms_norm_eps": cfg.rms_eps, "rope_theta": cfg.rope_base,
+        "hidden_act": "silu", "tie_word_embeddings": "output.weight" not in names,
+        "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}[dtype]}, indent=1))
+    tokens = tk._tokens
+    special = tk.special
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": tokens[special.bos] if special.bos is not None else None,
+        "eos_token": tokens[special.eos] if special.eos is not None else None,
+        "add_bos_token": special.add_bos, "chat_template": tk.chat_template}, indent=1))
+    (path / "generation_config.json").write_text(json.dumps({"bos_token_id": special.bos,
+                                                             "eos_token_id": special.eos}))
+    return path

@@ -27,7 +27,7 @@ def int8_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                   "Q6_K", "IQ4_XS"])
+                                   "Q6_K", "IQ4_XS", "BF16", "F16"])
 @pytest.mark.parametrize("rows", [1, 5, 48, 300])
 def test_blockwise_kernel_matches_numpy(qtype, rows):
     w = quant_matrix(qtype, 96, 256, seed=rows)
@@ -41,6 +41,23 @@ def test_blockwise_kernel_matches_numpy(qtype, rows):
     np.testing.assert_allclose(y, int8_oracle(x, w), atol=tol * scale)
     exact = x @ w.dequantize().T  # and it is the real product, up to int8 rounding of x
     assert np.abs(y - exact).max() < 0.02 * np.abs(exact).max()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K", "BF16"])
+def test_weights_convert_in_chunks_to_the_same_blocks(qtype, monkeypatch):
+    """int8_weights converts CHUNK weights at a time (the float32 temporaries of a requantization
+    stay small): the same values and scales as the whole matrix at once."""
+    w = quant_matrix(qtype, 40, 512, seed=9)
+    whole = w.codec.int8_blocks(np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes))
+    monkeypatch.setattr(blockwise, "CHUNK", 1024)  # 20 chunks, the last one short
+    chunked = blockwise.int8_weights(w)
+    assert all(np.array_equal(a, b) for a, b in zip(whole, chunked))
+
+
+def test_16_bit_floats_take_the_int8_kernel_only_in_rows_of_32s():
+    assert blockwise.supports(quant_matrix("BF16", 8, 64, seed=0))
+    odd = QuantMatrix("odd", "BF16", 8, 48, np.zeros((8, 96), np.uint8))
+    assert not blockwise.supports(odd) and type(CpuBackend().upload(odd)).__name__ == "F32Kernel"
 
 
 @pytest.mark.parametrize("n_out,n_in", [(960, 576), (576, 1536)])

@@ -1,6 +1,7 @@
 """What keeps the loaded model's memory down (benchmarks/load_memory.py has the figures): nothing
 here times anything, so a busy machine cannot fail it."""
 
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -8,8 +9,9 @@ import pytest
 
 import oxinfer
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime import blockwise
 from oxinfer.runtime.blockwise import BlockwiseKernel
-from oxinfer.testing import random_matrix, write_tiny_llama
+from oxinfer.testing import random_matrix, write_tiny_hf, write_tiny_llama
 
 
 def _mapped_rss_kib(path: Path) -> int:
@@ -31,6 +33,34 @@ async def test_the_gguf_pages_leave_once_the_cpu_kernels_hold_the_weights(tmp_pa
         assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
         r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4))
         assert len(r.token_ids) == 4  # the weights still read back from the file where needed
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+async def test_an_hf_directory_s_bf16_pages_leave_once_int8_kernels_hold_the_weights(tmp_path):
+    """bf16 weights are requantized to the int8 kernels' blocks (float32 would double them), and
+    the safetensors file's pages leave as each kernel takes its weights, as a GGUF's do."""
+    write_tiny_hf(tmp_path / "m", d=256, d_ff=512, dtype="BF16")
+    path = (tmp_path / "m" / "model.safetensors").resolve()
+    async with await oxinfer.Engine.load(tmp_path / "m") as e:
+        assert {type(e.scheduler.cpu.upload(m)).__name__ for m in e.model.matrices()} == {"BlockwiseKernel"}
+        assert e.model.blocks[0].w_down.qtype == "BF16"  # the model (and a GPU) still sees bf16
+        assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
+        r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4))
+        assert len(r.token_ids) == 4
+
+
+def test_requantizing_a_matrix_holds_no_float32_copy_of_it(monkeypatch):
+    """The requantized types pass through float32 values, a few temporaries of them at once: a
+    chunk's, never the whole matrix's (SmolLM2's bf16 head would be ~450 MB of them)."""
+    w = random_matrix("BF16", 1024, 4096, np.random.default_rng(1))  # 4M weights: 16 MiB as float32
+    monkeypatch.setattr(blockwise, "CHUNK", 1 << 16)
+    tracemalloc.start()
+    try:
+        values, scales = blockwise.int8_weights(w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < values.nbytes + scales.nbytes + (4 << 20)
 
 
 def test_a_kernel_keeps_no_copy_of_its_model_bytes():

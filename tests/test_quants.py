@@ -7,7 +7,7 @@ from gguf import quants as ref
 
 from oxinfer.errors import UnsupportedQuantError
 from oxinfer.formats.quants import QuantMatrix, codec
-from oxinfer.testing import random_blocks
+from oxinfer.testing import random_blocks, random_matrix
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 GGUF_QUANTIZES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # the types gguf-py's quantizer writes
@@ -44,6 +44,22 @@ def test_int8_sub_blocks_hold_each_type_exactly_or_within_absmax_over_254(name):
         bound = np.abs(want).max(axis=1, keepdims=True) / 254
         assert (np.abs(got - want) <= bound * (1 + 1e-5)).all()
         assert not np.array_equal(got, want)  # it really is a requantization
+
+
+@pytest.mark.parametrize("name", ["BF16", "F16"])
+def test_16_bit_floats_requantize_to_int8_blocks_within_absmax_over_254(name):
+    """The CPU multiplies bf16 and f16 weights as int8 sub-blocks of 32 (numpy and onnxruntime
+    have no 16-bit float product; float32 would double their bytes): each weight within
+    absmax/254 of its block, an all-zero block exactly zero."""
+    w = random_matrix(name, 16, 256, np.random.default_rng(6))
+    w.data[:2, :64] = 0  # the first block of each of two rows: zeros
+    c = codec(name)
+    q, scales = c.int8_blocks(w.data.reshape(-1, c.block_bytes))
+    assert q.dtype == np.uint8 and q.shape == (16 * 256 // 32, 32) and scales.dtype == np.float32
+    got, want = scales[:, None] * (q.astype(np.float32) - 128), w.dequantize().reshape(-1, 32)
+    bound = np.abs(want).max(axis=1, keepdims=True) / 254
+    assert (np.abs(got - want) <= bound * (1 + 1e-5)).all()
+    assert not got[0].any() and not got[8].any() and not np.array_equal(got, want)
 
 
 @pytest.mark.parametrize("name", GGUF_QUANTIZES)

@@ -1,4 +1,4 @@
-"""Quantized weights on the CPU: blockwise int8 products through onnxruntime's MLAS kernels.
+"""Quantized and 16-bit float weights on the CPU: blockwise int8 products through onnxruntime's MLAS kernels.
 
 numpy has no integer or bf16 GEMM, so the f32 path reads 4 bytes per weight and multiplies in f32.
 MLAS's `MatMulNBits` keeps the weights as 8-bit blocks of 32 with one scale each, quantizes
@@ -25,6 +25,7 @@ decode speed is the same.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
@@ -100,16 +101,40 @@ def _initializer(model, name: str, dtype: int, shape, values: np.ndarray) -> Non
 
 
 def supports(w: QuantMatrix) -> bool:
-    return w.codec.int8 and w.codec.block_size % BLOCK == 0
+    """Block types of 32 or 256 values, and 16-bit floats (blocks of one) in rows of 32s."""
+    c = w.codec
+    return c.int8 and (c.block_size % BLOCK == 0 or c.block_size == 1 and w.n_in % BLOCK == 0)
+
+
+CHUNK = 1 << 20  # weights converted at a time: the float32 temporaries of a requantization stay ~20 MB
+
+
+def int8_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """w as the kernel's sub-blocks of 32: values (n_out * n_in / 32, 32) u8, scales (.., ) f32.
+    Converted CHUNK weights at a time: the requantized types go through float32 values and their
+    temporaries, 4-5x the matrix's weights at once (SmolLM2's bf16 head: ~450 MB more RSS)."""
+    c = w.codec
+    blocks = np.ascontiguousarray(w.data).reshape(-1, c.block_bytes)
+    n = w.n_out * w.n_in // BLOCK
+    values, scales = np.empty((n, BLOCK), np.uint8), np.empty(n, np.float32)
+    step = CHUNK // c.block_size  # blocks per chunk: a whole number of sub-blocks
+    for i in range(0, len(blocks), step):
+        v, s = c.int8_blocks(blocks[i:i + step])
+        at = i * c.block_size // BLOCK
+        values[at:at + len(v)], scales[at:at + len(v)] = v, s
+    return values, scales
 
 
 class BlockwiseKernel:
     """y (t, n_out) = x (t, n_in) @ W^T for one quantized matrix."""
 
-    def __init__(self, w: QuantMatrix):
+    def __init__(self, w: QuantMatrix, converted: Callable[[np.ndarray], None] | None = None):
+        """converted(w.data): told once w's bytes are read (a memory-mapped file may drop their
+        pages while onnxruntime builds the kernel: SmolLM2's bf16 head is 56 MB of them)."""
         set_up_threads()
-        blocks = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
-        values, scales = w.codec.int8_blocks(blocks)  # (n_out * n_in / 32, 32) u8, (n_out * n_in / 32,) f32
+        values, scales = int8_weights(w)  # (n_out * n_in / 32, 32) u8, (n_out * n_in / 32,) f32
+        if converted is not None:
+            converted(w.data)
         self.nbytes = values.nbytes + scales.nbytes
         node = helper.make_node(
             "MatMulNBits", ["x", "w", "scales"], ["y"], domain="com.microsoft",
@@ -126,8 +151,8 @@ class BlockwiseKernel:
         # the weights go into the model last and once: numpy_helper's tensors are copied again
         # into the graph, and the graph into the model (a 30 MiB head peaked 159 MiB above its start)
         _initializer(model, "w", TensorProto.UINT8, (w.n_out, w.n_in // BLOCK, BLOCK), values)
-        del values, blocks
-        _initializer(model, "scales", TensorProto.FLOAT, scales.shape, scales.astype(np.float32))
+        del values
+        _initializer(model, "scales", TensorProto.FLOAT, scales.shape, scales)
         serialized = model.SerializeToString()
         del model, scales  # only the bytes live while onnxruntime copies them
         opts = ort.SessionOptions()

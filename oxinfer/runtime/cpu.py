@@ -1,5 +1,6 @@
-"""The CPU backend: products in a worker thread, quantized weights through blockwise int8 kernels
-(runtime/blockwise.py), float weights (and everything when int8=False) through f32 BLAS.
+"""The CPU backend: products in a worker thread, quantized and 16-bit float weights through
+blockwise int8 kernels (runtime/blockwise.py), float32 weights (and everything when int8=False)
+through f32 BLAS.
 
 Measured on the 2-core dev machine (SmolLM2-135M, see reference/smollm2_notes.md): float32 weights
 dequantized at load decode at ~39 tok/s, against 7.6-8 tok/s for dequantizing the quant blocks per
@@ -63,7 +64,8 @@ class CpuBackend:
     def upload_all(self, weights, built: Callable[[np.ndarray], None] | None = None) -> None:
         """Build the kernels of many matrices at once, in threads: building one is mostly
         onnxruntime's C++ (SmolLM2's 121 kernels: 2.4 s one by one, 1.7 s on 2 cores).
-        built(data) is told each matrix's bytes once a kernel holds a copy of them, so a
+        built(data) is told each matrix's bytes once a kernel holds a copy of them (an int8
+        kernel: as soon as it has converted them, before onnxruntime builds it), so a
         memory-mapped file can drop their pages while the rest is built."""
         bases = [b for b in dict.fromkeys(w.base or w for w in weights) if b not in self._kernels]
         # largest first: a build's transient copies (~4x its weights: the ONNX bytes, onnxruntime's
@@ -75,16 +77,16 @@ class CpuBackend:
         if self.int8:
             blockwise.set_up_threads()  # once, before any session: not from several threads at once
         with ThreadPoolExecutor(min(len(bases), os.cpu_count() or 1, 8), thread_name_prefix="oxinfer-kernels") as ex:
-            for b, kernel in zip(bases, ex.map(self._int8_kernel, bases)):
+            for b, kernel in zip(bases, ex.map(lambda b: self._int8_kernel(b, built), bases)):
                 self._kernels[b] = kernel or F32Kernel(b)
                 if built is not None:
                     built(b.data)
 
-    def _int8_kernel(self, w: QuantMatrix) -> Kernel | None:
+    def _int8_kernel(self, w: QuantMatrix, converted: Callable[[np.ndarray], None] | None = None) -> Kernel | None:
         if not (self.int8 and blockwise.supports(w)):
             return None
         try:
-            return blockwise.BlockwiseKernel(w)
+            return blockwise.BlockwiseKernel(w, converted)
         except Exception as e:  # noqa: BLE001 - an onnxruntime that cannot run it: float32 still works
             self.int8 = False
             log.warning("int8_kernels_unavailable", weight=w.name, reason=repr(e),
