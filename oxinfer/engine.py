@@ -474,8 +474,10 @@ class Engine:
         """The tickets whose rows the KV pool gives blocks to, oldest request first. When it runs
         short (kept prefixes evicted already), the youngest request of the batch is preempted, as
         vLLM does: its blocks go back, its ticket answers None, and it waits in line to be computed
-        again from its tokens; so a running request never fails for want of a block. One running
-        alone fails only if memory stays held outside the running requests."""
+        again from its tokens; so a running request never fails for want of a block. (On the CPU
+        its full blocks stay kept, so it computes again only the tokens after them, as a prompt:
+        their logits may differ from the first computation's in the last bits.) One running alone
+        fails only if memory stays held outside the running requests."""
         pending = sorted(tickets, key=lambda t: t.payload[1].arrived)
         granted, settled = [], False
         while pending:
