@@ -10,12 +10,13 @@ BLAS reads them transposed in place, and a sequence touches only its own rows of
 
 Lanes are address space only (anonymous mmap, pages committed as they are written); memory is
 the pool's `blocks`. A cache takes blocks as its tokens arrive (`reserve`: KVPoolFull when
-neither a free block nor a kept cache's is left), nothing up front, and gives them back with
-their pages (MADV_DONTNEED) when it is dropped. So the pool's memory is what its sequences
-really hold, and the engine admits requests by the blocks free (engine.py). The block table of a
-sequence is its lane: the kernel's page table maps the lane's blocks to memory. (Reading blocks
-scattered over the pool would need a gather per decode step: measured, the attention of 16
-streams of 256 tokens took 1.5-2.5x as long, for a fifth of a step.)
+neither a free block nor a kept cache's is left), nothing up front, and gives them back when it
+is dropped; the engine admits requests by the blocks free (engine.py). The pages lanes have
+written stay within the same number of blocks: past it, those no cache holds go back to the OS
+(MADV_DONTNEED). The block table of a sequence is its lane: the kernel's page table maps the
+lane's blocks to memory. (Reading blocks scattered over the pool would need a gather per decode
+step: measured, the attention of 16 streams of 256 tokens took 1.5-2.5x as long, for a fifth of
+a step.)
 
 Prompt prefixes are computed once: every cache knows the token ids it holds and the chain hash of
 each full block of BLOCK of them (`HeldTokens`; a block's hash stands for every token up to its
@@ -56,9 +57,11 @@ class KVPoolFull(OxinferError):
 
 def _lazy_zeros(shape: tuple[int, ...]) -> tuple[np.ndarray, mmap.mmap]:
     """float32 zeros whose pages the kernel commits only when written (no huge pages: one 2 MB page
-    per (slot, head) row would commit 40x what a 200-token sequence needs), and their map."""
+    per (slot, head) row would commit 40x what a 200-token sequence needs), and their map: private,
+    for MADV_DONTNEED frees a private page (a shared one stays in memory, only unmapped)."""
     n = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, max(n, 1))
+    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
+    buf = mmap.mmap(-1, max(n, 1), **private)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
     return np.frombuffer(buf, np.float32, count=n // 4).reshape(shape), buf
@@ -156,6 +159,7 @@ class KVPool:
                     self._maps.append(buf)
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
         self.held = 0  # blocks the caches of this pool hold, kept ones included
+        self._written = [0] * slots  # blocks of each lane whose pages may be in memory
         self.live: weakref.WeakSet[KVCache] = weakref.WeakSet()  # caches of this pool's slots
         self.kept: OrderedDict[int, KVCache] = OrderedDict()  # ended requests' caches, oldest first
         self.evictions = 0
@@ -184,20 +188,42 @@ class KVPool:
                                  f"{self.held} held): {need} more wanted")
             self.held += need
             lease.blocks += need
+            if lease.blocks > self._written[lease.slot]:
+                self._written[lease.slot] = lease.blocks
+                self._fit_pages()
 
     def _evict(self) -> None:
         self.kept.popitem(last=False)  # its finalizer gives the slot and blocks back
         self.evictions += 1
 
     def give_back(self, lease: _Lease, keep_blocks: int = 0) -> None:
-        """A lease's blocks past the first keep_blocks, with their pages; the slot too when it keeps none."""
+        """A lease's blocks past the first keep_blocks; the slot too when it keeps none. Their pages
+        stay, to be written again without faults, until the memory is wanted (_fit_pages)."""
         with self._lock:
             self.held -= lease.blocks - keep_blocks
             lease.blocks = keep_blocks
-            self._release_pages(lease.slot, keep_blocks * BLOCK)
             if not keep_blocks:
                 self._free.append(lease.slot)
                 self._free.sort(reverse=True)
+
+    def _fit_pages(self) -> None:
+        """Keep the pages lanes have written within the pool's memory: past it, the OS gets back
+        those of free lanes (the longest first), then the tails past what each lane holds. (Giving
+        every page back at once made each new sequence fault its pages in again: 15-24 ms for 512
+        tokens of SmolLM2 against 3 ms written warm, ~1% of the prompt's time, measured.)"""
+        excess = sum(self._written) - self.n_blocks
+        if excess <= 0:
+            return
+        holds = {c.lease.slot: c.lease.blocks for c in list(self.live)}
+        order = sorted(range(self.slots), key=lambda s: (s in holds, -self._written[s]))
+        for slot in order:
+            keep = holds.get(slot, 0)
+            if self._written[slot] > keep:
+                self._release_pages(slot, keep * BLOCK)
+                excess -= self._written[slot] - keep
+                self._written[slot] = keep
+                if excess <= 0:
+                    return
 
     def _release_pages(self, slot: int, first: int) -> None:
         """Return to the OS the pages of a lane's positions from `first` on (they read as zeros
