@@ -25,11 +25,11 @@ from oxinfer.errors import ContextOverflowError, EngineOverloaded
 from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
 from oxinfer.models import KVCache, Llama, ModelConfig
-from oxinfer.models.kv_cache import BLOCK, KVPoolFull, PoolSize
+from oxinfer.models.kv_cache import BLOCK, KVPool, KVPoolFull, PoolSize
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.ops import CpuOps
-from oxinfer.runtime.resident import DeviceCache, ResidentRunner
+from oxinfer.runtime.resident import DeviceCache, DeviceKV, ResidentRunner
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher
@@ -42,6 +42,10 @@ PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
 KV_BYTES = 1 << 30  # KV memory by default (at least one whole context), as the device pool's
 
 Prompt = str | Sequence[int] | Sequence[dict]  # text, token ids, or chat messages
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK)
 
 
 @dataclass(eq=False)
@@ -100,7 +104,7 @@ class Engine:
         return self.model.cfg.context_length * self.model.cfg.kv_bytes_per_token
 
     @property
-    def kv_pool(self):
+    def kv_pool(self) -> KVPool | DeviceKV:
         """The pool requests take their KV blocks from: the device's when the forward runs there."""
         return self.resident.kv if self.resident is not None else self.model.kv_pool
 
@@ -207,7 +211,7 @@ class Engine:
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if rid in self._running or any(r.id == rid for r in self._queued):
             raise ValueError(f"request_id {rid!r} is already in use")
-        return self._generate(_Request(rid, ids, params))
+        return self._generate(_Request(rid, ids, params, history=list(ids)))
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, **kw) -> AsyncIterator[Event]:
         """`stream` over chat messages ([{"role": ..., "content": ...}]), the chat template applied."""
@@ -307,11 +311,11 @@ class Engine:
             return False
         owed = sum(max(0, r.promised - (r.cache.held_blocks if r.cache is not None else 0))
                    for r in self._running.values())
-        need = -(-(len(req.history or req.prompt_ids) + 1) // BLOCK)
+        need = _blocks(len(req.history) + 1)
         return not self._running or need + owed + len(self._running) <= self.kv_pool.available
 
     def _start(self, req: _Request) -> None:
-        req.promised = -(-(len(req.history or req.prompt_ids) + 1) // BLOCK)
+        req.promised = _blocks(len(req.history) + 1)
         self._running[req.id] = req
 
     def _admit_next(self) -> None:
@@ -346,7 +350,6 @@ class Engine:
         eog = frozenset() if p.ignore_eos else self.tokenizer.special.eog
         n, reason = 0, None
         t_first = t_prompt = None
-        req.history = list(req.prompt_ids)
         step = req.prompt_ids
         req.needs_logits = sampler.needs_logits
         if p.constraint is not None and not req.aborted:  # its matcher (a complex grammar: ~0.1-1 s)
@@ -490,7 +493,7 @@ class Engine:
                 granted.append(pending.pop(0))
             except KVPoolFull as e:
                 if len(pending) > 1 or len(self._running) > 1:
-                    self._preempt(pending.pop())  # the youngest
+                    await self._preempt(pending.pop())  # the youngest
                 elif not settled:  # ended requests' caches that a step submitted ahead still holds
                     settled = True
                     await anyio.to_thread.run_sync(self._settle)
@@ -503,8 +506,10 @@ class Engine:
             self.resident.settle()
         gc.collect()
 
-    def _preempt(self, ticket: Ticket) -> None:
+    async def _preempt(self, ticket: Ticket) -> None:
         req = ticket.payload[1]
+        if isinstance(req.cache, DeviceCache) and self.resident is not None:  # no step is being submitted
+            await anyio.to_thread.run_sync(self.resident.settle)  # ahead for it in the background
         log.info("request_preempted", request_id=req.id, tokens=req.cache.offset, reason="the KV pool is full",
                  action="its blocks go back; it waits in line to be computed again")
         cache, req.cache = req.cache, None
