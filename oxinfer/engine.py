@@ -6,6 +6,7 @@ scheduler, which stacks them: continuous batching emerges from many streams awai
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 import uuid
@@ -24,10 +25,11 @@ from oxinfer.errors import ContextOverflowError, EngineOverloaded
 from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
 from oxinfer.models import KVCache, Llama, ModelConfig
+from oxinfer.models.kv_cache import BLOCK, KVPool, KVPoolFull, PoolSize
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.ops import CpuOps
-from oxinfer.runtime.resident import DeviceCache, KVPoolFull, ResidentRunner
+from oxinfer.runtime.resident import DeviceCache, DeviceKV, ResidentRunner
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher
@@ -37,8 +39,13 @@ log = structlog.get_logger("oxinfer.engine")
 
 SOLO_MAX_TOKENS = 4  # forwards this small run whole in a worker thread when nothing else runs
 PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
+KV_BYTES = 1 << 30  # KV memory by default (at least one whole context), as the device pool's
 
 Prompt = str | Sequence[int] | Sequence[dict]  # text, token ids, or chat messages
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK)
 
 
 @dataclass(eq=False)
@@ -52,13 +59,16 @@ class _Request:
     scope: anyio.CancelScope | None = None  # around the forward in flight
     cache: KVCache | DeviceCache | None = None
     needs_logits: bool = True  # False: the argmax is the token (greedy, no logprobs, no penalties)
+    history: list[int] = field(default_factory=list)  # prompt and sampled tokens: what a recompute feeds
+    promised: int = 0  # KV blocks its admission counted on (its tokens then, and the next one)
 
 
 class Engine:
     """A loaded model ready to serve. `await Engine.load()`, or `async with await Engine.load()`."""
 
     def __init__(self, path: Path, tokenizer: Tokenizer, model: Llama, scheduler: MatmulScheduler,
-                 max_concurrent: int = 16, max_queue: int = 256, resident: ResidentRunner | None = None):
+                 max_concurrent: int = 16, max_queue: int = 256, resident: ResidentRunner | None = None,
+                 kv_bytes: int | None = None):
         if max_concurrent < 1 or max_queue < 0:
             raise ValueError(f"max_concurrent must be >= 1 and max_queue >= 0, got {max_concurrent}, {max_queue}")
         self.path = path
@@ -68,11 +78,12 @@ class Engine:
         self.resident = resident  # the whole forward on the GPU; None: the CPU ops (matmuls may offload)
         self.max_concurrent = max_concurrent
         self.max_queue = max_queue
-        model.kv_slots = max(model.kv_slots, max_concurrent)  # before the first cache makes the pool
+        # lanes for the running requests and as many kept ones (before the first cache makes the pool)
+        model.kv_size = PoolSize(slots=2 * max_concurrent, bytes=kv_bytes or max(KV_BYTES, self._context_bytes))
         self._running: dict[str, _Request] = {}
         self._queued: deque[_Request] = deque()
         self._totals = dict(requests=0, stop=0, length=0, cancelled=0, prompt_tokens=0, generation_tokens=0,
-                            cached_tokens=0)
+                            cached_tokens=0, preemptions=0)
         self._ids = itertools.count(1)
         # the forwards of concurrent requests (prompt chunks and decode steps) run as one
         # forward_batch: rows stacked for every matmul and norm, attention per length group;
@@ -88,17 +99,27 @@ class Engine:
     def model_name(self) -> str:
         return self.path.stem
 
+    @property
+    def _context_bytes(self) -> int:
+        return self.model.cfg.context_length * self.model.cfg.kv_bytes_per_token
+
+    @property
+    def kv_pool(self) -> KVPool | DeviceKV:
+        """The pool requests take their KV blocks from: the device's when the forward runs there."""
+        return self.resident.kv if self.resident is not None else self.model.kv_pool
+
     # --- loading ------------------------------------------------------------------------------
     @classmethod
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu: Backend | None = None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
-                   resident: bool = True) -> Engine:
+                   resident: bool = True, kv_bytes: int | None = None) -> Engine:
         """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop.
 
         backend: "cpu" (numpy), "webgpu" (a WebGPU adapter, or an error) or "auto" (a real GPU when
         one exists). `gpu` passes a ready Backend instead (tests, custom thresholds).
-        max_concurrent requests run at once; up to max_queue more wait in order; beyond that,
-        EngineOverloaded. cpu_int8: on the CPU, quantized weights multiply through blockwise int8
+        max_concurrent requests run at once, while their KV blocks fit in kv_bytes of memory
+        (default: 1 GiB, or one whole context if more); up to max_queue more wait in order; beyond
+        that, EngineOverloaded. cpu_int8: on the CPU, quantized weights multiply through blockwise int8
         kernels, the activations rounded to int8 per block of 32 as llama.cpp does, and so do
         bf16 and f16 weights, requantized to int8 blocks (each weight within absmax/254 of its
         32: formats/quants.py's BF16); False dequantizes them to float32 once (exact, 2-8x the
@@ -107,12 +128,12 @@ class Engine:
         submission per step); False offloads only the big matmuls, each with its own round trip.
         """
         return await anyio.to_thread.run_sync(cls._load_sync, path, backend, gpu, max_concurrent, max_queue,
-                                              cpu_int8, resident)
+                                              cpu_int8, resident, kv_bytes)
 
     @classmethod
     def _load_sync(cls, path: str | Path | None, backend: str = "cpu", gpu: Backend | None = None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
-                   resident: bool = True) -> Engine:
+                   resident: bool = True, kv_bytes: int | None = None) -> Engine:
         path = Path(path) if path is not None else default_model_path()
         if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
             f = HFDirectory(path)
@@ -137,13 +158,14 @@ class Engine:
         runner = None
         if whole_on_gpu:
             try:
-                runner = ResidentRunner(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent))
+                runner = ResidentRunner(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent),
+                                        kv_bytes=kv_bytes)
             except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
                 log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
                 scheduler.cpu.upload_all(model.matrices())
         # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;
         # TinyLlama: ~20 s) wait until a GPU fault sends a request to the CPU
-        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, runner)
+        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, runner, kv_bytes)
 
     async def __aenter__(self) -> Engine:
         return self
@@ -179,13 +201,17 @@ class Engine:
                     f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
                     f"length ({ctx}); shorten the prompt, lower max_tokens, or pass truncate=True")
             ids = ids[len(ids) + params.max_tokens - ctx:]
+        room = self.kv_pool.n_blocks * BLOCK
+        if len(ids) + params.max_tokens > room:
+            raise ContextOverflowError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                                       f"{room} positions of KV memory (kv_bytes); lower max_tokens or shorten the prompt")
         if len(self._running) >= self.max_concurrent and len(self._queued) >= self.max_queue:
             raise EngineOverloaded(f"{len(self._running)} requests running and {len(self._queued)} queued "
                                    f"(max_queue={self.max_queue}); retry later")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         if rid in self._running or any(r.id == rid for r in self._queued):
             raise ValueError(f"request_id {rid!r} is already in use")
-        return self._generate(_Request(rid, ids, params))
+        return self._generate(_Request(rid, ids, params, history=list(ids)))
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, **kw) -> AsyncIterator[Event]:
         """`stream` over chat messages ([{"role": ..., "content": ...}]), the chat template applied."""
@@ -226,6 +252,7 @@ class Engine:
             prompt_tokens_total=t["prompt_tokens"], generation_tokens_total=t["generation_tokens"],
             kv_bytes=sum(r.cache.nbytes for r in self._running.values() if r.cache is not None),
             pending_jobs=self.scheduler.pending + self._steps.pending, prompt_tokens_cached_total=t["cached_tokens"],
+            preemptions_total=t["preemptions"],
             **dict(zip(("kv_blocks_used", "kv_blocks_cached", "kv_evictions"), self._block_counts())),
         )
 
@@ -260,32 +287,60 @@ class Engine:
             # break, aclose(), task cancellation, abort or the end: nothing of this request remains
             if req in self._queued:
                 self._queued.remove(req)
-            if self._running.pop(req.id, None) is not None:
-                self._admit_next()
             if clean and isinstance(req.cache, KVCache):  # its prefix blocks stay for later requests (not
                 req.cache.pool.keep(req.cache)  # a cancelled one's: a forward may still write into it)
             req.cache = None
+            self._running.pop(req.id, None)
+            self._admit_next()  # its place and its blocks are free
 
     async def _admit(self, req: _Request) -> None:
-        """Take a slot, or wait in line (first come, first served) for one."""
-        if len(self._running) < self.max_concurrent and not self._queued:
-            self._running[req.id] = req
+        """Take a place among the running requests, or wait in line (first come, first served) for
+        one: a free place (max_concurrent) and the KV blocks of the request's tokens (_fits)."""
+        if not self._queued and self._fits(req):
+            self._start(req)
             return
         req.admitted = anyio.Event()
         self._queued.append(req)
         await req.admitted.wait()  # set by _admit_next (it moved us to _running) or abort()
 
+    def _fits(self, req: _Request) -> bool:
+        """Whether the KV pool holds the request's tokens and its next one, besides what the running
+        requests still have to take of what their admission counted on, and one block for each of
+        them to grow by. With nothing running, any request fits (stream() checked it fits the pool)."""
+        if len(self._running) >= self.max_concurrent:
+            return False
+        owed = sum(max(0, r.promised - (r.cache.held_blocks if r.cache is not None else 0))
+                   for r in self._running.values())
+        need = _blocks(len(req.history) + 1)
+        return not self._running or need + owed + len(self._running) <= self.kv_pool.available
+
+    def _start(self, req: _Request) -> None:
+        req.promised = _blocks(len(req.history) + 1)
+        self._running[req.id] = req
+
     def _admit_next(self) -> None:
-        while self._queued and len(self._running) < self.max_concurrent:
+        while self._queued and self._fits(self._queued[0]):
             nxt = self._queued.popleft()
-            self._running[nxt.id] = nxt
+            self._start(nxt)
             nxt.admitted.set()
 
-    async def _forward_step(self, req: _Request, step) -> tuple:
-        """(argmax, logits row or None) after the step's tokens: the prompt in chunks, or one token."""
+    async def _readmit(self, req: _Request) -> None:
+        """A preempted request waits in line again, before every request that came after it."""
+        self._running.pop(req.id, None)
+        req.admitted = anyio.Event()
+        later = [r for r in self._queued if r.arrived > req.arrived]
+        self._queued.insert(len(self._queued) - len(later), req)
+        self._admit_next()
+        await req.admitted.wait()
+
+    async def _forward_step(self, req: _Request, step) -> tuple | None:
+        """(argmax, logits row or None) after the step's tokens: the prompt in chunks, or one token.
+        None: the request was preempted (its cache is gone; it must wait in line again)."""
         for i in range(0, len(step), PREFILL_CHUNK):
-            argmax, logits = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req), tag=req.id)
-        return argmax, logits
+            out = await self._steps.submit((np.asarray(step[i:i + PREFILL_CHUNK]), req), tag=req.id)
+            if out is None:
+                return None
+        return out
 
     async def _decode_loop(self, req: _Request) -> AsyncIterator[Event]:
         p = req.params
@@ -300,23 +355,27 @@ class Engine:
         if p.constraint is not None and not req.aborted:  # its matcher (a complex grammar: ~0.1-1 s)
             sampler.guide = await anyio.to_thread.run_sync(Guide, p.constraint, self.tokenizer, self.config.vocab_size)
         guide = sampler.guide
-        if not req.aborted:  # in a worker thread: copying a reused prefix's blocks takes milliseconds
-            req.cache = await anyio.to_thread.run_sync(self._new_cache, len(req.prompt_ids) + p.max_tokens,
-                                                       req.prompt_ids)
-            step = req.prompt_ids[req.cache.offset:]  # what no earlier request computed
+        if not req.aborted:
+            step = await self._open_cache(req)  # what no earlier request computed
         cached = req.cache.offset if req.cache is not None else 0
         while not req.aborted:
             t0 = time.perf_counter()
             with anyio.CancelScope() as req.scope:
                 if guide is None:
-                    argmax, logits = await self._forward_step(req, step)
+                    out = await self._forward_step(req, step)
                 else:
                     async with anyio.create_task_group() as tg:  # the next token's mask, while the forward runs
                         tg.start_soon(anyio.to_thread.run_sync, guide.compute)
-                        argmax, logits = await self._forward_step(req, step)
+                        out = await self._forward_step(req, step)
             req.scope = None
             if req.aborted:
                 break
+            if out is None:  # preempted: in line again, then its tokens are computed again
+                await self._readmit(req)
+                if not req.aborted:
+                    step = await self._open_cache(req)
+                continue
+            argmax, logits = out
             tok, lp, top = sampler(logits) if logits is not None else (argmax, None, None)
             n += 1
             if t_first is None:
@@ -337,6 +396,7 @@ class Engine:
                 reason = "stop" if eos or stopped or complete else "length"
                 break
             step = [tok]
+            req.history.append(tok)
         now = time.perf_counter()
         t_first = t_first or now
         yield Finished(
@@ -344,6 +404,13 @@ class Engine:
             cached_tokens=cached, ttft_s=t_first - req.arrived, prompt_tps=len(req.prompt_ids) / t_prompt if t_prompt else 0.0,
             generation_tps=(n - 1) / (now - t_first) if n > 1 and now > t_first else 0.0,
         )
+
+    async def _open_cache(self, req: _Request) -> list[int]:
+        """A cache for the request holding what the pool computed of its tokens already (in a
+        worker thread: copying a reused prefix's blocks takes milliseconds); the tokens to compute."""
+        req.cache = await anyio.to_thread.run_sync(self._new_cache, len(req.prompt_ids) + req.params.max_tokens,
+                                                   req.history)
+        return req.history[req.cache.offset:]
 
     async def _run_steps(self, batch: list[Ticket]) -> None:
         """One forward for every ticket ((tokens, request) each: a prompt chunk or a decode step);
@@ -354,9 +421,8 @@ class Engine:
         forward in flight) the CPU forward runs whole in a worker thread: one thread hop per step.
         16 concurrent 128-token prompts took 2.47 s as 16 forwards meeting in the scheduler, 2.37 s
         as one (warm; the first batch of a new size pays ~1 s of first-touch page faults either way)."""
+        batch = await self._grant(batch)
         on_gpu = [t for t in batch if isinstance(t.payload[1].cache, DeviceCache)]
-        if on_gpu and self.resident is not None:
-            on_gpu = await self._reserve_on_device(on_gpu)
         for group in self._device_steps(on_gpu):
             if self.resident is None:
                 break
@@ -373,7 +439,7 @@ class Engine:
         if not cpu:
             return
         for t in cpu:
-            if isinstance(t.payload[1].cache, DeviceCache):
+            if isinstance(t.payload[1].cache, DeviceCache):  # after a device fault
                 await self._move_to_cpu(t.payload[1])
         logits = await self.scheduler.run(self.model.forward_batch, [t.payload[0] for t in cpu],
                                           [t.payload[1].cache for t in cpu], solo=True, requests=len(cpu),
@@ -407,19 +473,52 @@ class Engine:
                 log.info("gpu_kv_full", reason=str(e), action="this request runs on the CPU")
         return self.model.new_cache(capacity, prompt)
 
-    async def _reserve_on_device(self, tickets: list[Ticket]) -> list[Ticket]:
-        """The tickets whose rows the device pool can hold; the others move to the CPU."""
-        keep = []
-        for t in tickets:
-            tokens, req = t.payload
+    async def _grant(self, tickets: list[Ticket]) -> list[Ticket]:
+        """The tickets whose rows the KV pool gives blocks to, oldest request first. When it runs
+        short (kept prefixes evicted already), the youngest request of the batch is preempted, as
+        vLLM does: its blocks go back, its ticket answers None, and it waits in line to be computed
+        again from its tokens; so a running request never fails for want of a block. (On the CPU
+        its full blocks stay kept, so it computes again only the tokens after them, as a prompt:
+        their logits may differ from the first computation's in the last bits.) One running alone
+        fails only if memory stays held outside the running requests."""
+        pending = sorted(tickets, key=lambda t: t.payload[1].arrived)
+        granted, settled = [], False
+        while pending:
+            tokens, req = pending[0].payload
             try:
-                self.resident.reserve([req.cache], [len(tokens)])
+                if not isinstance(req.cache, DeviceCache):
+                    req.cache.reserve(req.cache.offset + len(tokens))
+                elif self.resident is not None:
+                    self.resident.reserve([req.cache], [len(tokens)])
+                granted.append(pending.pop(0))
             except KVPoolFull as e:
-                log.info("gpu_kv_full", request_id=req.id, reason=str(e), action="the request continues on the CPU")
-                await self._move_to_cpu(req)
-            else:
-                keep.append(t)
-        return keep
+                if len(pending) > 1 or len(self._running) > 1:
+                    await self._preempt(pending.pop())  # the youngest
+                elif not settled:  # ended requests' caches that a step submitted ahead still holds
+                    settled = True
+                    await anyio.to_thread.run_sync(self._settle)
+                else:
+                    pending.pop().error = e
+        return granted
+
+    def _settle(self) -> None:
+        if self.resident is not None:
+            self.resident.settle()
+        gc.collect()
+
+    async def _preempt(self, ticket: Ticket) -> None:
+        req = ticket.payload[1]
+        if isinstance(req.cache, DeviceCache) and self.resident is not None:  # no step is being submitted
+            await anyio.to_thread.run_sync(self.resident.settle)  # ahead for it in the background
+        log.info("request_preempted", request_id=req.id, tokens=req.cache.offset, reason="the KV pool is full",
+                 action="its blocks go back; it waits in line to be computed again")
+        cache, req.cache = req.cache, None
+        if isinstance(cache, KVCache) and cache.hashes:
+            cache.pool.keep(cache)  # its full blocks stay for its return, until their memory is wanted
+        else:
+            cache.release()  # the device pool keeps its published blocks cached
+        self._totals["preemptions"] += 1
+        ticket.out = None
 
     def _gpu_fault(self, e: Exception, request_ids: list[str]) -> None:
         """The device failed a step: every request continues on the CPU from here on."""

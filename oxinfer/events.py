@@ -66,3 +66,4 @@ class EngineStats:
     kv_blocks_used: int = 0  # KV blocks (BLOCK positions) live requests hold
     kv_blocks_cached: int = 0  # full blocks no request holds, kept for later prompts
     kv_evictions: int = 0  # kept blocks (CPU: a kept sequence's, counted once) given up for room
+    preemptions_total: int = 0  # running requests that gave their KV blocks back to wait and be recomputed

@@ -9,7 +9,7 @@ from gguf import quants
 
 import oxinfer
 from oxinfer.formats import GGUFFile
-from oxinfer.models.kv_cache import KVCache
+from oxinfer.models.kv_cache import KVCache, PoolSize
 from oxinfer.testing import write_tiny_llama
 
 
@@ -185,8 +185,8 @@ async def test_forward_batch_equals_one_sequence_at_a_time(tmp_path):
 async def test_kv_pool_slots_are_reused_and_overflow_to_private_caches(tmp_path):
     e = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "m.gguf"), max_concurrent=2)
     m = e.model
-    assert m.kv_slots == 16  # at least the default; the engine asked for 2
-    m.kv_slots = 2
+    assert m.kv_size.slots == 4  # the engine's 2 running requests and 2 kept ones
+    m.kv_size = PoolSize(slots=2)
     m._pool = None  # a fresh pool of 2 slots for this test
     a, b = m.new_cache(8), m.new_cache(8)
     assert (a.slot, b.slot) == (0, 1) and a.pool is b.pool

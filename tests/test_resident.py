@@ -276,20 +276,30 @@ async def test_a_device_fault_mid_stream_finishes_on_the_cpu_with_the_same_token
     assert (await gpu.generate([5, 6, 7, 8], params)).token_ids == want.token_ids
 
 
-async def test_a_full_device_pool_moves_the_request_to_the_cpu(tmp_path):
+async def test_a_full_device_pool_makes_requests_wait_on_the_device(tmp_path):
+    """A device pool of 4 blocks and 3 requests of 3 blocks each: the third waits to be admitted,
+    the younger of two growing ones is preempted and computed again later; none moves to the CPU
+    or fails, each gets the CPU's tokens, and the pool's counts come back."""
     path = write_tiny_llama(tmp_path / "m.gguf", seed=9, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
-    gpu = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    bytes_per_block = BS * cpu.config.kv_bytes_per_token
+    gpu = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False,
+                                    kv_bytes=4 * bytes_per_block)
     r = gpu.resident
-    kv = r.kv
-    kv.free_blocks = kv.free_blocks[-2:]  # room for 2 blocks of 32 positions
+    assert r.kv.n_blocks == 4
     params = oxinfer.SamplingParams(temperature=0, max_tokens=BS + 8, ignore_eos=True)
-    prompt = list(range(10, 40))
+    prompts = [list(range(10 + i, 40 + i)) for i in range(3)]
     with capture_logs() as logs:
-        got = await gpu.generate(prompt, params)
-    assert got.token_ids == (await cpu.generate(prompt, params)).token_ids
-    assert "gpu_kv_full" in [e["event"] for e in logs]
-    assert gpu.resident is r  # the device stays in use for others
+        got = await generate_together(gpu, prompts, params)
+    assert got == [(await cpu.generate(p, params)).token_ids for p in prompts]
+    events = [e["event"] for e in logs]
+    assert "request_preempted" in events and "gpu_kv_full" not in events and "request_moved_to_cpu" not in events
+    assert gpu.resident is r and gpu.stats().preemptions_total >= 1
+    r.settle()
+    gc.collect()
+    assert r.kv.used == 0 and len(r.kv.free_blocks) + len(r.kv.cached) == r.kv.n_blocks
+    with pytest.raises(oxinfer.ContextOverflowError, match="KV memory"):
+        gpu.stream(list(range(100)), params)  # 140 positions > the pool's 128
 
 
 async def test_weights_the_gpu_cannot_read_keep_the_forward_on_the_cpu(tmp_path):

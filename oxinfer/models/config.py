@@ -32,6 +32,11 @@ class ModelConfig:
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """The float32 keys and values of one position, every layer."""
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
+
     @classmethod
     def from_hf(cls, d) -> ModelConfig:
         """From an HF directory's config.json (formats/hf_dir.py); a missing key, or one oxinfer

@@ -1,24 +1,32 @@
-"""Per-sequence key/value caches, kept side by side in a pool so that a decode step can attend for
-every sequence at once.
+"""Per-sequence key/value caches in one pool per model, whose memory is taken in blocks of BLOCK
+positions as tokens arrive and given back when a sequence ends.
 
-A `KVPool` holds `slots` sequences in one array per layer for keys and one for values, each
-(slots, n_kv_heads, tokens, head_dim). A sequence's `KVCache` is one slot. One decode step of 16
-sequences then reads each layer's keys as a view of neighbouring slots: three batched products per
-layer instead of ~10 numpy calls per sequence per layer (SmolLM2, 16 streams of 128-256 tokens:
-a decode step 47 -> 42 ms). Keys are stored (tokens, head_dim) like values: BLAS reads them
-transposed in place, and a sequence touches only its own rows of memory.
+A `KVPool` has `slots` lanes, one array per layer for keys and one for values, each
+(slots, n_kv_heads, tokens, head_dim). A sequence's `KVCache` writes its positions into one lane,
+so one decode step of 16 sequences reads each layer's keys as a view of neighbouring lanes: three
+batched products per layer instead of ~10 numpy calls per sequence per layer (SmolLM2, 16 streams
+of 128-256 tokens: a decode step 47 -> 42 ms). Keys are stored (tokens, head_dim) like values:
+BLAS reads them transposed in place, and a sequence touches only its own rows of memory.
 
-The pool's memory is reserved for the whole context but committed page by page as tokens are
-written (anonymous mmap, no huge pages): 16 slots of SmolLM2's 8192 tokens reserve 6 GB of
-address space and hold ~150 MB after 200 tokens each. A cache that finds no free slot, or needs
-more tokens than a slot holds, gets a pool of its own that grows in chunks.
+Lanes are address space only (anonymous mmap, pages committed as they are written); memory is
+the pool's `blocks`. A cache takes blocks as its tokens arrive (`reserve`: KVPoolFull when
+neither a free block nor a kept cache's is left), nothing up front, and gives them back when it
+is dropped; the engine admits requests by the blocks free (engine.py). The pages lanes have
+written stay within the same number of blocks: past it, those no cache holds go back to the OS
+(MADV_DONTNEED). The block table of a sequence is its lane: the kernel's page table maps the
+lane's blocks to memory. (Reading blocks scattered over the pool would need a gather per decode
+step: measured, the attention of 16 streams of 256 tokens took 1.5-2.5x as long, for a fifth of
+a step.)
 
 Prompt prefixes are computed once: every cache knows the token ids it holds and the chain hash of
 each full block of BLOCK of them (`HeldTokens`; a block's hash stands for every token up to its
-end, as vLLM keys its blocks). A new sequence copies the longest run of leading blocks that any
-cache of the pool holds, running or kept after its request ended (`KVPool.reuse`), and computes
-only the rest. Kept caches hold their slots until the pool needs one: then the least recently
-used goes. (The device pool shares such blocks in place: runtime/resident.py.)
+end, as vLLM keys its blocks). A new sequence reuses the longest run of its prompt's leading
+blocks that a cache of the pool holds, running or kept after its request ended (kept blocks stay
+until their memory or slot is wanted, least recently used first), and computes only the rest. It
+takes over a kept cache's lane when it uses all of that cache's blocks (no copy); otherwise the
+run is copied into its own lane: the copy-on-write happens when the second sequence starts, as
+each writes its own positions after the shared ones. (The device pool shares blocks in place,
+runtime/resident.py; here attention reads each sequence's positions as one view of its lane.)
 """
 
 from __future__ import annotations
@@ -29,22 +37,34 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-BLOCK = 32  # positions of a shared prefix block (the device pool's block too)
+from oxinfer.errors import OxinferError
+
+BLOCK = 32  # positions of a block: the unit of KV memory and of shared prefixes (the device pool's too)
 CHUNK = 256  # tokens added per growth step of a private pool
 SLOT_TOKENS_MAX = 32768  # a shared slot holds at most this many tokens (longer sequences get their own pool)
 
 
-def _lazy_zeros(shape: tuple[int, ...]) -> np.ndarray:
+PAGE = mmap.PAGESIZE
+
+
+class KVPoolFull(OxinferError):
+    """A KV pool has no free block (or slot) for a sequence's next tokens."""
+
+
+def _lazy_zeros(shape: tuple[int, ...]) -> tuple[np.ndarray, mmap.mmap]:
     """float32 zeros whose pages the kernel commits only when written (no huge pages: one 2 MB page
-    per (slot, head) row would commit 40x what a 200-token sequence needs)."""
+    per (slot, head) row would commit 40x what a 200-token sequence needs), and their map: private,
+    for MADV_DONTNEED frees a private page (a shared one stays in memory, only unmapped)."""
     n = int(np.prod(shape)) * 4
-    buf = mmap.mmap(-1, max(n, 1))
+    private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
+    buf = mmap.mmap(-1, max(n, 1), **private)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, np.float32, count=n // 4).reshape(shape)
+    return np.frombuffer(buf, np.float32, count=n // 4).reshape(shape), buf
 
 
 def block_hash(prev: bytes, block: Sequence[int]) -> bytes:
@@ -96,79 +116,195 @@ def prompt_blocks(prompt: Sequence[int]) -> HeldTokens:
     return want
 
 
+@dataclass(frozen=True)
+class PoolSize:
+    """A model's shared KV pool: `slots` sequences at once (lanes of address space) in `bytes` of
+    memory (None: every lane full)."""
+
+    slots: int = 16
+    bytes: int | None = None
+
+
+@dataclass
+class _Lease:
+    """What a cache holds of its pool: a slot and the blocks (from position 0) of its lane."""
+
+    slot: int
+    blocks: int = 0
+
+
 class KVPool:
-    """Keys and values of up to `slots` sequences: per layer, (slots, n_kv_heads, tokens, head_dim).
+    """Keys and values of up to `slots` sequences: per layer, (slots, n_kv_heads, tokens, head_dim),
+    in at most `blocks` blocks of memory (`n_blocks`; default: every lane full).
 
     A shared pool never reallocates, so forwards in different threads (a decode batch in a worker,
-    a prefill on the event loop) write their own slots without a lock; only a private pool, which
-    one sequence owns, grows."""
+    a prefill on the event loop) write their own lanes without a lock; only a private pool, which
+    one sequence owns, grows (in chunks, its memory its own: `blocks` does not apply)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, slots: int, tokens: int,
-                 growable: bool = False):
+                 blocks: int | None = None, growable: bool = False):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.slots, self.tokens, self.growable = slots, tokens, growable
+        self.n_blocks = blocks if blocks is not None else slots * -(-tokens // BLOCK)
         shape = (slots, n_kv_heads, tokens, head_dim)
-        make = (lambda s: np.zeros(s, np.float32)) if growable else _lazy_zeros
-        self.keys = [make(shape) for _ in range(n_layers)]
-        self.values = [make(shape) for _ in range(n_layers)]
+        self._maps: list[mmap.mmap] = []
+        self.keys, self.values = [], []
+        for arrays in (self.keys, self.values):
+            for _ in range(n_layers):
+                if growable:
+                    arrays.append(np.zeros(shape, np.float32))
+                else:
+                    a, buf = _lazy_zeros(shape)
+                    arrays.append(a)
+                    self._maps.append(buf)
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
+        self.held = 0  # blocks the caches of this pool hold, kept ones included
+        self._written = [0] * slots  # blocks of each lane whose pages may be in memory
         self.live: weakref.WeakSet[KVCache] = weakref.WeakSet()  # caches of this pool's slots
         self.kept: OrderedDict[int, KVCache] = OrderedDict()  # ended requests' caches, oldest first
         self.evictions = 0
-        self._lock = threading.Lock()  # slots come back from finalizers, in any thread
+        self._lock = threading.RLock()  # blocks and slots come back from finalizers, in any thread
         self._opening = threading.Lock()  # caches are opened in worker threads (a prefix copy takes ~10 ms)
 
-    def take(self) -> int | None:
-        """A free slot; the least recently used kept cache gives up its own when none is free."""
-        while not self._free and self.kept:
-            self.kept.popitem(last=False)  # its finalizer gives the slot back
-            self.evictions += 1
+    # --- memory ---------------------------------------------------------------------------------
+    @property
+    def available(self) -> int:
+        """Blocks a sequence may still take: free ones and those kept caches hold."""
         with self._lock:
+            return self.n_blocks - self.held + sum(c.lease.blocks for c in list(self.kept.values()))
+
+    def reserve(self, lease: _Lease, tokens: int) -> None:
+        """Blocks for positions [0, tokens) of a lease's lane; kept caches give theirs up, least
+        recently used first, when too few are free. KVPoolFull (and nothing taken) when even that
+        is not enough."""
+        need = -(-tokens // BLOCK) - lease.blocks
+        if need <= 0:
+            return
+        with self._lock:
+            while self.n_blocks - self.held < need and self.kept:
+                self._evict()
+            if self.n_blocks - self.held < need:
+                raise KVPoolFull(f"the KV pool is full ({self.n_blocks} blocks of {BLOCK} positions, "
+                                 f"{self.held} held): {need} more wanted")
+            self.held += need
+            lease.blocks += need
+            if lease.blocks > self._written[lease.slot]:
+                self._written[lease.slot] = lease.blocks
+                self._fit_pages()
+
+    def _evict(self) -> None:
+        self.kept.popitem(last=False)  # its finalizer gives the slot and blocks back
+        self.evictions += 1
+
+    def give_back(self, lease: _Lease, keep_blocks: int = 0) -> None:
+        """A lease's blocks past the first keep_blocks; the slot too when it keeps none. Their pages
+        stay, to be written again without faults, until the memory is wanted (_fit_pages)."""
+        with self._lock:
+            self.held -= lease.blocks - keep_blocks
+            lease.blocks = keep_blocks
+            if not keep_blocks:
+                self._free.append(lease.slot)
+                self._free.sort(reverse=True)
+
+    def _fit_pages(self) -> None:
+        """Keep the pages lanes have written within the pool's memory: past it, the OS gets back
+        those of free lanes (the longest first), then the tails past what each lane holds. (Giving
+        every page back at once made each new sequence fault its pages in again: 15-24 ms for 512
+        tokens of SmolLM2 against 3 ms written warm, ~1% of the prompt's time, measured.)"""
+        excess = sum(self._written) - self.n_blocks
+        if excess <= 0:
+            return
+        holds = {c.lease.slot: c.lease.blocks for c in list(self.live)}
+        order = sorted(range(self.slots), key=lambda s: (s in holds, -self._written[s]))
+        for slot in order:
+            keep = holds.get(slot, 0)
+            if self._written[slot] > keep:
+                self._release_pages(slot, keep * BLOCK)
+                excess -= self._written[slot] - keep
+                self._written[slot] = keep
+                if excess <= 0:
+                    return
+
+    def _release_pages(self, slot: int, first: int) -> None:
+        """Return to the OS the pages of a lane's positions from `first` on (they read as zeros
+        and are committed again when written): the pages wholly inside, never a neighbour's."""
+        row = self.tokens * self.head_dim * 4  # bytes of one (slot, head)
+        runs = [(slot * self.n_kv_heads * row, (slot + 1) * self.n_kv_heads * row)] if not first else [
+            ((slot * self.n_kv_heads + h) * row + first * self.head_dim * 4, (slot * self.n_kv_heads + h + 1) * row)
+            for h in range(self.n_kv_heads)]
+        for buf in self._maps if hasattr(mmap, "MADV_DONTNEED") else ():
+            for start, end in runs:
+                start = -(-start // PAGE) * PAGE
+                end = end // PAGE * PAGE
+                if end > start:
+                    buf.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def block_counts(self) -> tuple[int, int, int]:
+        """(blocks live caches hold, blocks kept caches hold, evictions)."""
+        with self._lock:
+            cached = sum(c.lease.blocks for c in list(self.kept.values()))
+            return self.held - cached, cached, self.evictions
+
+    # --- slots and prefixes ---------------------------------------------------------------------
+    def _take_slot(self) -> int | None:
+        """A free slot; the least recently used kept cache gives up its own when none is free."""
+        with self._lock:
+            while not self._free and self.kept:
+                self._evict()
             return self._free.pop() if self._free else None
 
     def keep(self, cache: KVCache) -> None:
         """Hold the cache of a sequence that ended with no forward in flight (its slot may be handed
-        over: nothing may write into it any more) for its prefix blocks; evicted when a slot is
-        wanted."""
+        over: nothing may write into it any more) for its prefix blocks; evicted when a slot or
+        blocks are wanted. Its partial last block goes back at once."""
         if cache.pool is not self or not cache.hashes:
             return
-        for key, other in list(self.kept.items()):  # kept blocks this cache holds as well
-            if other.hashes == cache.hashes[:len(other.hashes)]:
-                del self.kept[key]
-        self.kept[id(cache)] = cache
+        with self._lock:
+            for key, other in list(self.kept.items()):  # kept blocks this cache holds as well
+                if other.hashes == cache.hashes[:len(other.hashes)]:
+                    del self.kept[key]
+            self.give_back(cache.lease, len(cache.hashes))
+            cache.trim(cache.offset - len(cache.hashes) * BLOCK)
+            self.kept[id(cache)] = cache
 
-    def open(self, capacity: int, max_tokens: int, prompt: Sequence[int] = ()) -> KVCache | None:
+    def open(self, prompt: Sequence[int] = ()) -> KVCache | None:
         """A cache in a slot of this pool, holding the longest run of the prompt's leading blocks
         that one of its caches computed (its offset says how many tokens): copied into a free slot,
-        or, when none is free, a kept cache hands over its own (its blocks past the run are written
-        over). None when no slot is free and none is kept."""
+        or a kept cache hands over its own (its blocks past the run go back). None when no slot
+        is free and none is kept."""
         with self._opening:
-            return self._open(capacity, max_tokens, prompt)
+            return self._open(prompt)
 
-    def _open(self, capacity: int, max_tokens: int, prompt: Sequence[int]) -> KVCache | None:
+    def _open(self, prompt: Sequence[int]) -> KVCache | None:
         want = prompt_blocks(prompt)
         best, n = self._longest(want.hashes)
-        if best is not None and id(best) in self.kept:
-            self.kept.move_to_end(id(best))  # used now: the last to be evicted
-        if best is not None and id(best) in self.kept and not self._free:
-            del self.kept[id(best)]
-            best.release.detach()  # the slot is the new cache's now
-            self.live.discard(best)
-            cache = KVCache(self, best.slot, capacity, max_tokens)
-        else:
-            slot = self.take()
-            if slot is None:
-                return None
-            cache = KVCache(self, slot, capacity, max_tokens)
-            for layer in (*self.keys, *self.values) if n else ():
-                layer[slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK]
+        with self._lock:
+            # a kept cache hands its slot over when the new sequence uses all its blocks, or when
+            # copying them would take memory or a slot that only evicting could give; else the
+            # run is copied, and the kept blocks past it stay for later prompts
+            handed = best is not None and id(best) in self.kept and (
+                n == len(best.hashes) or not self._free or self.n_blocks - self.held < n)
+            if handed:
+                del self.kept[id(best)]
+                best.release.detach()  # the slot is the new cache's now
+                self.live.discard(best)
+                self.give_back(best.lease, n)
+                lease = best.lease
+            else:
+                slot = self._take_slot()
+                if slot is None:
+                    return None
+                lease = _Lease(slot)
+        cache = KVCache(self, lease)
+        if not handed and n:
+            try:
+                self.reserve(lease, n * BLOCK)
+            except KVPoolFull:
+                n = 0
+            for layer in (*self.keys, *self.values) if n else ():  # outside the lock: ~10 ms for 1,000 tokens
+                layer[lease.slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK]
         cache.tokens[:], cache.hashes[:] = want.tokens[:n * BLOCK], want.hashes[:n]
         return cache
-
-    def block_counts(self) -> tuple[int, int, int]:
-        """(blocks live caches hold, blocks kept caches hold, evictions)."""
-        used = sum(-(-c.offset // BLOCK) for c in list(self.live) if id(c) not in self.kept)
-        return used, sum(len(c.hashes) for c in list(self.kept.values())), self.evictions
 
     def _longest(self, hashes: list[bytes]) -> tuple[KVCache | None, int]:
         """The cache holding the most of these leading blocks, and how many (a function of its
@@ -177,11 +313,7 @@ class KVPool:
         n, best = max(held, key=lambda h: h[0], default=(0, None))
         return (best, n) if n else (None, 0)
 
-    def give_back(self, slot: int) -> None:
-        with self._lock:
-            self._free.append(slot)
-            self._free.sort(reverse=True)
-
+    # --- a private pool -------------------------------------------------------------------------
     def grow(self, tokens: int, limit: int) -> None:
         """Private pools only: room for `tokens` (in chunks, at most `limit`), keeping the contents."""
         if tokens <= self.tokens:
@@ -195,6 +327,7 @@ class KVPool:
                 arrays[i][:, :, :self.tokens] = old
         self.tokens = new
 
+    # --- attention's reads and writes -----------------------------------------------------------
     def write(self, layer: int, slots: np.ndarray | slice, position: int, k: np.ndarray, v: np.ndarray) -> None:
         """k, v (n, n_kv, hd): one token for each of `slots`, all at `position` (a slice of slots
         is a plain strided copy; an index array takes numpy's ~30x slower advanced indexing)."""
@@ -211,25 +344,29 @@ class KVPool:
 
 
 class KVCache(HeldTokens):
-    """All layers of one sequence: `slot` of `pool`. `offset` counts the tokens stored; `append`
-    commits a step. The slot goes back to the pool when the cache is garbage collected, never
-    earlier: a decode batch still running holds a reference and writes into the slot."""
+    """All layers of one sequence: a lane (`slot`) of `pool`. `offset` counts the tokens stored;
+    `reserve` takes the blocks of coming tokens, `append` commits a step. The slot and blocks go
+    back to the pool when the cache is garbage collected (or `release()` is called), never
+    earlier on their own: a decode batch still running holds a reference and writes into the slot."""
 
-    def __init__(self, pool: KVPool, slot: int, capacity: int, max_tokens: int):
+    def __init__(self, pool: KVPool, lease: _Lease, max_tokens: int | None = None):
         super().__init__()
-        self.pool, self.slot = pool, slot
-        self.max_tokens = max_tokens
-        self.capacity = min(max(capacity, 1), max_tokens)  # tokens this sequence asked room for
+        self.pool, self.lease = pool, lease
+        self.max_tokens = max_tokens or pool.tokens
         if not pool.growable:
             pool.live.add(self)
-        self.release = weakref.finalize(self, pool.give_back, slot)
+        self.release = weakref.finalize(self, pool.give_back, lease)
+
+    @property
+    def slot(self) -> int:
+        return self.lease.slot
 
     @classmethod
     def private(cls, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, max_tokens: int) -> KVCache:
         """A cache with a pool of its own, grown in chunks as tokens arrive."""
         pool = KVPool(n_layers, n_kv_heads, head_dim, 1, 0, growable=True)
-        cache = cls(pool, pool.take(), capacity, max_tokens)
-        cache.reserve(cache.capacity)
+        cache = cls(pool, _Lease(pool._take_slot()), max_tokens)
+        cache.reserve(min(max(capacity, 1), max_tokens))
         return cache
 
     def update_and_fetch(self, layer: int, k: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -243,14 +380,21 @@ class KVCache(HeldTokens):
         return keys[:, :end], values[:, :end]
 
     def reserve(self, tokens: int) -> None:
+        """Room for positions [0, tokens): ValueError past the lane, KVPoolFull when no block is left."""
         if tokens > self.max_tokens:
             raise ValueError(f"KV cache full: {tokens} tokens > limit {self.max_tokens}")
-        self.pool.grow(tokens, self.max_tokens)
-        self.capacity = max(self.capacity, tokens)
+        if self.pool.growable:
+            self.pool.grow(tokens, self.max_tokens)
+        else:
+            self.pool.reserve(self.lease, tokens)
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks of the pool's memory this sequence holds (a private pool's are its own: 0)."""
+        return self.lease.blocks
 
     @property
     def nbytes(self) -> int:
-        """Memory this sequence holds: its blocks in the shared pool (whose pages are committed as
-        they are written), or its own pool."""
-        tokens = self.pool.tokens if self.pool.growable else -(-self.offset // BLOCK) * BLOCK
+        """Memory this sequence holds: its blocks in the shared pool, or its own pool."""
+        tokens = self.pool.tokens if self.pool.growable else self.lease.blocks * BLOCK
         return tokens * self.pool.bytes_per_token

@@ -15,7 +15,7 @@ import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig
-from oxinfer.models.kv_cache import SLOT_TOKENS_MAX, KVCache, KVPool
+from oxinfer.models.kv_cache import BLOCK, SLOT_TOKENS_MAX, KVCache, KVPool, PoolSize
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Llama:
         self.out_norm = out_norm
         self.head = head  # (vocab, d); the embedding itself when tied
         self.ops = ops  # the CPU's (runtime/ops.py); a forward may be given others
-        self.kv_slots = 16  # sequences the shared KV pool holds (the engine sets its max_concurrent)
+        self.kv_size = PoolSize()  # the shared KV pool's (the engine sets it before the first cache)
         self._pool: KVPool | None = None
 
     @classmethod
@@ -102,21 +102,23 @@ class Llama:
         return [*ms, self.head]
 
     @property
-    def kv_pool(self) -> KVPool | None:
-        """The shared KV pool (None until the first cache)."""
+    def kv_pool(self) -> KVPool:
+        """The shared KV pool (made at the first use, as `kv_size` says)."""
+        if self._pool is None:
+            c, size = self.cfg, self.kv_size
+            blocks = None if size.bytes is None else size.bytes // (BLOCK * c.kv_bytes_per_token)
+            tokens = min(c.context_length, SLOT_TOKENS_MAX)
+            if blocks is not None:  # a lane never holds more than the memory
+                tokens = max(BLOCK, min(tokens, blocks * BLOCK))
+            self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, size.slots, tokens, blocks)
         return self._pool
 
-    def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache:
-        """A slot of the shared pool (made at the first call, `kv_slots` of them) when one is free
-        and holds `capacity`, holding what the pool's caches computed of the prompt's leading
-        blocks already (its offset says how much); else a cache with a pool of its own."""
-        c = self.cfg
-        if self._pool is None:
-            self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, self.kv_slots,
-                                min(c.context_length, SLOT_TOKENS_MAX))
-        cache = None
-        if capacity <= self._pool.tokens:
-            cache = self._pool.open(capacity, min(c.context_length, self._pool.tokens), prompt)
+    def new_cache(self, capacity: int = 0, prompt: Sequence[int] = ()) -> KVCache:
+        """A lane of the shared pool when one is free and `capacity` tokens fit one, holding what
+        the pool's caches computed of the prompt's leading blocks already (its offset says how
+        much); else a cache with a pool of its own."""
+        c, pool = self.cfg, self.kv_pool
+        cache = pool.open(prompt) if capacity <= pool.tokens else None
         return cache or KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
 
     async def forward(self, tokens: np.ndarray, cache, *, all_logits: bool = False, tag=None) -> np.ndarray:

@@ -5,7 +5,7 @@ The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias
 through the matmul scheduler, which batches them across requests); runtime/resident.py records
 the same calls as GPU dispatches of one submission per step.
 
-A step is bracketed by `begin(seqs, caches)` (positions, masks, KV room) and `end(step)` (the
+A step is bracketed by `begin(seqs, caches)` (positions, masks, the KV blocks of its rows) and `end(step)` (the
 caches hold the new rows).
 """
 
@@ -67,10 +67,9 @@ class CpuOps:
             if s0 + n > ctx:
                 raise ValueError(f"context overflow: {s0 + n} tokens > context length {ctx}")
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,)
+        for cache, s0, n in zip(caches, starts, lens):  # every block of the step, before any work
+            cache.reserve(s0 + n)
         groups = decode_groups(caches) if max(lens) == 1 else None
-        if groups is not None:
-            for cache in caches:
-                cache.reserve(cache.offset + 1)
         return CpuStep(seqs, caches, pos, np.cumsum([0, *lens]), starts, groups)
 
     def end(self, step: CpuStep) -> None:

@@ -37,9 +37,8 @@ import anyio.to_thread
 import numpy as np
 import structlog
 
-from oxinfer.errors import OxinferError
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.models.kv_cache import BLOCK, HeldTokens, prompt_blocks
+from oxinfer.models.kv_cache import BLOCK, HeldTokens, KVPoolFull, prompt_blocks
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.webgpu import (
@@ -72,10 +71,6 @@ AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest e
 # before the GPU did anything. Decode steps stay one submission (run-ahead hides their encoding).
 FIRST_PIECES = (16, 80)
 PIECES_MIN_ROWS = 64
-
-
-class KVPoolFull(OxinferError):
-    """The device KV pool has no free block or slot for a sequence (it continues on the CPU)."""
 
 
 # --- the KV pool ----------------------------------------------------------------------------------
@@ -175,6 +170,11 @@ class DeviceKV:
             blocks.clear()
 
     @property
+    def available(self) -> int:
+        """Blocks a sequence may still take: free ones and cached ones (evicted for it)."""
+        return len(self.free_blocks) + len(self.cached)
+
+    @property
     def used(self) -> int:
         """Blocks some sequence holds."""
         return self.n_blocks - len(self.free_blocks) - len(self.cached)
@@ -196,7 +196,7 @@ class DeviceCache(HeldTokens):
         self.slot = kv.take_slot()
         self.blocks: list[int] = []
         self._bytes_per_token = bytes_per_token
-        weakref.finalize(self, kv.release, self.slot, self.blocks)
+        self.release = weakref.finalize(self, kv.release, self.slot, self.blocks)
         if prompt:  # the prompt's leading blocks others computed, short of its last token
             want = prompt_blocks(prompt)
             n = kv.share(self.slot, self.blocks, want.hashes)
@@ -214,6 +214,10 @@ class DeviceCache(HeldTokens):
     def trim(self, n: int) -> None:
         self.kv.unpublish(self.blocks[(self.offset - min(n, self.offset)) // BS:])  # raises if shared
         super().trim(n)
+
+    @property
+    def held_blocks(self) -> int:
+        return len(self.blocks)
 
     @property
     def nbytes(self) -> int:

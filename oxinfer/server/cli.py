@@ -21,6 +21,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
     p.add_argument("--max-concurrent", type=int, default=16, help="requests generating at once")
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that (then 503)")
+    p.add_argument("--kv-mib", type=int, help="KV cache memory; requests wait for room in it (default 1024, "
+                                              "or one whole context if more)")
     p.add_argument("--served-model-name", help="the model id clients use (default: the file's stem)")
     ray = p.add_argument_group("Ray Serve", "replicas on a Ray cluster: pip install 'oxinfer[ray]', see docs/ray.md")
     ray.add_argument("--ray", action="store_true",
@@ -53,7 +55,7 @@ async def run_serve(args) -> None:
         raise SystemExit(f"oxinfer serve needs the server extra (pip install 'oxinfer[server]'): {e}") from None
 
     engine = await Engine.load(args.model, backend=args.backend, max_concurrent=args.max_concurrent,
-                               max_queue=args.max_queue)
+                               max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20)
     name = args.served_model_name or engine.model_name
     print(f"oxinfer: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
     await serve(engine, host=args.host, port=args.port, api_key=args.api_key, model_name=name)

@@ -33,7 +33,8 @@ class Metrics:
             lambda: engine.stats().kv_bytes)
         for name, help_ in (("kv_blocks_used", "KV blocks live requests hold"),
                             ("kv_blocks_cached", "Full KV blocks kept for later prompts"),
-                            ("kv_evictions", "Kept KV blocks given up for room (total)")):
+                            ("kv_evictions", "Kept KV blocks given up for room (total)"),
+                            ("preemptions_total", "Requests that gave their KV blocks back to be computed again")):
             Gauge(f"oxinfer_{name}", help_, registry=r).set_function(lambda n=name: getattr(engine.stats(), n))
         self.prompt_tokens = Counter("oxinfer_prompt_tokens", "Prompt tokens processed", registry=r)
         self.cached_tokens = Counter("oxinfer_prompt_tokens_cached", "Prompt tokens reused from earlier requests",
