@@ -426,6 +426,11 @@ class Engine:
         for group in self._device_steps(on_gpu):
             if self.resident is None:
                 break
+            for t in [t for t in group if t.payload[1].cache is None]:  # cancelled during the step before
+                group.remove(t)
+                t.out = None
+            if not group:
+                continue
             reqs = [t.payload[1] for t in group]
             try:
                 ids, rows = await self.resident.forward_batch([t.payload[0] for t in group], [r.cache for r in reqs],
@@ -441,6 +446,11 @@ class Engine:
         for t in cpu:
             if isinstance(t.payload[1].cache, DeviceCache):  # after a device fault
                 await self._move_to_cpu(t.payload[1])
+        for t in [t for t in cpu if t.payload[1].cache is None]:  # cancelled meanwhile
+            cpu.remove(t)
+            t.out = None
+        if not cpu:
+            return
         logits = await self.scheduler.run(self.model.forward_batch, [t.payload[0] for t in cpu],
                                           [t.payload[1].cache for t in cpu], solo=True, requests=len(cpu),
                                           tag=",".join(str(t.tag) for t in cpu))
@@ -485,6 +495,9 @@ class Engine:
         granted, settled = [], False
         while pending:
             tokens, req = pending[0].payload
+            if req.cache is None:  # cancelled while its ticket waited (or while a request was preempted)
+                pending.pop(0).out = None
+                continue
             try:
                 if not isinstance(req.cache, DeviceCache):
                     req.cache.reserve(req.cache.offset + len(tokens))
