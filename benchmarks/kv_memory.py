@@ -5,7 +5,7 @@
 
 1. `--concurrency` requests with no shared prefix and different prompt lengths run at once (16
    tokens each): the pool's blocks in use and the memory its maps really hold (resident pages,
-   from /proc/self/smaps) at their peak, against the bytes their lengths need.
+   from mincore) at their peak, against the bytes their lengths need.
 2. `--requests` chat requests (max_tokens 512, the chat default; each client reads
    `--read-tokens` and goes away) in a KV budget of `--budget-mib`: admitted by memory (the
    engine now) against admitted by count, as many as a reservation of prompt + max_tokens lets
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import mmap
 import os
 import time
 from pathlib import Path
@@ -33,17 +34,16 @@ def ids(n: int, seed: int, vocab: int) -> list[int]:
 
 
 def resident_bytes(pool) -> int:
-    """Bytes of the pool's maps in memory (Rss of their ranges in /proc/self/smaps)."""
-    ranges = [(a := ctypes.addressof(ctypes.c_char.from_buffer(m)), a + len(m)) for m in pool._maps]
-    total, inside = 0, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = any(lo >= a and hi <= b for a, b in ranges)
-            elif inside and head == "Rss:":
-                total += int(line.split()[1]) * 1024
+    """Bytes of the pool's maps in memory: the pages mincore() finds resident (smaps would merge
+    the maps with their anonymous neighbours)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    total = 0
+    for m in pool._maps:
+        vec = np.zeros(-(-len(m) // mmap.PAGESIZE), np.uint8)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(len(m)), vec.ctypes.data_as(ctypes.c_void_p)):
+            raise OSError(ctypes.get_errno(), "mincore")
+        total += int(np.count_nonzero(vec & 1)) * mmap.PAGESIZE
     return total
 
 
@@ -58,7 +58,7 @@ async def real_lengths(engine, n: int) -> None:
         while not stop.is_set():
             peak["blocks"] = max(peak["blocks"], engine.stats().kv_blocks_used)
             peak["rss"] = max(peak["rss"], resident_bytes(pool))
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.1)
 
     params = oxinfer.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     rss0 = resident_bytes(pool)
