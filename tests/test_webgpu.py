@@ -292,7 +292,7 @@ async def test_golden_free_running_on_gpu(gpu_engine, golden):
 # --- only the matmuls on the GPU (resident=False), on a tiny model ---------------------------------
 
 # every product a multiple of 64 outputs (the head's too: 259 + 61 tokens), or `wants` keeps it on the CPU
-ALIGNED = dict(d=128, n_heads=4, n_kv=2, d_ff=256, extra_vocab=61)
+ALIGNED = {"d": 128, "n_heads": 4, "n_kv": 2, "d_ff": 256, "extra_vocab": 61}
 
 
 async def offload_engines(path, backend):
