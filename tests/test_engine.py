@@ -274,7 +274,7 @@ async def test_loop_never_stalls_while_eight_streams_generate(engine, monkeypatc
             gaps.append(now - last)
             last = now
 
-    params = SamplingParams(temperature=0.7, max_tokens=16, seed=3)
+    params = SamplingParams(temperature=0.7, max_tokens=8, seed=3)
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         async with anyio.create_task_group() as streams:
