@@ -1,6 +1,5 @@
 """oxinfer: an asyncio-native LLM inference runtime (GGUF models, WebGPU or numpy matmuls)."""
 
-from oxinfer.engine import Engine
 from oxinfer.errors import (
     ContextOverflowError,
     EngineOverloaded,
@@ -32,5 +31,16 @@ __all__ = [
     "configure_logging",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """Engine on first use: it imports the runtime (onnxruntime's kernels, wgpu; ~2 s of CPU), which
+    `oxinfer tokenize`, the server's modules and Ray Serve's proxy and controller never need."""
+    if name == "Engine":
+        from oxinfer.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'oxinfer' has no attribute {name!r}")
+
 
 ensure_configured()

@@ -67,10 +67,15 @@ async def _run(args) -> None:
 
 
 async def _tokenize(args) -> None:
-    from oxinfer.engine import Engine
+    """Only the tokenizer is read: building the weights' kernels would take seconds for nothing."""
+    from pathlib import Path
 
-    engine = await Engine.load(args.model)
-    print(json.dumps(engine.tokenizer.encode(args.text)))
+    from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
+    from oxinfer.tokenizer import Tokenizer
+
+    path = Path(args.model) if args.model else default_model_path()
+    tokenizer = Tokenizer.from_hf(HFDirectory(path)) if path.is_dir() else Tokenizer.from_gguf(GGUFFile(path))
+    print(json.dumps(tokenizer.encode(args.text)))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,13 +22,5 @@ async def engine():
 
 
 @pytest.fixture(scope="session")
-async def exact_engine():
-    """The default model with float32 CPU kernels: for tests of the model's math at tight tolerances
-    (the default int8 kernels round activations, as llama.cpp does)."""
-    async with await oxinfer.Engine.load(cpu_int8=False) as e:
-        yield e
-
-
-@pytest.fixture(scope="session")
 def tokenizer(engine):
     return engine.tokenizer

@@ -22,8 +22,11 @@ async def test_teacher_forced_argmax(engine, prompt):
 
 
 async def test_free_running_greedy(engine, prompt):
-    ours = [t async for t in engine.generate_ids(prompt["prompt_ids"], 32, stop_on_eog=False)]
+    """Our greedy tokens are llama.cpp's up to its first close call (the tokens after it may
+    differ: they are not generated)."""
     margins = [s["margin_top1_top2"] for s in prompt["greedy_steps"]]
     first_close = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
+    n = max(first_close, 2)
+    ours = [t async for t in engine.generate_ids(prompt["prompt_ids"], n, stop_on_eog=False)]
     assert ours[:first_close] == prompt["greedy_ids"][:first_close]
-    assert len(ours) == 32
+    assert len(ours) == n

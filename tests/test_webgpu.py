@@ -7,6 +7,7 @@ stay small. Skipped only when there is no adapter at all.
 
 import logging
 import os
+import threading
 import time
 
 import anyio
@@ -19,7 +20,7 @@ import oxinfer
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
-from oxinfer.testing import random_matrix
+from oxinfer.testing import random_matrix, write_tiny_llama
 
 from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
@@ -67,6 +68,8 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
         x = rng.standard_normal((t, n_in), dtype=np.float32)
         ref = x @ wf.T
         for kernel in kernels(gpu):
+            if t > 17 and kernel is not None and not kernel.startswith("mm_"):
+                continue  # a matvec's rows are independent workgroups: 17 (mv_tok: 8 a group, ragged) says it
             job = Job(w)
             assert gpu.matmul_sync(x, [job], kernel=kernel), (t, kernel)
             assert job.out.shape == (t, n_out)
@@ -166,48 +169,69 @@ def test_submission_is_logged(gpu):
 
 # --- the event loop stays responsive ------------------------------------------------------------
 
-async def test_loop_ticks_during_a_long_gpu_matmul(gpu):
-    """A task sleeping 5 ms never waits more than 50 ms while GPU matmuls of several hundred ms run."""
+async def test_loop_ticks_during_a_long_gpu_matmul(gpu, monkeypatch):
+    """The event loop keeps running while GPU matmuls of a few hundred ms (lavapipe) run: the driver
+    work (encode, submit, the wait for the readback) runs in a worker thread, the loop ticks during
+    every long call, and its own thread never works 50 ms between two ticks. Measured in what the
+    loop's thread does, which a busy machine does not stretch; the wall-clock gaps, which it does,
+    are benchmarks/gpu_matmul.py --loop's figure."""
     rng = np.random.default_rng(11)
-    w = random_matrix("Q4_1", 2048, 2048, rng)
+    w = random_matrix("Q4_1", 1024, 1024, rng)
     gpu.upload(w)
-    x = rng.standard_normal((256, 2048), dtype=np.float32)  # ~0.4 s on lavapipe (2 cores)
+    x = rng.standard_normal((64, 1024), dtype=np.float32)  # ~0.3 CPU-s on lavapipe
     assert await gpu.matmul(x[:16], [Job(w)])  # pipeline built, buffers pooled: time only the steady state
-    gaps: list[float] = []
+    loop_thread, threads = threading.get_ident(), []
+    real = gpu.matmul_sync
+
+    def recorded(*a, **kw):
+        threads.append(threading.get_ident())
+        return real(*a, **kw)
+
+    monkeypatch.setattr(gpu, "matmul_sync", recorded)
+    cpu_gaps: list[float] = []
+    ticks = 0
     done = False
 
     async def ticker():
-        last = time.perf_counter()
+        nonlocal ticks
+        last = time.thread_time()
         while not done:
             await anyio.sleep(0.005)
-            now = time.perf_counter()
-            gaps.append(now - last)
+            now = time.thread_time()
+            cpu_gaps.append(now - last)
+            ticks += 1
             last = now
 
+    calls = []  # (wall seconds, ticks during the call)
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
         await anyio.sleep(0.02)
         t0 = time.perf_counter()
-        longest = 0.0
-        while time.perf_counter() - t0 < 0.3:  # one call on lavapipe; several on a fast GPU
-            t1 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.3 or len(cpu_gaps) < 20:  # one call on lavapipe; many on a GPU
+            t1, n1 = time.perf_counter(), ticks
             assert await gpu.matmul(x, [Job(w)])
-            longest = max(longest, time.perf_counter() - t1)
+            calls.append((time.perf_counter() - t1, ticks - n1))
         done = True
-    assert len(gaps) > 20
-    assert max(gaps) < 0.050, f"loop blocked {max(gaps) * 1e3:.0f} ms (longest matmul {longest * 1e3:.0f} ms)"
+    assert threads and loop_thread not in threads
+    long_calls = [n for s, n in calls if s >= 0.1]  # (a real GPU's calls take a millisecond)
+    assert all(n >= 2 for n in long_calls), f"ticks during calls of 100 ms or more: {long_calls}"
+    assert max(cpu_gaps) < 0.050, f"the loop's thread worked {max(cpu_gaps) * 1e3:.1f} ms between two ticks"
 
 
 # --- the real model, its whole forward on the GPU -----------------------------------------------
 
-# lavapipe runs SmolLM2's forward at ~0.8 s per decode step and ~20 s for a 37-row prompt or a
-# 64-row logits chunk, so CI checks the four short prompts (5, 37, 6 and 1 tokens) for the top-5,
-# the 5-token one teacher-forced (36 positions) and the three shortest free-running;
-# OXINFER_FULL_GOLDEN=1 runs all six in each (about 10 more minutes there; seconds on a real GPU)
+# lavapipe runs SmolLM2's products in 64-row tiles at ~40 CPU-s a step of 16 to 64 rows (any number
+# of sequences), ~0.6 CPU-s a row beyond, and ~2.5 CPU-s a one-row decode step. So CI checks the four
+# short prompts (5, 37, 6 and 1 tokens) in one step of 64 rows: each prompt's last row for the top-5,
+# and after prompt 0 the first 15 tokens of llama.cpp's greedy path, teacher-forced (16 positions, 12
+# of them clear); then prompt 0 free-running (the only one of the four whose first close call comes
+# after its first token: for the others that token is the top-5's argmax). OXINFER_FULL_GOLDEN=1
+# runs all six prompts in each, with the whole greedy path (~15 CPU-minutes on lavapipe; seconds on
+# a real GPU).
 FULL = bool(os.environ.get("OXINFER_FULL_GOLDEN"))
 GOLDEN_PROMPTS = range(6) if FULL else (0, 1, 2, 5)
-FORCED_PROMPTS = range(6) if FULL else (0,)
-FREE_PROMPTS = range(6) if FULL else (0, 2, 5)
+FORCED = dict.fromkeys(range(6), 31) if FULL else {0: 15}  # prompt -> greedy tokens fed after it
+FREE_PROMPTS = range(6) if FULL else (0,)
 
 
 @pytest.fixture(scope="module")
@@ -218,63 +242,115 @@ async def gpu_engine():
         yield e
 
 
+async def logits_in_steps(resident, seqs: list[list[int]]) -> list[np.ndarray]:
+    """Every row's logits of each sequence on a fresh device cache, in as few steps of the
+    all-logits program as hold them (max_seqs rows a step): sequences side by side, one that does
+    not fit continued in the next step."""
+    caches = [resident.new_cache() for _ in seqs]
+    done, outs = [0] * len(seqs), [[] for _ in seqs]
+    while any(d < len(s) for d, s in zip(done, seqs)):
+        room, step = resident.max_seqs, []
+        for i, s in enumerate(seqs):
+            take = min(len(s) - done[i], room)
+            if take > 0:
+                step.append((i, take))
+                room -= take
+        _, rows = await resident.forward_batch([seqs[i][done[i]:done[i] + k] for i, k in step],
+                                               [caches[i] for i, _ in step], all_logits=True)
+        at = 0
+        for i, k in step:
+            outs[i].append(rows[0][at:at + k])
+            at, done[i] = at + k, done[i] + k
+    return [np.concatenate(o) for o in outs]
+
+
 @pytest.fixture(scope="module")
-async def offload_engine():
-    """The default model with only its matmuls on the GPU (resident=False), every one of them
-    (thresholds lowered to zero)."""
-    backend = WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0)
-    async with await oxinfer.Engine.load(gpu=backend, resident=False) as e:
-        yield e
+async def gpu_golden(gpu_engine, golden) -> dict[int, np.ndarray]:
+    """Prompt index -> the logits of every row of the prompt and of the greedy tokens fed after it
+    (FORCED), every op on the GPU, nothing on the CPU, all prompts in as few steps as hold them."""
+    r = gpu_engine.resident
+    seqs = [golden["prompts"][i]["prompt_ids"] + golden["prompts"][i]["greedy_ids"][:FORCED.get(i, 0)]
+            for i in GOLDEN_PROMPTS]
+    steps = r.stats.steps
+    logits = await logits_in_steps(r, seqs)
+    assert r.stats.steps - steps == -(-sum(map(len, seqs)) // r.max_seqs)  # CI: one step
+    assert gpu_engine.scheduler.cpu.stats().calls == 0
+    return dict(zip(GOLDEN_PROMPTS, logits))
 
 
 @pytest.mark.parametrize("index", GOLDEN_PROMPTS)
-async def test_golden_top5_on_gpu(gpu_engine, golden, index):
+def test_golden_top5_on_gpu(gpu_golden, golden, index):
     prompt = golden["prompts"][index]
-    steps = gpu_engine.resident.stats.steps
-    logits = await gpu_engine.next_logits(prompt["prompt_ids"])
-    assert gpu_engine.resident.stats.steps == steps + 1  # one submission for the whole prompt
-    assert gpu_engine.scheduler.cpu.stats().calls == 0  # nothing of it on the CPU
-    assert_top5(logits, prompt)
+    assert_top5(gpu_golden[index][len(prompt["prompt_ids"]) - 1], prompt)
 
 
-@pytest.mark.parametrize("index", FORCED_PROMPTS)
-async def test_golden_teacher_forced_on_gpu(gpu_engine, golden, index):
-    prompt = golden["prompts"][index]
-    ids = prompt["prompt_ids"] + prompt["greedy_ids"]
-    logits = await gpu_engine.all_logits(ids[:-1])  # every position's logits, 64 rows a step
-    assert_teacher_forced(logits, prompt)
+@pytest.mark.parametrize("index", FORCED)
+def test_golden_teacher_forced_on_gpu(gpu_golden, golden, index):
+    assert_teacher_forced(gpu_golden[index], golden["prompts"][index])
 
 
-@pytest.mark.parametrize("index", FREE_PROMPTS)
-async def test_golden_free_running_on_gpu(gpu_engine, golden, index):
-    """Greedy decode with every op on the GPU (the argmax too) matches llama.cpp up to its first
-    close call."""
-    prompt = golden["prompts"][index]
-    margins = [s["margin_top1_top2"] for s in prompt["greedy_steps"]]
-    first_close = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
-    n = max(first_close, 2)
-    ours = [t async for t in gpu_engine.generate_ids(prompt["prompt_ids"], n, stop_on_eog=False)]
-    assert len(ours) == n
-    assert ours[:first_close] == prompt["greedy_ids"][:first_close]
+async def test_golden_free_running_on_gpu(gpu_engine, golden):
+    """Greedy decode with every op on the GPU (the argmax too, each step fed on the device by the
+    one before) matches llama.cpp up to its first close call; FULL: all six prompts at once."""
+    r = gpu_engine.resident
+    ahead = r.stats.ahead_steps
+    results = {}
+
+    async def one(index):
+        prompt = golden["prompts"][index]
+        margins = [s["margin_top1_top2"] for s in prompt["greedy_steps"]]
+        first_close = next((i for i, m in enumerate(margins) if m < MARGIN), len(margins))
+        n = max(first_close, 2)
+        ours = [t async for t in gpu_engine.generate_ids(prompt["prompt_ids"], n, stop_on_eog=False)]
+        results[index] = (ours, prompt["greedy_ids"][:first_close], n)
+
+    async with anyio.create_task_group() as tg:
+        for index in FREE_PROMPTS:
+            tg.start_soon(one, index)
+    for index, (ours, want, n) in results.items():
+        assert len(ours) == n and ours[:len(want)] == want, index
+    assert r.stats.ahead_steps > ahead  # decode steps were fed by the argmax on the device
+    assert gpu_engine.resident is r  # no fault sent anything to the CPU
 
 
-async def test_solo_decode_steps_reach_the_gpu(offload_engine, golden):
+# --- only the matmuls on the GPU (resident=False), on a tiny model ---------------------------------
+
+# every product a multiple of 64 outputs (the head's too: 259 + 61 tokens), or `wants` keeps it on the CPU
+ALIGNED = {"d": 128, "n_heads": 4, "n_kv": 2, "d_ff": 256, "extra_vocab": 61}
+
+
+async def offload_engines(path, backend):
+    """(CPU float32 engine, engine with only its matmuls on `backend`) over one file."""
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    return cpu, await oxinfer.Engine.load(path, gpu=backend, resident=False, cpu_int8=False)
+
+
+@pytest.fixture(scope="module")
+async def offload(tmp_path_factory):
+    """A tiny model with only its matmuls on the GPU, every one of them (thresholds lowered to
+    zero), and the same model on the CPU."""
+    path = write_tiny_llama(tmp_path_factory.mktemp("offload") / "m.gguf", **ALIGNED, seed=6)
+    return await offload_engines(path, WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0))
+
+
+async def test_solo_decode_steps_reach_the_gpu(offload):
     """A lone request's decode steps run whole in a worker thread; their matmuls still go to the
-    GPU (synchronously) when it takes them, and the greedy tokens are llama.cpp's."""
-    prompt = golden["prompts"][0]
-    c = offload_engine.scheduler.counters
+    GPU (synchronously) when it takes them, and the greedy tokens are the CPU's."""
+    cpu, engine = offload
+    c = engine.scheduler.counters
     solo0, gpu0 = c.solo_forwards, c.gpu_calls
-    params = oxinfer.SamplingParams(temperature=0, max_tokens=4)
-    r = await offload_engine.generate(prompt["prompt_ids"], params)
-    assert list(r.token_ids) == prompt["greedy_ids"][:4]  # margins 2.5, 1.2, 1.4, 1.5: clear
-    assert c.solo_forwards >= solo0 + 3
-    assert c.gpu_calls >= gpu0 + 3 * (4 * offload_engine.config.n_layers + 1)
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    r = await engine.generate([5, 6, 7, 8, 9], params)
+    assert r.token_ids == (await cpu.generate([5, 6, 7, 8, 9], params)).token_ids
+    assert c.solo_forwards >= solo0 + 5
+    assert c.gpu_calls >= gpu0 + 5 * (4 * engine.config.n_layers + 1)
 
 
-async def test_gpu_stats_show_coalesced_jobs(offload_engine):
-    await offload_engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
-    assert offload_engine.scheduler.counters.gpu_calls > 0
-    s = offload_engine.scheduler.gpu.stats()
+async def test_gpu_stats_show_coalesced_jobs(offload):
+    _, engine = offload
+    await engine.next_logits([1, 2, 3, 4, 5, 6, 7, 8])
+    assert engine.scheduler.counters.gpu_calls > 0
+    s = engine.scheduler.gpu.stats()
     assert s.calls > 0 and s.jobs / s.calls > 1, s  # q/k/v and gate/up ride one submission
     assert s.extra["dispatches"] < s.jobs  # ... and adjacent fused rows one dispatch
 
@@ -302,21 +378,24 @@ class FlakyGpu(WebGpuBackend):
         return await super().matmul(x, jobs)
 
 
-async def test_faults_fall_back_to_the_cpu(exact_engine, golden):
-    engine = exact_engine  # float32 on both sides, so the logits compare tightly
-    prompt = golden["prompts"][0]["prompt_ids"]
-    want_ids = [t async for t in engine.generate_ids(prompt, 6, stop_on_eog=False)]
-    want_logits = await engine.all_logits(prompt)
+async def test_faults_fall_back_to_the_cpu(tmp_path):
+    """float32 on both sides, so the logits compare tightly; three layers: one whose uploads raise,
+    one with a matrix refused, one whole on the GPU."""
+    path = write_tiny_llama(tmp_path / "m.gguf", **ALIGNED, n_layers=3, seed=12)
+    prompt = [7, 290, 12, 99, 5, 41]
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     with capture_logs() as logs:
         flaky = FlakyGpu.create(allow_cpu_adapter=True, min_t=1, min_flop=0)
-        async with await oxinfer.Engine.load(gpu=flaky, cpu_int8=False) as e:
-            got_ids = [t async for t in e.generate_ids(prompt, 6, stop_on_eog=False)]
-            got_logits = await e.all_logits(prompt)
-            counters = e.scheduler.counters
+        e = await oxinfer.Engine.load(path, gpu=flaky, cpu_int8=False)
+        got_ids = [t async for t in e.generate_ids(prompt, 6, stop_on_eog=False)]
+        got_logits = await e.all_logits(prompt)
+        counters = e.scheduler.counters
+    want_ids = [t async for t in cpu.generate_ids(prompt, 6, stop_on_eog=False)]
+    want_logits = await cpu.all_logits(prompt)
     events = [x["event"] for x in logs]
     assert got_ids == want_ids
     assert np.array_equal(got_logits.argmax(-1), want_logits.argmax(-1))
-    np.testing.assert_allclose(got_logits, want_logits, atol=0.05, rtol=0)
+    np.testing.assert_allclose(got_logits, want_logits, atol=1e-4 * np.abs(want_logits).max(), rtol=0)
     assert "gpu_upload_failed" in events
     assert events.count("gpu_fallback") == 2 and counters.fallbacks == 2
     assert counters.gpu_calls > 0
