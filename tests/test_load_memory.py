@@ -31,7 +31,7 @@ async def test_the_gguf_pages_leave_once_the_cpu_kernels_hold_the_weights(tmp_pa
     path = write_tiny_llama(tmp_path / "tiny.gguf", d=256, d_ff=512).resolve()
     async with await oxinfer.Engine.load(path) as e:
         assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
-        r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4))
+        r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(r.token_ids) == 4  # the weights still read back from the file where needed
 
 
@@ -45,7 +45,7 @@ async def test_an_hf_directory_s_bf16_pages_leave_once_int8_kernels_hold_the_wei
         assert {type(e.scheduler.cpu.upload(m)).__name__ for m in e.model.matrices()} == {"BlockwiseKernel"}
         assert e.model.blocks[0].w_down.qtype == "BF16"  # the model (and a GPU) still sees bf16
         assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
-        r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4))
+        r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(r.token_ids) == 4
 
 
