@@ -32,8 +32,11 @@ vulkan:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null; \
 		else echo "note: mesa-vulkan-drivers missing and not root: GPU tests will skip"; fi; fi
 
+# one pytest-xdist worker a core, each taking whole files (module fixtures: one Ray cluster, one
+# server, one GPU engine), slowest first (tests/conftest.py): on 2 cores ~3:45 -> ~2:50 quiet, and
+# 4:55 -> ~4:10 with another process keeping one core busy (the scheduler shares the cores by thread)
 test: setup vulkan
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # transformers itself beside oxinfer on tiny HF directories (torch's CPU build + transformers: ~2.5 min
 # and 1.2 GB, which is why `make test` compares against their stored logits instead)
