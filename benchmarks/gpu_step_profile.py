@@ -45,8 +45,10 @@ def _family(runner, d, rows: int) -> str:
     kind = runner.gpu.kernel_for(rows, n_out, n_in)
     slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
     if slices > 1:
-        return f"{runner.gpu.split_kind(kind, rows)} in {slices} k slices {n_out}x{n_in}"
-    return f"{kind} {n_out}x{n_in}"
+        kind = runner.gpu.split_kind(kind, rows)
+    if (kt := runner.gpu.gemm_kind(kind, n_out, n_in)) != kind:  # with its operands' xt_k and wt_k
+        kind, slices = "mm_kt+xt_k+wt_k", runner.gpu.splits_for(kt, rows, n_out, n_in)
+    return f"{kind} in {slices} k slices {n_out}x{n_in}" if slices > 1 else f"{kind} {n_out}x{n_in}"
 
 
 async def profile(path: Path, streams: list[int], whole_only: bool = False) -> None:

@@ -235,9 +235,16 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
 // rescaling only when its running maximum grows. A line ending in "unroll d < DG" is repeated by
 // the host for d = 0 .. DG - 1 (runtime/resident.py): named registers, where an array indexed in a
 // loop may live in memory (which made this kernel 2.5x slower than attend on an H200).
+//
+// In chunks (P.flags = z > 1, the grid's z): a prompt's 128 workgroups of 4 warps (TinyLlama, 512
+// rows) left most of an H200's 132 cores idle, the last rows' workgroups walking all 512 positions.
+// Workgroup z walks only chunk z of the positions (the step's last row's count cut in z, tiles of
+// KT), and writes each query's partial softmax (its accumulators, running max and sum) to `parts`;
+// attend_merge rescales the chunks to their common max and sums them.
 const KT: u32 = 32u;   // positions a tile
 var<workgroup> kt: array<vec4<f32>, KT * DG>;
 var<workgroup> vt: array<vec4<f32>, KT * DG>;
+@group(0) @binding(11) var<storage, read_write> parts: array<f32>;   // (z, t, H, HD + 2): a, max, sum
 
 @compute @workgroup_size(AW)
 fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -250,13 +257,16 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let rr = min(row, P.t - 1u);
     let pos = rows_info[ROW_POS + rr];
     let slot = rows_info[ROW_SLOT + r0];   // every row of the step is one sequence's
-    let n = rows_info[ROW_POS + min(r0 + RQ - 1u, P.t - 1u)] + 1u;   // positions the tile's last row sees
+    let z = max(P.flags, 1u);
+    let chunk = ((rows_info[ROW_POS + P.t - 1u] + z) / z + KT - 1u) / KT * KT;   // positions a chunk
+    let lo = wid.z * chunk;
+    let n = min(rows_info[ROW_POS + min(r0 + RQ - 1u, P.t - 1u)] + 1u, lo + chunk);   // this chunk's end for the tile's last row
     let qo = (rr * P.n + h) * HD;
     let q{d} = vec4<f32>(src[qo + 4u * {d}u], src[qo + 4u * {d}u + 1u], src[qo + 4u * {d}u + 2u], src[qo + 4u * {d}u + 3u]);   // unroll d < DG
     var a{d} = vec4<f32>(0.0);   // unroll d < DG
     var m = -3.0e38;
     var l = 0.0;
-    for (var t0 = 0u; t0 < n; t0 += KT) {
+    for (var t0 = lo; t0 < n; t0 += KT) {
         for (var i = lid; i < KT * DG; i += AW) {
             let p = t0 + i / DG;
             if (p < n) {
@@ -286,8 +296,43 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         }
         workgroupBarrier();
     }
-    if (live) {
+    if (live && z > 1u) {
+        let o = ((wid.z * P.t + row) * P.n + h) * (HD + 2u);
+        parts[o + 4u * {d}u] = a{d}.x; parts[o + 4u * {d}u + 1u] = a{d}.y; parts[o + 4u * {d}u + 2u] = a{d}.z; parts[o + 4u * {d}u + 3u] = a{d}.w;   // unroll d < DG
+        parts[o + HD] = m;
+        parts[o + HD + 1u] = l;
+    } else if (live) {
         let o = (row * P.n + h) * HD;
         out[o + 4u * {d}u] = a{d}.x / l; out[o + 4u * {d}u + 1u] = a{d}.y / l; out[o + 4u * {d}u + 2u] = a{d}.z / l; out[o + 4u * {d}u + 3u] = a{d}.w / l;   // unroll d < DG
     }
+}
+
+// attend_rows' P.flags chunks of each query summed: one invocation per (row, head, 4 dims); a chunk
+// that saw no position of its row holds max -3e38 and sum 0, and weighs nothing
+@compute @workgroup_size(64)
+fn attend_merge(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let j = gid.x;
+    let r = gid.y;
+    if (j >= P.n * DG || r >= P.t) {
+        return;
+    }
+    let h = j / DG;
+    let g = j % DG;
+    var m = -3.0e38;
+    for (var c = 0u; c < P.flags; c++) {
+        m = max(m, parts[((c * P.t + r) * P.n + h) * (HD + 2u) + HD]);
+    }
+    var l = 0.0;
+    var a = vec4<f32>(0.0);
+    for (var c = 0u; c < P.flags; c++) {
+        let o = ((c * P.t + r) * P.n + h) * (HD + 2u);
+        let w = exp(parts[o + HD] - m);
+        l += w * parts[o + HD + 1u];
+        a += w * vec4<f32>(parts[o + 4u * g], parts[o + 4u * g + 1u], parts[o + 4u * g + 2u], parts[o + 4u * g + 3u]);
+    }
+    let o = (r * P.n + h) * HD + 4u * g;
+    out[o] = a.x / l;
+    out[o + 1u] = a.y / l;
+    out[o + 2u] = a.z / l;
+    out[o + 3u] = a.w / l;
 }

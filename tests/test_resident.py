@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from structlog.testing import capture_logs
 
 import oxinfer
-from oxinfer.runtime import resident
+from oxinfer.runtime import resident, webgpu
 from oxinfer.runtime.resident import AHEAD, BS
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
@@ -26,6 +26,7 @@ pytestmark = [
 ]
 
 TOL = 1e-4  # max abs error / max abs reference, as the matmul kernels
+F16_TOL = 4e-3  # products in f16 (mm_kt, mm_tiled_h): x and W rounded to f16, each quant block summed in f16
 
 
 def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
@@ -142,7 +143,8 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     """The kernel choices of a real GPU, on whatever adapter runs the tests (lavapipe in CI): an
     80-token prompt's down product (1,024 or 1,600 weights a row) splits k in mm_tiled slices
     summed by add_splits (one residual add with them): 1,600 in 3 uneven ones of 34, 34 and 32
-    steps. Attention runs in attend_rows (4 query heads a kv head), decode steps in the one-token
+    steps. Attention runs in attend_rows (4 query heads a kv head) in chunks of the positions
+    merged by attend_merge, decode steps in the one-token
     matvecs with their prologues. Logits within 1e-4 of numpy's, and the same greedy tokens."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
@@ -156,9 +158,39 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     split = [i for i in plan.at if prog.disps[i].optional]
     assert len(split) == gpu.model.cfg.n_layers  # every down product, in slices
     assert set(plan.values[plan.where[0] == split[0]]) == {slices}  # add_splits' slice count
+    # attention in chunks of the positions (8: 3 of 32 positions, 5 empty), merged by attend_merge
+    merge = gpu.resident._pipelines["attention:attend_merge"]
+    assert [c[0] for c in plan.calls].count(merge) == gpu.model.cfg.n_layers
+    assert gpu.resident.att_chunks(80) == 8
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
     params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
+async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monkeypatch):
+    """A GPU with shader-f16 (planned as one here) runs a prompt's products as mm_kt: x and W made
+    f16 operands by xt_k and wt_k, then the product, the down product (1,024 weights a row) in k
+    slices. 130 rows: a partial tile of rows, column counts (q|k|v 160, gate|up 2,048) padded to
+    128. Logits within what f16 costs of numpy's float32 forward (and not closer than f16 can be)."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True, f16=True)
+    if not backend.f16:
+        pytest.skip(f"{backend.adapter.summary} has no shader-f16")
+    backend.cpu_adapter = False  # plan as on a GPU
+    monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (mm_tiled_h)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
+    for got, want in ((await gpu.next_logits(tokens), await cpu.next_logits(tokens)),
+                      (await gpu.all_logits(tokens), await cpu.all_logits(tokens))):  # steps of 64 rows
+        assert 1e-6 < rel_err(got, want) <= F16_TOL, rel_err(got, want)
+    prog = gpu.resident.program(False)
+    plan = prog.plans[(130, 1)]
+    kinds = [c[0] for c in plan.calls]
+    kt = backend.pipeline("Q4_1", "mm_kt")[0]
+    assert kinds.count(kt) == 4 * gpu.model.cfg.n_layers  # q|k|v, o, gate|up, down: each layer's four
+    split = [i for i in plan.at if prog.disps[i].optional]
+    assert len(split) == gpu.model.cfg.n_layers  # the down products, in slices
 
 
 async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):

@@ -52,6 +52,7 @@ from oxinfer.runtime.webgpu import (
     WebGpuUnavailable,
     _grid,
     _shader_dir,
+    pad128,
     wgpu,
 )
 
@@ -70,6 +71,12 @@ AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest e
 # prompt (291 dispatches) took 1.1 ms on the H200 machine and finishing and submitting it 1.2, all
 # before the GPU did anything. Decode steps stay one submission (run-ahead hides their encoding).
 FIRST_PIECES = (16, 80)
+# a prompt's attend_rows in chunks of positions (then attend_merge), enough for ~ATT_WORKGROUPS
+# workgroups, at most ATT_MAX_CHUNKS (GPUs only: a CPU adapter's few cores are busy without them)
+ATT_WORKGROUPS = 512
+ATT_MAX_CHUNKS = 8
+FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' chunks
+GEMM_PARTS = ("xt_k", "wt_k", "mm_kt")  # a product in mm_kt: x and W made f16 operands, then the product
 PIECES_MIN_ROWS = 64
 
 
@@ -750,6 +757,10 @@ class ResidentRunner:
                 pipe, layout = self.gpu.pipeline(d.qtype, kind)
                 if split:
                     entries[2] = prog.disps[i + 1].entries[2]
+                if kind in GEMM_PARTS:  # x and W as f16 operands (shaders/gemm_f16.wgsl)
+                    xt, wt = self._gemm_operands(prog)
+                    entries = {"xt_k": {1: entries[1], 7: xt}, "wt_k": {3: entries[3], 5: wt},
+                               "mm_kt": {2: entries[2], 6: wt, 8: xt}}[kind]
                 if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
@@ -758,6 +769,9 @@ class ResidentRunner:
                     entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
                 if kind == "attention:attend_rows":
                     del entries[4]  # q comes rotated: no rope table
+                    entries[11] = self._att_parts()
+                if kind == "attention:attend_merge":
+                    entries = {10: entries[10], 11: self._att_parts()}
                 pipe = self._op_pipeline(kind)
                 layout = pipe.get_bind_group_layout(0)
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
@@ -765,6 +779,28 @@ class ResidentRunner:
                       for b, buf in sorted(entries.items())]
             got = d.bound[(kind, pre, split)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
         return got
+
+    def _att_parts(self):
+        """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
+        cfg = self.cfg
+        return self.scratch("attparts", ATT_MAX_CHUNKS * self.max_rows * cfg.n_heads * (cfg.head_dim + 2) * 4)
+
+    def att_chunks(self, t: int) -> int:
+        """Chunks of positions a prompt's attend_rows walks in parallel: on the H200 TinyLlama's
+        512-row prompt ran 128 workgroups of 4 warps on 132 cores, the last rows' walking all 512
+        positions alone."""
+        if self.gpu.cpu_adapter:
+            return 1
+        groups = -(-t // self.att_rows) * self.cfg.n_kv_heads
+        return max(1, min(ATT_MAX_CHUNKS, ATT_WORKGROUPS // groups))
+
+    def _gemm_operands(self, prog: _Program):
+        """The scratch buffers of mm_kt's operands: x and the widest W it takes, in f16."""
+        mm = [d for d in prog.disps if d.kernel == "mm"]
+        wt = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
+                  if self.gpu.gemm_kind("mm_tiled_h", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
+        xt = pad128(max(self.max_rows, self.max_seqs)) * max(int(d.params[1]) for d in mm) * 2
+        return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
 
     def _plan(self, prog: _Program, t: int, n: int) -> _Plan:
         """The calls that encode a step of t rows of n sequences, and the uniform words the shape
@@ -800,18 +836,44 @@ class ResidentRunner:
                     splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
                     if splits[i] > 1:
                         kinds[i] = self.gpu.split_kind(kinds[i], rows[i])
-            at = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
-            calls = []
-            for i in at:
-                pipe, bg = self._bind(prog, i, disps[i], kinds[i], int(pre[i]), bool(splits[i] > 1))
-                x, y, z = disps[i].grid(kinds[i], rows[i])
-                grid = (x, y, int(splits[i]) if splits[i] > 1 else z)
-                calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
+                if d.kernel == "mm" and not self.gpu.kernel and kinds[i] != (kt := self.gpu.gemm_kind(kinds[i], *map(int, d.params[:2]))):
+                    kinds[i] = kt  # and its k slices for its own tiles
+                    if i + 1 < len(disps) and disps[i + 1].optional:
+                        splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
+            chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
+            for i in range(len(disps)):
+                if kinds[i] == "attention:attend_rows":
+                    chunks[i] = self.att_chunks(t)
+            live = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
+            calls, at = [], []
+            for i in live:
+                parts = (kinds[i],)
+                if kinds[i] == "mm_kt":
+                    parts = GEMM_PARTS  # its operands first
+                elif chunks[i] > 1:
+                    parts = (kinds[i], "attention:attend_merge")
+                for kind in parts:
+                    pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1))
+                    if kind in ("xt_k", "wt_k"):
+                        n_out, n_in = map(int, disps[i].params[:2])
+                        grid = (pad128(rows[i] if kind == "xt_k" else n_out) // 128, n_in // 32, 1)
+                    elif kind == "attention:attend_rows":
+                        grid = (*disps[i].grid(kind, rows[i])[:2], max(int(chunks[i]), 1))
+                    elif kind == "attention:attend_merge":
+                        grid = (-(-self.cfg.n_heads * self.cfg.head_dim // 4 // 64), rows[i], 1)
+                    else:
+                        x, y, z = disps[i].grid(kind, rows[i])
+                        grid = (x, y, int(splits[i]) if splits[i] > 1 else z)
+                    calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
+                    at.append(i)
             mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
             opt = [i for i, d in enumerate(disps) if d.optional]
-            where = (np.array(mm + mm + opt, np.intp),
-                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [SLICES_WORD] * len(opt), np.intp))
-            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), splits[np.array(opt, np.intp) - 1]])
+            att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
+            where = (np.array(mm + mm + opt + att, np.intp),
+                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [SLICES_WORD] * len(opt)
+                              + [FLAGS_WORD] * len(att), np.intp))
+            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), splits[np.array(opt, np.intp) - 1],
+                                     chunks[att]])
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = _Plan(calls, at, where, values.astype(np.uint32), pre)

@@ -69,6 +69,13 @@ MM_SPLIT_MIN_K = 512  # weights of a row each slice takes at least
 # the rows a tile computes whatever t is
 MM_SPLIT_BIG_T = 128
 MM_SPLIT_MAX_N = 16384  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
+# mm_kt (shaders/gemm_f16.wgsl) takes over mm_tiled_h's products where W's f16 copy (its operand
+# wt, rebuilt by wt_k before each product) fits this: every product of TinyLlama-1.1B (the widest,
+# gate|up, 46 MB), not a 32,000-row output head read for every row
+GEMM_MAX_WT_BYTES = 64 << 20
+# mm_kt's 64 x 128 tiles of 128 invocations an H200 runs at once: what splits_for fills for it (its
+# k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
+MM_KT_SLOTS = 528
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
@@ -82,6 +89,11 @@ PARAMS_BYTES = 32  # struct Params of common.wgsl
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
 FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
 
+def pad128(n: int) -> int:
+    """n rounded up to MM_TILE: the columns of mm_kt's transposed operands (gemm_f16.wgsl's pad128)."""
+    return -(-n // MM_TILE) * MM_TILE
+
+
 # qtype -> decode snippet; F32/F16 have no kernel: such matrices stay on the CPU
 _DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1",
              "Q5_0": "decode_q5_0", "Q5_1": "decode_q5_1", "IQ4_NL": "decode_iq4_nl", "Q2_K": "decode_q2_k",
@@ -92,9 +104,10 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
                      "IQ4_XS": ("iq4_levels",)}
 _WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
-_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matmul_f16": ("matmul",)}
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matmul_f16": ("matmul",),
+             "gemm_f16": ("matmul",)}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
-_ENABLES = {"matmul_f16": "enable f16;"}
+_ENABLES = {"matmul_f16": "enable f16;", "gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
 _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
@@ -105,6 +118,9 @@ _KERNELS = {
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
     "mm_tiled_h": ("matmul_f16", "mm_tiled_h"),  # mm_tiled staged in f16 (needs shader-f16)
+    "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product from the operands wt_k and xt_k prepared
+    "wt_k": ("gemm_f16", "wt_k"),
+    "xt_k": ("gemm_f16", "xt_k"),
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
 }
 
@@ -431,16 +447,25 @@ class WebGpuBackend:
         rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
         2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
         add_splits ~25-60 us."""
-        tile = 64 if self.split_kind(kind, t) == "mm_tiled64" else MM_TILE
-        tiles = -(-t // tile) * -(-n_out // tile)
-        if kind not in ("mm_tiled", "mm_tiled64", "mm_tiled_h") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * MM_SLOTS:
+        tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE)}.get(self.split_kind(kind, t), (MM_TILE, MM_TILE))
+        tiles = -(-t // tile_m) * -(-n_out // tile_n)
+        slots = MM_KT_SLOTS if kind == "mm_kt" else MM_SLOTS
+        if kind not in ("mm_tiled", "mm_tiled64", "mm_tiled_h", "mm_kt") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
-            return round(tiles * s / (MM_SLOTS * -(-tiles * s // MM_SLOTS)), 3)
+            return round(tiles * s / (slots * -(-tiles * s // slots)), 3)
 
         options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
         return max(options, key=lambda s: (fill(s), -s))
+
+    def gemm_kind(self, kind: str, n_out: int, n_in: int) -> str:
+        """mm_kt for a product mm_tiled_h would run, where W's f16 copy fits GEMM_MAX_WT_BYTES: on
+        the H200 TinyLlama's four products at 512 rows took 1.36 ms a layer with their operands'
+        preparation (wt_k, xt_k), against 1.67 (benchmarks/gpu_gemm_variants.py)."""
+        if kind == "mm_tiled_h" and pad128(n_out) * n_in * 2 <= min(GEMM_MAX_WT_BYTES, self._max_binding):
+            return "mm_kt"
+        return kind
 
     def split_kind(self, kind: str, t: int) -> str:
         """The kernel a product of t rows runs in k slices: a prompt's in the big tiles."""
@@ -596,6 +621,8 @@ def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
         return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
     if kind == "mm_tiled64":
         return -(-n_out // 64), -(-t // 64), 1
+    if kind == "mm_kt":
+        return -(-n_out // MM_TILE), -(-t // 64), 1
     if kind == "mv_rows":
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":

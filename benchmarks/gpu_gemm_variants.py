@@ -1,0 +1,232 @@
+"""A prompt's products, kernel against kernel: mm_tiled_h (tiles dequantized and transposed by its
+stagers every k step) against mm_kt (shaders/gemm_f16.wgsl: operands prepared once by wt_k and
+xt_k, staged with plain 16-byte loads), and what the preparation costs, on TinyLlama-1.1B's
+products at 512 rows. Checked against numpy first.
+
+    python benchmarks/gpu_gemm_variants.py [--allow-cpu] [--t 512] [--sweep mm_kt,mm_m32,...]
+
+Per dispatch: wall time of many back-to-back dispatches in one submission, after warm-up (the GPU
+clocks up), minimum of 5. --sweep times mm_kt and experimental forms of it (VARIANTS) at 1 to 4 k
+slices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from oxinfer.runtime.webgpu import WebGpuBackend, device_bytes, shader_source, wgpu
+from oxinfer.testing import random_matrix
+
+
+def tiled_variant(name: str, tm: int, ks: int, noload: bool = False, tn: int = 128) -> str:
+    """mm_kt's structure with tm tokens x 128 outputs a workgroup (tm / 8 x 16 invocations, 8 x 8
+    each) and k steps of ks; noload: the tiles are never loaded (the structure's ceiling)."""
+    cols, wc = tm // 8, tn // 8
+    threads = cols * wc
+    xe, we = ks * cols, ks * wc
+    stage = []
+    for i in range(xe // threads):
+        e = f"(lid + {i * threads}u)"
+        src = "mat2x4<f16>(vec4<f16>(f16(s)), vec4<f16>(0.5h))" if noload else \
+            f"xt[({ks}u * s + {e} / {cols}u) * xcols + (m0 >> 3u) + {e} % {cols}u]"
+        stage.append(f"        X_{name}[{e}] = {src};")
+    for i in range(we // threads):
+        e = f"(lid + {i * threads}u)"
+        src = "mat2x4<f16>(vec4<f16>(f16(lid)), vec4<f16>(0.25h))" if noload else \
+            f"wt[({ks}u * s + {e} / {wc}u) * wcols + (n0 >> 3u) + {e} % {wc}u]"
+        stage.append(f"        W_{name}[{e}] = {src};")
+    inner = []
+    for kb in range(ks // 32):
+        inner += ["        {", "HZERO", f"        for (var k = {32 * kb}u; k < {32 * kb + 32}u; k++) {{",
+                  f"            let a = X_{name}[k * {cols}u + ty];", f"            let b = W_{name}[k * {wc}u + tx];", "FMAS", "        }", "FLUSH", "        }"]
+    return f"""
+var<workgroup> X_{name}: array<mat2x4<f16>, {xe}>;
+var<workgroup> W_{name}: array<mat2x4<f16>, {we}>;
+@compute @workgroup_size({threads})
+fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let n0 = wid.x * {tn}u;
+    let m0 = wid.y * {tm}u;
+    let tx = lid % {wc}u;
+    let ty = lid / {wc}u;
+    let xcols = pad128(P.t) >> 3u;
+    let wcols = pad128(P.n_out) >> 3u;
+    let all = P.n_in / {ks}u;
+    let steps = (all + max(P.splits, 1u) - 1u) / max(P.splits, 1u);
+    let s0 = wid.z * steps;
+    let s1 = min(s0 + steps, all);
+ACC
+    for (var s = s0; s < s1; s++) {{
+{chr(10).join(stage)}
+        workgroupBarrier();
+{chr(10).join(inner)}
+        workgroupBarrier();
+    }}
+STORES
+}}
+"""
+
+
+# experimental forms of mm_kt (appended to gemm_f16's module), timed with --sweep
+VARIANTS = {name: tiled_variant(name, tm, ks, noload, tn) for name, tm, ks, noload, tn in [
+    ("mm_noload", 64, 32, True, 128),     # mm_kt's structure without its loads: its ceiling
+    ("mm_m128", 128, 32, False, 128),     # 128 x 128 tiles, 256 invocations (the first mm_kt)
+    ("mm_m64k64", 64, 64, False, 128),    # k steps of 64 (32 KiB)
+    ("mm_m32", 32, 32, False, 128),
+    ("mm_m64n64", 64, 32, False, 64),
+    ("mm_m128n64", 128, 32, False, 64),
+]}
+GRID = {"mm_kt": (1, 2), "mm_noload": (1, 2), "mm_m128": (1, 1), "mm_m64k64": (1, 2), "mm_m32": (1, 4),
+        "mm_m64n64": (2, 2), "mm_m128n64": (2, 1)}  # workgroups per 128 x 128 tile (x, y)
+# wt_k with its 16 stores unrolled and 4 quant blocks of k a workgroup
+VARIANTS["wt_k4"] = """
+fn put8(k: u32, r: u32, v: array<vec4<f32>, 2>) {
+    tt4[(k + 0u) * 128u + r] = f16(v[0].x); tt4[(k + 1u) * 128u + r] = f16(v[0].y);
+    tt4[(k + 2u) * 128u + r] = f16(v[0].z); tt4[(k + 3u) * 128u + r] = f16(v[0].w);
+    tt4[(k + 4u) * 128u + r] = f16(v[1].x); tt4[(k + 5u) * 128u + r] = f16(v[1].y);
+    tt4[(k + 6u) * 128u + r] = f16(v[1].z); tt4[(k + 7u) * 128u + r] = f16(v[1].w);
+}
+var<workgroup> tt4: array<f16, 16384>;
+@compute @workgroup_size(256)
+fn wt_k4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n0 = wid.x * 128u;
+    let r = lid >> 1u;
+    let h = lid & 1u;
+    let row = min(n0 + r, P.n_out - 1u);
+    for (var j = 0u; j < 8u; j++) {   // octets 8 wid.y + 2j + h: k 64j + ... of the 128
+        put8(8u * (2u * j + h), r, w8(row, 16u * wid.y + 2u * j + h));
+    }
+    workgroupBarrier();
+    let cols = pad128(P.n_out) >> 3u;
+    for (var e = lid; e < 2048u; e += 256u) {
+        let i = (e >> 4u) * 128u + 8u * (e & 15u);
+        wt_out[(128u * wid.y + (e >> 4u)) * cols + (n0 >> 3u) + (e & 15u)] = mat2x4<f16>(
+            vec4<f16>(tt4[i], tt4[i + 1u], tt4[i + 2u], tt4[i + 3u]), vec4<f16>(tt4[i + 4u], tt4[i + 5u], tt4[i + 6u], tt4[i + 7u]));
+    }
+}
+"""
+
+
+_ROWS = [(r, h) for r in range(8) for h in "ab"]
+_SNIPPETS = {
+    "ACC": "\n".join(f"    var c{r}{h} = vec4<f32>(0.0);" for r, h in _ROWS),
+    "HZERO": "\n".join(f"        var h{r}{h} = vec4<f16>(0.0h);" for r, h in _ROWS),
+    "FMAS": "\n".join(f"            h{r}{h} += a[{r // 4}].{'xyzw'[r % 4]} * b[{'ab'.index(h)}];" for r, h in _ROWS),
+    "FLUSH": "\n".join(f"        c{r}{h} += vec4<f32>(h{r}{h});" for r, h in _ROWS),
+    "STORES": "\n".join(f"    store_row8(wid.z, m0 + 8u * ty + {r}u, n0 + 8u * tx, c{r}a, c{r}b);" for r in range(8)),
+}
+
+# TinyLlama-1.1B's products: (name, n_out, n_in, k slices resident.py gives them at 512 rows)
+SHAPES = [("q|k|v", 2560, 2048, 3), ("o", 2048, 2048, 4), ("gate|up", 11264, 2048, 3), ("down", 2048, 5632, 4)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--allow-cpu", action="store_true")
+    ap.add_argument("--t", type=int, default=512)
+    ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
+    ap.add_argument("--sweep", default="", help="kernels timed at 1..4 k slices, e.g. mm_kt,mm_m32")
+    a = ap.parse_args()
+    gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
+    dev = gpu.device
+    print("adapter:", gpu.adapter.summary)
+    BU = wgpu.BufferUsage
+    rng = np.random.default_rng(0)
+    t = a.t
+    extra = "".join(VARIANTS.values())
+    for k, v in _SNIPPETS.items():
+        extra = extra.replace(k, v)
+    modules = {}
+
+    def pipe(kind: str, entry: str | None = None):
+        src = shader_source("Q4_1", kind) + (extra if kind == "mm_kt" else "")
+        if src not in modules:
+            modules[src] = dev.create_shader_module(code=src)
+        return dev.create_compute_pipeline(layout="auto", compute={"module": modules[src], "entry_point": entry or kind})
+
+    shapes = SHAPES if a.shapes == "all" else [s for s in SHAPES if s[0] in a.shapes.split(",")]
+    print(f"\n| product (t={t}) | slices | mm_tiled_h ms | mm_kt ms | wt_k ms | xt_k ms | TFLOP/s tiled_h / kt (+ prep) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    def run_shape(name: str, n_out: int, n_in: int, slices: int) -> None:
+        w = random_matrix("Q4_1", n_out, n_in, rng)
+        x = rng.normal(0, 1, (t, n_in)).astype(np.float32)
+
+        def pad(n: int) -> int:
+            return -(-n // 128) * 128
+
+        bufs = {
+            1: dev.create_buffer_with_data(data=x, usage=BU.STORAGE),
+            2: dev.create_buffer(size=t * n_out * 4 * max(slices, 4), usage=BU.STORAGE | BU.COPY_SRC),
+            3: dev.create_buffer_with_data(data=device_bytes(w), usage=BU.STORAGE),
+            5: dev.create_buffer(size=pad(n_out) * n_in * 2, usage=BU.STORAGE),
+            7: dev.create_buffer(size=pad(t) * n_in * 2, usage=BU.STORAGE),
+        }
+        bufs[6], bufs[8] = bufs[5], bufs[7]
+
+        def job(kind: str, entry: str | None, slices: int = 1):
+            entry = entry or kind
+            gx, gy = GRID.get(entry, (1, 1))
+            grid = {"wt_k": (pad(n_out) // 128, n_in // 32, 1), "xt_k": (pad(t) // 128, n_in // 32, 1)}.get(
+                entry, (pad(n_out) // 128 * gx, pad(t) // 128 * gy, slices))
+            p = np.zeros(8, np.uint32)
+            p[:4] = (n_out, n_in, 0, t)
+            p[7] = slices if slices > 1 else 0
+            pp = pipe(kind, entry)
+            uses = {"mm_tiled_h": (1, 2, 3), "wt_k": (3, 5), "xt_k": (1, 7), "mm_noload": (2,)}.get(entry, (2, 6, 8))
+            bg = dev.create_bind_group(layout=pp.get_bind_group_layout(0), entries=[
+                {"binding": 0, "resource": {"buffer": dev.create_buffer_with_data(data=p, usage=BU.UNIFORM)}}]
+                + [{"binding": b, "resource": {"buffer": bufs[b]}} for b in uses])
+            return pp, bg, grid
+
+        def submit(jobs, n=1):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            for _ in range(n):
+                for pp, bg, grid in jobs:
+                    cp.set_pipeline(pp)
+                    cp.set_bind_group(0, bg)
+                    cp.dispatch_workgroups(*grid)
+            cp.end()
+            t0 = time.perf_counter()
+            dev.queue.submit([enc.finish()])
+            dev.queue.read_buffer(bufs[2], 0, 4)
+            return time.perf_counter() - t0
+
+        def ms(jobs) -> float:
+            submit(jobs)
+            n = 1
+            while submit(jobs, n) < 0.1 and n < 512:
+                n *= 2
+            for _ in range(2):
+                submit(jobs, n)
+            return min(submit(jobs, n) for _ in range(5)) / n * 1e3
+
+        prep = [job("mm_kt", "wt_k"), job("mm_kt", "xt_k")]
+        ref = x.astype(np.float64) @ w.dequantize().astype(np.float64).T
+
+        def check(kind: str, jobs) -> None:  # unsplit, against numpy in float64
+            submit(jobs)
+            y = np.frombuffer(dev.queue.read_buffer(bufs[2], 0, t * n_out * 4), np.float32).reshape(t, n_out)
+            err = float(np.abs(y - ref).max() / np.abs(ref).max())
+            assert err < 4e-3, f"{kind} {name}: error {err:.2e} of the largest output"
+
+        check("mm_tiled_h", [job("mm_tiled_h", None)])
+        check("mm_kt", prep + [job("mm_kt", None)])
+        row = [ms([job("mm_tiled_h", None, slices)]), ms([job("mm_kt", None, slices)]), ms(prep[:1]), ms(prep[1:])]
+        flop = 2 * t * n_out * n_in / 1e9
+        print(f"| {name} {n_out}x{n_in} | {slices} | " + " | ".join(f"{v:.3f}" for v in row)
+              + f" | {flop / row[0]:.1f} / {flop / row[1]:.1f} ({flop / sum(row[1:]):.1f}) |", flush=True)
+        for v in filter(None, a.sweep.split(",")):
+            if v != "mm_noload":
+                check(v, prep + [job("mm_kt", v)])
+            got = [ms([job("mm_kt", v, z)]) for z in (1, 2, 3, 4)]
+            print(f"|   {v}, 1..4 slices | | " + " | ".join(f"{g:.3f}" for g in got) + " |", flush=True)
+
+    for shape in shapes:
+        run_shape(*shape)
+
+
+if __name__ == "__main__":
+    main()
