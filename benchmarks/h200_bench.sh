@@ -1,7 +1,21 @@
 #!/bin/bash
-# On the H200 machine: build llama-cpp-python 0.3.36 (CPU only, -march=native) from a trimmed sdist
-# (.lcp/lcp-trim.tgz: no models/, docs/, tests/ or GPU backends) with the build wheels in .lcp/w,
-# then `oxinfer bench --compare llama.cpp` on the synthetic 135m and 1b shapes, WebGPU backend.
+# On the lent H200 machine (the device tool), from the repository root: `oxinfer bench --compare
+# llama.cpp` on the synthetic 135m and 1b shapes with the WebGPU backend, then the same bench with the
+# CPU backend (docs/benchmarks.md; results: docs/h200/bench-*-2026-12-01.json). The JSON lands in $OUT.
+# Carry [".gl", ".whl", ".lcp"] (all git-ignored; the machine reaches no package index):
+#   .gl   Debian .debs of the Vulkan loader (libvulkan1) and libglvnd, unpacked into / for wgpu;
+#   .whl  oxinfer's runtime wheels (wgpu 0.32.0, gguf 0.19.0, structlog, cffi, pycparser); oxinfer
+#         itself runs from the copied tree (PYTHONPATH);
+#   .lcp  lcp-trim.tgz, the llama-cpp-python 0.3.36 sdist trimmed as h200_llamacpp_cpu.sh says, and
+#         w/, the wheels its build needs (scikit-build-core, jinja2, diskcache, ...).
+# llama-cpp-python is built there for the CPU alone (-DGGML_NATIVE=ON), skipped if llama_cpp imports.
+# -Wl,--exclude-libs,ALL is what makes it load: the image's compiler (CXX=/opt/gcc/bin/g++, GCC 13.3)
+# links libstdc++ statically into libllama.so and exports its symbols (no libstdc++.so NEEDED), and
+# numpy has already loaded the system libstdc++.so.6 into the process, so the two copies' locale
+# facets mix: without the flag Llama() crashed with SIGSEGV in std::regex (unicode_regex_split, as
+# llama_vocab::impl::load tokenizes "\n") on any GGUF. The flag keeps the static copy's symbols local
+# to libllama.so. llama-bench, an executable with one copy, was never affected.
+# BENCH_S: the time limit of the WebGPU + llama.cpp run (default 380 s).
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .lcp/w/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1

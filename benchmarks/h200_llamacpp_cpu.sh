@@ -4,8 +4,9 @@
 # Carry [".gl", ".whl", ".lcp"]: .lcp/lcp-trim.tgz is the llama-cpp-python 0.3.36 sdist with
 # vendor/llama.cpp's models/, docs/, tests/, benches/, examples/, tools/ui/ and the GPU backends
 # removed and no .git (6.5 MB; the whole sdist is 77 MB, over the 64 MiB a call carries).
-# Building in 16 cores took 50 s. (llama-cpp-python built from the same tree crashed in
-# init_tokenizer there, which is why the bench's --compare does not run on that machine.)
+# Building in 16 cores took 50 s. The bench's --compare llama.cpp runs on that machine too:
+# benchmarks/h200_bench.sh builds llama-cpp-python from the same tree, linked with
+# -Wl,--exclude-libs,ALL (without it Llama() crashed in std::regex; that script's header says why).
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/m && python3 - <<'PY'
