@@ -12,6 +12,8 @@ struct Params {
     eps: f32,    // rms_norm's epsilon (pre 1)
     splits: u32, // the tiled kernels: k is split in this many slices (workgroup z), each product
                  // written to its own (t, n_out) block of y, summed by add_splits (elementwise.wgsl)
+    xs: u32,     // xt_k (gemm_f16.wgsl): x is the sum of this many blocks, the slices of the split
+                 // product before it, not yet summed (0 or 1: x as bound)
 };
 
 @group(0) @binding(0) var<uniform> P: Params;

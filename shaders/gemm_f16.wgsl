@@ -5,7 +5,9 @@
 // wt_k: W's rows [row0, row0 + n_out) dequantized through the decoder's w8 into f16, transposed:
 //       element (k, j) of wt = W[row0 + 8j .. 8j + 7, k] (8 halves, one 16-byte load), rows past
 //       n_out repeating the last (the column count padded to tiles of 128).
-// xt_k: x (t, n_in) f32 into f16, transposed the same way: element (k, j) = x[8j .. 8j + 7, k].
+// xt_k: x (t, n_in) f32 into f16, transposed the same way: element (k, j) = x[8j .. 8j + 7, k];
+//       it may take over the swiglu before the product, and the sum of the slices of the split
+//       product before that (P.pre, P.xs), as runtime/resident.py plans it.
 // mm_kt: y = x @ W.T from the two: 64 tokens x 128 outputs a workgroup of 128, 8 x 8 an invocation,
 //       k in steps of 32 through workgroup memory. Staging a step is 4 coalesced 16-byte loads and
 //       stores an invocation, no decoding, no conversion, no transposing: mm_tiled_h's stagers
@@ -58,15 +60,35 @@ fn wt_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     wt_out[tile_index(lid + 256u, 32u * wid.y, n0, cols)] = tile_col(lid + 256u);
 }
 
+// vec4 v of x's row r as bound: the sum of P.xs blocks (the slices of a split product)
+fn x_sum(r: u32, v: u32, width: u32) -> vec4<f32> {
+    var s = x[r * width + v];
+    for (var z = 1u; z < P.xs; z++) {
+        s += x[(z * P.t + r) * width + v];
+    }
+    return s;
+}
+
+// vec4 v of the product's x row r: with P.pre 2 (the swiglu before it, taken over as a matvec's
+// prologue is: matvec_common.wgsl) x holds gate | up side by side and this is silu(gate) * up
+fn x_in(r: u32, v: u32) -> vec4<f32> {
+    if (P.pre == 2u) {
+        let g = x_sum(r, v, P.n_in >> 1u);
+        return g / (1.0 + exp(-g)) * x_sum(r, v + (P.n_in >> 2u), P.n_in >> 1u);
+    }
+    return x_sum(r, v, P.n_in >> 2u);
+}
+
 // grid (pad128(t) / 128, n_in / 32)
 @compute @workgroup_size(256)
 fn xt_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let m0 = wid.x * 128u;
     let r = lid >> 1u;
     let h = lid & 1u;
-    let i = min(m0 + r, P.t - 1u) * (P.n_in >> 2u) + 8u * wid.y + 4u * h;   // vec4 index of k 32 wid.y + 16h
-    put_row8(16u * h, r, array<vec4<f32>, 2>(x[i], x[i + 1u]));
-    put_row8(16u * h + 8u, r, array<vec4<f32>, 2>(x[i + 2u], x[i + 3u]));
+    let row = min(m0 + r, P.t - 1u);
+    let v = 8u * wid.y + 4u * h;   // vec4 index of k 32 wid.y + 16h
+    put_row8(16u * h, r, array<vec4<f32>, 2>(x_in(row, v), x_in(row, v + 1u)));
+    put_row8(16u * h + 8u, r, array<vec4<f32>, 2>(x_in(row, v + 2u), x_in(row, v + 3u)));
     workgroupBarrier();
     let cols = pad128(P.t);
     xt_out[tile_index(lid, 32u * wid.y, m0, cols)] = tile_col(lid);

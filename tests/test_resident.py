@@ -169,28 +169,31 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
 
 async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monkeypatch):
     """A GPU with shader-f16 (planned as one here) runs a prompt's products as mm_kt: x and W made
-    f16 operands by xt_k and wt_k, then the product, the down product (1,024 weights a row) in k
-    slices. 130 rows: a partial tile of rows, column counts (q|k|v 160, gate|up 2,048) padded to
-    128. Logits within what f16 costs of numpy's float32 forward (and not closer than f16 can be)."""
+    f16 operands by xt_k and wt_k, then the product, each in 2 k slices (1,024 weights a row). The
+    down product's xt_k takes over the swiglu and the sum of gate|up's slices: neither that
+    add_splits nor silu_mul runs. 130 rows: a partial tile of rows. Logits within what f16 costs
+    of numpy's float32 forward (and not closer than f16 can be)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True, f16=True)
     if not backend.f16:
         pytest.skip(f"{backend.adapter.summary} has no shader-f16")
     backend.cpu_adapter = False  # plan as on a GPU
     monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (mm_tiled_h)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
     tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
     for got, want in ((await gpu.next_logits(tokens), await cpu.next_logits(tokens)),
                       (await gpu.all_logits(tokens), await cpu.all_logits(tokens))):  # steps of 64 rows
         assert 1e-6 < rel_err(got, want) <= F16_TOL, rel_err(got, want)
-    prog = gpu.resident.program(False)
+    r, layers = gpu.resident, gpu.model.cfg.n_layers
+    prog = r.program(False)
     plan = prog.plans[(130, 1)]
-    kinds = [c[0] for c in plan.calls]
-    kt = backend.pipeline("Q4_1", "mm_kt")[0]
-    assert kinds.count(kt) == 4 * gpu.model.cfg.n_layers  # q|k|v, o, gate|up, down: each layer's four
-    split = [i for i in plan.at if prog.disps[i].optional]
-    assert len(split) == gpu.model.cfg.n_layers  # the down products, in slices
+    pipes = [c[0] for c in plan.calls]
+    assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
+    assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
+    assert sum(prog.disps[i].optional for i in plan.at) == 3 * layers  # add_splits of q|k|v, o, down
+    down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
+    assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == resident.XS_WORD)]) == {2}
 
 
 async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):

@@ -62,7 +62,7 @@ BS = BLOCK  # KV positions per block: the blocks prompts share
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
-PRE_WORD, SPLITS_WORD = 5, 7  # Params.pre and Params.splits (common.wgsl) in a matmul's uniform slot
+PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
 AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
@@ -268,9 +268,10 @@ class _Dispatch:
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
 # matmul kinds that do it (webgpu.PROLOGUE_KINDS: the one-token ones, which compute it once per 4
-# rows of W); swiglu not on mv_rows: a CPU adapter would compute each silu once per row
+# rows of W; mm_kt's xt_k for swiglu: once per value); swiglu not on mv_rows: a CPU adapter would
+# compute each silu once per row
 PROLOGUES = {"norm:rms_norm": (1, PROLOGUE_KINDS),
-             "elementwise:silu_mul": (2, tuple(k for k in PROLOGUE_KINDS if k != "mv_rows"))}
+             "elementwise:silu_mul": (2, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_kt"))}
 
 
 def _f32_word(v: float) -> int:
@@ -746,11 +747,13 @@ class ResidentRunner:
                 layout="auto", compute={"module": module, "entry_point": entry})
         return pipe
 
-    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int, split: bool):
+    def _bind(self, prog: _Program, i: int, d: _Dispatch, kind: str, pre: int, split: bool, sums: bool = False):
         """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
         or its fused variant), a matvec's prologue doing `pre` (Params.pre), a tiled product in
-        k slices (`split`: written to the next dispatch's, add_splits', input)."""
-        got = d.bound.get((kind, pre, split))
+        k slices (`split`: written to the next dispatch's, add_splits', input), mm_kt's xt_k
+        summing the slices of the product before (`sums`: read from that product's add_splits'
+        input, which does not run)."""
+        got = d.bound.get((kind, pre, split, sums))
         if got is None:
             entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
@@ -759,7 +762,8 @@ class ResidentRunner:
                     entries[2] = prog.disps[i + 1].entries[2]
                 if kind in GEMM_PARTS:  # x and W as f16 operands (shaders/gemm_f16.wgsl)
                     xt, wt = self._gemm_operands(prog)
-                    entries = {"xt_k": {1: entries[1], 7: xt}, "wt_k": {3: entries[3], 5: wt},
+                    x = prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1]
+                    entries = {"xt_k": {1: x, 7: xt}, "wt_k": {3: entries[3], 5: wt},
                                "mm_kt": {2: entries[2], 6: wt, 8: xt}}[kind]
                 if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
@@ -777,8 +781,16 @@ class ResidentRunner:
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
             group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
                       for b, buf in sorted(entries.items())]
-            got = d.bound[(kind, pre, split)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
+            got = d.bound[(kind, pre, split, sums)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
         return got
+
+    @staticmethod
+    def _sums_before(disps: list[_Dispatch], splits: np.ndarray, i: int) -> bool:
+        """Whether product i's swiglu (dispatch i - 1, taken over) reads what add_splits (i - 2)
+        sums from the slices of product i - 3 (gate|up), so that xt_k can sum them instead."""
+        add = disps[i - 2] if i >= 3 else None
+        return (add is not None and add.optional and splits[i - 3] > 1 and not add.params[3]
+                and add.entries[3] is disps[i - 1].entries[2])
 
     def _att_parts(self):
         """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
@@ -818,16 +830,6 @@ class ResidentRunner:
             rows = [n if d.rows == "s" else t for d in disps]
             kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
                      for d, r in zip(disps, rows)]
-            pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
-            fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
-            for i, d in enumerate(disps):
-                if d.pre is None or not i or disps[i - 1] is not d.pre:
-                    continue
-                gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
-                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
-                    pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
-                elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
-                    kinds[i], fused[i] = "attention:attend_decode", True
             splits = np.ones(len(disps), np.uint32)  # k slices of each product
             for i, d in enumerate(disps):
                 if d.kernel == "attention:attend" and n == 1 < t and self.attend_rows:  # a prompt
@@ -840,6 +842,19 @@ class ResidentRunner:
                     kinds[i] = kt  # and its k slices for its own tiles
                     if i + 1 < len(disps) and disps[i + 1].optional:
                         splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
+            pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
+            xs = np.zeros(len(disps), np.uint32)  # each mm_kt's Params.xs
+            fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
+            for i, d in enumerate(disps):
+                if d.pre is None or not i or disps[i - 1] is not d.pre:
+                    continue
+                gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
+                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
+                    pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
+                    if kinds[i] == "mm_kt" and self._sums_before(disps, splits, i):
+                        xs[i], fused[i - 1] = splits[i - 3], True  # and xt_k sums gate|up's slices
+                elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
+                    kinds[i], fused[i] = "attention:attend_decode", True
             chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
             for i in range(len(disps)):
                 if kinds[i] == "attention:attend_rows":
@@ -853,7 +868,7 @@ class ResidentRunner:
                 elif chunks[i] > 1:
                     parts = (kinds[i], "attention:attend_merge")
                 for kind in parts:
-                    pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1))
+                    pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1), bool(xs[i] > 1))
                     if kind in ("xt_k", "wt_k"):
                         n_out, n_in = map(int, disps[i].params[:2])
                         grid = (pad128(rows[i] if kind == "xt_k" else n_out) // 128, n_in // 32, 1)
@@ -869,11 +884,11 @@ class ResidentRunner:
             mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
             opt = [i for i, d in enumerate(disps) if d.optional]
             att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
-            where = (np.array(mm + mm + opt + att, np.intp),
-                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [SLICES_WORD] * len(opt)
-                              + [FLAGS_WORD] * len(att), np.intp))
-            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), splits[np.array(opt, np.intp) - 1],
-                                     chunks[att]])
+            where = (np.array(mm + mm + mm + opt + att, np.intp),
+                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
+                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att), np.intp))
+            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), xs[mm],
+                                     splits[np.array(opt, np.intp) - 1], chunks[att]])
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = _Plan(calls, at, where, values.astype(np.uint32), pre)

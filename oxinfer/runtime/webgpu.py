@@ -85,7 +85,7 @@ MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 
 # which binds the norm weight at binding 4
 PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256")
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
-PARAMS_BYTES = 32  # struct Params of common.wgsl
+PARAMS_BYTES = 48  # struct Params of common.wgsl (36 bytes), bound in multiples of 16
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
 FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
 
