@@ -29,21 +29,25 @@ fn add(@builtin(global_invocation_id) gid: vec3<u32>) {
     y[r * P.n + i] += g[r * P.n + i];
 }
 
+// 4 consecutive values an invocation (grid: n / 256 rounded up, t): one a thread left TinyLlama's
+// 512 x 2048 sums at 17 us each on an H200, a million invocations of three loads
 @compute @workgroup_size(64)
 fn add_splits(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+    let i0 = 4u * gid.x;
     let r = gid.y;
-    if (i >= P.n || r >= P.t) {
+    if (i0 >= P.n || r >= P.t) {
         return;
     }
-    var v = 0.0;
-    for (var z = 0u; z < P.k; z++) {
-        v += g[(z * P.t + r) * P.n + i];
+    for (var i = i0; i < min(i0 + 4u, P.n); i++) {
+        var v = 0.0;
+        for (var z = 0u; z < P.k; z++) {
+            v += g[(z * P.t + r) * P.n + i];
+        }
+        if ((P.flags & 1u) != 0u) {
+            v += y[r * P.n + i];
+        }
+        y[r * P.n + i] = v;
     }
-    if ((P.flags & 1u) != 0u) {
-        v += y[r * P.n + i];
-    }
-    y[r * P.n + i] = v;
 }
 
 @compute @workgroup_size(64)

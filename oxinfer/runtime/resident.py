@@ -64,7 +64,10 @@ PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
 PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
-SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every 0.5 ms
+SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every POLL_S
+# (a software adapter: its CPU cores are the ones this loop would take) or 50 us (a GPU: 0.5 ms cost
+# TinyLlama's 36 ms prompt step ~0.3 ms on the H200, its end found late)
+POLL_S = 5e-4
 AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
 # a prompt's step (PIECES_MIN_ROWS rows or more) is submitted in pieces: its first 16 dispatches, the
 # next 64, then the rest, so the GPU starts while the rest is encoded; encoding TinyLlama's 512-row
@@ -355,7 +358,7 @@ class Recorder:
                 # the sum of its k slices, for the steps that split it (ResidentRunner._plan)
                 parts = self.r.scratch(f"splits:{n_out}", self.max_t * n_out * MM_MAX_SPLITS * 4)
                 self._record("elementwise:add_splits", {2: parts, 3: y.buf}, [0, n_out], x.rows,
-                             lambda k, t, n=n_out: (-(-n // 64), t, 1)).optional = True
+                             lambda k, t, n=n_out: (-(-n // 256), t, 1)).optional = True
             c = 0
             for j in run:
                 outs.append(DTensor(y.buf, n_out, j.weight.n_out, c, x.rows))
@@ -1098,9 +1101,8 @@ class ResidentRunner:
             _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
             if promise._state == "pending":
                 waited = True
-                # 20 ms of polling cover a real GPU's step; past that (a software adapter runs
-                # on the CPU cores this loop would take from it) poll every half millisecond
-                time.sleep(0 if time.perf_counter() < spin_until else 5e-4)
+                # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
+                time.sleep(0 if time.perf_counter() < spin_until else POLL_S if self.gpu.cpu_adapter else 5e-5)
         promise.sync_wait()
         try:
             mem = staging.read_mapped(0, size, copy=False)
