@@ -13,6 +13,7 @@ demand (--qtype Q4_1, Q8_0 or BF16) and loadable by both engines.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import statistics
@@ -88,8 +89,25 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
     return out
 
 
-LLAMA_WORKER = r"""
-import json, resource, sys, time
+def peak_rss_mib() -> float:
+    """This process's own peak resident set (Linux: VmHWM). A worker started by subprocess inherits
+    its parent's peak in ru_maxrss (kept across fork): both engines read the 711 MiB of the bench
+    that had just written a synthetic GGUF."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# run by the llama.cpp Python (.bench-venv), which need not have oxinfer: peak_rss_mib goes along as source
+LLAMA_WORKER = inspect.getsource(peak_rss_mib) + r"""
+import json, sys, time
 from llama_cpp import Llama
 model, prompts, gen, conc, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
 def ids(n, vocab, salt=0):
@@ -121,15 +139,13 @@ for n in conc:
     for i in range(n):
         run(ids(128, vocab, 10 + i), gen)
     out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
-out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["peak_rss_mib"] = peak_rss_mib()
 print(json.dumps(out))
 """
 
 
 def _worker_main(argv: list[str]) -> None:
     """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC: one oxinfer run, JSON last."""
-    import resource
-
     import anyio
 
     from oxinfer.logs import configure_logging
@@ -137,7 +153,7 @@ def _worker_main(argv: list[str]) -> None:
     configure_logging("WARNING")
     model, backend, prompts, gen, conc = argv[0], argv[1], json.loads(argv[2]), int(argv[3]), json.loads(argv[4])
     out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc)
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(out))
 
 

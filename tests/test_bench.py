@@ -1,13 +1,14 @@
 """`oxinfer bench`: the worker's metrics on a tiny model, the table and ratios from saved results,
 and synthetic GGUFs that llama.cpp can load too (it refuses a BPE vocabulary without merges)."""
 
+import inspect
 import json
 import subprocess
 import sys
 
 import pytest
 
-from oxinfer.bench import _oxinfer_worker, bench_command, print_table
+from oxinfer.bench import _oxinfer_worker, bench_command, peak_rss_mib, print_table
 from oxinfer.cli import _parser
 from oxinfer.formats import GGUFFile
 from oxinfer.testing import write_tiny_llama
@@ -31,6 +32,18 @@ def test_a_worker_process_prints_its_json_last(tiny):
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["peak_rss_mib"] > 0 and row["aggregate_tps@2"] > 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")
+def test_a_worker_s_peak_rss_is_its_own_not_its_parent_s():
+    """ru_maxrss of a child counts the parent's peak (kept across fork): a worker started by a
+    bench holding 300 MiB must not report them. The llama.cpp worker runs the same source."""
+    hold = bytearray(300 << 20)
+    hold[::4096] = b"x" * len(hold[::4096])  # touched: resident
+    code = inspect.getsource(peak_rss_mib) + "print(peak_rss_mib())"
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 1 < child < 100
+    assert peak_rss_mib() > 300
 
 
 def test_saved_results_print_medians_and_ratios(tmp_path, capsys):
