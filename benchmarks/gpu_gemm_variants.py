@@ -17,7 +17,14 @@ import time
 
 import numpy as np
 
-from oxinfer.runtime.webgpu import WebGpuBackend, device_bytes, shader_source, wgpu
+from oxinfer.runtime.webgpu import (
+    MM_ROWS,
+    WebGpuBackend,
+    device_bytes,
+    shader_source,
+    unroll,
+    wgpu,
+)
 from oxinfer.testing import random_matrix
 
 
@@ -80,42 +87,14 @@ VARIANTS = {name: tiled_variant(name, tm, ks, noload, tn) for name, tm, ks, nolo
 ]}
 GRID = {"mm_kt": (1, 2), "mm_noload": (1, 2), "mm_m128": (1, 1), "mm_m64k64": (1, 2), "mm_m32": (1, 4),
         "mm_m64n64": (2, 2), "mm_m128n64": (2, 1)}  # workgroups per 128 x 128 tile (x, y)
-# wt_k with its 16 stores unrolled and 4 quant blocks of k a workgroup
-VARIANTS["wt_k4"] = """
-fn put8(k: u32, r: u32, v: array<vec4<f32>, 2>) {
-    tt4[(k + 0u) * 128u + r] = f16(v[0].x); tt4[(k + 1u) * 128u + r] = f16(v[0].y);
-    tt4[(k + 2u) * 128u + r] = f16(v[0].z); tt4[(k + 3u) * 128u + r] = f16(v[0].w);
-    tt4[(k + 4u) * 128u + r] = f16(v[1].x); tt4[(k + 5u) * 128u + r] = f16(v[1].y);
-    tt4[(k + 6u) * 128u + r] = f16(v[1].z); tt4[(k + 7u) * 128u + r] = f16(v[1].w);
-}
-var<workgroup> tt4: array<f16, 16384>;
-@compute @workgroup_size(256)
-fn wt_k4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n0 = wid.x * 128u;
-    let r = lid >> 1u;
-    let h = lid & 1u;
-    let row = min(n0 + r, P.n_out - 1u);
-    for (var j = 0u; j < 8u; j++) {   // octets 8 wid.y + 2j + h: k 64j + ... of the 128
-        put8(8u * (2u * j + h), r, w8(row, 16u * wid.y + 2u * j + h));
-    }
-    workgroupBarrier();
-    let cols = pad128(P.n_out) >> 3u;
-    for (var e = lid; e < 2048u; e += 256u) {
-        let i = (e >> 4u) * 128u + 8u * (e & 15u);
-        wt_out[(128u * wid.y + (e >> 4u)) * cols + (n0 >> 3u) + (e & 15u)] = mat2x4<f16>(
-            vec4<f16>(tt4[i], tt4[i + 1u], tt4[i + 2u], tt4[i + 3u]), vec4<f16>(tt4[i + 4u], tt4[i + 5u], tt4[i + 6u], tt4[i + 7u]));
-    }
-}
-"""
 
 
-_ROWS = [(r, h) for r in range(8) for h in "ab"]
-_SNIPPETS = {
-    "ACC": "\n".join(f"    var c{r}{h} = vec4<f32>(0.0);" for r, h in _ROWS),
-    "HZERO": "\n".join(f"        var h{r}{h} = vec4<f16>(0.0h);" for r, h in _ROWS),
-    "FMAS": "\n".join(f"            h{r}{h} += a[{r // 4}].{'xyzw'[r % 4]} * b[{'ab'.index(h)}];" for r, h in _ROWS),
-    "FLUSH": "\n".join(f"        c{r}{h} += vec4<f32>(h{r}{h});" for r, h in _ROWS),
-    "STORES": "\n".join(f"    store_row8(wid.z, m0 + 8u * ty + {r}u, n0 + 8u * tx, c{r}a, c{r}b);" for r in range(8)),
+_SNIPPETS = {  # mm_kt's lines (shaders/gemm_f16.wgsl), expanded by webgpu.unroll
+    "ACC": "    var c{d}a = vec4<f32>(0.0); var c{d}b = vec4<f32>(0.0);   // unroll d < ROWS",
+    "HZERO": "        var h{d}a = vec4<f16>(0.0h); var h{d}b = vec4<f16>(0.0h);   // unroll d < ROWS",
+    "FMAS": "            h{d}a += a[{d4}].{dc} * b[0]; h{d}b += a[{d4}].{dc} * b[1];   // unroll d < ROWS",
+    "FLUSH": "        c{d}a += vec4<f32>(h{d}a); c{d}b += vec4<f32>(h{d}b);   // unroll d < ROWS",
+    "STORES": "    store_row8(wid.z, m0 + 8u * ty + {d}u, n0 + 8u * tx, c{d}a, c{d}b);   // unroll d < ROWS",
 }
 
 # TinyLlama-1.1B's products: (name, n_out, n_in, k slices resident.py gives them at 512 rows)
@@ -138,6 +117,7 @@ def main() -> None:
     extra = "".join(VARIANTS.values())
     for k, v in _SNIPPETS.items():
         extra = extra.replace(k, v)
+    extra = unroll(extra, {"ROWS": MM_ROWS})
     modules = {}
 
     def pipe(kind: str, entry: str | None = None):
@@ -170,7 +150,7 @@ def main() -> None:
             gx, gy = GRID.get(entry, (1, 1))
             grid = {"wt_k": (pad(n_out) // 128, n_in // 32, 1), "xt_k": (pad(t) // 128, n_in // 32, 1)}.get(
                 entry, (pad(n_out) // 128 * gx, pad(t) // 128 * gy, slices))
-            p = np.zeros(8, np.uint32)
+            p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
             p[:4] = (n_out, n_in, 0, t)
             p[7] = slices if slices > 1 else 0
             pp = pipe(kind, entry)

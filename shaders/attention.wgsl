@@ -233,7 +233,7 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
 // all of them (attend reads them once per row and head). Each invocation keeps its query and its
 // accumulators in registers (HD <= 64) and updates an online softmax position by position,
 // rescaling only when its running maximum grows. A line ending in "unroll d < DG" is repeated by
-// the host for d = 0 .. DG - 1 (runtime/resident.py): named registers, where an array indexed in a
+// the host for d = 0 .. DG - 1 (runtime/webgpu.py: unroll): named registers, where an array indexed in a
 // loop may live in memory (which made this kernel 2.5x slower than attend on an H200).
 //
 // In chunks (P.flags = z > 1, the grid's z): a prompt's 128 workgroups of 4 warps (TinyLlama, 512

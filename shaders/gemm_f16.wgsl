@@ -123,22 +123,7 @@ fn mm_kt(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
     let s0 = wid.z * steps;
     let s1 = min(s0 + steps, all);
 
-    var c0a = vec4<f32>(0.0);
-    var c0b = vec4<f32>(0.0);
-    var c1a = vec4<f32>(0.0);
-    var c1b = vec4<f32>(0.0);
-    var c2a = vec4<f32>(0.0);
-    var c2b = vec4<f32>(0.0);
-    var c3a = vec4<f32>(0.0);
-    var c3b = vec4<f32>(0.0);
-    var c4a = vec4<f32>(0.0);
-    var c4b = vec4<f32>(0.0);
-    var c5a = vec4<f32>(0.0);
-    var c5b = vec4<f32>(0.0);
-    var c6a = vec4<f32>(0.0);
-    var c6b = vec4<f32>(0.0);
-    var c7a = vec4<f32>(0.0);
-    var c7b = vec4<f32>(0.0);
+    var c{d}a = vec4<f32>(0.0); var c{d}b = vec4<f32>(0.0);   // unroll d < ROWS
     for (var s = s0; s < s1; s++) {
         let kx = 32u * s * xcols;
         let kw = 32u * s * wcols;
@@ -149,68 +134,16 @@ fn mm_kt(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         wk[lid + 256u] = wt[kw + 16u * wcols + wa];
         wk[lid + 384u] = wt[kw + 24u * wcols + wa];
         workgroupBarrier();
-        var h0a = vec4<f16>(0.0h);
-        var h0b = vec4<f16>(0.0h);
-        var h1a = vec4<f16>(0.0h);
-        var h1b = vec4<f16>(0.0h);
-        var h2a = vec4<f16>(0.0h);
-        var h2b = vec4<f16>(0.0h);
-        var h3a = vec4<f16>(0.0h);
-        var h3b = vec4<f16>(0.0h);
-        var h4a = vec4<f16>(0.0h);
-        var h4b = vec4<f16>(0.0h);
-        var h5a = vec4<f16>(0.0h);
-        var h5b = vec4<f16>(0.0h);
-        var h6a = vec4<f16>(0.0h);
-        var h6b = vec4<f16>(0.0h);
-        var h7a = vec4<f16>(0.0h);
-        var h7b = vec4<f16>(0.0h);
+        var h{d}a = vec4<f16>(0.0h); var h{d}b = vec4<f16>(0.0h);   // unroll d < ROWS
         for (var k = 0u; k < 32u; k++) {
             let a = xk[k * 8u + ty];
             let b = wk[k * 16u + tx];
-            h0a += a[0].x * b[0];
-            h0b += a[0].x * b[1];
-            h1a += a[0].y * b[0];
-            h1b += a[0].y * b[1];
-            h2a += a[0].z * b[0];
-            h2b += a[0].z * b[1];
-            h3a += a[0].w * b[0];
-            h3b += a[0].w * b[1];
-            h4a += a[1].x * b[0];
-            h4b += a[1].x * b[1];
-            h5a += a[1].y * b[0];
-            h5b += a[1].y * b[1];
-            h6a += a[1].z * b[0];
-            h6b += a[1].z * b[1];
-            h7a += a[1].w * b[0];
-            h7b += a[1].w * b[1];
+            h{d}a += a[{d4}].{dc} * b[0]; h{d}b += a[{d4}].{dc} * b[1];   // unroll d < ROWS
         }
-        c0a += vec4<f32>(h0a);
-        c0b += vec4<f32>(h0b);
-        c1a += vec4<f32>(h1a);
-        c1b += vec4<f32>(h1b);
-        c2a += vec4<f32>(h2a);
-        c2b += vec4<f32>(h2b);
-        c3a += vec4<f32>(h3a);
-        c3b += vec4<f32>(h3b);
-        c4a += vec4<f32>(h4a);
-        c4b += vec4<f32>(h4b);
-        c5a += vec4<f32>(h5a);
-        c5b += vec4<f32>(h5b);
-        c6a += vec4<f32>(h6a);
-        c6b += vec4<f32>(h6b);
-        c7a += vec4<f32>(h7a);
-        c7b += vec4<f32>(h7b);
+        c{d}a += vec4<f32>(h{d}a); c{d}b += vec4<f32>(h{d}b);   // unroll d < ROWS
         workgroupBarrier();
     }
     let m = m0 + 8u * ty;
     let n = n0 + 8u * tx;
-    store_row8(wid.z, m + 0u, n, c0a, c0b);
-    store_row8(wid.z, m + 1u, n, c1a, c1b);
-    store_row8(wid.z, m + 2u, n, c2a, c2b);
-    store_row8(wid.z, m + 3u, n, c3a, c3b);
-    store_row8(wid.z, m + 4u, n, c4a, c4b);
-    store_row8(wid.z, m + 5u, n, c5a, c5b);
-    store_row8(wid.z, m + 6u, n, c6a, c6b);
-    store_row8(wid.z, m + 7u, n, c7a, c7b);
+    store_row8(wid.z, m + {d}u, n, c{d}a, c{d}b);   // unroll d < ROWS
 }

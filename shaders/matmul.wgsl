@@ -68,22 +68,7 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 
     // c{i}a: token row i (0..3: m0 + 4ty + i, 4..7: m0 + 64 + 4ty + i - 4) x outputs n0 + 4tx .. +3,
     // c{i}b: the same row x outputs n0 + 64 + 4tx .. +3. Named, not an array: registers on every driver.
-    var c0a = vec4<f32>(0.0);
-    var c0b = vec4<f32>(0.0);
-    var c1a = vec4<f32>(0.0);
-    var c1b = vec4<f32>(0.0);
-    var c2a = vec4<f32>(0.0);
-    var c2b = vec4<f32>(0.0);
-    var c3a = vec4<f32>(0.0);
-    var c3b = vec4<f32>(0.0);
-    var c4a = vec4<f32>(0.0);
-    var c4b = vec4<f32>(0.0);
-    var c5a = vec4<f32>(0.0);
-    var c5b = vec4<f32>(0.0);
-    var c6a = vec4<f32>(0.0);
-    var c6b = vec4<f32>(0.0);
-    var c7a = vec4<f32>(0.0);
-    var c7b = vec4<f32>(0.0);
+    var c{d}a = vec4<f32>(0.0); var c{d}b = vec4<f32>(0.0);   // unroll d < ROWS
     var xa = x[row_x0 + 4u * s0];
     var xb = x[row_x1 + 4u * s0];
     var w = w8(row_w, 2u * s0 + wh);
@@ -105,34 +90,12 @@ fn mm_tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             let a1 = xs[k * 32u + 16u + ty];
             let b0 = ws[k * 32u + tx];
             let b1 = ws[k * 32u + 16u + tx];
-            c0a += a0.x * b0;
-            c0b += a0.x * b1;
-            c1a += a0.y * b0;
-            c1b += a0.y * b1;
-            c2a += a0.z * b0;
-            c2b += a0.z * b1;
-            c3a += a0.w * b0;
-            c3b += a0.w * b1;
-            c4a += a1.x * b0;
-            c4b += a1.x * b1;
-            c5a += a1.y * b0;
-            c5b += a1.y * b1;
-            c6a += a1.z * b0;
-            c6b += a1.z * b1;
-            c7a += a1.w * b0;
-            c7b += a1.w * b1;
+            c{d}a += a{d4}.{dc} * b0; c{d}b += a{d4}.{dc} * b1;   // unroll d < ROWS
         }
         workgroupBarrier();
     }
     let n = n0 + 4u * tx;
-    store_row(wid.z, m0 + 4u * ty + 0u, n, c0a, c0b);
-    store_row(wid.z, m0 + 4u * ty + 1u, n, c1a, c1b);
-    store_row(wid.z, m0 + 4u * ty + 2u, n, c2a, c2b);
-    store_row(wid.z, m0 + 4u * ty + 3u, n, c3a, c3b);
-    store_row(wid.z, m0 + 64u + 4u * ty + 0u, n, c4a, c4b);
-    store_row(wid.z, m0 + 64u + 4u * ty + 1u, n, c5a, c5b);
-    store_row(wid.z, m0 + 64u + 4u * ty + 2u, n, c6a, c6b);
-    store_row(wid.z, m0 + 64u + 4u * ty + 3u, n, c7a, c7b);
+    store_row(wid.z, m0 + 64u * {d4}u + 4u * ty + {dm}u, n, c{d}a, c{d}b);   // unroll d < ROWS
 }
 
 // mm_tiled64: the same product with 64 x 64 tiles, k steps of 32 (one quant block), 4 x 4 outputs per

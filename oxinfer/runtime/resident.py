@@ -53,6 +53,7 @@ from oxinfer.runtime.webgpu import (
     _grid,
     _shader_dir,
     pad128,
+    unroll,
     wgpu,
 )
 
@@ -626,19 +627,6 @@ def _handle(obj) -> int:
     return int(_ffi.cast("uintptr_t", obj._internal))
 
 
-def _unroll(code: str, consts: dict[str, int]) -> str:
-    """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1,
-    "{d}" replaced by d (the shaders' named-register loops)."""
-    out = []
-    for line in code.splitlines():
-        body, mark, bound = line.partition("// unroll d < ")
-        if not mark:
-            out.append(line)
-            continue
-        out += [body.rstrip().replace("{d}", str(d)) for d in range(consts[bound.strip()])]
-    return "\n".join(out)
-
-
 # --- the runner -----------------------------------------------------------------------------------
 
 class ResidentRunner:
@@ -744,7 +732,7 @@ class ResidentRunner:
             file, entry = kernel.split(":")
             d = _shader_dir()
             code = self._prefix + (d / "ops_common.wgsl").read_text() + "\n" + (d / f"{file}.wgsl").read_text()
-            code = _unroll(code, {"DG": self.cfg.head_dim // 4})
+            code = unroll(code, {"DG": self.cfg.head_dim // 4})
             module = self.device.create_shader_module(code=code)
             pipe = self._pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})

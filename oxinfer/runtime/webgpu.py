@@ -232,13 +232,35 @@ def available(allow_cpu_adapter: bool = True) -> bool:
     return True
 
 
+MM_ROWS = 8  # token rows of x an invocation of the tile kernels holds (ROWS of their unrolled lines)
+
+
+def unroll(code: str, consts: dict[str, int]) -> str:
+    """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1:
+    "{d}" replaced by d, "{d4}" by d // 4, "{dm}" by d % 4 and "{dc}" by the component "xyzw"[d % 4].
+    The kernels' registers are named, one per d: an array indexed in a loop may live in memory
+    (which made attend_rows 2.5x slower on an H200)."""
+    out = []
+    for line in code.splitlines():
+        body, mark, bound = line.partition("// unroll d < ")
+        if not mark:
+            out.append(line)
+            continue
+        body = body.rstrip()
+        for d in range(consts[bound.strip()]):
+            out.append(body.replace("{d4}", str(d // 4)).replace("{dm}", str(d % 4)).replace("{dc}", "xyzw"[d % 4])
+                       .replace("{d}", str(d)))
+    return "\n".join(out)
+
+
 def shader_source(qtype: str, kind: str) -> str:
     """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
-    its kin) + kernel file."""
+    its kin) + kernel file, its unrolled lines expanded."""
     file = _KERNELS[kind][0]
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), _DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = _shader_dir()
-    return "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
+    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
+    return unroll(code, {"ROWS": MM_ROWS})
 
 
 def device_bytes(w: QuantMatrix) -> np.ndarray:
