@@ -11,7 +11,7 @@ TFLOP/s (f16: 64.3); the inner loop 35.2 at 8 x 8 (either lane layout: the count
 reads bounds it, not bank wavefronts), 40.7 at 12 x 8, 39.6 at 16 x 8 (128 invocations), 40.2
 at 8 x 16. mm_tiled itself: ~25-33 TFLOP/s per full round of workgroups. With f16 tiles (8 halves
 a 16-byte read, f16 products summed over 32 k, then f32): 50.7 at 8 x 8, 49.6 at 16 x 8; widened to
-f32 for the FMAs instead: 36.5 and 41.9 (shaders/matmul_f16.wgsl takes the first).
+f32 for the FMAs instead: 36.5 and 41.9 (shaders/gemm_f16.wgsl's mm_kt takes the first).
 """
 import argparse
 import time

@@ -26,7 +26,7 @@ pytestmark = [
 ]
 
 TOL = 1e-4  # max abs error / max abs reference, as the matmul kernels
-F16_TOL = 4e-3  # products in f16 (mm_kt, mm_tiled_h): x and W rounded to f16, each quant block summed in f16
+F16_TOL = 4e-3  # products in f16 (mm_kt): x and W rounded to f16, each quant block summed in f16
 
 
 def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
@@ -177,7 +177,7 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     if not backend.f16:
         pytest.skip(f"{backend.adapter.summary} has no shader-f16")
     backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (mm_tiled_h)
+    monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (then mm_kt)
     path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)

@@ -76,15 +76,17 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
             assert rel_err(job.out, ref) <= TOL, (t, kernel, rel_err(job.out, ref))
 
 
-# mm_tiled_h rounds x and W to f16 (2^-12 relative each) and sums each quant block's 32 products in
-# f16 before the f32 accumulators: ~1e-3 of the largest output measured, 4e-3 bounds it
+# mm_kt rounds x and W to f16 (2^-12 relative each) and sums each quant block's 32 products in f16
+# before the f32 accumulators: ~1e-3 of the largest output measured, 4e-3 bounds it
 F16_TOL = 4e-3
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K", "BF16"])
-def test_f16_tiles_match_numpy(gpu, qtype):
-    """The prompt kernel of GPUs with shader-f16, forced here, against numpy in float64: within
-    what f16 costs, and no closer to the exact product than f16 can be (it did round)."""
+def test_f16_products_match_numpy(gpu, qtype):
+    """The prompt kernel of GPUs with shader-f16 (x and W's rows made f16 operands by xt_k and
+    wt_k, then mm_kt), forced here, against numpy in float64: within what f16 costs, and no
+    closer to the exact product than f16 can be (it did round). 200 outputs and 17 or 300 rows:
+    tiles the operands pad."""
     if "shader-f16" not in gpu.features:
         pytest.skip(f"{gpu.adapter.summary} has no shader-f16")
     rng = np.random.default_rng(11)
@@ -96,7 +98,7 @@ def test_f16_tiles_match_numpy(gpu, qtype):
         x = rng.standard_normal((t, n_in), dtype=np.float32)
         ref = x.astype(np.float64) @ wf.T
         job = Job(w)
-        assert gpu.matmul_sync(x, [job], kernel="mm_tiled_h")
+        assert gpu.matmul_sync(x, [job], kernel="mm_kt")
         assert 1e-5 < rel_err(job.out, ref) <= F16_TOL, (t, rel_err(job.out, ref))
 
 

@@ -801,7 +801,7 @@ class ResidentRunner:
         """The scratch buffers of mm_kt's operands: x and the widest W it takes, in f16."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
         wt = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
-                  if self.gpu.gemm_kind("mm_tiled_h", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
+                  if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
         xt = pad128(max(self.max_rows, self.max_seqs)) * max(int(d.params[1]) for d in mm) * 2
         return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
 

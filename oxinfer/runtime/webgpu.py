@@ -69,9 +69,9 @@ MM_SPLIT_MIN_K = 512  # weights of a row each slice takes at least
 # the rows a tile computes whatever t is
 MM_SPLIT_BIG_T = 128
 MM_SPLIT_MAX_N = 16384  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
-# mm_kt (shaders/gemm_f16.wgsl) takes over mm_tiled_h's products where W's f16 copy (its operand
-# wt, rebuilt by wt_k before each product) fits this: every product of TinyLlama-1.1B (the widest,
-# gate|up, 46 MB), not a 32,000-row output head read for every row
+# on GPUs with shader-f16, mm_kt (shaders/gemm_f16.wgsl) takes over mm_tiled's products where W's
+# f16 copy (its operand wt, rebuilt by wt_k before each product) fits this: every product of
+# TinyLlama-1.1B (the widest, gate|up, 46 MB), not a 32,000-row output head read for every row
 GEMM_MAX_WT_BYTES = 64 << 20
 # mm_kt's 64 x 128 tiles of 128 invocations an H200 runs at once: what splits_for fills for it (its
 # k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
@@ -104,10 +104,9 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
                      "IQ4_XS": ("iq4_levels",)}
 _WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
 # kernel file -> the shared files it is appended to (after common + decoder)
-_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matmul_f16": ("matmul",),
-             "gemm_f16": ("matmul",)}
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "gemm_f16": ("matmul",)}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
-_ENABLES = {"matmul_f16": "enable f16;", "gemm_f16": "enable f16;"}
+_ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
 _KERNELS = {
     "mv_rows": ("matvec", "mv_rows"),
@@ -117,8 +116,7 @@ _KERNELS = {
     "mv_tok": ("matvec", "mv_tok"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
-    "mm_tiled_h": ("matmul_f16", "mm_tiled_h"),  # mm_tiled staged in f16 (needs shader-f16)
-    "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product from the operands wt_k and xt_k prepared
+    "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product in f16 from the operands wt_k and xt_k made (needs shader-f16)
     "wt_k": ("gemm_f16", "wt_k"),
     "xt_k": ("gemm_f16", "xt_k"),
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
@@ -323,12 +321,11 @@ class WebGpuBackend:
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = _is_cpu(adapter)
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call
-        # prompts' products in mm_tiled_h (f16 tiles, ~1e-3 relative error, 1.4x mm_tiled's loop on
-        # an H200) rather than mm_tiled: on GPUs with shader-f16, unless OXINFER_WEBGPU_F16=0
+        # prompts' products in f16 (mm_kt: ~1e-3 relative error against ~1e-6, see gemm_kind) rather
+        # than mm_tiled: on GPUs with shader-f16, unless OXINFER_WEBGPU_F16=0
         if f16 is None:
             f16 = not self.cpu_adapter and os.environ.get("OXINFER_WEBGPU_F16", "1") != "0"
         self.f16 = f16 and "shader-f16" in self.features
-        self.big_tiled = "mm_tiled_h" if self.f16 else "mm_tiled"  # the 128 x 128 tile kernel
         self.last: SubmissionRecord | None = None
         limits = device.limits
         self._max_binding = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
@@ -359,7 +356,7 @@ class WebGpuBackend:
             raise WebGpuUnavailable(f"{adapter.summary}: requesting a device failed: {e!r}") from e
         backend = cls(adapter, device, min_t=min_t, min_flop=min_flop, timestamps=timestamps, kernel=kernel, f16=f16)
         log.info("gpu_device", adapter=adapter.summary, features=sorted(backend.features & set(FEATURES)),
-                 max_binding=backend._max_binding, prompt_kernel=backend.big_tiled)
+                 max_binding=backend._max_binding, prompt_kernel="mm_kt" if backend.f16 else "mm_tiled")
         return backend
 
     def _timestamp_objects(self):
@@ -452,7 +449,7 @@ class WebGpuBackend:
     def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024) -> str:
         """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
         if t >= (MM_MIN_T if self.cpu_adapter else MM_MIN_T_GPU):
-            return self.big_tiled if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
+            return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if t >= MV_TOK_MIN_T:
@@ -472,7 +469,7 @@ class WebGpuBackend:
         tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE)}.get(self.split_kind(kind, t), (MM_TILE, MM_TILE))
         tiles = -(-t // tile_m) * -(-n_out // tile_n)
         slots = MM_KT_SLOTS if kind == "mm_kt" else MM_SLOTS
-        if kind not in ("mm_tiled", "mm_tiled64", "mm_tiled_h", "mm_kt") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
+        if kind not in ("mm_tiled", "mm_tiled64", "mm_kt") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
@@ -482,16 +479,18 @@ class WebGpuBackend:
         return max(options, key=lambda s: (fill(s), -s))
 
     def gemm_kind(self, kind: str, n_out: int, n_in: int) -> str:
-        """mm_kt for a product mm_tiled_h would run, where W's f16 copy fits GEMM_MAX_WT_BYTES: on
-        the H200 TinyLlama's four products at 512 rows took 1.36 ms a layer with their operands'
-        preparation (wt_k, xt_k), against 1.67 (benchmarks/gpu_gemm_variants.py)."""
-        if kind == "mm_tiled_h" and pad128(n_out) * n_in * 2 <= min(GEMM_MAX_WT_BYTES, self._max_binding):
+        """mm_kt for a product mm_tiled would run, on a device that computes in f16 (self.f16), where
+        W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200 TinyLlama's four products at 512 rows took
+        1.36 ms a layer with their operands made (wt_k, xt_k), against 1.67 in f16 tiles staged
+        by the product itself (the kernel before it) and ~1.8 in mm_tiled
+        (benchmarks/gpu_gemm_variants.py)."""
+        if self.f16 and kind == "mm_tiled" and pad128(n_out) * n_in * 2 <= min(GEMM_MAX_WT_BYTES, self._max_binding):
             return "mm_kt"
         return kind
 
     def split_kind(self, kind: str, t: int) -> str:
         """The kernel a product of t rows runs in k slices: a prompt's in the big tiles."""
-        return self.big_tiled if kind == "mm_tiled64" and t >= MM_SPLIT_BIG_T else kind
+        return "mm_tiled" if kind == "mm_tiled64" and t >= MM_SPLIT_BIG_T else kind
 
     def pipeline(self, qtype: str, kind: str):
         """(pipeline, bind group layout) for one format and kernel, built once."""
@@ -514,7 +513,7 @@ class WebGpuBackend:
         """Has this device the features the kernel kind needs?"""
         if kind.startswith("mv_subgroup"):
             return "subgroup" in self.features
-        return kind != "mm_tiled_h" or "shader-f16" in self.features
+        return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
 
     # --- one submission -----------------------------------------------------------------------
     def _plan(self, jobs: Sequence[Job], t: int) -> tuple[list[_Dispatch], int]:
@@ -547,11 +546,12 @@ class WebGpuBackend:
             (self._pool.take(down, BU.MAP_READ | BU.COPY_DST), BU.MAP_READ | BU.COPY_DST),
         ]
         (xbuf, _), (pbuf, _), (ybuf, _), (staging, _) = bufs
+        scratch: list = []  # mm_kt's operands (_encode)
         try:
             queue = self.device.queue
             queue.write_buffer(xbuf, 0, x)
             queue.write_buffer(pbuf, 0, self._params(dispatches, t))
-            cmd = self._encode(kernel, dispatches, t, x.nbytes, xbuf, pbuf, ybuf, staging, y_bytes, ts_offset)
+            cmd = self._encode(kernel, dispatches, t, x.nbytes, xbuf, pbuf, ybuf, staging, y_bytes, ts_offset, scratch)
             t1 = time.perf_counter()
             queue.submit([cmd])  # blocks on lavapipe while earlier work runs: we are on a worker thread
             t2 = time.perf_counter()
@@ -562,7 +562,7 @@ class WebGpuBackend:
             finally:
                 staging.unmap()
         finally:
-            for buf, usage in bufs:
+            for buf, usage in bufs + [(b, wgpu.BufferUsage.STORAGE) for b in scratch]:
                 self._pool.give(buf, usage)
         self._record(jobs, dispatches, t, x.nbytes, down, t1 - t0, t2 - t1, t3 - t2, kernel_s,
                      time.perf_counter() - t0)
@@ -576,27 +576,35 @@ class WebGpuBackend:
             p[i, :4] = (d.weight.n_out, d.weight.n_in, d.weight.row0, t)
         return p
 
-    def _encode(self, kernel, dispatches, t, x_bytes, xbuf, pbuf, ybuf, staging, y_bytes, ts_offset):
+    def _encode(self, kernel, dispatches, t, x_bytes, xbuf, pbuf, ybuf, staging, y_bytes, ts_offset, scratch):
         enc = self.device.create_command_encoder()
         tsw = None
         if self._ts:
             tsw = {"query_set": self._ts[0], "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1}
         cp = enc.begin_compute_pass(timestamp_writes=tsw)
         for i, d in enumerate(dispatches):
-            n_out = d.weight.n_out
-            kind = kernel or self.kernel_for(t, n_out, d.weight.n_in)
-            pipe, bgl = self.pipeline(d.weight.qtype, kind)
-            bg = self.device.create_bind_group(layout=bgl, entries=[
-                {"binding": 0, "resource": {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}},
-                {"binding": 1, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}},
-                {"binding": 2, "resource": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4}},
-                {"binding": 3, "resource": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}},
-                *([{"binding": 4, "resource": {"buffer": xbuf, "offset": 0, "size": x_bytes}}]  # nw, unread (pre 0)
-                  if kind in PROLOGUE_KINDS else []),
-            ])
-            cp.set_pipeline(pipe)
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(*_grid(kind, n_out, t))
+            n_out, n_in = d.weight.n_out, d.weight.n_in
+            kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in), n_out, n_in)
+            x = {"buffer": xbuf, "offset": 0, "size": x_bytes}
+            entries = {0: {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}, 1: x,
+                       2: {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
+                       3: {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size},
+                       4: x}  # nw of the matvecs' prologue, unread (pre 0)
+            runs = [(kind, (0, 1, 2, 3, 4) if kind in PROLOGUE_KINDS else (0, 1, 2, 3), _grid(kind, n_out, t))]
+            if kind == "mm_kt":  # x and W made f16 operands first (gemm_f16.wgsl), in scratch of this call
+                xt = {"buffer": self._pool.take(pad128(t) * n_in * 2, wgpu.BufferUsage.STORAGE)}
+                wt = {"buffer": self._pool.take(pad128(n_out) * n_in * 2, wgpu.BufferUsage.STORAGE)}
+                scratch += [xt["buffer"], wt["buffer"]]
+                entries.update({5: wt, 6: wt, 7: xt, 8: xt})
+                runs = [("xt_k", (0, 1, 7), (pad128(t) // MM_TILE, n_in // 32, 1)),
+                        ("wt_k", (0, 3, 5), (pad128(n_out) // MM_TILE, n_in // 32, 1)),
+                        ("mm_kt", (0, 2, 6, 8), _grid(kind, n_out, t))]
+            for k, bindings, grid in runs:
+                pipe, bgl = self.pipeline(d.weight.qtype, k)
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, self.device.create_bind_group(
+                    layout=bgl, entries=[{"binding": b, "resource": entries[b]} for b in bindings]))
+                cp.dispatch_workgroups(*grid)
         cp.end()
         enc.copy_buffer_to_buffer(ybuf, 0, staging, 0, y_bytes)
         if self._ts:
@@ -639,7 +647,7 @@ class WebGpuBackend:
 
 def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
     """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
-    if kind in ("mm_tiled", "mm_tiled_h"):
+    if kind == "mm_tiled":
         return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
     if kind == "mm_tiled64":
         return -(-n_out // 64), -(-t // 64), 1
