@@ -89,6 +89,22 @@ VARIANTS = {name: tiled_variant(name, tm, ks, noload, tn) for name, tm, ks, nolo
     ("mm_m64n64", 64, 32, False, 64),
     ("mm_m128n64", 128, 32, False, 64),
 ]}
+# wt_k without workgroup memory: an invocation decodes 8 rows x 8 k (one octet of each) and writes
+# the 8 k-major elements they make (grid: pad128(n_out) / 512 rounded up, n_in / 8); wt_k stages a 128 x 32
+# tile in workgroup memory with 16 scalar f16 stores an invocation (46 us for gate|up on the H200)
+VARIANTS["wt_k8"] = """
+@compute @workgroup_size(64)
+fn wt_k8(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let n8 = gid.x;
+    let cols = pad128(P.n_out) >> 3u;
+    if (n8 >= cols) {
+        return;
+    }
+    let c = gid.y;
+    let w{d} = w8(min(8u * n8 + {d}u, P.n_out - 1u), c);   // unroll d < ROWS
+    wt_out[(8u * c + {d}u) * cols + n8] = mat2x4<f16>(vec4<f16>(f16(w0[{d4}][{dm}]), f16(w1[{d4}][{dm}]), f16(w2[{d4}][{dm}]), f16(w3[{d4}][{dm}])), vec4<f16>(f16(w4[{d4}][{dm}]), f16(w5[{d4}][{dm}]), f16(w6[{d4}][{dm}]), f16(w7[{d4}][{dm}])));   // unroll d < ROWS
+}
+"""
 GRID = {"mm_kt": (1, 2), "mm_noload": (1, 2), "mm_m128": (1, 1), "mm_m64k64": (1, 2), "mm_m32": (1, 4),
         "mm_m64n64": (2, 2), "mm_m128n64": (2, 1)}  # workgroups per 128 x 128 tile (x, y)
 
@@ -111,6 +127,7 @@ def main() -> None:
     ap.add_argument("--t", type=int, default=512)
     ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
     ap.add_argument("--sweep", default="", help="kernels timed at 1..4 k slices, e.g. mm_kt,mm_m32")
+    ap.add_argument("--wt", default="", help="forms of wt_k timed (and checked through mm_kt), e.g. wt_k8")
     a = ap.parse_args()
     gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
     dev = gpu.device
@@ -152,13 +169,14 @@ def main() -> None:
         def job(kind: str, entry: str | None, slices: int = 1):
             entry = entry or kind
             gx, gy = GRID.get(entry, (1, 1))
-            grid = {"wt_k": (pad(n_out) // 128, n_in // 32, 1), "xt_k": (pad(t) // 128, n_in // 32, 1)}.get(
+            grid = {"wt_k": (pad(n_out) // 128, n_in // 32, 1), "xt_k": (pad(t) // 128, n_in // 32, 1),
+                    "wt_k8": (-(-pad(n_out) // 512), n_in // 8, 1)}.get(
                 entry, (pad(n_out) // 128 * gx, pad(t) // 128 * gy, slices))
             p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
             p[:4] = (n_out, n_in, 0, t)
             p[7] = slices if slices > 1 else 0
             pp = pipe(kind, entry)
-            uses = {"mm_tiled": (1, 2, 3), "wt_k": (3, 5), "xt_k": (1, 7), "mm_noload": (2,)}.get(entry, (2, 6, 8))
+            uses = {"mm_tiled": (1, 2, 3), "wt_k": (3, 5), "wt_k8": (3, 5), "xt_k": (1, 7), "mm_noload": (2,)}.get(entry, (2, 6, 8))
             bg = dev.create_bind_group(layout=pp.get_bind_group_layout(0), entries=[
                 {"binding": 0, "resource": {"buffer": dev.create_buffer_with_data(data=p, usage=BU.UNIFORM)}}]
                 + [{"binding": b, "resource": {"buffer": bufs[b]}} for b in uses])
@@ -207,6 +225,10 @@ def main() -> None:
                 check(v, prep + [job("mm_kt", v)])
             got = [ms([job("mm_kt", v, z)]) for z in (1, 2, 3, 4)]
             print(f"|   {v}, 1..4 slices | | " + " | ".join(f"{g:.3f}" for g in got) + " |", flush=True)
+
+        for v in filter(None, a.wt.split(",")):
+            check(v, [job("mm_kt", v), prep[1], job("mm_kt", None)])
+            print(f"|   {v} | | | | {ms([job('mm_kt', v)]):.3f} | |", flush=True)
 
     for shape in shapes:
         run_shape(*shape)
