@@ -813,8 +813,11 @@ class ResidentRunner:
         - fusions: a matvec whose prologue can do the norm or swiglu before it takes that
           dispatch's place, and attend_decode rope_kv's in a step of one row a sequence (a
           one-token decode step runs 5 dispatches a layer instead of 9);
-        - attend_rows for one sequence's many rows (a prompt);
-        - k slices for a tiled product short of workgroups (splits_for), then its add_splits."""
+        - attend_rows for one sequence's many rows (a prompt), in chunks of positions merged by
+          attend_merge (att_chunks);
+        - k slices for a tiled product short of workgroups (splits_for), then its add_splits;
+        - on f16 GPUs a prompt's tiled products in mm_kt, each after xt_k and wt_k (GEMM_PARTS),
+          the down product's xt_k doing the swiglu and the sum of gate|up's slices as well."""
         plan = prog.plans.get((t, n))
         if plan is None:
             disps = prog.disps
