@@ -24,6 +24,7 @@ import numpy as np
 from oxinfer.runtime.webgpu import (
     MM_ROWS,
     WebGpuBackend,
+    _grid,
     device_bytes,
     shader_source,
     unroll,
@@ -169,7 +170,7 @@ def main() -> None:
         def job(kind: str, entry: str | None, slices: int = 1):
             entry = entry or kind
             gx, gy = GRID.get(entry, (1, 1))
-            grid = {"wt_k": (pad(n_out) // 128, n_in // 32, 1), "xt_k": (pad(t) // 128, n_in // 32, 1),
+            grid = {"wt_k": _grid("wt_k", n_out, t, n_in), "xt_k": _grid("xt_k", n_out, t, n_in),
                     "wt_k8": (-(-pad(n_out) // 512), n_in // 8, 1)}.get(
                 entry, (pad(n_out) // 128 * gx, pad(t) // 128 * gy, slices))
             p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)

@@ -43,6 +43,8 @@ from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.webgpu import (
     ALIGN,
+    GEMM_BINDINGS,
+    GEMM_PARTS,
     MM_MAX_SPLITS,
     MM_SPLIT_MAX_N,
     MM_SPLIT_MIN_K,
@@ -65,10 +67,10 @@ PARAM_WORDS = ALIGN // 4
 ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
 PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
-SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every POLL_S
-# (a software adapter: its CPU cores are the ones this loop would take) or 50 us (a GPU: 0.5 ms cost
-# TinyLlama's 36 ms prompt step ~0.3 ms on the H200, its end found late)
-POLL_S = 5e-4
+SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every POLL_S:
+# 0.5 ms on a software adapter (its CPU cores are the ones this loop would take), 50 us on a GPU (0.5
+# ms cost TinyLlama's 36 ms prompt step ~0.3 ms on the H200, its end found late)
+POLL_S = {True: 5e-4, False: 5e-5}  # cpu_adapter -> seconds
 AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
 # a prompt's step (PIECES_MIN_ROWS rows or more) is submitted in pieces: its first 16 dispatches, the
 # next 64, then the rest, so the GPU starts while the rest is encoded; encoding TinyLlama's 512-row
@@ -80,7 +82,6 @@ FIRST_PIECES = (16, 80)
 ATT_WORKGROUPS = 512
 ATT_MAX_CHUNKS = 8
 FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' chunks
-GEMM_PARTS = ("xt_k", "wt_k", "mm_kt")  # a product in mm_kt: x and W made f16 operands, then the product
 PIECES_MIN_ROWS = 64
 
 
@@ -354,7 +355,7 @@ class Recorder:
             n_out = sum(j.weight.n_out for j in run)
             y = self._writes(self._scratch(f"lin{i}", n_out, x.rows))
             mm = self._record("mm", {1: x.buf, 2: y.buf, 3: first.buffer}, [n_out, x.cols, first.row0, 0, 0, 0, eps],
-                              x.rows, lambda k, t, n=n_out: _grid(k, n, t), qtype=first.qtype, t_word=3)
+                              x.rows, lambda k, t, n=n_out, m=x.cols: _grid(k, n, t, m), qtype=first.qtype, t_word=3)
             if x.cols >= 2 * MM_SPLIT_MIN_K and n_out <= MM_SPLIT_MAX_N and not self.r.gpu.cpu_adapter:
                 # the sum of its k slices, for the steps that split it (ResidentRunner._plan)
                 parts = self.r.scratch(f"splits:{n_out}", self.max_t * n_out * MM_MAX_SPLITS * 4)
@@ -392,10 +393,12 @@ class Recorder:
         out = self._writes(self._scratch("attn", H * hd, "t"))
         rope_kv = self.disps[-1]
         rq = self.r.att_rows
+        grids = {"attention:attend_rows": lambda t: (-(-t // rq), KV, 1),
+                 "attention:attend_merge": lambda t: (-(-H * hd // 4 // 64), t, 1)}  # (head, 4 dims) an invocation
         attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
                                                    6: kp, 7: vp, 10: out.buf},
                               [0, H, KV, 0, 0, _f32_word(hd ** -0.5)], "t",
-                              lambda k, t: (-(-t // rq), KV, 1) if k == "attention:attend_rows" else (H, t, 1))
+                              lambda k, t: grids[k](t) if k in grids else (H, t, 1))
         attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out
 
@@ -753,9 +756,9 @@ class ResidentRunner:
                     entries[2] = prog.disps[i + 1].entries[2]
                 if kind in GEMM_PARTS:  # x and W as f16 operands (shaders/gemm_f16.wgsl)
                     xt, wt = self._gemm_operands(prog)
-                    x = prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1]
-                    entries = {"xt_k": {1: x, 7: xt}, "wt_k": {3: entries[3], 5: wt},
-                               "mm_kt": {2: entries[2], 6: wt, 8: xt}}[kind]
+                    roles = {"x": prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1],
+                             "w": entries[3], "y": entries[2], "xt": xt, "wt": wt}
+                    entries = {b: roles[r] for b, r in GEMM_BINDINGS[kind].items()}
                 if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
@@ -863,16 +866,10 @@ class ResidentRunner:
                     parts = (kinds[i], "attention:attend_merge")
                 for kind in parts:
                     pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1), bool(xs[i] > 1))
-                    if kind in ("xt_k", "wt_k"):
-                        n_out, n_in = map(int, disps[i].params[:2])
-                        grid = (pad128(rows[i] if kind == "xt_k" else n_out) // 128, n_in // 32, 1)
-                    elif kind == "attention:attend_rows":
-                        grid = (*disps[i].grid(kind, rows[i])[:2], max(int(chunks[i]), 1))
-                    elif kind == "attention:attend_merge":
-                        grid = (-(-self.cfg.n_heads * self.cfg.head_dim // 4 // 64), rows[i], 1)
-                    else:
-                        x, y, z = disps[i].grid(kind, rows[i])
-                        grid = (x, y, int(splits[i]) if splits[i] > 1 else z)
+                    x, y, z = disps[i].grid(kind, rows[i])
+                    if kind == kinds[i] and max(splits[i], chunks[i]) > 1:  # a product's k slices, attend_rows' chunks
+                        z = int(max(splits[i], chunks[i]))
+                    grid = (x, y, z)
                     calls.append((pipe, bg, *grid, _c_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
                     at.append(i)
             mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
@@ -1093,7 +1090,7 @@ class ResidentRunner:
             if promise._state == "pending":
                 waited = True
                 # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
-                time.sleep(0 if time.perf_counter() < spin_until else POLL_S if self.gpu.cpu_adapter else 5e-5)
+                time.sleep(0 if time.perf_counter() < spin_until else POLL_S[self.gpu.cpu_adapter])
         promise.sync_wait()
         try:
             mem = staging.read_mapped(0, size, copy=False)

@@ -76,6 +76,10 @@ GEMM_MAX_WT_BYTES = 64 << 20
 # mm_kt's 64 x 128 tiles of 128 invocations an H200 runs at once: what splits_for fills for it (its
 # k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
 MM_KT_SLOTS = 528
+# a product in mm_kt: x and W made f16 operands by xt_k and wt_k, then the product; the buffers each
+# binds by role (x, W, y and the operands xt, wt): the uploaded matrix's own product binds 1, 2, 3
+GEMM_PARTS = ("xt_k", "wt_k", "mm_kt")
+GEMM_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"}}
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
@@ -586,25 +590,21 @@ class WebGpuBackend:
             n_out, n_in = d.weight.n_out, d.weight.n_in
             kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in), n_out, n_in)
             x = {"buffer": xbuf, "offset": 0, "size": x_bytes}
-            entries = {0: {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}, 1: x,
-                       2: {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
-                       3: {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size},
-                       4: x}  # nw of the matvecs' prologue, unread (pre 0)
-            runs = [(kind, (0, 1, 2, 3, 4) if kind in PROLOGUE_KINDS else (0, 1, 2, 3), _grid(kind, n_out, t))]
+            roles = {"x": x, "y": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
+                     "w": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}}
+            runs = [(kind, {1: "x", 2: "y", 3: "w"} | ({4: "x"} if kind in PROLOGUE_KINDS else {}))]  # 4: nw, unread (pre 0)
             if kind == "mm_kt":  # x and W made f16 operands first (gemm_f16.wgsl), in scratch of this call
-                xt = {"buffer": self._pool.take(pad128(t) * n_in * 2, wgpu.BufferUsage.STORAGE)}
-                wt = {"buffer": self._pool.take(pad128(n_out) * n_in * 2, wgpu.BufferUsage.STORAGE)}
-                scratch += [xt["buffer"], wt["buffer"]]
-                entries.update({5: wt, 6: wt, 7: xt, 8: xt})
-                runs = [("xt_k", (0, 1, 7), (pad128(t) // MM_TILE, n_in // 32, 1)),
-                        ("wt_k", (0, 3, 5), (pad128(n_out) // MM_TILE, n_in // 32, 1)),
-                        ("mm_kt", (0, 2, 6, 8), _grid(kind, n_out, t))]
-            for k, bindings, grid in runs:
+                roles["xt"] = {"buffer": self._pool.take(pad128(t) * n_in * 2, wgpu.BufferUsage.STORAGE)}
+                roles["wt"] = {"buffer": self._pool.take(pad128(n_out) * n_in * 2, wgpu.BufferUsage.STORAGE)}
+                scratch += [roles["xt"]["buffer"], roles["wt"]["buffer"]]
+                runs = [(k, GEMM_BINDINGS[k]) for k in GEMM_PARTS]
+            for k, bindings in runs:
                 pipe, bgl = self.pipeline(d.weight.qtype, k)
                 cp.set_pipeline(pipe)
-                cp.set_bind_group(0, self.device.create_bind_group(
-                    layout=bgl, entries=[{"binding": b, "resource": entries[b]} for b in bindings]))
-                cp.dispatch_workgroups(*grid)
+                cp.set_bind_group(0, self.device.create_bind_group(layout=bgl, entries=[
+                    {"binding": 0, "resource": {"buffer": pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}},
+                    *({"binding": b, "resource": roles[r]} for b, r in bindings.items())]))
+                cp.dispatch_workgroups(*_grid(k, n_out, t, n_in))
         cp.end()
         enc.copy_buffer_to_buffer(ybuf, 0, staging, 0, y_bytes)
         if self._ts:
@@ -645,8 +645,10 @@ class WebGpuBackend:
         log.debug("gpu_submission", **rec.__dict__)
 
 
-def _grid(kind: str, n_out: int, t: int) -> tuple[int, int, int]:
+def _grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
     """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
+    if kind in ("xt_k", "wt_k"):  # a 128 x 32 tile of x's rows or W's, one quant block of k
+        return pad128(t if kind == "xt_k" else n_out) // MM_TILE, n_in // 32, 1
     if kind == "mm_tiled":
         return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
     if kind == "mm_tiled64":
