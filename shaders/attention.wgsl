@@ -227,85 +227,9 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
     }
 }
 
-// attend_rows: attend for a step of one sequence's many rows (a prompt): a workgroup takes RQ
-// consecutive rows and every query head of one kv head (RQ * G queries, one an invocation of AW), and
-// walks the positions in tiles of 32 whose keys and values it stages in workgroup memory once for
-// all of them (attend reads them once per row and head). Each invocation keeps its query and its
-// accumulators in registers (HD <= 64) and updates an online softmax position by position,
-// rescaling only when its running maximum grows. A line ending in "unroll d < DG" is repeated by
-// the host for d = 0 .. DG - 1 (runtime/webgpu.py: unroll): named registers, where an array indexed in a
-// loop may live in memory (which made this kernel 2.5x slower than attend on an H200).
-//
-// In chunks (P.flags = z > 1, the grid's z): a prompt's 128 workgroups of 4 warps (TinyLlama, 512
-// rows) left most of an H200's 132 cores idle, the last rows' workgroups walking all 512 positions.
-// Workgroup z walks only chunk z of the positions (the step's last row's count cut in z, tiles of
-// KT), and writes each query's partial softmax (its accumulators, running max and sum) to `parts`;
-// attend_merge rescales the chunks to their common max and sums them.
-const KT: u32 = 32u;   // positions a tile
-var<workgroup> kt: array<vec4<f32>, KT * DG>;
-var<workgroup> vt: array<vec4<f32>, KT * DG>;
+// attend_rows (a prompt's attention) is in attention_rows.wgsl, appended to this file where the
+// device has subgroups; its chunks are merged here.
 @group(0) @binding(11) var<storage, read_write> parts: array<f32>;   // (z, t, H, HD + 2): a, max, sum
-
-@compute @workgroup_size(AW)
-fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let kvh = wid.y;
-    let g = P.n / P.k;
-    let r0 = wid.x * RQ;
-    let row = r0 + lid / g;
-    let h = kvh * g + lid % g;
-    let live = lid < RQ * g && row < P.t;
-    let rr = min(row, P.t - 1u);
-    let pos = rows_info[ROW_POS + rr];
-    let slot = rows_info[ROW_SLOT + r0];   // every row of the step is one sequence's
-    let z = max(P.flags, 1u);
-    let chunk = ((rows_info[ROW_POS + P.t - 1u] + z) / z + KT - 1u) / KT * KT;   // positions a chunk
-    let lo = wid.z * chunk;
-    let n = min(rows_info[ROW_POS + min(r0 + RQ - 1u, P.t - 1u)] + 1u, lo + chunk);   // this chunk's end for the tile's last row
-    let qo = (rr * P.n + h) * HD;
-    let q{d} = vec4<f32>(src[qo + 4u * {d}u], src[qo + 4u * {d}u + 1u], src[qo + 4u * {d}u + 2u], src[qo + 4u * {d}u + 3u]);   // unroll d < DG
-    var a{d} = vec4<f32>(0.0);   // unroll d < DG
-    var m = -3.0e38;
-    var l = 0.0;
-    for (var t0 = lo; t0 < n; t0 += KT) {
-        for (var i = lid; i < KT * DG; i += AW) {
-            let p = t0 + i / DG;
-            if (p < n) {
-                let b = kv_row(slot, kvh, p) + i % DG;
-                kt[i] = kpool[b];
-                vt[i] = vpool[b];
-            }
-        }
-        workgroupBarrier();
-        let cnt = min(KT, n - t0);
-        for (var j = 0u; j < cnt; j++) {
-            if (live && t0 + j <= pos) {   // causal
-                let kb = j * DG;
-                var s4 = vec4<f32>(0.0);
-                s4 += q{d} * kt[kb + {d}u];   // unroll d < DG
-                let s = s4.x + s4.y + s4.z + s4.w;
-                if (s > m) {
-                    let c = exp(m - s);   // 0 at the first position
-                    l *= c;
-                    a{d} *= c;   // unroll d < DG
-                    m = s;
-                }
-                let pj = exp(s - m);
-                l += pj;
-                a{d} += pj * vt[kb + {d}u];   // unroll d < DG
-            }
-        }
-        workgroupBarrier();
-    }
-    if (live && z > 1u) {
-        let o = ((wid.z * P.t + row) * P.n + h) * (HD + 2u);
-        parts[o + 4u * {d}u] = a{d}.x; parts[o + 4u * {d}u + 1u] = a{d}.y; parts[o + 4u * {d}u + 2u] = a{d}.z; parts[o + 4u * {d}u + 3u] = a{d}.w;   // unroll d < DG
-        parts[o + HD] = m;
-        parts[o + HD + 1u] = l;
-    } else if (live) {
-        let o = (row * P.n + h) * HD;
-        out[o + 4u * {d}u] = a{d}.x / l; out[o + 4u * {d}u + 1u] = a{d}.y / l; out[o + 4u * {d}u + 2u] = a{d}.z / l; out[o + 4u * {d}u + 3u] = a{d}.w / l;   // unroll d < DG
-    }
-}
 
 // attend_rows' P.flags chunks of each query summed: one invocation per (row, head, 4 dims); a chunk
 // that saw no position of its row holds max -3e38 and sum 0, and weighs nothing

@@ -685,17 +685,21 @@ class ResidentRunner:
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
         group = cfg.n_heads // cfg.n_kv_heads
-        # rows an attend_rows workgroup takes, all their query heads of one kv head: ~128 queries a
-        # workgroup (TinyLlama's 512-row prompt on the H200: 16 rows x 8 heads 0.19 ms a layer,
-        # 32 x 8 0.27, 8 x 8 0.22; splitting each query's positions among 2 or 4 invocations, merged
-        # at the end, 0.19 and 0.56 ms)
-        self.att_rows = min(64, 128 // group)
-        att_threads = -(-self.att_rows * group // 32) * 32
-        # a prompt's attention by attend_rows (registers for HD <= 64): with 4+ query heads a kv
-        # head (TinyLlama's 8: 0.19 ms a layer against attend's 0.55, 512 rows on the H200); with
-        # SmolLM2's 3 it was slower than attend (0.20 against 0.17 ms at 16-21 rows a workgroup)
-        self.attend_rows = cfg.head_dim <= 64 and group >= 4
-        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+        # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
+        # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.19 ms a layer against attend's 0.55,
+        # 512 rows on the H200); with SmolLM2's 3 it was slower than attend (0.20 against 0.17 ms at
+        # 16-21 rows a workgroup)
+        self.attend_rows = (cfg.head_dim <= 64 and cfg.head_dim % 16 == 0 and group >= 4
+                            and "subgroup" in gpu.features)
+        # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row;
+        # a workgroup takes att_rows rows, all their query heads of one kv head: ~128 queries
+        # (TinyLlama's 512-row prompt on the H200: 16 rows x 8 heads 0.19 ms a layer, 32 x 8 0.27,
+        # 8 x 8 0.22, when an invocation held a whole query)
+        self.att_heads = next(h for h in (4, 2, 1) if group % h == 0)
+        lanes = 4 * group // self.att_heads  # invocations a row
+        self.att_rows = max(1, min(64, 128 // lanes))
+        att_threads = -(-self.att_rows * lanes // 32) * 32
+        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
         log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *
@@ -734,8 +738,10 @@ class ResidentRunner:
         if pipe is None:
             file, entry = kernel.split(":")
             d = _shader_dir()
-            code = self._prefix + (d / "ops_common.wgsl").read_text() + "\n" + (d / f"{file}.wgsl").read_text()
-            code = unroll(code, {"DG": self.cfg.head_dim // 4})
+            files = ["ops_common", file, *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
+            code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
+            hd = self.cfg.head_dim
+            code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
             module = self.device.create_shader_module(code=code)
             pipe = self._pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})

@@ -240,19 +240,27 @@ MM_ROWS = 8  # token rows of x an invocation of the tile kernels holds (ROWS of 
 def unroll(code: str, consts: dict[str, int]) -> str:
     """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1:
     "{d}" replaced by d, "{d4}" by d // 4, "{dm}" by d % 4 and "{dc}" by the component "xyzw"[d % 4].
+    "// unroll h < A, d < B" repeats it for every h and d ("{h}" replaced by h), h the outer.
     The kernels' registers are named, one per d: an array indexed in a loop may live in memory
     (which made attend_rows 2.5x slower on an H200)."""
     out = []
     for line in code.splitlines():
-        body, mark, bound = line.partition("// unroll d < ")
+        body, mark, bounds = line.partition("// unroll ")
         if not mark:
             out.append(line)
             continue
-        body = body.rstrip()
-        for d in range(consts[bound.strip()]):
-            out.append(body.replace("{d4}", str(d // 4)).replace("{dm}", str(d % 4)).replace("{dc}", "xyzw"[d % 4])
-                       .replace("{d}", str(d)))
+        lines = [body.rstrip()]
+        for clause in bounds.split(","):
+            var, _, name = (part.strip() for part in clause.partition("<"))
+            lines = [_unrolled(text, var, i) for text in lines for i in range(consts[name])]
+        out += lines
     return "\n".join(out)
+
+
+def _unrolled(text: str, var: str, i: int) -> str:
+    if var == "d":
+        text = text.replace("{d4}", str(i // 4)).replace("{dm}", str(i % 4)).replace("{dc}", "xyzw"[i % 4])
+    return text.replace("{" + var + "}", str(i))
 
 
 def shader_source(qtype: str, kind: str) -> str:
