@@ -12,6 +12,17 @@ before mm_kt, removed), took 1.67 ms.
 Per dispatch: wall time of many back-to-back dispatches in one submission, after warm-up (the GPU
 clocks up), minimum of 5. --sweep times mm_kt and experimental forms of it (VARIANTS) at 1 to 4 k
 slices.
+
+What the H200 said of them (the seventh session; gate|up 11264 x 2048 at 512 rows, best of 1..4
+slices, ms; mm_kt 0.595):
+- mm_nolds (the inner loop's operands from registers, not workgroup memory) 0.501, mm_noload (no
+  global loads) 0.609: the FMAs themselves bound mm_kt, at ~47 TFLOP/s, the reads ~16% of it.
+- fma() in place of `+= a * b` (mm_fma 0.645, mm_fma_nolds 0.501): no gain; the driver fuses them.
+- slower: f16 sums over 64 k before the f32 flush (0.699), a warp's 32 invocations sharing their x
+  (32 x 256 tiles 0.758, 64 x 256 0.711), fma() with 128 x 128 tiles (0.686) or k steps of 64 (0.712).
+- wgpu-native 29 (wgpu-py 0.32) lists the H200's "cooperative-matrix" (tensor cores through
+  VK_KHR_cooperative_matrix), but requesting it fails: it is an experimental feature, and the C API
+  has no way to enable those.
 """
 
 from __future__ import annotations
@@ -33,9 +44,11 @@ from oxinfer.runtime.webgpu import (
 from oxinfer.testing import random_matrix
 
 
-def tiled_variant(name: str, tm: int, ks: int, noload: bool = False, tn: int = 128) -> str:
-    """mm_kt's structure with tm tokens x 128 outputs a workgroup (tm / 8 x 16 invocations, 8 x 8
-    each) and k steps of ks; noload: the tiles are never loaded (the structure's ceiling)."""
+def tiled_variant(name: str, tm: int, ks: int, noload: bool = False, tn: int = 128, nolds: bool = False,
+                  hk: int = 32, fma: bool = False) -> str:
+    """mm_kt's structure with tm tokens x tn outputs a workgroup (tm / 8 x tn / 8 invocations, 8 x 8
+    each) and k steps of ks; noload: the tiles are never loaded (the structure's ceiling); nolds: the
+    inner loop reads no workgroup memory (the FMAs' ceiling); hk: k summed in f16 before each f32 flush."""
     cols, wc = tm // 8, tn // 8
     threads = cols * wc
     xe, we = ks * cols, ks * wc
@@ -51,9 +64,11 @@ def tiled_variant(name: str, tm: int, ks: int, noload: bool = False, tn: int = 1
             f"wt[({ks}u * s + {e} / {wc}u) * wcols + (n0 >> 3u) + {e} % {wc}u]"
         stage.append(f"        W_{name}[{e}] = {src};")
     inner = []
-    for kb in range(ks // 32):
-        inner += ["        {", "HZERO", f"        for (var k = {32 * kb}u; k < {32 * kb + 32}u; k++) {{",
-                  f"            let a = X_{name}[k * {cols}u + ty];", f"            let b = W_{name}[k * {wc}u + tx];", "FMAS", "        }", "FLUSH", "        }"]
+    ld_a = (f"mat2x4<f16>(vec4<f16>(f16(k + ty)), vec4<f16>(0.5h))" if nolds else f"X_{name}[k * {cols}u + ty]")
+    ld_b = (f"mat2x4<f16>(vec4<f16>(f16(k + tx)), vec4<f16>(0.25h))" if nolds else f"W_{name}[k * {wc}u + tx]")
+    for kb in range(ks // hk):
+        inner += ["        {", "HZERO", f"        for (var k = {hk * kb}u; k < {hk * kb + hk}u; k++) {{",
+                  f"            let a = {ld_a};", f"            let b = {ld_b};", "FMAF" if fma else "FMAS", "        }", "FLUSH", "        }"]
     return f"""
 var<workgroup> X_{name}: array<mat2x4<f16>, {xe}>;
 var<workgroup> W_{name}: array<mat2x4<f16>, {we}>;
@@ -81,15 +96,24 @@ STORES
 """
 
 
-# experimental forms of mm_kt (appended to gemm_f16's module), timed with --sweep
-VARIANTS = {name: tiled_variant(name, tm, ks, noload, tn) for name, tm, ks, noload, tn in [
-    ("mm_noload", 64, 32, True, 128),     # mm_kt's structure without its loads: its ceiling
-    ("mm_m128", 128, 32, False, 128),     # 128 x 128 tiles, 256 invocations (the first mm_kt)
-    ("mm_m64k64", 64, 64, False, 128),    # k steps of 64 (32 KiB)
-    ("mm_m32", 32, 32, False, 128),
-    ("mm_m64n64", 64, 32, False, 64),
-    ("mm_m128n64", 128, 32, False, 64),
-]}
+# experimental forms of mm_kt (appended to gemm_f16's module), timed with --sweep: name -> (tm, ks, tn, options)
+TILES = {
+    "mm_noload": (64, 32, 128, dict(noload=True)),   # mm_kt's structure without its loads: its ceiling
+    "mm_nolds": (64, 32, 128, dict(nolds=True)),     # ... without its workgroup-memory reads: the FMAs'
+    "mm_m128": (128, 32, 128, {}),                   # 128 x 128 tiles, 256 invocations (the first mm_kt)
+    "mm_m64k64": (64, 64, 128, {}),                  # k steps of 64 (32 KiB)
+    "mm_m64h64": (64, 64, 128, dict(hk=64)),         # ... summed in f16 for all 64 before the f32 flush
+    "mm_fma": (64, 32, 128, dict(fma=True)),         # mm_kt with its products and sums fused by fma()
+    "mm_fma_nolds": (64, 32, 128, dict(fma=True, nolds=True)),
+    "mm_fma_m128": (128, 32, 128, dict(fma=True)),
+    "mm_fma_k64": (64, 64, 128, dict(fma=True)),
+    "mm_m32": (32, 32, 128, {}),
+    "mm_m64n64": (64, 32, 64, {}),
+    "mm_m128n64": (128, 32, 64, {}),
+    "mm_m32n256": (32, 32, 256, {}),                 # a warp's 32 invocations share their x (one ty)
+    "mm_m64n256": (64, 32, 256, {}),
+}
+VARIANTS = {name: tiled_variant(name, tm, ks, tn=tn, **o) for name, (tm, ks, tn, o) in TILES.items()}
 # wt_k without workgroup memory: an invocation decodes 8 rows x 8 k (one octet of each) and writes
 # the 8 k-major elements they make (grid: pad128(n_out) / 512 rounded up, n_in / 8); wt_k stages a 128 x 32
 # tile in workgroup memory with 16 scalar f16 stores an invocation (46 us for gate|up on the H200)
@@ -106,14 +130,13 @@ fn wt_k8(@builtin(global_invocation_id) gid: vec3<u32>) {
     wt_out[(8u * c + {d}u) * cols + n8] = mat2x4<f16>(vec4<f16>(f16(w0[{d4}][{dm}]), f16(w1[{d4}][{dm}]), f16(w2[{d4}][{dm}]), f16(w3[{d4}][{dm}])), vec4<f16>(f16(w4[{d4}][{dm}]), f16(w5[{d4}][{dm}]), f16(w6[{d4}][{dm}]), f16(w7[{d4}][{dm}])));   // unroll d < ROWS
 }
 """
-GRID = {"mm_kt": (1, 2), "mm_noload": (1, 2), "mm_m128": (1, 1), "mm_m64k64": (1, 2), "mm_m32": (1, 4),
-        "mm_m64n64": (2, 2), "mm_m128n64": (2, 1)}  # workgroups per 128 x 128 tile (x, y)
 
 
 _SNIPPETS = {  # mm_kt's lines (shaders/gemm_f16.wgsl), expanded by webgpu.unroll
     "ACC": "    var c{d}a = vec4<f32>(0.0); var c{d}b = vec4<f32>(0.0);   // unroll d < ROWS",
     "HZERO": "        var h{d}a = vec4<f16>(0.0h); var h{d}b = vec4<f16>(0.0h);   // unroll d < ROWS",
     "FMAS": "            h{d}a += a[{d4}].{dc} * b[0]; h{d}b += a[{d4}].{dc} * b[1];   // unroll d < ROWS",
+    "FMAF": "            h{d}a = fma(vec4<f16>(a[{d4}].{dc}), b[0], h{d}a); h{d}b = fma(vec4<f16>(a[{d4}].{dc}), b[1], h{d}b);   // unroll d < ROWS",
     "FLUSH": "        c{d}a += vec4<f32>(h{d}a); c{d}b += vec4<f32>(h{d}b);   // unroll d < ROWS",
     "STORES": "    store_row8(wid.z, m0 + 8u * ty + {d}u, n0 + 8u * tx, c{d}a, c{d}b);   // unroll d < ROWS",
 }
@@ -169,10 +192,10 @@ def main() -> None:
 
         def job(kind: str, entry: str | None, slices: int = 1):
             entry = entry or kind
-            gx, gy = GRID.get(entry, (1, 1))
+            tm, _, tn, _ = TILES.get(entry, (64, 32, 128, {}))
             grid = {"wt_k": _grid("wt_k", n_out, t, n_in), "xt_k": _grid("xt_k", n_out, t, n_in),
                     "wt_k8": (-(-pad(n_out) // 512), n_in // 8, 1)}.get(
-                entry, (pad(n_out) // 128 * gx, pad(t) // 128 * gy, slices))
+                entry, (-(-pad(n_out) // tn), -(-pad(t) // tm), slices))
             p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
             p[:4] = (n_out, n_in, 0, t)
             p[7] = slices if slices > 1 else 0
@@ -222,7 +245,7 @@ def main() -> None:
         print(f"| {name} {n_out}x{n_in} | {slices} | " + " | ".join(f"{v:.3f}" for v in row)
               + f" | {flop / row[0]:.1f} / {flop / row[1]:.1f} ({flop / sum(row[1:]):.1f}) |", flush=True)
         for v in filter(None, a.sweep.split(",")):
-            if v != "mm_noload":
+            if v not in ("mm_noload", "mm_nolds", "mm_fma_nolds"):
                 check(v, prep + [job("mm_kt", v)])
             got = [ms([job("mm_kt", v, z)]) for z in (1, 2, 3, 4)]
             print(f"|   {v}, 1..4 slices | | " + " | ".join(f"{g:.3f}" for g in got) + " |", flush=True)
