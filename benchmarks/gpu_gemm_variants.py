@@ -132,6 +132,47 @@ fn wt_k8(@builtin(global_invocation_id) gid: vec3<u32>) {
 """
 
 
+def wt_variant(name: str, kb: int) -> str:
+    """wt_k with tiles of 128 rows x kb quant blocks of k (32 kb): each invocation decodes kb / 2
+    blocks of its row (wt_k: kb 1, half a block), so a row's kb blocks (20 kb bytes of Q4_1) are
+    read together; the tile goes out as 32 kb k-rows of 256 bytes."""
+    octs = 4 * kb // 2  # octets (w8 calls) an invocation decodes
+    puts = "\n".join(f"    put_{name}(k0 + {8 * i}u, r, w8(row, o0 + {i}u));" for i in range(octs))
+    outs = "\n".join(f"    wt_out[(32u * {kb}u * wid.y + ((lid + {256 * i}u) >> 4u)) * (cols >> 3u) + (n0 >> 3u) + ((lid + {256 * i}u) & 15u)] = col_{name}(lid + {256 * i}u);"
+                      for i in range(2 * kb))
+    return f"""
+var<workgroup> T_{name}: array<f16, {4096 * kb}>;
+fn put_{name}(k: u32, r: u32, v: array<vec4<f32>, 2>) {{
+    for (var i = 0u; i < 4u; i++) {{
+        T_{name}[(k + i) * 128u + r] = f16(v[0][i]);
+        T_{name}[(k + 4u + i) * 128u + r] = f16(v[1][i]);
+    }}
+}}
+fn col_{name}(e: u32) -> mat2x4<f16> {{
+    let i = (e >> 4u) * 128u + 8u * (e & 15u);
+    return mat2x4<f16>(vec4<f16>(T_{name}[i], T_{name}[i + 1u], T_{name}[i + 2u], T_{name}[i + 3u]),
+                       vec4<f16>(T_{name}[i + 4u], T_{name}[i + 5u], T_{name}[i + 6u], T_{name}[i + 7u]));
+}}
+@compute @workgroup_size(256)
+fn {name}(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let n0 = wid.x * 128u;
+    let r = lid >> 1u;
+    let row = min(n0 + r, P.n_out - 1u);
+    let k0 = 16u * {kb}u * (lid & 1u);
+    let o0 = 4u * {kb}u * wid.y + 2u * {kb}u * (lid & 1u);
+{puts}
+    workgroupBarrier();
+    let cols = pad128(P.n_out);
+{outs}
+}}
+"""
+
+
+VARIANTS["wt_kb2"] = wt_variant("wt_kb2", 2)   # 128 rows x 64 k a workgroup
+VARIANTS["wt_kb4"] = wt_variant("wt_kb4", 4)   # 128 rows x 128 k
+WT_BLOCKS = {"wt_kb2": 2, "wt_kb4": 4}
+
+
 _SNIPPETS = {  # mm_kt's lines (shaders/gemm_f16.wgsl), expanded by webgpu.unroll
     "ACC": "    var c{d}a = vec4<f32>(0.0); var c{d}b = vec4<f32>(0.0);   // unroll d < ROWS",
     "HZERO": "        var h{d}a = vec4<f16>(0.0h); var h{d}b = vec4<f16>(0.0h);   // unroll d < ROWS",
@@ -194,13 +235,14 @@ def main() -> None:
             entry = entry or kind
             tm, _, tn, _ = TILES.get(entry, (64, 32, 128, {}))
             grid = {"wt_k": _grid("wt_k", n_out, t, n_in), "xt_k": _grid("xt_k", n_out, t, n_in),
-                    "wt_k8": (-(-pad(n_out) // 512), n_in // 8, 1)}.get(
+                    "wt_k8": (-(-pad(n_out) // 512), n_in // 8, 1),
+                    **{v: (pad(n_out) // 128, n_in // (32 * b), 1) for v, b in WT_BLOCKS.items()}}.get(
                 entry, (-(-pad(n_out) // tn), -(-pad(t) // tm), slices))
             p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
             p[:4] = (n_out, n_in, 0, t)
             p[7] = slices if slices > 1 else 0
             pp = pipe(kind, entry)
-            uses = {"mm_tiled": (1, 2, 3), "wt_k": (3, 5), "wt_k8": (3, 5), "xt_k": (1, 7), "mm_noload": (2,)}.get(entry, (2, 6, 8))
+            uses = {"mm_tiled": (1, 2, 3), "wt_k": (3, 5), "wt_k8": (3, 5), "wt_kb2": (3, 5), "wt_kb4": (3, 5), "xt_k": (1, 7), "mm_noload": (2,)}.get(entry, (2, 6, 8))
             bg = dev.create_bind_group(layout=pp.get_bind_group_layout(0), entries=[
                 {"binding": 0, "resource": {"buffer": dev.create_buffer_with_data(data=p, usage=BU.UNIFORM)}}]
                 + [{"binding": b, "resource": {"buffer": bufs[b]}} for b in uses])

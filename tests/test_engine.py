@@ -188,6 +188,9 @@ async def test_bad_prompts_raise_before_any_work(engine):
         engine.stream([])
     with pytest.raises(ValueError, match="prompt must be"):
         engine.stream([{"role": "user", "content": "hi"}, 3])
+    for ids in ([1, True], [1, 2.0], np.array([1.0, 2.0]), np.array([True]), [[1, 2]]):  # ids: ints only
+        with pytest.raises(ValueError, match="prompt must be"):
+            engine.stream(ids)
     long = "hello " * 9000
     with pytest.raises(ContextOverflowError, match="context length"):
         engine.stream(long, SamplingParams(max_tokens=16))
