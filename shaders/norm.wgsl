@@ -49,6 +49,33 @@ fn rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
+// add_rms_norm: rms_norm of x + the P.k slices of the split product before it (add_splits' work,
+// taken over: runtime/resident.py), x updated in place to that sum (the residual stream)
+@group(0) @binding(6) var<storage, read> parts: array<f32>;    // (P.k, t, n)
+@group(0) @binding(7) var<storage, read_write> xr: array<f32>;  // x, read and written
+
+@compute @workgroup_size(256)
+fn add_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    if (r >= P.t) {
+        return;
+    }
+    let xo = r * P.n;
+    var s = 0.0;
+    for (var i = lid; i < P.n; i += 256u) {
+        var v = xr[xo + i];
+        for (var z = 0u; z < P.k; z++) {
+            v += parts[(z * P.t + r) * P.n + i];
+        }
+        xr[xo + i] = v;
+        s += v * v;
+    }
+    let inv = inv_rms(lid, s, 256u);
+    for (var i = lid; i < P.n; i += 256u) {
+        y[xo + i] = xr[xo + i] * inv * w[i];
+    }
+}
+
 @group(0) @binding(5) var<storage, read_write> z: array<f32>;
 
 @compute @workgroup_size(64)

@@ -7,7 +7,7 @@
 struct Op {
     t: u32,      // rows this dispatch covers: the step's rows, or one per sequence
     n: u32,      // columns (rms_norm, silu_mul, add, argmax); query heads (attention)
-    k: u32,      // kv heads (attention); slices (argmax_part, add_splits); the source's row stride (copy_cols)
+    k: u32,      // kv heads (attention); slices (argmax_part, add_splits, add_rms_norm); the source's row stride (copy_cols)
     flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x; add_splits: 1 = add
                  // to y; copy_cols: the source's first column
     eps: f32,    // rms_norm

@@ -142,10 +142,11 @@ async def test_a_long_prompt_s_attention_over_several_tiles(tmp_path, d, n_heads
 async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attention(tmp_path, d_ff, slices):
     """The kernel choices of a real GPU, on whatever adapter runs the tests (lavapipe in CI): an
     80-token prompt's down product (1,024 or 1,600 weights a row) splits k in mm_tiled slices
-    summed by add_splits (one residual add with them): 1,600 in 3 uneven ones of 34, 34 and 32
-    steps. Attention runs in attend_rows (4 query heads a kv head) in chunks of the positions
-    merged by attend_merge, decode steps in the one-token
-    matvecs with their prologues. Logits within 1e-4 of numpy's, and the same greedy tokens."""
+    (1,600 in 3 uneven ones of 34, 34 and 32 steps), added to the residual by the next layer's
+    norm (add_rms_norm) or, before the final norm, by add_splits. Attention runs in attend_rows (4
+    query heads a kv head) in chunks of the positions merged by attend_merge, decode steps in the
+    one-token matvecs with their prologues. Logits within 1e-4 of numpy's, and the same greedy
+    tokens."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
     path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=1, d_ff=d_ff, seed=8, extra_vocab=40)
@@ -155,8 +156,12 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
     prog = gpu.resident.program(False)
     plan = prog.plans[(80, 1)]
+    # every down product in slices: the next layer's add_rms_norm sums them into the residual, the
+    # last layer's add_splits (its final norm gathers the rows whose logits are wanted)
     split = [i for i in plan.at if prog.disps[i].optional]
-    assert len(split) == gpu.model.cfg.n_layers  # every down product, in slices
+    added = [i for i in plan.at if prog.disps[i].kernel == "norm:rms_norm" and plan.values[
+        (plan.where[0] == i) & (plan.where[1] == resident.SLICES_WORD)][0] == slices]
+    assert len(split) == 1 and len(added) == gpu.model.cfg.n_layers - 1
     assert set(plan.values[plan.where[0] == split[0]]) == {slices}  # add_splits' slice count
     # attention in chunks of the positions (8: 3 of 32 positions, 5 empty), merged by attend_merge
     merge = gpu.resident._pipelines["attention:attend_merge"]
@@ -171,7 +176,8 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     """A GPU with shader-f16 (planned as one here) runs a prompt's products as mm_kt: x and W made
     f16 operands by xt_k and wt_k, then the product, each in 2 k slices (1,024 weights a row). The
     down product's xt_k takes over the swiglu and the sum of gate|up's slices: neither that
-    add_splits nor silu_mul runs. 130 rows: a partial tile of rows. Logits within what f16 costs
+    add_splits nor silu_mul runs; the norms after o and down sum those products' slices into the
+    residual (add_rms_norm). 130 rows: a partial tile of rows. Logits within what f16 costs
     of numpy's float32 forward (and not closer than f16 can be)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True, f16=True)
     if not backend.f16:
@@ -190,7 +196,8 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
-    assert sum(prog.disps[i].optional for i in plan.at) == 3 * layers  # add_splits of q|k|v, o, down
+    # add_splits of q|k|v, and of the last down product: o's and the other downs' summed by the norms after them
+    assert sum(prog.disps[i].optional for i in plan.at) == layers + 1
     down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
     assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == resident.XS_WORD)]) == {2}
 

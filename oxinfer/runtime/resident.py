@@ -776,6 +776,8 @@ class ResidentRunner:
                     entries[11] = self._att_parts()
                 if kind == "attention:attend_merge":
                     entries = {10: entries[10], 11: self._att_parts()}
+                if kind == "norm:add_rms_norm":  # x read and written; the slices add_splits would sum
+                    entries = {3: entries[3], 4: entries[4], 6: prog.disps[i - 1].entries[2], 7: entries[2]}
                 pipe = self._op_pipeline(kind)
                 layout = pipe.get_bind_group_layout(0)
             group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
@@ -791,6 +793,14 @@ class ResidentRunner:
         add = disps[i - 2] if i >= 3 else None
         return (add is not None and add.optional and splits[i - 3] > 1 and not add.params[3]
                 and add.entries[3] is disps[i - 1].entries[2])
+
+    @staticmethod
+    def _sums_into(disps: list[_Dispatch], splits: np.ndarray, i: int) -> bool:
+        """Whether norm i (of whole rows) reads the residual that add_splits (i - 1) adds the slices
+        of product i - 2 to, so that add_rms_norm can sum them instead."""
+        add = disps[i - 1] if i >= 2 else None
+        return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == 1
+                and not disps[i].params[3] and add.entries[3] is disps[i].entries[2])
 
     def _att_parts(self):
         """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
@@ -846,7 +856,7 @@ class ResidentRunner:
                     if i + 1 < len(disps) and disps[i + 1].optional:
                         splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
             pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
-            xs = np.zeros(len(disps), np.uint32)  # each mm_kt's Params.xs
+            xs = np.zeros(len(disps), np.uint32)  # slices summed by each mm_kt's xt_k (Params.xs), add_rms_norm (Op.k)
             fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
             for i, d in enumerate(disps):
                 if d.pre is None or not i or disps[i - 1] is not d.pre:
@@ -858,6 +868,9 @@ class ResidentRunner:
                         xs[i], fused[i - 1] = splits[i - 3], True  # and xt_k sums gate|up's slices
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
+            for i, d in enumerate(disps):  # a residual's add_splits, then the norm of that residual
+                if d.kernel == "norm:rms_norm" and not fused[i + 1] and self._sums_into(disps, splits, i):
+                    kinds[i], fused[i], xs[i] = "norm:add_rms_norm", True, splits[i - 2]
             chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
             for i in range(len(disps)):
                 if kinds[i] == "attention:attend_rows":
@@ -881,11 +894,12 @@ class ResidentRunner:
             mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
             opt = [i for i, d in enumerate(disps) if d.optional]
             att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
-            where = (np.array(mm + mm + mm + opt + att, np.intp),
+            norm = [i for i, d in enumerate(disps) if d.kernel == "norm:rms_norm"]
+            where = (np.array(mm + mm + mm + opt + att + norm, np.intp),
                      np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
-                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att), np.intp))
+                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm), np.intp))
             values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), xs[mm],
-                                     splits[np.array(opt, np.intp) - 1], chunks[att]])
+                                     splits[np.array(opt, np.intp) - 1], chunks[att], xs[norm]])
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = _Plan(calls, at, where, values.astype(np.uint32), pre)
