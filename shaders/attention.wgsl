@@ -54,6 +54,10 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
     let o = (r * heads + h) * HD + 2u * i;
     var a = src[o];
     var b = src[o + 1u];
+    for (var z = 1u; z < P.flags; z++) {   // a split q|k|v product: its slices summed here
+        a += src[z * P.t * heads * HD + o];
+        b += src[z * P.t * heads * HD + o + 1u];
+    }
     if (h < P.n + P.k && i < ROPE_PAIRS) {
         let cs = rope[rows_info[ROW_POS + r] * ROPE_PAIRS + i];
         let a2 = a * cs.c - b * cs.s;

@@ -9,7 +9,7 @@ struct Op {
     n: u32,      // columns (rms_norm, silu_mul, add, argmax); query heads (attention)
     k: u32,      // kv heads (attention); slices (argmax_part, add_splits, add_rms_norm); the source's row stride (copy_cols)
     flags: u32,  // rms_norm: 1 = output row r reads row rows_info[SEQ_LAST + r] of x; add_splits: 1 = add
-                 // to y; copy_cols: the source's first column
+                 // to y; copy_cols: the source's first column; attend_rows: chunks; rope_kv: slices of q|k|v
     eps: f32,    // rms_norm
     scale: f32,  // rope_kv: the softmax scale 1/sqrt(head_dim), applied to q once
     stride: u32, // copy_cols: the destination's row stride

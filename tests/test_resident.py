@@ -177,7 +177,8 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     f16 operands by xt_k and wt_k, then the product, each in 2 k slices (1,024 weights a row). The
     down product's xt_k takes over the swiglu and the sum of gate|up's slices: neither that
     add_splits nor silu_mul runs; the norms after o and down sum those products' slices into the
-    residual (add_rms_norm). 130 rows: a partial tile of rows. Logits within what f16 costs
+    residual (add_rms_norm), and rope_kv sums q|k|v's as it reads them. 130 rows: a partial tile of
+    rows. Logits within what f16 costs
     of numpy's float32 forward (and not closer than f16 can be)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True, f16=True)
     if not backend.f16:
@@ -196,8 +197,11 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
-    # add_splits of q|k|v, and of the last down product: o's and the other downs' summed by the norms after them
-    assert sum(prog.disps[i].optional for i in plan.at) == layers + 1
+    # only the last down product's add_splits: o's and the other downs' slices summed by the norms
+    # after them, q|k|v's by rope_kv
+    assert sum(prog.disps[i].optional for i in plan.at) == 1
+    rope = [i for i in plan.at if prog.disps[i].kernel == "attention:rope_kv"]
+    assert len(rope) == layers and set(plan.values[np.isin(plan.where[0], rope) & (plan.where[1] == resident.FLAGS_WORD)]) == {2}
     down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
     assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == resident.XS_WORD)]) == {2}
 

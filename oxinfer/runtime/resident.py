@@ -771,6 +771,8 @@ class ResidentRunner:
             else:
                 if kind == "attention:attend_decode":
                     entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
+                if kind == "attention:rope_kv" and sums:
+                    entries[2] = prog.disps[i - 1].entries[2]  # the q|k|v product's slices
                 if kind == "attention:attend_rows":
                     del entries[4]  # q comes rotated: no rope table
                     entries[11] = self._att_parts()
@@ -796,11 +798,19 @@ class ResidentRunner:
 
     @staticmethod
     def _sums_into(disps: list[_Dispatch], splits: np.ndarray, i: int) -> bool:
-        """Whether norm i (of whole rows) reads the residual that add_splits (i - 1) adds the slices
-        of product i - 2 to, so that add_rms_norm can sum them instead."""
-        add = disps[i - 1] if i >= 2 else None
-        return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == 1
-                and not disps[i].params[3] and add.entries[3] is disps[i].entries[2])
+        """Whether dispatch i can take over the add_splits before it (i - 1), which sums the slices
+        of product i - 2 for it: norm i (of whole rows) reads the residual add_splits adds them to
+        (add_rms_norm sums them instead), rope_kv i the q|k|v add_splits writes (it sums them as it
+        reads them)."""
+        add, d = (disps[i - 1] if i >= 2 else None), disps[i]
+        if d.kernel == "norm:rms_norm" and not d.params[3]:
+            adds = 1  # add_splits adds the slices to the residual
+        elif d.kernel == "attention:rope_kv":
+            adds = 0  # add_splits writes their sum
+        else:
+            return False
+        return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == adds
+                and add.entries[3] is d.entries[2])
 
     def _att_parts(self):
         """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
@@ -856,7 +866,7 @@ class ResidentRunner:
                     if i + 1 < len(disps) and disps[i + 1].optional:
                         splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
             pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
-            xs = np.zeros(len(disps), np.uint32)  # slices summed by each mm_kt's xt_k (Params.xs), add_rms_norm (Op.k)
+            xs = np.zeros(len(disps), np.uint32)  # slices summed by mm_kt's xt_k (Params.xs), add_rms_norm (Op.k), rope_kv (Op.flags)
             fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
             for i, d in enumerate(disps):
                 if d.pre is None or not i or disps[i - 1] is not d.pre:
@@ -868,9 +878,11 @@ class ResidentRunner:
                         xs[i], fused[i - 1] = splits[i - 3], True  # and xt_k sums gate|up's slices
                 elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
                     kinds[i], fused[i] = "attention:attend_decode", True
-            for i, d in enumerate(disps):  # a residual's add_splits, then the norm of that residual
-                if d.kernel == "norm:rms_norm" and not fused[i + 1] and self._sums_into(disps, splits, i):
-                    kinds[i], fused[i], xs[i] = "norm:add_rms_norm", True, splits[i - 2]
+            for i, d in enumerate(disps):  # an add_splits, then the norm or rope_kv that reads its sum
+                if not fused[i + 1] and self._sums_into(disps, splits, i):
+                    fused[i], xs[i] = True, splits[i - 2]
+                    if d.kernel == "norm:rms_norm":
+                        kinds[i] = "norm:add_rms_norm"
             chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
             for i in range(len(disps)):
                 if kinds[i] == "attention:attend_rows":
@@ -895,11 +907,13 @@ class ResidentRunner:
             opt = [i for i, d in enumerate(disps) if d.optional]
             att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
             norm = [i for i, d in enumerate(disps) if d.kernel == "norm:rms_norm"]
-            where = (np.array(mm + mm + mm + opt + att + norm, np.intp),
+            rope = [i for i, d in enumerate(disps) if d.kernel == "attention:rope_kv"]
+            where = (np.array(mm + mm + mm + opt + att + norm + rope, np.intp),
                      np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
-                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm), np.intp))
+                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm)
+                              + [FLAGS_WORD] * len(rope), np.intp))
             values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), xs[mm],
-                                     splits[np.array(opt, np.intp) - 1], chunks[att], xs[norm]])
+                                     splits[np.array(opt, np.intp) - 1], chunks[att], xs[norm], xs[rope]])
             if len(prog.plans) > 64:
                 prog.plans.clear()
             plan = prog.plans[(t, n)] = _Plan(calls, at, where, values.astype(np.uint32), pre)
