@@ -240,7 +240,9 @@ async def test_limits_queue_in_order_then_overload(engine):
         assert st.running == 2 and st.queued == 2
         with pytest.raises(EngineOverloaded, match="max_queue"):
             small.stream(PROMPTS[5], params)
-    assert sorted(order[:2]) == [0, 1] and order[2:] == [2, 3]
+    # the two queued requests wait for the running ones; once admitted they run side by side, so
+    # either may finish first (order[2:] read [3, 2] once)
+    assert sorted(order[:2]) == [0, 1] and sorted(order[2:]) == [2, 3]
     assert idle(small)
 
 
