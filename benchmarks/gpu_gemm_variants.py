@@ -20,6 +20,9 @@ slices, ms; mm_kt 0.595):
 - fma() in place of `+= a * b` (mm_fma 0.645, mm_fma_nolds 0.501): no gain; the driver fuses them.
 - slower: f16 sums over 64 k before the f32 flush (0.699), a warp's 32 invocations sharing their x
   (32 x 256 tiles 0.758, 64 x 256 0.711), fma() with 128 x 128 tiles (0.686) or k steps of 64 (0.712).
+- wt_k (W's f16 copy, 2.1 ms of TinyLlama's prompt step) in other forms, --wt, gate|up / down ms:
+  wt_k 0.047 / 0.024, wt_k8 (no workgroup memory) 0.056 / 0.032, wt_kb2 (tiles of 2 blocks of k)
+  0.052 / 0.027, wt_kb4 0.086 / 0.045. The whole model with wt_k8 in wt_k's place: no faster.
 - wgpu-native 29 (wgpu-py 0.32) lists the H200's "cooperative-matrix" (tensor cores through
   VK_KHR_cooperative_matrix), but requesting it fails: it is an experimental feature, and the C API
   has no way to enable those.
