@@ -686,9 +686,9 @@ class ResidentRunner:
         self._pending: Future | None = None  # the background submission of the furthest step ahead
         group = cfg.n_heads // cfg.n_kv_heads
         # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
-        # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.19 ms a layer against attend's 0.55,
-        # 512 rows on the H200); with SmolLM2's 3 it was slower than attend (0.20 against 0.17 ms at
-        # 16-21 rows a workgroup)
+        # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.13 ms a layer with its merge,
+        # against attend's 0.55, 512 rows on the H200); with SmolLM2's 3 it was slower than attend
+        # (0.20 against 0.17 ms at 16-21 rows a workgroup, when an invocation held a whole query)
         self.attend_rows = (cfg.head_dim <= 64 and cfg.head_dim % 16 == 0 and group >= 4
                             and "subgroup" in gpu.features)
         # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row;
