@@ -12,10 +12,8 @@ import anyio
 from oxinfer.bench import add_bench_parser, bench_command
 from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
-from oxinfer.server.cli import (  # needs no server extra until it runs
-    add_serve_parser,
-    serve_command,
-)
+from oxinfer.serve_ray.cli import add_ray_arguments, refuse_ray_flags, serve_on_ray  # no ray until it runs
+from oxinfer.server.cli import add_serve_parser, serve_command  # needs no server extra until it runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     tok.add_argument("text")
     tok.add_argument("--model")
 
-    add_serve_parser(sub)
+    add_ray_arguments(add_serve_parser(sub))
     add_bench_parser(sub)
     return p
 
@@ -84,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "bench":
             bench_command(args)
+        elif args.command == "serve" and args.ray:
+            serve_on_ray(args)
         elif args.command == "serve":
+            refuse_ray_flags(args)
             serve_command(args)
         else:
             anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)

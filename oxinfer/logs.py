@@ -1,4 +1,7 @@
-"""structlog setup: INFO and up unless asked otherwise. Event keys are the stats field names."""
+"""structlog setup. A library logs quietly: an application that imports oxinfer and configures nothing
+sees warnings and errors only (Python's convention for libraries); `oxinfer run`, `serve` and
+`bench` choose their own level, and an application asks for more with `configure_logging("INFO")`
+or its own `structlog.configure`. Event keys are the stats field names."""
 
 from __future__ import annotations
 
@@ -37,6 +40,7 @@ def configure_logging(level: str | int = "INFO", json: bool = False) -> None:
 
 
 def ensure_configured() -> None:
-    """Per-matmul debug lines would flood an unconfigured app: default to INFO on stderr."""
+    """structlog unconfigured prints every level, per-matmul debug lines included: unless the
+    application configured it, oxinfer's events reach stderr from WARNING up."""
     if not structlog.is_configured():
-        configure_logging()
+        configure_logging("WARNING")

@@ -5,6 +5,9 @@ import pytest
 
 import oxinfer
 
+# the test suite is the application: it asks for oxinfer's info events (tests capture them)
+oxinfer.configure_logging("INFO")
+
 GOLDEN_COPY = Path(__file__).parent / "data" / "smollm2-135m-q4_1.llamacpp.json"
 
 # `make test` runs the files on pytest-xdist workers, whole (module fixtures: one Ray cluster, one

@@ -49,7 +49,7 @@ def test_ray_flags_without_ray_are_refused():
 
 def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
     from oxinfer.cli import _parser
-    from oxinfer.server.cli import ray_config
+    from oxinfer.serve_ray.cli import ray_config
 
     def config(*flags):
         return ray_config(_parser().parse_args(["serve", "--ray", *flags]))
@@ -67,3 +67,34 @@ def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
                            (("--replica-cpus", "-1"), "replica_cpus")]:
         with pytest.raises(ValueError, match=message):
             config(*flags)
+
+
+APP = """
+import sys, anyio, oxinfer
+from pathlib import Path
+from oxinfer.testing import write_tiny_llama
+
+async def main():
+    path = write_tiny_llama(Path(sys.argv[1]) / "tiny.gguf")
+    async with await oxinfer.Engine.load(path) as engine:
+        params = oxinfer.SamplingParams(max_tokens=4, temperature=0)
+        async for ev in engine.stream([1, 2, 3], params):
+            print("event", type(ev).__name__)
+    with __import__("pytest").raises(oxinfer.ContextOverflowError):
+        engine.stream([1, 2, 3], oxinfer.SamplingParams(max_tokens=10**6))
+    import structlog
+    structlog.get_logger("oxinfer.engine").warning("a_warning_an_app_sees")
+
+anyio.run(main)
+"""
+
+
+def test_an_app_that_imports_oxinfer_sees_warnings_and_nothing_more(tmp_path):
+    """A library leaves logging to the application: no info lines (cpu_threads, request_finished)
+    among an app's own output, warnings still on stderr."""
+    r = subprocess.run([sys.executable, "-c", APP, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("event Token") == 4 and "event Finished" in r.stdout
+    assert "a_warning_an_app_sees" in r.stderr
+    for quiet in ("request_finished", "cpu_threads", "[info", "[debug"):
+        assert quiet not in r.stderr and quiet not in r.stdout

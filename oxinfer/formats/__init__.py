@@ -3,6 +3,8 @@
 from oxinfer.formats.default_model import default_model_path
 from oxinfer.formats.gguf_file import GGUFFile
 from oxinfer.formats.hf_dir import HFDirectory
-from oxinfer.formats.quants import CODECS, QuantMatrix, codec
+from oxinfer.formats import kquants  # noqa: F401 - registers Q5_0, Q5_1, IQ4_NL and the k-quants
+from oxinfer.formats.codec import CODECS, codec
+from oxinfer.formats.quants import QuantMatrix
 
 __all__ = ["CODECS", "GGUFFile", "HFDirectory", "QuantMatrix", "codec", "default_model_path"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from oxinfer.formats.quants import Codec, _f16, _nibbles, _requantize_q8
+from oxinfer.formats.codec import Codec, _f16, _nibbles, _requantize_q8
 
 QK = 256  # values per k-quant super-block
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.int8)

@@ -5,12 +5,14 @@ hold one Engine behind one OpenAI-compatible endpoint, routed by prompt prefix. 
     serve.run(build_app(RayServeConfig(model="m.gguf", replicas=2)), route_prefix="/")
 """
 
-from oxinfer.serve_ray.config import RayServeConfig
-
 __all__ = ["RayServeConfig", "build_app", "run"]
 
 
 def __getattr__(name: str):
+    if name == "RayServeConfig":  # the config needs no ray, but the server's app (its body limit)
+        from oxinfer.serve_ray.config import RayServeConfig
+
+        return RayServeConfig
     if name in ("build_app", "run"):  # these need ray; the config does not
         from oxinfer.serve_ray import deploy
 

@@ -1,4 +1,4 @@
-"""`python -m oxinfer.server [serve flags]`: the same as `oxinfer serve`."""
+"""`python -m oxinfer.server [serve flags]`: the same as `oxinfer serve` (one engine; Ray: `oxinfer serve --ray`)."""
 
 import argparse
 import sys
