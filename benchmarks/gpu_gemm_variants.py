@@ -35,15 +35,10 @@ import time
 
 import numpy as np
 
-from oxinfer.runtime.webgpu import (
-    MM_ROWS,
-    WebGpuBackend,
-    _grid,
-    device_bytes,
-    shader_source,
-    unroll,
-    wgpu,
-)
+from oxinfer.formats.gpu_layout import device_bytes
+from oxinfer.runtime.webgpu import WebGpuBackend, shader_source, unroll, wgpu
+from oxinfer.runtime.webgpu.kernels import grid as _grid
+from oxinfer.runtime.webgpu.shaders import MM_ROWS
 from oxinfer.testing import random_matrix
 
 

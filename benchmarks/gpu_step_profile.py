@@ -21,8 +21,8 @@ import numpy as np
 from gpu_model import SYNTHETIC
 
 import oxinfer
-from oxinfer.runtime import webgpu
-from oxinfer.runtime.resident import _c_args
+from oxinfer.runtime.webgpu import kernels as webgpu
+from oxinfer.runtime.webgpu.device import call_args as _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
 

@@ -23,7 +23,7 @@ async def main():
         toks = list(np.random.default_rng(n).integers(0, 256, size=n))
         a, b = await gpu.next_logits(toks), await cpu.next_logits(toks)
         plan = r.program(False).plans[(n, 1)]
-        kinds = {k for k in r._pipelines if r._pipelines[k] in {c[0] for c in plan.calls}}
+        kinds = {k for k in r.pipelines if r.pipelines[k] in {c[0] for c in plan.calls}}
         print(f"check {n} rows: rel err {np.abs(a - b).max() / np.abs(b).max():.2e}, chunks {r.att_chunks(n)}, merge {'attention:attend_merge' in kinds}, argmax equal {a.argmax() == b.argmax()}")
 anyio.run(main)
 PY

@@ -29,7 +29,8 @@ from oxinfer.models.kv_cache import BLOCK, KVPool, KVPoolFull, PoolSize
 from oxinfer.runtime import Backend, CpuBackend, MatmulScheduler
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.ops import CpuOps
-from oxinfer.runtime.resident import DeviceCache, DeviceKV, ResidentRunner
+from oxinfer.runtime.webgpu.kv import DeviceCache, DeviceKV
+from oxinfer.runtime.webgpu.runner import ResidentRunner
 from oxinfer.runtime.select import select_gpu_backend
 from oxinfer.sampling import Sampler, SamplingParams
 from oxinfer.stop import StopMatcher

@@ -29,3 +29,7 @@ class EngineOverloaded(OxinferError):
 
 class ContextOverflowError(OxinferError, ValueError):
     """prompt + max_tokens does not fit the model's context."""
+
+
+class WebGpuUnavailable(OxinferError):
+    """No usable WebGPU adapter or device (the message says why)."""

@@ -12,7 +12,8 @@ import pytest
 
 import oxinfer
 from oxinfer.models.kv_cache import BLOCK, PoolSize
-from oxinfer.runtime.resident import DeviceCache, DeviceKV, KVPoolFull
+from oxinfer.models.kv_cache import KVPoolFull
+from oxinfer.runtime.webgpu.kv import DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
 

@@ -1,4 +1,4 @@
-"""The whole forward on the GPU (runtime/resident.py) against the CPU's float32 forward, on tiny
+"""The whole forward on the GPU (runtime/webgpu/) against the CPU's float32 forward, on tiny
 random models: every op kernel inside the forward, batched decode, cancellation, faults.
 
 Runs on any adapter wgpu finds; in CI that is lavapipe. Skipped only when there is no adapter.
@@ -14,8 +14,11 @@ from gguf import GGMLQuantizationType as T
 from structlog.testing import capture_logs
 
 import oxinfer
-from oxinfer.runtime import resident, webgpu
-from oxinfer.runtime.resident import AHEAD, BS
+from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
+from oxinfer.runtime.webgpu import kernels as webgpu
+from oxinfer.runtime.webgpu import runner as resident
+from oxinfer.runtime.webgpu.kv import BS
+from oxinfer.runtime.webgpu.runner import AHEAD
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
 
@@ -75,7 +78,7 @@ async def test_a_prompt_s_step_submitted_in_pieces_computes_the_same(pair, monke
     assert r.stats.submissions == s0 + 1
     monkeypatch.setattr(resident, "PIECES_MIN_ROWS", 64)
     monkeypatch.setattr(resident, "FIRST_PIECES", (3, 10))
-    monkeypatch.setattr(r.gpu, "_ts", r.gpu._timestamp_objects())  # as WebGpuBackend(timestamps=True)
+    monkeypatch.setattr(r.gpu, "ts", r.gpu._timestamp_objects())  # as WebGpuBackend(timestamps=True)
     got = await gpu.next_logits(tokens)
     assert r.stats.submissions == s0 + 4 and r.last.rows == 70 and r.last.kernel_s > 0
     assert np.array_equal(got, whole)
@@ -160,11 +163,11 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     # last layer's add_splits (its final norm gathers the rows whose logits are wanted)
     split = [i for i in plan.at if prog.disps[i].optional]
     added = [i for i in plan.at if prog.disps[i].kernel == "norm:rms_norm" and plan.values[
-        (plan.where[0] == i) & (plan.where[1] == resident.SLICES_WORD)][0] == slices]
+        (plan.where[0] == i) & (plan.where[1] == SLICES_WORD)][0] == slices]
     assert len(split) == 1 and len(added) == gpu.model.cfg.n_layers - 1
     assert set(plan.values[plan.where[0] == split[0]]) == {slices}  # add_splits' slice count
     # attention in chunks of the positions (8: 3 of 32 positions, 5 empty), merged by attend_merge
-    merge = gpu.resident._pipelines["attention:attend_merge"]
+    merge = gpu.resident.pipelines["attention:attend_merge"]
     assert [c[0] for c in plan.calls].count(merge) == gpu.model.cfg.n_layers
     assert gpu.resident.att_chunks(80) == 8
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
@@ -201,9 +204,9 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     # after them, q|k|v's by rope_kv
     assert sum(prog.disps[i].optional for i in plan.at) == 1
     rope = [i for i in plan.at if prog.disps[i].kernel == "attention:rope_kv"]
-    assert len(rope) == layers and set(plan.values[np.isin(plan.where[0], rope) & (plan.where[1] == resident.FLAGS_WORD)]) == {2}
+    assert len(rope) == layers and set(plan.values[np.isin(plan.where[0], rope) & (plan.where[1] == FLAGS_WORD)]) == {2}
     down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
-    assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == resident.XS_WORD)]) == {2}
+    assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == XS_WORD)]) == {2}
 
 
 async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):
@@ -367,7 +370,7 @@ def run_op(runner, kernel: str, buffers: dict[int, np.ndarray], words: list[int]
     bufs = {0: dev.create_buffer_with_data(data=params, usage=BU.UNIFORM)}
     for b, a in buffers.items():
         bufs[b] = dev.create_buffer_with_data(data=a, usage=BU.STORAGE | BU.COPY_SRC)
-    pipe = runner._op_pipeline(kernel)
+    pipe = runner.op_pipeline(kernel)
     bg = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[
         {"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in bufs.items()])
     enc = dev.create_command_encoder()
@@ -383,7 +386,7 @@ def run_op(runner, kernel: str, buffers: dict[int, np.ndarray], words: list[int]
 async def test_argmax_kernels_tie_to_the_lowest_id_as_numpy(pair):
     """The two argmax passes against numpy on rows built to trip them: ties between slices and within
     one, the maximum on the last id, all equal, all negative; 1,001 columns (no multiple of 256)."""
-    from oxinfer.runtime.resident import ARGMAX_PARTS
+    from oxinfer.runtime.webgpu.recorder import ARGMAX_PARTS
 
     r = pair[1].resident
     n = 1001

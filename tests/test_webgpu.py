@@ -19,7 +19,8 @@ from structlog.testing import capture_logs
 import oxinfer
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
-from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available, device_bytes
+from oxinfer.formats.gpu_layout import device_bytes
+from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available
 from oxinfer.testing import random_matrix, write_tiny_llama
 
 from golden_checks import MARGIN, assert_teacher_forced, assert_top5
@@ -130,7 +131,7 @@ def test_upload_refuses_what_it_cannot_hold(gpu, monkeypatch):
     f32 = QuantMatrix("f", "F32", 64, 64, rng.standard_normal((64, 64), dtype=np.float32).view(np.uint8))
     assert gpu.upload(f32) is None
     big = random_matrix("Q8_0", 64, 64, rng)
-    monkeypatch.setattr(gpu, "_max_binding", 1024)  # as if over max-storage-buffer-binding-size
+    monkeypatch.setattr(gpu, "max_binding", 1024)  # as if over max-storage-buffer-binding-size
     assert gpu.upload(big) is None
     monkeypatch.undo()
     assert not gpu.matmul_sync(np.ones((2, 64), np.float32), [Job(big)])  # not resident: False, no raise
@@ -238,7 +239,7 @@ FREE_PROMPTS = range(6) if FULL else (0,)
 
 @pytest.fixture(scope="module")
 async def gpu_engine():
-    """The default model with every op of its forward on the GPU (runtime/resident.py)."""
+    """The default model with every op of its forward on the GPU (runtime/webgpu/)."""
     async with await oxinfer.Engine.load(gpu=WebGpuBackend.create(allow_cpu_adapter=True)) as e:
         assert e.resident is not None
         yield e
@@ -405,7 +406,7 @@ async def test_faults_fall_back_to_the_cpu(tmp_path):
 
 def test_split_products_fill_the_h200_s_workgroup_rounds(gpu):
     """splits_for's choices for TinyLlama's 512-row prompt products, the counts that measured
-    fastest on the H200 (webgpu.py): few tiles split into the slices that fill the last round of
+    fastest on the H200 (webgpu/kernels.py): few tiles split into the slices that fill the last round of
     264 workgroups; rows too short to slice, and products of many rounds, stay whole."""
     real = gpu.cpu_adapter
     gpu.cpu_adapter = False

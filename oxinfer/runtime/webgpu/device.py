@@ -1,0 +1,220 @@
+"""The WebGPU device: adapter probing and device creation, scratch buffers, the raw encoder of a
+compute pass, and the readback poll. Only the modules of this package import wgpu; this one first.
+
+All wgpu calls happen on one worker thread at a time: on lavapipe a `queue.submit` issued while
+earlier work runs blocks the calling thread for the whole GPU time, and wgpu-py's `map_async(READ)`
+does such a submit internally (shared/reference/wgpu_notes.md), so the event loop never makes a
+wgpu call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from contextlib import contextmanager
+from functools import lru_cache
+
+import structlog
+
+from oxinfer.errors import WebGpuUnavailable
+
+try:
+    import wgpu
+except Exception as e:  # noqa: BLE001 - ImportError, or cffi failing to load wgpu-native
+    wgpu = None
+    _IMPORT_ERROR: Exception | None = e
+else:
+    _IMPORT_ERROR = None
+
+log = structlog.get_logger("oxinfer.webgpu")
+
+PARAMS_BYTES = 48  # struct Params of common.wgsl (36 bytes), bound in multiples of 16
+ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
+FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
+SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every POLL_S:
+# 0.5 ms on a software adapter (its CPU cores are the ones this loop would take), 50 us on a GPU (0.5
+# ms cost TinyLlama's 36 ms prompt step ~0.3 ms on the H200, its end found late)
+POLL_S = {True: 5e-4, False: 5e-5}  # cpu_adapter -> seconds
+
+
+# --- adapters -------------------------------------------------------------------------------------
+
+def _adapter_rank(a) -> tuple[int, int]:
+    """Higher is better: real GPUs before CPU emulations, native APIs before OpenGL."""
+    kind = {"DiscreteGPU": 3, "IntegratedGPU": 2, "VirtualGPU": 1}.get(a.info.get("adapter_type"), 0)
+    api = 0 if a.info.get("backend_type") == "OpenGL" else 1
+    return kind, api
+
+
+@contextmanager
+def _native_stderr_to_log():
+    """Drivers print to fd 2 while adapters are probed (Mesa on a headless box: 'XDG_RUNTIME_DIR is
+    invalid', once per probe): keep that off the user's terminal, in the debug log instead."""
+    import os
+    import tempfile
+
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 to redirect
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace").strip()
+            if text:
+                log.debug("driver_stderr", text=text[:2000])
+
+
+def is_cpu_adapter(a) -> bool:
+    return a.info.get("adapter_type") == "CPU"
+
+
+def best_adapter(allow_cpu_adapter: bool):
+    """The adapter to use, or WebGpuUnavailable saying why there is none."""
+    if wgpu is None:
+        raise WebGpuUnavailable(f"wgpu cannot be imported: {_IMPORT_ERROR!r}")
+    try:
+        with _native_stderr_to_log():
+            adapters = list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception as e:  # noqa: BLE001 - a broken loader or driver
+        raise WebGpuUnavailable(f"enumerating WebGPU adapters failed: {e!r}") from e
+    if not adapters:
+        raise WebGpuUnavailable("no WebGPU adapter found (no Vulkan, Metal or DX12 driver)")
+    best = max(adapters, key=_adapter_rank)
+    if is_cpu_adapter(best) and not allow_cpu_adapter:
+        raise WebGpuUnavailable(f"only a CPU adapter was found ({best.summary}); "
+                                "numpy on the CPU is faster than a software GPU")
+    return best
+
+
+@lru_cache(maxsize=2)
+def available(allow_cpu_adapter: bool = True) -> bool:
+    """Is there a WebGPU adapter (a CPU one such as lavapipe counts when allow_cpu_adapter)?"""
+    try:
+        best_adapter(allow_cpu_adapter)
+    except WebGpuUnavailable:
+        return False
+    return True
+
+
+
+def round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+class BufferPool:
+    """Scratch buffers reused by (usage, power-of-two size): a matmul allocates nothing when warm."""
+
+    def __init__(self, device):
+        self._device = device
+        self._free: dict[tuple[int, int], list] = {}
+
+    def take(self, size: int, usage: int):
+        cap = max(ALIGN, 1 << (max(size, 1) - 1).bit_length())
+        free = self._free.get((usage, cap))
+        if free:
+            return free.pop()
+        return self._device.create_buffer(size=cap, usage=usage)
+
+    def give(self, buf, usage: int) -> None:
+        self._free.setdefault((usage, buf.size), []).append(buf)
+
+    def clear(self) -> None:
+        for bufs in self._free.values():
+            for b in bufs:
+                b.destroy()
+        self._free.clear()
+
+
+
+
+def encode_pass(cp, calls: list[tuple]) -> None:
+    """Record the dispatches into the pass. wgpu-py's methods check for errors after every call
+    (~1.5 us each, three calls a dispatch); the raw C calls skip that, and wgpu still validates
+    the pass when the encoder finishes. They go through ctypes.PyDLL, which keeps the GIL: cffi
+    releases and retakes it around each call, and while the event loop's thread runs Python each
+    retake waits (a step's encoding took 0.94 ms in a background thread against 0.5 alone on the
+    H200 machine); their arguments are built once with the plan (a quarter of a call's cost when
+    ctypes converts them). The program keeps every object alive."""
+    if _C is not None:
+        h = ctypes.c_void_p(_handle(cp))
+        set_pipeline, set_bind_group, dispatch = _C
+        zero, none, size0 = ctypes.c_uint32(0), ctypes.c_void_p(None), ctypes.c_size_t(0)
+        for i, (first, *_, (pipe, bg, x, y, z)) in enumerate(calls):
+            if pipe is not None:
+                set_pipeline(h, pipe)
+            elif not i:  # a pass starts with no pipeline: the one a call before set
+                set_pipeline(h, ctypes.c_void_p(_handle(first)))
+            set_bind_group(h, zero, bg, size0, none)
+            dispatch(h, x, y, z)
+        return
+    for pipe, bg, x, y, z, _ in calls:
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(x, y, z)
+
+
+def call_args(pipe, bg, x: int, y: int, z: int, same_pipeline: bool) -> tuple | None:
+    """One dispatch's arguments to the raw calls, as ctypes objects (None without them); no
+    pipeline when the dispatch before set the same one (a decode step's o, gate|up and down
+    products share theirs)."""
+    if _C is None:
+        return None
+    V, U = ctypes.c_void_p, ctypes.c_uint32
+    return None if same_pipeline else V(_handle(pipe)), V(_handle(bg)), U(x), U(y), U(z)
+
+
+def _raw_calls():
+    """(set_pipeline, set_bind_group, dispatch) of wgpu-native through ctypes.PyDLL."""
+    from wgpu.backends.wgpu_native._ffi import lib_path
+
+    dll = ctypes.PyDLL(lib_path)
+    fns = tuple(getattr(dll, f"wgpuComputePassEncoder{name}")
+                for name in ("SetPipeline", "SetBindGroup", "DispatchWorkgroups"))
+    for fn in fns:
+        fn.restype = None
+    return fns
+
+
+try:
+    from wgpu.backends.wgpu_native._ffi import ffi as _ffi
+    from wgpu.backends.wgpu_native._ffi import lib as _lib
+except Exception:  # noqa: BLE001 - another wgpu build: the wrapped calls
+    _ffi = _lib = None
+try:
+    _C = _raw_calls() if _lib is not None else None
+except Exception:  # noqa: BLE001 - no ctypes view of the library: the wrapped calls
+    _C = None
+
+
+def _handle(obj) -> int:
+    """The native pointer of a wgpu-py object, as an int."""
+    return int(_ffi.cast("uintptr_t", obj._internal))
+
+
+
+
+def map_for_read(device, staging, size: int, cpu_adapter: bool) -> bool:
+    """Map `size` bytes of a staging buffer for reading once the work that writes it is done;
+    whether the host had to wait. wgpu-py's map_sync polls the device until everything submitted
+    is done (a step submitted behind this one too); a non-blocking poll loop returns when this one
+    is (measured on the H200: 0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py)."""
+    promise = staging.map_async("READ_NOSYNC", 0, size)
+    waited, spin_until = False, time.perf_counter() + SPIN_S
+    while promise._state == "pending":
+        if _lib is None:
+            promise.sync_wait()
+            break
+        _lib.wgpuDevicePoll(device._internal, False, _ffi.NULL)
+        if promise._state == "pending":
+            waited = True
+            # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
+            time.sleep(0 if time.perf_counter() < spin_until else POLL_S[cpu_adapter])
+    promise.sync_wait()
+    return waited

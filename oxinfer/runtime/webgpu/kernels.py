@@ -1,0 +1,128 @@
+"""Kernel choice: which WGSL kernel runs a product of a given shape on a given adapter, in how many
+k slices, and over how many workgroups. Every figure that decided a threshold is beside it."""
+
+from __future__ import annotations
+
+MM_MIN_T = 16  # from this many rows of x on, the tiled kernels beat mv_rows on CPU adapters (lavapipe)
+# on GPUs the matvec (re-reading W from L2 per token) stays ahead longer: on the H200 mv_subgroup was
+# 3-5x faster than mm_tiled64 at t=16 and level with it at t=64 (4096x4096, benchmarks/gpu_matmul.py)
+MM_MIN_T_GPU = 64
+MM_TILE = 128  # output tile of mm_tiled (shaders/matmul.wgsl), both dimensions; mm_tiled64: 64
+# below this many 128 x 128 tiles, mm_tiled64 (4x the workgroups) keeps more cores busy: about two
+# workgroups per core of an H200 (132 SMs), measured 0.2-0.7 TFLOP/s for mm_tiled at 32-48 tiles
+MM_BIG_TILES = 256
+MM_SLOTS = 264  # mm_tiled workgroups an H200 runs at once (132 cores, 2 each): what splits_for fills
+MM_MAX_SPLITS = 4  # k slices of a split tiled product (resident steps: splits_for)
+MM_SPLIT_MIN_K = 512  # weights of a row each slice takes at least
+# split products of this many rows or more run in mm_tiled's 128-row tiles, fewer in mm_tiled64's: on
+# the H200 a 16- to 96-row step in 128-row tiles cost a flat 9.3 ms (135M shape) and 17.7 ms (1.1B),
+# the rows a tile computes whatever t is
+MM_SPLIT_BIG_T = 128
+MM_SPLIT_MAX_N = 16384  # outputs of a product that may split (its slices' scratch: t x n x 4 slices)
+# on GPUs with shader-f16, mm_kt (shaders/gemm_f16.wgsl) takes over mm_tiled's products where W's
+# f16 copy (its operand wt, rebuilt by wt_k before each product) fits this: every product of
+# TinyLlama-1.1B (the widest, gate|up, 46 MB), not a 32,000-row output head read for every row
+GEMM_MAX_WT_BYTES = 64 << 20
+# mm_kt's 64 x 128 tiles of 128 invocations an H200 runs at once: what splits_for fills for it (its
+# k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
+MM_KT_SLOTS = 528
+# a product in mm_kt: x and W made f16 operands by xt_k and wt_k, then the product; the buffers each
+# binds by role (x, W, y and the operands xt, wt): the uploaded matrix's own product binds 1, 2, 3
+GEMM_PARTS = ("xt_k", "wt_k", "mm_kt")
+GEMM_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"}}
+MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
+MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
+MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
+MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
+MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 64
+# the kinds that take x through a prologue (shaders/matvec_common.wgsl: a fused rms_norm or swiglu),
+# which binds the norm weight at binding 4
+PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256")
+MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
+
+
+def pad128(n: int) -> int:
+    """n rounded up to MM_TILE: the columns of mm_kt's transposed operands (gemm_f16.wgsl's pad128)."""
+    return -(-n // MM_TILE) * MM_TILE
+
+
+
+class KernelChoice:
+    """The kernel choices of one device (its adapter kind, features, f16, max_binding; `kernel`
+    forces one kind): mixed into WebGpuBackend."""
+
+    def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024) -> str:
+        """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
+        if t >= (MM_MIN_T if self.cpu_adapter else MM_MIN_T_GPU):
+            return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
+        if self.cpu_adapter:
+            return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
+        if t >= MV_TOK_MIN_T:
+            return "mv_tok"
+        if "subgroup" not in self.features:
+            return "mv_wg"
+        return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
+
+
+    def splits_for(self, kind: str, t: int, n_out: int, n_in: int) -> int:
+        """k slices for a tiled product (1: none), each slice's tiles a workgroup of mm_tiled: the
+        count whose workgroups fill the GPU's last round of MM_SLOTS best (ties: fewer slices),
+        slices of MM_SPLIT_MIN_K weights or more. On the H200 (512-row prompt, TinyLlama shapes):
+        11264 x 2048 (352 tiles) 1.07 ms whole, 0.92 in 3 slices (1,056 workgroups, 4 full
+        rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
+        2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
+        add_splits ~25-60 us."""
+        tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE)}.get(self.split_kind(kind, t), (MM_TILE, MM_TILE))
+        tiles = -(-t // tile_m) * -(-n_out // tile_n)
+        slots = MM_KT_SLOTS if kind == "mm_kt" else MM_SLOTS
+        if kind not in ("mm_tiled", "mm_tiled64", "mm_kt") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
+            return 1  # (past two rounds the last one's idle slots cost less than summing slices)
+
+        def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
+            return round(tiles * s / (slots * -(-tiles * s // slots)), 3)
+
+        options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
+        return max(options, key=lambda s: (fill(s), -s))
+
+
+    def gemm_kind(self, kind: str, n_out: int, n_in: int) -> str:
+        """mm_kt for a product mm_tiled would run, on a device that computes in f16 (self.f16), where
+        W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200 TinyLlama's four products at 512 rows took
+        1.36 ms a layer with their operands made (wt_k, xt_k), against 1.67 in f16 tiles staged
+        by the product itself (the kernel before it) and ~1.8 in mm_tiled
+        (benchmarks/gpu_gemm_variants.py)."""
+        if self.f16 and kind == "mm_tiled" and pad128(n_out) * n_in * 2 <= min(GEMM_MAX_WT_BYTES, self.max_binding):
+            return "mm_kt"
+        return kind
+
+
+    def split_kind(self, kind: str, t: int) -> str:
+        """The kernel a product of t rows runs in k slices: a prompt's in the big tiles."""
+        return "mm_tiled" if kind == "mm_tiled64" and t >= MM_SPLIT_BIG_T else kind
+
+
+    def can_run(self, kind: str) -> bool:
+        """Has this device the features the kernel kind needs?"""
+        if kind.startswith("mv_subgroup"):
+            return "subgroup" in self.features
+        return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
+
+
+
+def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
+    """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
+    if kind in ("xt_k", "wt_k"):  # a 128 x 32 tile of x's rows or W's, one quant block of k
+        return pad128(t if kind == "xt_k" else n_out) // MM_TILE, n_in // 32, 1
+    if kind == "mm_tiled":
+        return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
+    if kind == "mm_tiled64":
+        return -(-n_out // 64), -(-t // 64), 1
+    if kind == "mm_kt":
+        return -(-n_out // MM_TILE), -(-t // 64), 1
+    if kind == "mv_rows":
+        return -(-n_out // MV_ROWS_WG), 1, t
+    if kind == "mv_tok":
+        t, n_out = -(-t // MV_TOK), -(-n_out // 2)  # 8 rows a workgroup: half the row groups
+    groups = -(-n_out // MV_ROWS)  # mv_wg, mv_subgroup: row groups spread over x and y
+    gx = min(groups, MAX_GROUPS)
+    return gx, -(-groups // gx), t

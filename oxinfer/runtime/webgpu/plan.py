@@ -1,0 +1,226 @@
+"""A traced program and its plans: for each step shape (rows, sequences), the calls that encode it and the
+uniform words the shape decides. The fusion passes that choose them are named functions here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES, call_args, wgpu
+from oxinfer.runtime.webgpu.kernels import (
+    GEMM_BINDINGS,
+    GEMM_PARTS,
+    PROLOGUE_KINDS,
+    pad128,
+)
+from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
+
+PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
+SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
+FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' chunks
+
+
+class Program:
+    """One traced forward: its dispatches, their uniform slots, and where its logits are."""
+
+    def __init__(self, device, disps: list[Dispatch], logits: DTensor):
+        self.disps = disps
+        self.logits = logits
+        self.params = np.stack([d.params for d in disps])  # (n, PARAM_WORDS)
+        self.pbuf = device.create_buffer(size=self.params.nbytes,
+                                         usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST)
+        idx = np.arange(len(disps))
+        words = np.array([d.t_word for d in disps])
+        by_s = np.array([d.rows == "s" for d in disps])
+        self.plans: dict[tuple[int, int], Plan] = {}  # (rows, seqs) -> its plan
+        self.written: Plan | None = None  # the plan whose uniforms the device holds
+        self.t_at = (idx[~by_s], words[~by_s])
+        self.s_at = (idx[by_s], words[by_s])
+
+    def set_rows(self, t: int, s: int, plan: Plan) -> None:
+        """The uniform slots of a step of t rows of s sequences, run as `plan`."""
+        self.params[self.t_at] = t
+        self.params[self.s_at] = s
+        self.params[plan.where] = plan.values
+
+
+
+@dataclass
+class Plan:
+    """A program's dispatches for one step shape: (pipeline, bind group, x, y, z workgroups, the
+    same as ctypes arguments) each, which dispatch of the program each call is, and the uniform
+    words the shape decides (params[where] = values: each product's prologue and k slices, each
+    add_splits' slice count)."""
+
+    calls: list[tuple]
+    at: list[int]
+    where: tuple[np.ndarray, np.ndarray]
+    values: np.ndarray
+    pre: np.ndarray  # Params.pre of each dispatch of the program
+
+
+
+class Planning:
+    """The plan-building half of ResidentRunner (mixed into it)."""
+
+    def _bind(self, prog: Program, i: int, d: Dispatch, kind: str, pre: int, split: bool, sums: bool = False):
+        """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
+        or its fused variant), a matvec's prologue doing `pre` (Params.pre), a tiled product in
+        k slices (`split`: written to the next dispatch's, add_splits', input), mm_kt's xt_k
+        summing the slices of the product before (`sums`: read from that product's add_splits'
+        input, which does not run)."""
+        got = d.bound.get((kind, pre, split, sums))
+        if got is None:
+            entries = dict(d.entries)
+            if d.kernel in ("mm", "embed"):
+                pipe, layout = self.gpu.pipeline(d.qtype, kind)
+                if split:
+                    entries[2] = prog.disps[i + 1].entries[2]
+                if kind in GEMM_PARTS:  # x and W as f16 operands (shaders/gemm_f16.wgsl)
+                    xt, wt = self._gemm_operands(prog)
+                    roles = {"x": prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1],
+                             "w": entries[3], "y": entries[2], "xt": xt, "wt": wt}
+                    entries = {b: roles[r] for b, r in GEMM_BINDINGS[kind].items()}
+                if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
+                    entries[1] = d.pre.entries[2] if pre else d.entries[1]
+                    entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
+            else:
+                if kind == "attention:attend_decode":
+                    entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
+                if kind == "attention:rope_kv" and sums:
+                    entries[2] = prog.disps[i - 1].entries[2]  # the q|k|v product's slices
+                if kind == "attention:attend_rows":
+                    del entries[4]  # q comes rotated: no rope table
+                    entries[11] = self.att_parts()
+                if kind == "attention:attend_merge":
+                    entries = {10: entries[10], 11: self.att_parts()}
+                if kind == "norm:add_rms_norm":  # x read and written; the slices add_splits would sum
+                    entries = {3: entries[3], 4: entries[4], 6: prog.disps[i - 1].entries[2], 7: entries[2]}
+                pipe = self.op_pipeline(kind)
+                layout = pipe.get_bind_group_layout(0)
+            group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
+            group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
+                      for b, buf in sorted(entries.items())]
+            got = d.bound[(kind, pre, split, sums)] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
+        return got
+
+
+    @staticmethod
+    def _sums_before(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
+        """Whether product i's swiglu (dispatch i - 1, taken over) reads what add_splits (i - 2)
+        sums from the slices of product i - 3 (gate|up), so that xt_k can sum them instead."""
+        add = disps[i - 2] if i >= 3 else None
+        return (add is not None and add.optional and splits[i - 3] > 1 and not add.params[3]
+                and add.entries[3] is disps[i - 1].entries[2])
+
+    @staticmethod
+    def _sums_into(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
+        """Whether dispatch i can take over the add_splits before it (i - 1), which sums the slices
+        of product i - 2 for it: norm i (of whole rows) reads the residual add_splits adds them to
+        (add_rms_norm sums them instead), rope_kv i the q|k|v add_splits writes (it sums them as it
+        reads them)."""
+        add, d = (disps[i - 1] if i >= 2 else None), disps[i]
+        if d.kernel == "norm:rms_norm" and not d.params[3]:
+            adds = 1  # add_splits adds the slices to the residual
+        elif d.kernel == "attention:rope_kv":
+            adds = 0  # add_splits writes their sum
+        else:
+            return False
+        return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == adds
+                and add.entries[3] is d.entries[2])
+
+    def _gemm_operands(self, prog: Program):
+        """The scratch buffers of mm_kt's operands: x and the widest W it takes, in f16."""
+        mm = [d for d in prog.disps if d.kernel == "mm"]
+        wt = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
+                  if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
+        xt = pad128(max(self.max_rows, self.max_seqs)) * max(int(d.params[1]) for d in mm) * 2
+        return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
+
+
+    def _plan(self, prog: Program, t: int, n: int) -> Plan:
+        """The calls that encode a step of t rows of n sequences, and the uniform words the shape
+        decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
+        else. What the shape decides, per dispatch:
+        - the matmul kind (kernel_for);
+        - fusions: a matvec whose prologue can do the norm or swiglu before it takes that
+          dispatch's place, and attend_decode rope_kv's in a step of one row a sequence (a
+          one-token decode step runs 5 dispatches a layer instead of 9);
+        - attend_rows for one sequence's many rows (a prompt), in chunks of positions merged by
+          attend_merge (att_chunks);
+        - k slices for a tiled product short of workgroups (splits_for), then its add_splits;
+        - on f16 GPUs a prompt's tiled products in mm_kt, each after xt_k and wt_k (GEMM_PARTS),
+          the down product's xt_k doing the swiglu and the sum of gate|up's slices as well."""
+        plan = prog.plans.get((t, n))
+        if plan is None:
+            disps = prog.disps
+            rows = [n if d.rows == "s" else t for d in disps]
+            kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
+                     for d, r in zip(disps, rows)]
+            splits = np.ones(len(disps), np.uint32)  # k slices of each product
+            for i, d in enumerate(disps):
+                if d.kernel == "attention:attend" and n == 1 < t and self.attend_rows:  # a prompt
+                    kinds[i] = "attention:attend_rows"
+                if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not self.gpu.kernel:
+                    splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
+                    if splits[i] > 1:
+                        kinds[i] = self.gpu.split_kind(kinds[i], rows[i])
+                if d.kernel == "mm" and not self.gpu.kernel and kinds[i] != (kt := self.gpu.gemm_kind(kinds[i], *map(int, d.params[:2]))):
+                    kinds[i] = kt  # and its k slices for its own tiles
+                    if i + 1 < len(disps) and disps[i + 1].optional:
+                        splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
+            pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
+            xs = np.zeros(len(disps), np.uint32)  # slices summed by mm_kt's xt_k (Params.xs), add_rms_norm (Op.k), rope_kv (Op.flags)
+            fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
+            for i, d in enumerate(disps):
+                if d.pre is None or not i or disps[i - 1] is not d.pre:
+                    continue
+                gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
+                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
+                    pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
+                    if kinds[i] == "mm_kt" and self._sums_before(disps, splits, i):
+                        xs[i], fused[i - 1] = splits[i - 3], True  # and xt_k sums gate|up's slices
+                elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
+                    kinds[i], fused[i] = "attention:attend_decode", True
+            for i, d in enumerate(disps):  # an add_splits, then the norm or rope_kv that reads its sum
+                if not fused[i + 1] and self._sums_into(disps, splits, i):
+                    fused[i], xs[i] = True, splits[i - 2]
+                    if d.kernel == "norm:rms_norm":
+                        kinds[i] = "norm:add_rms_norm"
+            chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
+            for i in range(len(disps)):
+                if kinds[i] == "attention:attend_rows":
+                    chunks[i] = self.att_chunks(t)
+            live = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
+            calls, at = [], []
+            for i in live:
+                parts = (kinds[i],)
+                if kinds[i] == "mm_kt":
+                    parts = GEMM_PARTS  # its operands first
+                elif chunks[i] > 1:
+                    parts = (kinds[i], "attention:attend_merge")
+                for kind in parts:
+                    pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1), bool(xs[i] > 1))
+                    x, y, z = disps[i].grid(kind, rows[i])
+                    if kind == kinds[i] and max(splits[i], chunks[i]) > 1:  # a product's k slices, attend_rows' chunks
+                        z = int(max(splits[i], chunks[i]))
+                    grid = (x, y, z)
+                    calls.append((pipe, bg, *grid, call_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
+                    at.append(i)
+            mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
+            opt = [i for i, d in enumerate(disps) if d.optional]
+            att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
+            norm = [i for i, d in enumerate(disps) if d.kernel == "norm:rms_norm"]
+            rope = [i for i, d in enumerate(disps) if d.kernel == "attention:rope_kv"]
+            where = (np.array(mm + mm + mm + opt + att + norm + rope, np.intp),
+                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
+                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm)
+                              + [FLAGS_WORD] * len(rope), np.intp))
+            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), xs[mm],
+                                     splits[np.array(opt, np.intp) - 1], chunks[att], xs[norm], xs[rope]])
+            if len(prog.plans) > 64:
+                prog.plans.clear()
+            plan = prog.plans[(t, n)] = Plan(calls, at, where, values.astype(np.uint32), pre)
+        return plan
+

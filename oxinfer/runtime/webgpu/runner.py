@@ -1,0 +1,496 @@
+"""The whole forward on the GPU, one submission per step: the runner replays the traced program
+(recorder.py, plan.py) with the step's rows, keeps greedy steps running ahead, and reads back only
+the argmax ids and the logits rows a sampler asks for.
+
+Everything a dispatch binds is a buffer that lives as long as the runner (weights, norm vectors,
+the rope table, the KV pool, scratch activations sized for the largest step), so bind groups and
+pipelines are built once per program and kernel; per-step values live in device buffers: the row
+counts in each dispatch's uniform slot (one write_buffer per step), positions and slots in `meta`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import structlog
+
+from oxinfer.errors import WebGpuUnavailable
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.models.kv_cache import KVPoolFull
+from oxinfer.runtime.ops import rope_table
+from oxinfer.runtime.webgpu.backend import WebGpuBackend
+from oxinfer.runtime.webgpu.device import ALIGN, encode_pass, map_for_read, wgpu
+from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
+from oxinfer.runtime.webgpu.plan import Planning, Program
+from oxinfer.runtime.webgpu.recorder import Recorder
+from oxinfer.runtime.webgpu.shaders import shader_dir, unroll
+
+log = structlog.get_logger("oxinfer.resident")
+
+KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
+AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
+# a prompt's step (PIECES_MIN_ROWS rows or more) is submitted in pieces: its first 16 dispatches, the
+# next 64, then the rest, so the GPU starts while the rest is encoded; encoding TinyLlama's 512-row
+# prompt (291 dispatches) took 1.1 ms on the H200 machine and finishing and submitting it 1.2, all
+# before the GPU did anything. Decode steps stay one submission (run-ahead hides their encoding).
+FIRST_PIECES = (16, 80)
+# a prompt's attend_rows in chunks of positions (then attend_merge), enough for ~ATT_WORKGROUPS
+# workgroups, at most ATT_MAX_CHUNKS (GPUs only: a CPU adapter's few cores are busy without them)
+ATT_WORKGROUPS = 512
+ATT_MAX_CHUNKS = 8
+PIECES_MIN_ROWS = 64
+
+
+@dataclass(eq=False)
+class _Ahead:
+    """A step submitted before it was asked for: the next decode step of `caches`."""
+
+    caches: list  # weak references: a speculation never keeps a finished request's cache alive
+    offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
+    staging: object
+    cost: tuple
+    tokens: np.ndarray | None = None  # the ids the step before chose (its input), once read
+
+    def matches(self, seqs, caches) -> bool:
+        return (self.tokens is not None and len(caches) == len(self.caches)
+                and all(r() is c and c.offset == o for r, c, o in zip(self.caches, caches, self.offsets))
+                and all(len(s) == 1 and s[0] == tok for s, tok in zip(seqs, self.tokens)))
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one device step did; the keys of the `gpu_step` debug event and of the stats."""
+
+    step_id: int
+    rows: int
+    seqs: int
+    dispatches: int
+    bytes_up: int
+    bytes_down: int
+    encode_s: float
+    submit_s: float
+    wait_s: float
+    kernel_s: float | None  # GPU time of the pass (timestamp queries), when the backend measures it
+    step_s: float  # the whole step in its worker thread
+    waited: bool  # the host waited for the GPU (a blocking wait)
+    ahead: bool  # the step had been submitted by the one before (run-ahead)
+
+
+@dataclass
+class ResidentStats:
+    """Totals over the runner's steps. Field names are the structlog keys."""
+
+    steps: int = 0
+    submissions: int = 0
+    blocking_waits: int = 0
+    ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
+    wasted_steps: int = 0  # steps submitted ahead and not asked for
+    dispatches: int = 0
+    rows: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    encode_s: float = 0.0
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    kernel_s: float = 0.0
+    seconds: float = 0.0
+
+    def summary(self, tokens: int) -> str:
+        """One line for `oxinfer run`: what the device did for `tokens` generated tokens."""
+        per = lambda v: v / self.steps * 1e3 if self.steps else 0.0  # noqa: E731
+        return (f"whole forward on the GPU: {self.blocking_waits / max(tokens, 1):.2f} blocking waits per token, "
+                f"{self.steps} steps in {self.submissions} submissions, {self.dispatches / max(self.steps, 1):.0f} "
+                f"dispatches a step; encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
+
+
+
+class ResidentRunner(Planning):
+    """A model whose every op runs on one WebGPU device. `forward_batch` has the model's contract
+    (logits of each sequence's last row, or of every row) plus the argmax ids."""
+
+    def __init__(self, gpu: WebGpuBackend, model, *, max_rows: int = 512, max_seqs: int = 64,
+                 kv_bytes: int | None = None):
+        self.gpu, self.model, self.cfg = gpu, model, model.cfg
+        self.device = gpu.device
+        self.max_rows, self.max_seqs = max_rows, max_seqs
+        cfg = self.cfg
+        if cfg.head_dim % 4 or cfg.head_dim > 256 or cfg.n_heads % cfg.n_kv_heads:
+            raise WebGpuUnavailable(f"head_dim {cfg.head_dim}: the GPU attention takes head sizes of 4k up to 256")
+        self._buffers: dict = {}
+        self._vectors: dict[int, object] = {}
+        self.pipelines: dict[str, object] = {}
+        self._programs: dict[bool, Program] = {}
+        self._lock = threading.Lock()
+        self._ids = 0
+        self.stats = ResidentStats()
+        self.last: StepRecord | None = None
+        for m in [*model.matrices(), model.embed]:
+            self.weight(m)
+        BU = wgpu.BufferUsage
+        self.tokens = self._buffer(max(max_rows, max_seqs) * 4, BU.STORAGE | BU.COPY_DST)
+        self.ids = self._buffer(max_seqs * 4, BU.STORAGE | BU.COPY_SRC)
+        self._meta_words = 4 + 2 * max_rows + max_seqs
+        self.meta = self._buffer(self._meta_words * 4, BU.STORAGE | BU.COPY_DST)
+        rot = rope_table(cfg)  # (ctx, rope_dim/2) complex64 = (cos, sin) pairs
+        self.rope = self.device.create_buffer_with_data(data=rot.view(np.float32), usage=BU.STORAGE)
+        # the KV pool: per layer (blocks, KV, BS, hd) f32 for keys and for values
+        self.bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+        budget = kv_bytes or (KV_BYTES // 4 if gpu.cpu_adapter else KV_BYTES)
+        max_blocks = -(-cfg.context_length // BS)
+        n_slots = max_seqs + 8  # running requests plus a few one-off forwards (next_logits)
+        n_blocks = max(1, min(budget // (BS * self.bytes_per_token), n_slots * max_blocks))
+        block_bytes = cfg.n_kv_heads * BS * cfg.head_dim * 4
+        if n_blocks * block_bytes > gpu.max_binding:
+            n_blocks = gpu.max_binding // block_bytes
+        self.kv = DeviceKV(n_blocks, n_slots, max_blocks)
+        self.kpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
+        self.vpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
+        self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
+        self._logit_bytes = max_seqs * cfg.vocab_size * 4
+        self._ids_bytes = -(-(max_seqs * 4 + 16) // ALIGN) * ALIGN  # ids, then 2 timestamps in the last 16 bytes
+        # staging buffers, taken in turn: a step's readback and the AHEAD steps submitted behind it
+        self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
+                          for _ in range(AHEAD + 1)]
+        self._turn = 0
+        self.run_ahead = True
+        self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
+        self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
+        self._pending: Future | None = None  # the background submission of the furthest step ahead
+        group = cfg.n_heads // cfg.n_kv_heads
+        # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
+        # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.13 ms a layer with its merge,
+        # against attend's 0.55, 512 rows on the H200); with SmolLM2's 3 it was slower than attend
+        # (0.20 against 0.17 ms at 16-21 rows a workgroup, when an invocation held a whole query)
+        self.attend_rows = (cfg.head_dim <= 64 and cfg.head_dim % 16 == 0 and group >= 4
+                            and "subgroup" in gpu.features)
+        # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row;
+        # a workgroup takes att_rows rows, all their query heads of one kv head: ~128 queries
+        # (TinyLlama's 512-row prompt on the H200: 16 rows x 8 heads 0.19 ms a layer, 32 x 8 0.27,
+        # 8 x 8 0.22, when an invocation held a whole query)
+        self.att_heads = next(h for h in (4, 2, 1) if group % h == 0)
+        lanes = 4 * group // self.att_heads  # invocations a row
+        self.att_rows = max(1, min(64, 128 // lanes))
+        att_threads = -(-self.att_rows * lanes // 32) * 32
+        self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+                        f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
+                        f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n")
+        log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *
+                 cfg.n_layers, max_rows=max_rows, max_seqs=max_seqs)
+
+    # --- resources ----------------------------------------------------------------------------
+    def _buffer(self, size: int, usage: int):
+        return self.device.create_buffer(size=max(ALIGN, -(-size // ALIGN) * ALIGN), usage=usage)
+
+    def scratch(self, name: str, size: int):
+        buf = self._buffers.get(name)
+        if buf is None:
+            buf = self._buffers[name] = self._buffer(size, wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
+        return buf
+
+    def weight(self, w: QuantMatrix):
+        handle = self.gpu.upload(w)
+        if handle is None:
+            raise WebGpuUnavailable(f"{w.name} ({w.qtype}) cannot live on the GPU: the forward stays on the CPU")
+        return handle
+
+    def vector(self, v: np.ndarray):
+        buf = self._vectors.get(id(v))
+        if buf is None:
+            buf = self._vectors[id(v)] = self.device.create_buffer_with_data(
+                data=np.ascontiguousarray(v, np.float32), usage=wgpu.BufferUsage.STORAGE)
+        return buf
+
+    def new_cache(self, prompt: Sequence[int] = ()) -> DeviceCache:
+        """An empty cache, or one holding the published blocks the prompt begins with (its offset)."""
+        with self._lock:
+            return DeviceCache(self.kv, self.bytes_per_token, prompt)
+
+    def op_pipeline(self, kernel: str):
+        pipe = self.pipelines.get(kernel)
+        if pipe is None:
+            file, entry = kernel.split(":")
+            d = shader_dir()
+            files = ["ops_common", file, *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
+            code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
+            hd = self.cfg.head_dim
+            code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
+            module = self.device.create_shader_module(code=code)
+            pipe = self.pipelines[kernel] = self.device.create_compute_pipeline(
+                layout="auto", compute={"module": module, "entry_point": entry})
+        return pipe
+
+    def att_parts(self):
+        """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
+        cfg = self.cfg
+        return self.scratch("attparts", ATT_MAX_CHUNKS * self.max_rows * cfg.n_heads * (cfg.head_dim + 2) * 4)
+
+    def att_chunks(self, t: int) -> int:
+        """Chunks of positions a prompt's attend_rows walks in parallel: on the H200 TinyLlama's
+        512-row prompt ran 128 workgroups of 4 warps on 132 cores, the last rows' walking all 512
+        positions alone."""
+        if self.gpu.cpu_adapter:
+            return 1
+        groups = -(-t // self.att_rows) * self.cfg.n_kv_heads
+        return max(1, min(ATT_MAX_CHUNKS, ATT_WORKGROUPS // groups))
+
+
+
+    # --- tracing ------------------------------------------------------------------------------
+    def program(self, all_logits: bool) -> Program:
+        prog = self._programs.get(all_logits)
+        if prog is None:
+            rec = Recorder(self, self.max_seqs if all_logits else self.max_rows)
+            coro = self.model.forward_batch(None, None, all_logits=all_logits, ops=rec)
+            try:
+                coro.send(None)
+            except StopIteration as done:
+                logits = done.value
+            else:
+                coro.close()
+                raise RuntimeError("tracing: the forward awaited something other than an op")
+            if not all_logits:
+                rec.argmax(logits)
+            prog = self._programs[all_logits] = Program(self.device, rec.disps, logits)
+        return prog
+
+    # --- one step -----------------------------------------------------------------------------
+    async def forward_batch(self, seqs: list[np.ndarray], caches: list[DeviceCache], *, all_logits: bool = False,
+                            need: list[bool] | None = None) -> tuple[np.ndarray, list[np.ndarray | None]]:
+        """Run one step in a worker thread (the event loop never waits on the driver)."""
+        return await anyio.to_thread.run_sync(self.step_sync, seqs, caches, all_logits, need,
+                                              limiter=self.gpu.limiter)
+
+    def reserve(self, caches: list[DeviceCache], lens: list[int]) -> None:
+        """Blocks for the coming rows (KVPoolFull before any GPU work when the pool cannot)."""
+        with self._lock:
+            for c, n in zip(caches, lens):
+                if c.offset + n > self.cfg.context_length:
+                    raise ValueError(f"context overflow: {c.offset + n} tokens > context length "
+                                     f"{self.cfg.context_length}")
+                c.reserve(c.offset + n)
+
+    def step_sync(self, seqs, caches, all_logits=False, need=None):
+        """(argmax ids (n_seqs,), logits rows) for one step: with all_logits the logits of every row
+        (rows, vocab) as the only list item; else, per sequence, its last row's logits where
+        need[i] (None elsewhere). Caches advance.
+
+        Run-ahead: a greedy decode step (one row a sequence, no logits wanted) keeps the next AHEAD
+        steps of the same sequences submitted, each fed on the device by the argmax of the one
+        before: the next one before this one is read, the one after that encoded and submitted by
+        a background thread while this step is read and the caller handles its tokens. When the
+        caller then asks for exactly that step (same caches, the tokens the device chose), it is
+        already computed or running: neither the caller's work nor the encoding of a step makes
+        the GPU wait. Any other request discards them (their KV writes lie past the caches'
+        offsets and are rewritten before anything reads them)."""
+        seqs = [np.asarray(s, np.int64).reshape(-1) for s in seqs]
+        lens = [len(s) for s in seqs]
+        t, n = sum(lens), len(seqs)
+        limit = self.max_seqs if all_logits else self.max_rows
+        if t > limit or n > self.max_seqs or not t:
+            raise ValueError(f"a device step takes 1..{limit} rows of at most {self.max_seqs} sequences, got {t}, {n}")
+        need = need or [False] * n
+        picks = [] if all_logits else [i for i in range(n) if need[i]]
+        greedy = not all_logits and not picks  # the argmax is all the host needs
+        self._join()
+        ahead_run = greedy and self.run_ahead
+        with self.gpu.lock:
+            t0 = time.perf_counter()
+            ahead = self._aheads.popleft() if self._aheads else None
+            if ahead is not None and not (greedy and ahead.matches(seqs, caches)):
+                self.stats.wasted_steps += 1 + len(self._aheads)  # submitted, never asked for
+                self._aheads.clear()
+                ahead = None
+            if ahead is None:
+                self.reserve(caches, lens)
+                staging = self._staging()
+                cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging)
+            else:
+                staging, cost = ahead.staging, ahead.cost
+            if ahead_run and not self._aheads:
+                self._submit_next(caches, [c.offset + k for c, k in zip(caches, lens)])
+        if ahead_run and self._aheads and len(self._aheads) < AHEAD:
+            self._pending = self._background.submit(self._submit_after, caches)
+        t3 = time.perf_counter()
+        ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks)
+        t4 = time.perf_counter()
+        if self._aheads:
+            self._aheads[0].tokens = ids  # the input of the next step, which this one's argmax fed
+        for c, s in zip(caches, seqs):
+            c.append(s)
+        up, down, encode_s, submit_s, dispatches = cost
+        self._record(t, n, dispatches, up, down, encode_s, submit_s, t4 - t3, kernel_s,
+                     time.perf_counter() - t0, waited, ahead is not None)
+        return ids, out
+
+    def settle(self) -> None:
+        """Wait until no submission runs in the background (the stats are final)."""
+        self._join()
+
+    def _join(self) -> None:
+        """Wait for the background submission (its error, a device fault, is raised here)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _staging(self):
+        """The next staging buffer in turn: never the one being read, nor one of a step ahead."""
+        self._turn = (self._turn + 1) % len(self._stagings)
+        return self._stagings[self._turn]
+
+    def _submit_after(self, caches) -> None:
+        """Background: submit the step after the furthest one ahead."""
+        with self.gpu.lock:
+            if self._aheads:
+                self._submit_next(caches, [o + 1 for o in self._aheads[-1].offsets])
+
+    def _submit_next(self, caches, starts) -> None:
+        """Submit a decode step of one row for each of caches, at positions `starts`, fed on the
+        device by the argmax of the step before."""
+        try:
+            with self._lock:
+                for c, s0 in zip(caches, starts):
+                    c.reserve(s0 + 1)
+        except KVPoolFull:
+            return
+        if max(starts) >= self.cfg.context_length:
+            return
+        staging = self._staging()
+        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging)
+        self._aheads.append(_Ahead([weakref.ref(c) for c in caches], starts, staging, cost))
+
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float, int]:
+        """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
+        last argmax wrote on the device. (bytes up, bytes down, encode s, submit s, dispatches)."""
+        t0 = time.perf_counter()
+        t, n = sum(lens), len(lens)
+        queue = self.device.queue
+        meta = np.zeros(self._meta_words, np.uint32)
+        meta[0], meta[1] = t, n
+        meta[4:4 + t] = np.concatenate([np.arange(s0, s0 + k) for s0, k in zip(starts, lens)])
+        meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
+        meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = np.cumsum(lens) - 1
+        up = meta.nbytes
+        queue.write_buffer(self.meta, 0, meta)
+        if seqs is not None:
+            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
+            up += 4 * t
+        with self._lock:
+            dirty = sorted(self.kv.dirty)
+            self.kv.dirty.clear()
+            for s in dirty:
+                row = self.kv.table[s]
+                queue.write_buffer(self.table, s * row.nbytes, row)
+                up += row.nbytes
+        prog = self.program(all_logits)
+        plan = self._plan(prog, t, n)
+        if prog.written is not plan:  # a steady decode batch writes its uniforms once
+            prog.set_rows(t, n, plan)
+            queue.write_buffer(prog.pbuf, 0, prog.params)
+            prog.written = plan
+            up += prog.params.nbytes
+        ts = self.gpu.ts
+        pieces = seqs is not None and t >= PIECES_MIN_ROWS
+        ends = [k for k in FIRST_PIECES if pieces and k < len(plan.calls)] + [len(plan.calls)]
+        for a, b in itertools.pairwise([0, *ends]):
+            enc = self.device.create_command_encoder()
+            stamps = {}  # the GPU time: from the first piece's start to the last one's end
+            if ts and not a:
+                stamps["beginning_of_pass_write_index"] = 0
+            if ts and b == len(plan.calls):
+                stamps["end_of_pass_write_index"] = 1
+            cp = enc.begin_compute_pass(timestamp_writes={"query_set": ts[0], **stamps} if stamps else None)
+            encode_pass(cp, plan.calls[a:b])
+            cp.end()
+            if b < len(plan.calls):
+                queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
+        if ts:
+            enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
+            enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
+        row_bytes = self.cfg.vocab_size * 4
+        lg = prog.logits.buf
+        if all_logits:
+            enc.copy_buffer_to_buffer(lg, 0, staging, self._ids_bytes, t * row_bytes)
+            down = t * row_bytes
+        else:
+            enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
+            for k, i in enumerate(picks):
+                enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
+            down = n * 4 + len(picks) * row_bytes
+        t1 = time.perf_counter()
+        queue.submit([enc.finish()])
+        self.stats.submissions += len(ends)
+        return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls)
+
+    def _read(self, staging, t, n, all_logits, picks):
+        """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
+        map_sync polls the device until everything submitted is done (a step submitted behind
+        this one too); a non-blocking poll loop returns when this one is (measured on the H200:
+        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (ids, logits, GPU s,
+        whether the host had to wait)."""
+        vocab = self.cfg.vocab_size
+        row_bytes = vocab * 4
+        size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
+        waited = map_for_read(self.device, staging, size, self.gpu.cpu_adapter)
+        try:
+            mem = staging.read_mapped(0, size, copy=False)
+            kernel_s = None
+            ts = self.gpu.ts
+            if ts:
+                begin, end = np.frombuffer(mem, np.uint64, count=2, offset=self._ids_bytes - 16)
+                kernel_s = float(end - begin) * ts[2] / 1e9 if end > begin else None
+            if all_logits:
+                out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
+                ids = out[0].argmax(-1)
+            else:
+                ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
+                out = [None] * n
+                for k, i in enumerate(picks):
+                    out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
+        finally:
+            staging.unmap()
+        return ids, out, kernel_s, waited
+
+    async def forward(self, tokens: np.ndarray, cache: DeviceCache, all_logits: bool = False) -> np.ndarray:
+        """Logits (rows, vocab) of every token (all_logits) or of the last, in chunks a step takes."""
+        tokens = np.asarray(tokens)
+        chunk = self.max_seqs if all_logits else self.max_rows
+        outs = []
+        for i in range(0, len(tokens), chunk):
+            last = i + chunk >= len(tokens)
+            _, rows = await self.forward_batch([tokens[i:i + chunk]], [cache], all_logits=all_logits, need=[last])
+            if all_logits:
+                outs.append(rows[0])
+            elif last:
+                outs.append(rows[0][None])
+        return np.concatenate(outs)
+
+    def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
+                waited, ahead) -> None:
+        self._ids += 1
+        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
+                         waited, ahead)
+        self.last = rec
+        s = self.stats
+        s.steps += 1
+        s.blocking_waits += waited
+        s.ahead_steps += ahead
+        s.dispatches += dispatches
+        s.rows += rows
+        s.bytes_up += up
+        s.bytes_down += down
+        s.encode_s += encode_s
+        s.submit_s += submit_s
+        s.wait_s += wait_s
+        s.kernel_s += kernel_s or 0.0
+        s.seconds += total_s
+        log.debug("gpu_step", **rec.__dict__)

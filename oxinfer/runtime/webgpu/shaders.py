@@ -1,0 +1,89 @@
+"""The WGSL of every kernel, assembled from the files of shaders/: which snippets a weight format's
+decoder and a kernel family need, in which order, with their unrolled lines expanded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oxinfer.errors import WebGpuUnavailable
+
+
+def shader_dir() -> Path:
+    """shaders/ of a source checkout, else where a wheel installs them (pyproject data-files)."""
+    import sys
+
+    for d in (Path(__file__).resolve().parents[3] / "shaders", Path(sys.prefix) / "share" / "oxinfer" / "shaders"):
+        if (d / "common.wgsl").is_file():
+            return d
+    raise WebGpuUnavailable("the WGSL kernels (shaders/*.wgsl) are not installed")
+
+
+
+
+# qtype -> decode snippet; F32/F16 have no kernel: such matrices stay on the CPU
+DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0", "Q4_1": "decode_q4_1",
+             "Q5_0": "decode_q5_0", "Q5_1": "decode_q5_1", "IQ4_NL": "decode_iq4_nl", "Q2_K": "decode_q2_k",
+             "Q3_K": "decode_q3_k", "Q4_K": "decode_q4_k", "Q5_K": "decode_q5_k", "Q6_K": "decode_q6_k",
+             "IQ4_XS": "decode_iq4_xs"}
+# qtype -> the snippets its decoder shares with another's, put before it
+_DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
+                     "IQ4_XS": ("iq4_levels",)}
+# kernel file -> the shared files it is appended to (after common + decoder)
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "gemm_f16": ("matmul",)}
+# kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
+_ENABLES = {"gemm_f16": "enable f16;"}
+# kernel kind -> (file, entry point)
+KERNELS = {
+    "mv_rows": ("matvec", "mv_rows"),
+    "mv_wg": ("matvec", "mv_wg"),
+    "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
+    "mv_subgroup256": ("matvec_subgroup", "mv_subgroup256"),
+    "mv_tok": ("matvec", "mv_tok"),
+    "mm_tiled": ("matmul", "mm_tiled"),
+    "mm_tiled64": ("matmul", "mm_tiled64"),
+    "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product in f16 from the operands wt_k and xt_k made (needs shader-f16)
+    "wt_k": ("gemm_f16", "wt_k"),
+    "xt_k": ("gemm_f16", "xt_k"),
+    "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
+}
+
+
+
+MM_ROWS = 8  # token rows of x an invocation of the tile kernels holds (ROWS of their unrolled lines)
+
+
+def unroll(code: str, consts: dict[str, int]) -> str:
+    """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1:
+    "{d}" replaced by d, "{d4}" by d // 4, "{dm}" by d % 4 and "{dc}" by the component "xyzw"[d % 4].
+    "// unroll h < A, d < B" repeats it for every h and d ("{h}" replaced by h), h the outer.
+    The kernels' registers are named, one per d: an array indexed in a loop may live in memory
+    (which made attend_rows 2.5x slower on an H200)."""
+    out = []
+    for line in code.splitlines():
+        body, mark, bounds = line.partition("// unroll ")
+        if not mark:
+            out.append(line)
+            continue
+        lines = [body.rstrip()]
+        for clause in bounds.split(","):
+            var, _, name = (part.strip() for part in clause.partition("<"))
+            lines = [_unrolled(text, var, i) for text in lines for i in range(consts[name])]
+        out += lines
+    return "\n".join(out)
+
+
+def _unrolled(text: str, var: str, i: int) -> str:
+    if var == "d":
+        text = text.replace("{d4}", str(i // 4)).replace("{dm}", str(i % 4)).replace("{dc}", "xyzw"[i % 4])
+    return text.replace("{" + var + "}", str(i))
+
+
+def shader_source(qtype: str, kind: str) -> str:
+    """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
+    its kin) + kernel file, its unrolled lines expanded."""
+    file = KERNELS[kind][0]
+    parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), DECODERS[qtype], *_PRELUDES.get(file, ()), file]
+    d = shader_dir()
+    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
+    return unroll(code, {"ROWS": MM_ROWS})
+
