@@ -43,7 +43,7 @@ def oxinfer_run(n_prompt: int, n_decode: int, repeats: int) -> dict:
         engine = await oxinfer.Engine.load()
         prompt = np.array([(i * 7919) % 30000 + 1000 for i in range(n_prompt)])
         m = engine.model
-        fwd = engine._forward
+        fwd = engine.steps.forward
         await fwd(prompt[:16], m.new_cache(16))  # warm up
         pre, dec = [], []
         for _ in range(repeats):

@@ -59,7 +59,7 @@ async def _run(args) -> None:
             sys.stdout.write(ev.text)
             sys.stdout.flush()
     if engine.resident is not None:
-        print(f"-- gpu: {engine.resident.stats.summary(generated)}", file=sys.stderr)
+        print(f"-- gpu: whole forward on the GPU: {engine.resident.stats.summary(generated)}", file=sys.stderr)
     elif engine.scheduler.gpu is not None:
         print(f"-- gpu: {engine.scheduler.gpu.stats().summary()}", file=sys.stderr)
 

@@ -8,7 +8,14 @@ import anyio
 import numpy as np
 import pytest
 
-from oxinfer import ContextOverflowError, Engine, EngineOverloaded, Finished, SamplingParams, Token
+from oxinfer import (
+    ContextOverflowError,
+    Engine,
+    EngineOverloaded,
+    Finished,
+    SamplingParams,
+    Token,
+)
 
 PROMPTS = [
     "The capital of France is",

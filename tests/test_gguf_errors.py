@@ -5,7 +5,13 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 import oxinfer
-from oxinfer.errors import ModelFormatError, ModelNotFoundError, UnsupportedModelError, UnsupportedQuantError
+from oxinfer.engine.loading import load as load_model  # blocking, as Engine.load runs it
+from oxinfer.errors import (
+    ModelFormatError,
+    ModelNotFoundError,
+    UnsupportedModelError,
+    UnsupportedQuantError,
+)
 from oxinfer.formats import GGUFFile, default_model_path
 from oxinfer.testing import write_tiny_llama
 
@@ -62,13 +68,13 @@ def test_unknown_ggml_type_id(tmp_path, tiny):
 def test_known_but_unsupported_quant_names_the_tensor(tmp_path):
     p = write_tiny_llama(tmp_path / "k.gguf", qtype=T.IQ2_XXS, d=256, n_heads=4, n_kv=2, d_ff=256)
     with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.attn_q\.weight.*IQ2_XXS"):
-        oxinfer.Engine._load_sync(p)
+        load_model(p)
 
 
 def test_unsupported_architecture_names_the_key(tmp_path):
     p = write_tiny_llama(tmp_path / "a.gguf", arch="mamba")
     with pytest.raises(UnsupportedModelError, match=r"general\.architecture.*mamba"):
-        oxinfer.Engine._load_sync(p)
+        load_model(p)
 
 
 def test_missing_tensor_names_it(tmp_path, tiny):

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
 PROMPTS = json.loads((Path(__file__).parent / "data" / "smollm2-135m-q4_1.llamacpp.json").read_text())["prompts"]

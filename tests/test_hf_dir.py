@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import oxinfer
+from oxinfer.engine.loading import load as load_model  # blocking, as Engine.load runs it
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_hf
@@ -112,7 +113,7 @@ async def test_llama3_rope_scaling_and_a_mistral_directory(tmp_path):
     close(await (await oxinfer.Engine.load(tmp_path / "mi", cpu_int8=False)).all_logits(TOKENS), hf_reference(w, TOKENS))
     _edit_config(tmp_path / "mi", sliding_window=32)
     with pytest.raises(UnsupportedModelError, match=r"sliding_window = 32"):
-        oxinfer.Engine._load_sync(tmp_path / "mi")
+        load_model(tmp_path / "mi")
 
 
 async def test_a_qwen2_directory_with_q_k_v_biases(tmp_path):
@@ -176,7 +177,7 @@ def _edit_config(path, **changes):
 async def test_broken_directories_name_what_is_wrong(tmp_path):
     m = tmp_path / "m"
     write_tiny_hf(m, shards=2)
-    good = oxinfer.Engine._load_sync  # every failure below happens before an engine exists
+    good = load_model  # every failure below happens before an engine exists
 
     _edit_config(m, intermediate_size=None)
     with pytest.raises(ModelFormatError, match=r"config\.json.*'intermediate_size' is missing"):
@@ -197,4 +198,4 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
     with pytest.raises(ModelFormatError, match=rf"index\.json: names shard '{shard.name}'"):
         good(m)
     shard.write_bytes(data)
-    assert good(m).config.n_layers == 2  # and whole again, it loads
+    assert good(m)[2].cfg.n_layers == 2  # and whole again, it loads (path, tokenizer, model, ...)

@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 
 import oxinfer
-from oxinfer.models.kv_cache import BLOCK, PoolSize
-from oxinfer.models.kv_cache import KVPoolFull
-from oxinfer.runtime.webgpu.kv import DeviceCache, DeviceKV
+from oxinfer.models.kv_cache import BLOCK, KVPoolFull, PoolSize
 from oxinfer.runtime.webgpu import WebGpuBackend, available
+from oxinfer.runtime.webgpu.kv import DeviceCache, DeviceKV
 from oxinfer.testing import write_tiny_llama
 
 GREEDY = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=3)

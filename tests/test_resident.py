@@ -14,12 +14,12 @@ from gguf import GGMLQuantizationType as T
 from structlog.testing import capture_logs
 
 import oxinfer
-from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
+from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
 from oxinfer.runtime.webgpu import runner as resident
 from oxinfer.runtime.webgpu.kv import BS
+from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
 from oxinfer.runtime.webgpu.runner import AHEAD
-from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.testing import write_tiny_llama
 
 pytestmark = [

@@ -434,7 +434,6 @@ def test_after_fuzz_a_valid_stream_works(tiny_client, tiny_srv, tiny_http):
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import jsonschema  # noqa: E402
-
 from json_schemas import SCHEMAS  # noqa: E402
 
 ASK_JSON = [{"role": "user", "content": "Answer with JSON."}]

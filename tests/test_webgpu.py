@@ -14,16 +14,15 @@ import anyio
 import numpy as np
 import pytest
 import structlog
+from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 from structlog.testing import capture_logs
 
 import oxinfer
+from oxinfer.formats.gpu_layout import device_bytes
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
-from oxinfer.formats.gpu_layout import device_bytes
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available
 from oxinfer.testing import random_matrix, write_tiny_llama
-
-from golden_checks import MARGIN, assert_teacher_forced, assert_top5
 
 pytestmark = [
     pytest.mark.gpu,

@@ -87,6 +87,8 @@ class HeldTokens:
     """The token ids whose keys and values a cache holds (`offset` of them) and the chain hash of
     each of their full blocks."""
 
+    executor = None  # the executor whose pool holds the cache (runtime/executor.py), set by it
+
     def __init__(self):
         self.tokens: list[int] = []
         self.hashes: list[bytes] = []

@@ -35,3 +35,10 @@ def select_gpu_backend(backend: str = "auto", **settings: Any) -> Backend | None
             raise
         log.info("gpu_unavailable", reason=str(e), action="all matmuls run on the CPU (numpy)")
         return None
+
+
+def device_executor(gpu: Backend | None, model, **settings: Any):
+    """The executor that runs the model's whole forward on the GPU backend, when the backend can
+    (the WebGPU one: `Backend.executor`); None when it only multiplies (or there is none)."""
+    make = getattr(gpu, "executor", None)
+    return make(model, **settings) if make is not None else None

@@ -221,6 +221,14 @@ class WebGpuBackend(KernelChoice):
     def stats(self) -> BackendStats:
         return self._stats
 
+    def executor(self, model, *, max_rows: int, max_seqs: int, kv_bytes: int | None = None):
+        """The whole forward of `model` on this device, as an executor (runtime/executor.py);
+        WebGpuUnavailable (or an upload's error) when a weight type or a shape cannot run here."""
+        from oxinfer.runtime.webgpu.executor import GpuExecutor
+        from oxinfer.runtime.webgpu.runner import ResidentRunner
+
+        return GpuExecutor(ResidentRunner(self, model, max_rows=max_rows, max_seqs=max_seqs, kv_bytes=kv_bytes))
+
     # --- kernels ------------------------------------------------------------------------------
 
 

@@ -37,6 +37,12 @@ class Program:
         self.written: Plan | None = None  # the plan whose uniforms the device holds
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
+        mm = [d for d in disps if d.kernel == "mm"]  # 2 x n_out x n_in FLOPs a row of each product
+        self._flop = {rows: sum(2 * int(d.params[0]) * int(d.params[1]) for d in mm if d.rows == rows) for rows in "ts"}
+
+    def gflop(self, t: int, s: int) -> float:
+        """The products' GFLOP in a step of t rows of s sequences (the head once a sequence)."""
+        return (t * self._flop["t"] + s * self._flop["s"]) / 1e9
 
     def set_rows(self, t: int, s: int, plan: Plan) -> None:
         """The uniform slots of a step of t rows of s sequences, run as `plan`."""

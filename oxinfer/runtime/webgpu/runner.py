@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -28,12 +29,15 @@ from oxinfer.errors import WebGpuUnavailable
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.webgpu.backend import WebGpuBackend
+from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.runtime.webgpu.device import ALIGN, encode_pass, map_for_read, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
 from oxinfer.runtime.webgpu.recorder import Recorder
 from oxinfer.runtime.webgpu.shaders import shader_dir, unroll
+
+if TYPE_CHECKING:
+    from oxinfer.runtime.webgpu.backend import WebGpuBackend
 
 log = structlog.get_logger("oxinfer.resident")
 
@@ -67,53 +71,6 @@ class _Ahead:
                 and all(len(s) == 1 and s[0] == tok for s, tok in zip(seqs, self.tokens)))
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """What one device step did; the keys of the `gpu_step` debug event and of the stats."""
-
-    step_id: int
-    rows: int
-    seqs: int
-    dispatches: int
-    bytes_up: int
-    bytes_down: int
-    encode_s: float
-    submit_s: float
-    wait_s: float
-    kernel_s: float | None  # GPU time of the pass (timestamp queries), when the backend measures it
-    step_s: float  # the whole step in its worker thread
-    waited: bool  # the host waited for the GPU (a blocking wait)
-    ahead: bool  # the step had been submitted by the one before (run-ahead)
-
-
-@dataclass
-class ResidentStats:
-    """Totals over the runner's steps. Field names are the structlog keys."""
-
-    steps: int = 0
-    submissions: int = 0
-    blocking_waits: int = 0
-    ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
-    wasted_steps: int = 0  # steps submitted ahead and not asked for
-    dispatches: int = 0
-    rows: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    encode_s: float = 0.0
-    submit_s: float = 0.0
-    wait_s: float = 0.0
-    kernel_s: float = 0.0
-    seconds: float = 0.0
-
-    def summary(self, tokens: int) -> str:
-        """One line for `oxinfer run`: what the device did for `tokens` generated tokens."""
-        per = lambda v: v / self.steps * 1e3 if self.steps else 0.0  # noqa: E731
-        return (f"whole forward on the GPU: {self.blocking_waits / max(tokens, 1):.2f} blocking waits per token, "
-                f"{self.steps} steps in {self.submissions} submissions, {self.dispatches / max(self.steps, 1):.0f} "
-                f"dispatches a step; encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
-
-
-
 class ResidentRunner(Planning):
     """A model whose every op runs on one WebGPU device. `forward_batch` has the model's contract
     (logits of each sequence's last row, or of every row) plus the argmax ids."""
@@ -132,7 +89,7 @@ class ResidentRunner(Planning):
         self._programs: dict[bool, Program] = {}
         self._lock = threading.Lock()
         self._ids = 0
-        self.stats = ResidentStats()
+        self.stats = StepStats()
         self.last: StepRecord | None = None
         for m in [*model.matrices(), model.embed]:
             self.weight(m)
@@ -327,9 +284,9 @@ class ResidentRunner(Planning):
             self._aheads[0].tokens = ids  # the input of the next step, which this one's argmax fed
         for c, s in zip(caches, seqs):
             c.append(s)
-        up, down, encode_s, submit_s, dispatches = cost
+        up, down, encode_s, submit_s, dispatches, submissions, gflop = cost
         self._record(t, n, dispatches, up, down, encode_s, submit_s, t4 - t3, kernel_s,
-                     time.perf_counter() - t0, waited, ahead is not None)
+                     time.perf_counter() - t0, waited, ahead is not None, submissions, gflop)
         return ids, out
 
     def settle(self) -> None:
@@ -429,7 +386,7 @@ class ResidentRunner(Planning):
         t1 = time.perf_counter()
         queue.submit([enc.finish()])
         self.stats.submissions += len(ends)
-        return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls)
+        return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls), len(ends), prog.gflop(t, n)
 
     def _read(self, staging, t, n, all_logits, picks):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
@@ -475,22 +432,10 @@ class ResidentRunner(Planning):
         return np.concatenate(outs)
 
     def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
-                waited, ahead) -> None:
+                waited, ahead, submissions, gflop) -> None:
         self._ids += 1
-        rec = StepRecord(self._ids, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
-                         waited, ahead)
+        rec = StepRecord(self._ids, "webgpu", rows, seqs, gflop, total_s, dispatches, submissions, up, down,
+                         encode_s, submit_s, wait_s, kernel_s, waited, ahead)
         self.last = rec
-        s = self.stats
-        s.steps += 1
-        s.blocking_waits += waited
-        s.ahead_steps += ahead
-        s.dispatches += dispatches
-        s.rows += rows
-        s.bytes_up += up
-        s.bytes_down += down
-        s.encode_s += encode_s
-        s.submit_s += submit_s
-        s.wait_s += wait_s
-        s.kernel_s += kernel_s or 0.0
-        s.seconds += total_s
-        log.debug("gpu_step", **rec.__dict__)
+        self.stats.add(rec)
+        log.debug("step", **rec.__dict__)

@@ -1,0 +1,52 @@
+"""Loading: a model file (GGUF or an HF directory) into a tokenizer, a model, the matmul scheduler,
+and the executor its forward runs on (the GPU's when a WebGPU backend can run it all)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import structlog
+
+from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
+from oxinfer.models import Llama, ModelConfig
+from oxinfer.runtime import CpuBackend, MatmulScheduler
+from oxinfer.runtime.executor import PREFILL_CHUNK
+from oxinfer.runtime.ops import CpuOps
+from oxinfer.runtime.select import device_executor, select_gpu_backend
+from oxinfer.tokenizer import Tokenizer
+
+log = structlog.get_logger("oxinfer.engine")
+
+
+def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,
+         resident: bool = True, kv_bytes: int | None = None):
+    """(path, tokenizer, model, scheduler, the device's executor or None), blocking."""
+    path = Path(path) if path is not None else default_model_path()
+    if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
+        f = HFDirectory(path)
+        cfg, tokenizer = ModelConfig.from_hf(f), Tokenizer.from_hf(f)
+    else:
+        f = GGUFFile(path)
+        cfg, tokenizer = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
+        f.drop_metadata()  # ~100 MiB of parsed vocabulary, before the kernels are built
+    scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
+    model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
+    device = None
+    if resident:
+        try:
+            device = device_executor(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent),
+                                     kv_bytes=kv_bytes)
+        except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
+            log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
+    if device is None:
+        release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as kernels copy them
+        if release:
+            release()  # the pages fusing q/k/v and gate/up read
+        scheduler.cpu.upload_all(model.matrices(), release)
+        if release:
+            release()  # the embedding's rows come back one page at a time, as tokens need them
+    for m in model.matrices():
+        scheduler.register(m, cpu=False)
+    # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;
+    # TinyLlama: ~20 s) wait until a GPU fault sends a request to the CPU
+    return path, tokenizer, model, scheduler, device

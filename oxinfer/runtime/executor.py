@@ -1,0 +1,142 @@
+"""The executor protocol: what the engine asks of a device, and the CPU's executor.
+
+An executor runs steps (one forward over the rows of several sequences) on one device and owns the
+KV pool of that device; a cache knows the executor it lives on (`cache.executor`), so the engine
+never asks what type a cache is. The GPU's executor (runtime/webgpu/executor.py) replays a traced
+program; this one runs the model's ops through numpy and onnxruntime, its products batched by the
+MatmulScheduler. A device fault swaps the executor a request runs on, not the code path.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import structlog
+
+from oxinfer.models.kv_cache import KVCache
+from oxinfer.runtime.stats import StepRecord, StepStats
+
+log = structlog.get_logger("oxinfer.executor")
+
+PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
+SOLO_MAX_TOKENS = 4  # forwards this small run whole in a worker thread when nothing else runs
+
+
+class Executor(Protocol):
+    """One device's steps and KV pool."""
+
+    name: str  # "cpu" or "webgpu": the `executor` of its step records
+    max_rows: int  # rows one step takes (a prompt longer than that is prefilled in chunks)
+    max_seqs: int  # sequences one step takes
+    stats: StepStats
+
+    @property
+    def kv(self):
+        """The KV pool requests take blocks from: n_blocks, available, block_counts()."""
+
+    def new_cache(self, capacity: int, prompt: Sequence[int] = ()):
+        """A cache holding what the pool computed of the prompt's leading blocks (its offset);
+        KVPoolFull when the pool has no room for another sequence."""
+
+    def reserve(self, caches: list, lens: list[int]) -> None:
+        """Blocks for each cache's next lens[i] rows, before any work (KVPoolFull if not)."""
+
+    async def step(self, seqs: list[np.ndarray], caches: list, need: list[bool]) -> tuple[list, list]:
+        """One forward: (argmax id or None, logits row or None) of each sequence's last row; a
+        row where need[i] (or where the executor has no argmax of its own). Caches advance."""
+
+    async def prefill(self, tokens: np.ndarray, cache, *, all_logits: bool = False, alone: bool = False) -> np.ndarray:
+        """Logits of the last token (or of every token) after `tokens`, in chunks a step takes."""
+
+    def keep(self, cache) -> None:
+        """The request of this cache ended cleanly: its full blocks may serve later prompts."""
+
+    async def drop(self, cache) -> None:
+        """A preempted request's cache: its blocks go back (full ones may stay cached)."""
+
+    def settle(self) -> None:
+        """Wait for work submitted ahead (its caches and stats final)."""
+
+
+class CpuExecutor:
+    """The model's forward on the CPU: ops in numpy, products through the scheduler (stacked across
+    requests, offloaded to a GPU backend where it wants them). A step alone runs whole in a worker
+    thread: one thread round trip per step, not one per matmul."""
+
+    name = "cpu"
+    max_rows = sys.maxsize  # a CPU step stacks every row waiting (prompts come in PREFILL_CHUNK chunks)
+    max_seqs = sys.maxsize  # a CPU step stacks every sequence waiting
+
+    def __init__(self, model, scheduler):
+        self.model, self.scheduler = model, scheduler
+        self.stats = StepStats()
+        self._ids = 0
+        # 2 x n_out x n_in FLOPs a row of the layers' products, and of the head once a sequence
+        self._flop_row = sum(2 * m.n_out * m.n_in for m in model.matrices()[:-1])
+        self._flop_seq = 2 * model.head.n_out * model.head.n_in
+
+    @property
+    def kv(self):
+        return self.model.kv_pool
+
+    def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache:
+        cache = self.model.new_cache(capacity, prompt)
+        cache.executor = self
+        return cache
+
+    def reserve(self, caches: list, lens: list[int]) -> None:
+        for c, n in zip(caches, lens):
+            c.reserve(c.offset + n)
+
+    async def step(self, seqs, caches, need, tag=None) -> tuple[list, list]:
+        t0 = time.perf_counter()
+        rows = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(seqs), tag=tag)
+        self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0)
+        return [None] * len(seqs), list(rows)
+
+    async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
+        """In chunks of PREFILL_CHUNK tokens (bounds the attention scores: 8k tokens at once would
+        be 2.4 GB). A few tokens while nothing else runs go solo (whole in a worker thread)."""
+        tokens = np.asarray(tokens)
+        small = alone and len(tokens) <= SOLO_MAX_TOKENS
+        outs = []
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[i:i + PREFILL_CHUNK]
+            if all_logits or i + PREFILL_CHUNK >= len(tokens):
+                outs.append(await self.scheduler.run(self.model.forward, chunk, cache, solo=small,
+                                                     all_logits=all_logits, **kw))
+            else:
+                await self.scheduler.run(self.model.hidden, [chunk], [cache], **kw)
+        return outs[0] if len(outs) == 1 else np.concatenate(outs)
+
+    async def adopt(self, held: Sequence[int], capacity: int) -> KVCache:
+        """A cache here holding the keys and values of `held` (a request moved off a failed
+        device), computed again from its tokens but for the prefix the pool has."""
+        cache = self.new_cache(capacity, held)
+        for i in range(cache.offset, len(held), PREFILL_CHUNK):
+            await self.scheduler.run(self.model.hidden, [np.asarray(held[i:i + PREFILL_CHUNK])], [cache])
+        return cache
+
+    def keep(self, cache) -> None:
+        cache.pool.keep(cache)  # its prefix blocks stay for later requests
+
+    async def drop(self, cache) -> None:
+        if cache.hashes:
+            cache.pool.keep(cache)  # its full blocks stay for its return, until their memory is wanted
+        else:
+            cache.release()
+
+    def settle(self) -> None:
+        gc.collect()  # ended requests' caches go back
+
+    def _record(self, rows: int, seqs: int, seconds: float) -> None:
+        self._ids += 1
+        rec = StepRecord(self._ids, self.name, rows, seqs, (rows * self._flop_row + seqs * self._flop_seq) / 1e9,
+                         seconds)
+        self.stats.add(rec)
+        log.debug("step", **rec.__dict__)

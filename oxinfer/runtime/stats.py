@@ -1,0 +1,77 @@
+"""One vocabulary for what the runtime did: a record per step (`StepRecord`, the keys of the `step`
+debug event) and their totals (`StepStats`), the same on every executor. A field's name is its log
+key and, with Prometheus's unit suffix, its metric (`step_s` -> `oxinfer_step_seconds`). The
+per-matmul records of the backends (`BackendStats`, runtime/backend.py) speak the same words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one step (one forward over the rows of every sequence it carries) did."""
+
+    step_id: int
+    executor: str  # "cpu" or "webgpu"
+    rows: int
+    seqs: int
+    gflop: float  # the step's matrix products (2 x rows x weights; the head once a sequence)
+    step_s: float  # the whole step, host work included
+    dispatches: int = 0  # kernels the device ran (0 on the CPU)
+    submissions: int = 0  # device submissions (0 on the CPU)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    encode_s: float = 0.0
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    kernel_s: float | None = None  # device time of the pass (timestamp queries), when measured
+    waited: bool = False  # the host waited for the device (a blocking wait)
+    ahead: bool = False  # the step had been submitted by the one before (run-ahead)
+
+
+@dataclass
+class StepStats:
+    """Totals over an executor's steps; field names as StepRecord's."""
+
+    steps: int = 0
+    submissions: int = 0
+    blocking_waits: int = 0
+    ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
+    wasted_steps: int = 0  # steps submitted ahead and not asked for
+    dispatches: int = 0
+    rows: int = 0
+    gflop: float = 0.0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    encode_s: float = 0.0
+    submit_s: float = 0.0
+    wait_s: float = 0.0
+    kernel_s: float = 0.0
+    seconds: float = 0.0
+
+    def add(self, r: StepRecord) -> None:
+        self.steps += 1
+        self.blocking_waits += r.waited
+        self.ahead_steps += r.ahead
+        self.seconds += r.step_s
+        for f in ("dispatches", "rows", "gflop", "bytes_up", "bytes_down", "encode_s", "submit_s", "wait_s"):
+            setattr(self, f, getattr(self, f) + getattr(r, f))
+        self.kernel_s += r.kernel_s or 0.0
+
+    @property
+    def gflops(self) -> float:
+        return self.gflop / self.seconds if self.seconds else 0.0
+
+    def summary(self, tokens: int) -> str:
+        """One line for `oxinfer run`: what the executor did for `tokens` generated tokens (the
+        design's first figure, GFLOP/s including host round trips, and the blocking waits)."""
+        per = lambda v: v / self.steps * 1e3 if self.steps else 0.0  # noqa: E731
+        return (f"{self.submissions} submissions, {self.gflop:.2f} GFLOP in {self.seconds:.3f} s = "
+                f"{self.gflops:.1f} GFLOP/s incl. host round trips; "
+                f"{self.blocking_waits / max(tokens, 1):.2f} blocking waits per token, {self.steps} steps, "
+                f"{self.dispatches / max(self.steps, 1):.0f} dispatches a step; "
+                f"encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -1,0 +1,54 @@
+"""The GPU's executor: the resident runner (runner.py) behind the executor protocol the engine speaks
+(runtime/executor.py). Its steps return the argmax ids the device computed, and a logits row only
+where a sampler needs one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio.to_thread
+import numpy as np
+
+from oxinfer.runtime.webgpu.kv import DeviceCache
+from oxinfer.runtime.webgpu.runner import ResidentRunner
+
+
+class GpuExecutor:
+    name = "webgpu"
+
+    def __init__(self, runner: ResidentRunner):
+        self.runner = runner
+        self.max_rows, self.max_seqs = runner.max_rows, runner.max_seqs
+
+    @property
+    def stats(self):
+        return self.runner.stats
+
+    @property
+    def kv(self):
+        return self.runner.kv
+
+    def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> DeviceCache:
+        cache = self.runner.new_cache(prompt)  # KVPoolFull when no slot is free
+        cache.executor = self
+        return cache
+
+    def reserve(self, caches: list, lens: list[int]) -> None:
+        self.runner.reserve(caches, lens)
+
+    async def step(self, seqs, caches, need, tag=None) -> tuple[list, list]:
+        ids, rows = await self.runner.forward_batch(seqs, caches, need=need)
+        return [int(i) for i in ids], rows
+
+    async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
+        return await self.runner.forward(tokens, cache, all_logits=all_logits)
+
+    def keep(self, cache) -> None:
+        pass  # its published blocks stay cached in the pool once it is collected
+
+    async def drop(self, cache) -> None:
+        await anyio.to_thread.run_sync(self.runner.settle)  # no step is being submitted ahead for it
+        cache.release()
+
+    def settle(self) -> None:
+        self.runner.settle()
