@@ -76,16 +76,19 @@ class Steps:
         (argmax token or None, logits row or None). 16 concurrent 128-token prompts on the CPU
         took 2.47 s as 16 forwards meeting in the scheduler, 2.37 s as one (warm)."""
         batch = await self._grant(batch)
-        for executor in self.executors:
-            live = id(executor) not in self.dead
-            if not live and executor is not self.cpu:
+        for executor in self.executors:  # the device's first; then the CPU's, with whatever a fault left
+            if executor is self.cpu:
+                mine = [t for t in batch if not t.done and t.payload[1].cache is not None]
+                for t in mine:
+                    if t.payload[1].cache.executor not in (self.cpu, None):  # its device failed
+                        await self._move_to_cpu(t.payload[1])
+                mine = [t for t in mine if t.payload[1].cache is not None]  # (cancelled while it moved)
+            elif id(executor) in self.dead:
                 continue
-            mine = [t for t in batch if not t.done and self._cache(t) is not None
-                    and (self._cache(t).executor is executor or (executor is self.cpu and self._lost(t)))]
-            for t in mine:
-                if self._lost(t):
-                    await self._move_to_cpu(t.payload[1])
-            for group in self._groups(executor, [t for t in mine if self._cache(t) is not None]):
+            else:
+                mine = [t for t in batch if not t.done and t.payload[1].cache is not None
+                        and t.payload[1].cache.executor is executor]
+            for group in self._groups(executor, mine):
                 reqs = [t.payload[1] for t in group]
                 try:
                     ids, rows = await executor.step([t.payload[0] for t in group], [r.cache for r in reqs],
@@ -101,14 +104,6 @@ class Steps:
         for t in batch:
             if not t.done:  # cancelled meanwhile
                 t.out = None
-
-    @staticmethod
-    def _cache(t: Ticket):
-        return t.payload[1].cache
-
-    def _lost(self, t: Ticket) -> bool:
-        """The ticket's cache lives on an executor a fault took out."""
-        return id(t.payload[1].cache.executor) in self.dead
 
     @staticmethod
     def _groups(executor, tickets: list[Ticket]) -> list[list[Ticket]]:

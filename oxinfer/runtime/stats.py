@@ -55,8 +55,14 @@ class StepStats:
         self.blocking_waits += r.waited
         self.ahead_steps += r.ahead
         self.seconds += r.step_s
-        for f in ("dispatches", "rows", "gflop", "bytes_up", "bytes_down", "encode_s", "submit_s", "wait_s"):
-            setattr(self, f, getattr(self, f) + getattr(r, f))
+        self.dispatches += r.dispatches
+        self.rows += r.rows
+        self.gflop += r.gflop
+        self.bytes_up += r.bytes_up
+        self.bytes_down += r.bytes_down
+        self.encode_s += r.encode_s
+        self.submit_s += r.submit_s
+        self.wait_s += r.wait_s
         self.kernel_s += r.kernel_s or 0.0
 
     @property
