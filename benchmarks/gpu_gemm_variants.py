@@ -180,7 +180,7 @@ _SNIPPETS = {  # mm_kt's lines (shaders/gemm_f16.wgsl), expanded by webgpu.unrol
     "STORES": "    store_row8(wid.z, m0 + 8u * ty + {d}u, n0 + 8u * tx, c{d}a, c{d}b);   // unroll d < ROWS",
 }
 
-# TinyLlama-1.1B's products: (name, n_out, n_in, k slices resident.py gives them at 512 rows)
+# TinyLlama-1.1B's products: (name, n_out, n_in, k slices webgpu/plan.py gives them at 512 rows)
 SHAPES = [("q|k|v", 2560, 2048, 3), ("o", 2048, 2048, 4), ("gate|up", 11264, 2048, 3), ("down", 2048, 5632, 4)]
 
 

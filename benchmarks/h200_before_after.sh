@@ -4,7 +4,7 @@
 # benchmarks/gpu_model.py on the GPU, the code before (.base) and after (this tree) in turns, N runs of
 # each, so that both meet the same machine; then the GPU's closing line of `oxinfer run` and the
 # prompt kernels checked against the CPU (benchmarks/h200_gpu_model.sh's check). Outputs in $OUT.
-N=${N:-4}
+N=${N:-4}  # ORDER="after before" runs the new code first in each pair (a check of order bias)
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 lscpu | grep -E "Model name"; grep -o -w -E "avx2|avx512f|avx512_vnni|amx_int8" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 for i in $(seq $N); do
-  for side in before after; do
+  for side in ${ORDER:-before after}; do
     if [ $side = before ]; then dir=$PWD/.base; else dir=$PWD; fi
     echo "=== $side $i"
     (cd $dir && PYTHONPATH=/tmp/site:$dir timeout 120 python3 benchmarks/gpu_model.py --backends webgpu 2>&1 | grep -v "^20") | tee -a $OUT/gpu_model_$side.txt

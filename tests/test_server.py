@@ -428,6 +428,10 @@ def test_after_fuzz_a_valid_stream_works(tiny_client, tiny_srv, tiny_http):
     assert metric(tiny_http, "oxinfer_requests_running") == 0
     assert metric(tiny_http, "oxinfer_time_to_first_token_seconds_count") > 0
     assert metric(tiny_http, "oxinfer_scheduler_rows_per_call_count") > 0
+    # the executor's step totals: StepStats' field names with Prometheus's unit suffixes
+    steps = metric(tiny_http, "oxinfer_steps_total")
+    assert 0 < steps <= tiny_srv.engine.executor.stats.steps
+    assert metric(tiny_http, "oxinfer_step_gflop_total") > 0 and metric(tiny_http, "oxinfer_step_seconds_total") > 0
 
 
 # --- structured output, tools, logit_bias, n ----------------------------------------------------------

@@ -11,7 +11,7 @@ BLAS reads them transposed in place, and a sequence touches only its own rows of
 Lanes are address space only (anonymous mmap, pages committed as they are written); memory is
 the pool's `blocks`. A cache takes blocks as its tokens arrive (`reserve`: KVPoolFull when
 neither a free block nor a kept cache's is left), nothing up front, and gives them back when it
-is dropped; the engine admits requests by the blocks free (engine.py). The pages lanes have
+is dropped; the engine admits requests by the blocks free (engine/admission.py). The pages lanes have
 written stay within the same number of blocks: past it, those no cache holds go back to the OS
 (MADV_DONTNEED). The block table of a sequence is its lane: the kernel's page table maps the
 lane's blocks to memory. (Reading blocks scattered over the pool would need a gather per decode
@@ -26,7 +26,7 @@ until their memory or slot is wanted, least recently used first), and computes o
 takes over a kept cache's lane when it uses all of that cache's blocks (no copy); otherwise the
 run is copied into its own lane: the copy-on-write happens when the second sequence starts, as
 each writes its own positions after the shared ones. (The device pool shares blocks in place,
-runtime/resident.py; here attention reads each sequence's positions as one view of its lane.)
+runtime/webgpu/kv.py; here attention reads each sequence's positions as one view of its lane.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Weights keep GGUF's names and layout. Every op (embedding, norms, products, attention with its KV
 cache, SwiGLU, residual adds) goes through `ops`, supplied by the runtime: numpy on the CPU
-(runtime/ops.py) or dispatches recorded for the GPU (runtime/resident.py). The model never learns
+(runtime/ops.py) or dispatches recorded for the GPU (runtime/webgpu/recorder.py). The model never learns
 where it ran.
 """
 

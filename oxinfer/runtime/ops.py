@@ -2,7 +2,7 @@
 
 The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias`, `head_norm`,
 `attention`, `silu_mul`, `add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
-through the matmul scheduler, which batches them across requests); runtime/resident.py records
+through the matmul scheduler, which batches them across requests); runtime/webgpu/recorder.py records
 the same calls as GPU dispatches of one submission per step.
 
 A step is bracketed by `begin(seqs, caches)` (positions, masks, the KV blocks of its rows) and `end(step)` (the

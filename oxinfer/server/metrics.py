@@ -1,5 +1,6 @@
 """Prometheus metrics of one app, in its own CollectorRegistry (two apps in one process, as in the
-tests, must not share or clash). Names follow the engine's vocabulary (events.py, SchedulerStats)."""
+tests, must not share or clash). Names follow the engine's vocabulary (events.py, SchedulerStats, runtime/stats.py's StepStats: a field
+name with Prometheus's unit suffix)."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class Metrics:
                                        "Rows of x per backend call (requests stacked)", buckets=_COUNTS, registry=r)
         engine.scheduler.call_observers.append(self._observe_call)
         r.register(_SchedulerCollector(engine))
+        r.register(_StepCollector(engine))
 
     def _observe_call(self, jobs: int, rows: int) -> None:
         self.jobs_per_call.observe(jobs)
@@ -99,3 +101,25 @@ class _SchedulerCollector:
             ("fallbacks", "GPU calls rerun on the CPU", c.fallbacks),
         ):
             yield CounterMetricFamily(f"oxinfer_scheduler_{name}", help_, value=value)
+
+
+def step_metric_name(field: str) -> str:
+    """A StepStats field as a metric name: `wait_s` -> `oxinfer_step_wait_seconds` (a counter's
+    `_total` is added by the exposition)."""
+    return "oxinfer_steps" if field == "steps" else f"oxinfer_step_{field[:-2] + '_seconds' if field.endswith('_s') else field}"
+
+
+class _StepCollector:
+    """The step totals of the executor requests run on (its StepStats), read at scrape time."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        stats = self.engine.executor.stats
+        for field, value in stats.as_dict().items():
+            yield CounterMetricFamily(step_metric_name(field), f"StepStats.{field} of the {self.engine.executor.name} executor",
+                                      value=value)

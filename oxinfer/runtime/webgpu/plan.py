@@ -112,30 +112,6 @@ class Planning:
         return got
 
 
-    @staticmethod
-    def _sums_before(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
-        """Whether product i's swiglu (dispatch i - 1, taken over) reads what add_splits (i - 2)
-        sums from the slices of product i - 3 (gate|up), so that xt_k can sum them instead."""
-        add = disps[i - 2] if i >= 3 else None
-        return (add is not None and add.optional and splits[i - 3] > 1 and not add.params[3]
-                and add.entries[3] is disps[i - 1].entries[2])
-
-    @staticmethod
-    def _sums_into(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
-        """Whether dispatch i can take over the add_splits before it (i - 1), which sums the slices
-        of product i - 2 for it: norm i (of whole rows) reads the residual add_splits adds them to
-        (add_rms_norm sums them instead), rope_kv i the q|k|v add_splits writes (it sums them as it
-        reads them)."""
-        add, d = (disps[i - 1] if i >= 2 else None), disps[i]
-        if d.kernel == "norm:rms_norm" and not d.params[3]:
-            adds = 1  # add_splits adds the slices to the residual
-        elif d.kernel == "attention:rope_kv":
-            adds = 0  # add_splits writes their sum
-        else:
-            return False
-        return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == adds
-                and add.entries[3] is d.entries[2])
-
     def _gemm_operands(self, prog: Program):
         """The scratch buffers of mm_kt's operands: x and the widest W it takes, in f16."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
@@ -148,85 +124,154 @@ class Planning:
     def _plan(self, prog: Program, t: int, n: int) -> Plan:
         """The calls that encode a step of t rows of n sequences, and the uniform words the shape
         decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
-        else. What the shape decides, per dispatch:
-        - the matmul kind (kernel_for);
-        - fusions: a matvec whose prologue can do the norm or swiglu before it takes that
-          dispatch's place, and attend_decode rope_kv's in a step of one row a sequence (a
-          one-token decode step runs 5 dispatches a layer instead of 9);
-        - attend_rows for one sequence's many rows (a prompt), in chunks of positions merged by
-          attend_merge (att_chunks);
-        - k slices for a tiled product short of workgroups (splits_for), then its add_splits;
-        - on f16 GPUs a prompt's tiled products in mm_kt, each after xt_k and wt_k (GEMM_PARTS),
-          the down product's xt_k doing the swiglu and the sum of gate|up's slices as well."""
+        else. The passes, in order: choose_kernels, fuse_prologues, fuse_split_sums,
+        chunk_attention, then the calls and the uniform words."""
         plan = prog.plans.get((t, n))
         if plan is None:
-            disps = prog.disps
-            rows = [n if d.rows == "s" else t for d in disps]
-            kinds = [(self.gpu.kernel or self.gpu.kernel_for(r, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
-                     for d, r in zip(disps, rows)]
-            splits = np.ones(len(disps), np.uint32)  # k slices of each product
-            for i, d in enumerate(disps):
-                if d.kernel == "attention:attend" and n == 1 < t and self.attend_rows:  # a prompt
-                    kinds[i] = "attention:attend_rows"
-                if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not self.gpu.kernel:
-                    splits[i] = self.gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
-                    if splits[i] > 1:
-                        kinds[i] = self.gpu.split_kind(kinds[i], rows[i])
-                if d.kernel == "mm" and not self.gpu.kernel and kinds[i] != (kt := self.gpu.gemm_kind(kinds[i], *map(int, d.params[:2]))):
-                    kinds[i] = kt  # and its k slices for its own tiles
-                    if i + 1 < len(disps) and disps[i + 1].optional:
-                        splits[i] = self.gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
-            pre = np.zeros(len(disps), np.uint32)  # each matmul's Params.pre
-            xs = np.zeros(len(disps), np.uint32)  # slices summed by mm_kt's xt_k (Params.xs), add_rms_norm (Op.k), rope_kv (Op.flags)
-            fused = [False] * (len(disps) + 1)  # dispatch i does the work of dispatch i - 1 too
-            for i, d in enumerate(disps):
-                if d.pre is None or not i or disps[i - 1] is not d.pre:
-                    continue
-                gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
-                if d.kernel == "mm" and kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
-                    pre[i], fused[i] = PROLOGUES[d.pre.kernel][0], True
-                    if kinds[i] == "mm_kt" and self._sums_before(disps, splits, i):
-                        xs[i], fused[i - 1] = splits[i - 3], True  # and xt_k sums gate|up's slices
-                elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
-                    kinds[i], fused[i] = "attention:attend_decode", True
-            for i, d in enumerate(disps):  # an add_splits, then the norm or rope_kv that reads its sum
-                if not fused[i + 1] and self._sums_into(disps, splits, i):
-                    fused[i], xs[i] = True, splits[i - 2]
-                    if d.kernel == "norm:rms_norm":
-                        kinds[i] = "norm:add_rms_norm"
-            chunks = np.zeros(len(disps), np.uint32)  # each attend_rows' chunks of positions (Op.flags)
-            for i in range(len(disps)):
-                if kinds[i] == "attention:attend_rows":
-                    chunks[i] = self.att_chunks(t)
-            live = [i for i, d in enumerate(disps) if not fused[i + 1] and not (d.optional and splits[i - 1] == 1)]
-            calls, at = [], []
-            for i in live:
-                parts = (kinds[i],)
-                if kinds[i] == "mm_kt":
-                    parts = GEMM_PARTS  # its operands first
-                elif chunks[i] > 1:
-                    parts = (kinds[i], "attention:attend_merge")
-                for kind in parts:
-                    pipe, bg = self._bind(prog, i, disps[i], kind, int(pre[i]), bool(splits[i] > 1), bool(xs[i] > 1))
-                    x, y, z = disps[i].grid(kind, rows[i])
-                    if kind == kinds[i] and max(splits[i], chunks[i]) > 1:  # a product's k slices, attend_rows' chunks
-                        z = int(max(splits[i], chunks[i]))
-                    grid = (x, y, z)
-                    calls.append((pipe, bg, *grid, call_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
-                    at.append(i)
-            mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
-            opt = [i for i, d in enumerate(disps) if d.optional]
-            att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
-            norm = [i for i, d in enumerate(disps) if d.kernel == "norm:rms_norm"]
-            rope = [i for i, d in enumerate(disps) if d.kernel == "attention:rope_kv"]
-            where = (np.array(mm + mm + mm + opt + att + norm + rope, np.intp),
-                     np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
-                              + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm)
-                              + [FLAGS_WORD] * len(rope), np.intp))
-            values = np.concatenate([pre[mm], np.where(splits[mm] > 1, splits[mm], 0), xs[mm],
-                                     splits[np.array(opt, np.intp) - 1], chunks[att], xs[norm], xs[rope]])
+            c = choose_kernels(self, prog.disps, t, n)
+            fuse_prologues(prog.disps, c, t, n)
+            fuse_split_sums(prog.disps, c)
+            chunk_attention(self, c, t)
+            calls, at = self._calls(prog, c)
+            where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
                 prog.plans.clear()
-            plan = prog.plans[(t, n)] = Plan(calls, at, where, values.astype(np.uint32), pre)
+            plan = prog.plans[(t, n)] = Plan(calls, at, where, values, c.pre)
         return plan
 
+    def _calls(self, prog: Program, c: Choices) -> tuple[list[tuple], list[int]]:
+        """(pipeline, bind group, x, y, z, the ctypes arguments) of every dispatch that runs, and
+        which dispatch of the program each is: mm_kt after its operands, attend_rows' chunks
+        before their merge."""
+        disps = prog.disps
+        live = [i for i, d in enumerate(disps) if not c.fused[i + 1] and not (d.optional and c.splits[i - 1] == 1)]
+        calls, at = [], []
+        for i in live:
+            parts = (c.kinds[i],)
+            if c.kinds[i] == "mm_kt":
+                parts = GEMM_PARTS  # its operands first
+            elif c.chunks[i] > 1:
+                parts = (c.kinds[i], "attention:attend_merge")
+            for kind in parts:
+                pipe, bg = self._bind(prog, i, disps[i], kind, int(c.pre[i]), bool(c.splits[i] > 1), bool(c.xs[i] > 1))
+                x, y, z = disps[i].grid(kind, c.rows[i])
+                if kind == c.kinds[i] and max(c.splits[i], c.chunks[i]) > 1:  # a product's k slices, attend_rows' chunks
+                    z = int(max(c.splits[i], c.chunks[i]))
+                grid = (x, y, z)
+                calls.append((pipe, bg, *grid, call_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
+                at.append(i)
+        return calls, at
+
+
+@dataclass
+class Choices:
+    """What a step shape decides for each dispatch of a program, pass by pass."""
+
+    rows: list[int]  # the rows it runs over (t, or n for the rows of sequences)
+    kinds: list[str]  # the kernel (a matmul kind, or the op's kernel or its fused variant)
+    splits: np.ndarray  # k slices of each product
+    pre: np.ndarray  # each matmul's Params.pre: the norm (1) or swiglu (2) its prologue does
+    xs: np.ndarray  # slices summed by mm_kt's xt_k (Params.xs), add_rms_norm (Op.k), rope_kv (Op.flags)
+    fused: list[bool]  # fused[i]: dispatch i does the work of dispatch i - 1 too (that one does not run)
+    chunks: np.ndarray  # each attend_rows' chunks of positions (Op.flags)
+
+
+def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
+    """Each product's matmul kind (kernel_for) and k slices for a tiled product short of
+    workgroups (splits_for; then its add_splits runs), on f16 GPUs a prompt's tiled products in
+    mm_kt (after xt_k and wt_k: GEMM_PARTS); attend_rows for one sequence's many rows (a prompt)."""
+    gpu = r.gpu
+    rows = [n if d.rows == "s" else t for d in disps]
+    kinds = [(gpu.kernel or gpu.kernel_for(k, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
+             for d, k in zip(disps, rows)]
+    splits = np.ones(len(disps), np.uint32)
+    for i, d in enumerate(disps):
+        if d.kernel == "attention:attend" and n == 1 < t and r.attend_rows:  # a prompt
+            kinds[i] = "attention:attend_rows"
+        if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not gpu.kernel:
+            splits[i] = gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
+            if splits[i] > 1:
+                kinds[i] = gpu.split_kind(kinds[i], rows[i])
+        if d.kernel == "mm" and not gpu.kernel and kinds[i] != (kt := gpu.gemm_kind(kinds[i], *map(int, d.params[:2]))):
+            kinds[i] = kt  # and its k slices for its own tiles
+            if i + 1 < len(disps) and disps[i + 1].optional:
+                splits[i] = gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
+    zeros = lambda: np.zeros(len(disps), np.uint32)  # noqa: E731
+    return Choices(rows, kinds, splits, zeros(), zeros(), [False] * (len(disps) + 1), zeros())
+
+
+def fuse_prologues(disps: list[Dispatch], c: Choices, t: int, n: int) -> None:
+    """A matvec whose prologue can do the norm or swiglu before it takes that dispatch's place
+    (the down product's mm_kt: its xt_k does the swiglu and sums gate|up's slices too), and
+    attend_decode takes rope_kv's in a step of one row a sequence (a one-token decode step runs 5
+    dispatches a layer instead of 9)."""
+    for i, d in enumerate(disps):
+        if d.pre is None or not i or disps[i - 1] is not d.pre:
+            continue
+        gathers = d.pre.kernel == "norm:rms_norm" and d.pre.params[3]
+        if d.kernel == "mm" and c.kinds[i] in PROLOGUES[d.pre.kernel][1] and (not gathers or t == n):
+            c.pre[i], c.fused[i] = PROLOGUES[d.pre.kernel][0], True
+            if c.kinds[i] == "mm_kt" and sums_before(disps, c.splits, i):
+                c.xs[i], c.fused[i - 1] = c.splits[i - 3], True  # and xt_k sums gate|up's slices
+        elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
+            c.kinds[i], c.fused[i] = "attention:attend_decode", True
+
+
+def fuse_split_sums(disps: list[Dispatch], c: Choices) -> None:
+    """An add_splits, then the norm (add_rms_norm) or rope_kv that reads its sum: they sum the
+    slices themselves."""
+    for i, d in enumerate(disps):
+        if not c.fused[i + 1] and sums_into(disps, c.splits, i):
+            c.fused[i], c.xs[i] = True, c.splits[i - 2]
+            if d.kernel == "norm:rms_norm":
+                c.kinds[i] = "norm:add_rms_norm"
+
+
+def chunk_attention(r, c: Choices, t: int) -> None:
+    """attend_rows in chunks of positions (then attend_merge): att_chunks."""
+    for i, kind in enumerate(c.kinds):
+        if kind == "attention:attend_rows":
+            c.chunks[i] = r.att_chunks(t)
+
+
+def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
+    """The uniform words the shape decides (params[where] = values): each product's prologue, k
+    slices and summed slices, each add_splits' slice count, attend_rows' chunks, the slices the
+    norms and rope_kv sum."""
+    mm = [i for i, d in enumerate(disps) if d.kernel == "mm"]
+    opt = [i for i, d in enumerate(disps) if d.optional]
+    att = [i for i, d in enumerate(disps) if d.kernel == "attention:attend"]
+    norm = [i for i, d in enumerate(disps) if d.kernel == "norm:rms_norm"]
+    rope = [i for i, d in enumerate(disps) if d.kernel == "attention:rope_kv"]
+    where = (np.array(mm + mm + mm + opt + att + norm + rope, np.intp),
+             np.array([PRE_WORD] * len(mm) + [SPLITS_WORD] * len(mm) + [XS_WORD] * len(mm)
+                      + [SLICES_WORD] * len(opt) + [FLAGS_WORD] * len(att) + [SLICES_WORD] * len(norm)
+                      + [FLAGS_WORD] * len(rope), np.intp))
+    s = c.splits
+    values = np.concatenate([c.pre[mm], np.where(s[mm] > 1, s[mm], 0), c.xs[mm], s[np.array(opt, np.intp) - 1],
+                             c.chunks[att], c.xs[norm], c.xs[rope]])
+    return where, values.astype(np.uint32)
+
+
+def sums_before(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
+    """Whether product i's swiglu (dispatch i - 1, taken over) reads what add_splits (i - 2)
+    sums from the slices of product i - 3 (gate|up), so that xt_k can sum them instead."""
+    add = disps[i - 2] if i >= 3 else None
+    return (add is not None and add.optional and splits[i - 3] > 1 and not add.params[3]
+            and add.entries[3] is disps[i - 1].entries[2])
+
+
+def sums_into(disps: list[Dispatch], splits: np.ndarray, i: int) -> bool:
+    """Whether dispatch i can take over the add_splits before it (i - 1), which sums the slices
+    of product i - 2 for it: norm i (of whole rows) reads the residual add_splits adds them to
+    (add_rms_norm sums them instead), rope_kv i the q|k|v add_splits writes (it sums them as it
+    reads them)."""
+    add, d = (disps[i - 1] if i >= 2 else None), disps[i]
+    if d.kernel == "norm:rms_norm" and not d.params[3]:
+        adds = 1  # add_splits adds the slices to the residual
+    elif d.kernel == "attention:rope_kv":
+        adds = 0  # add_splits writes their sum
+    else:
+        return False
+    return (add is not None and add.optional and splits[i - 2] > 1 and add.params[3] == adds
+            and add.entries[3] is d.entries[2])

@@ -44,7 +44,7 @@ KERNELS = {
     "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product in f16 from the operands wt_k and xt_k made (needs shader-f16)
     "wt_k": ("gemm_f16", "wt_k"),
     "xt_k": ("gemm_f16", "xt_k"),
-    "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (resident.py)
+    "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (runner.py)
 }
 
 
