@@ -110,7 +110,10 @@ async def test_a_full_pool_admits_by_memory_and_preempts_the_youngest(model):
             tg.start_soon(one, i)
     for g, w in zip(got, want):  # a preempted request's tokens since its last full block are computed
         assert g.token_ids == w.token_ids  # again as a prompt: the same tokens, logits within rounding
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-3)
+        # (their rows' activations rounded to int8 blocks again: where a rounding flips, a logprob
+        # moves by up to ~5e-3, measured 4.5e-3 in 2 of 6 runs, 2.3e-7 in the others, as the
+        # timing of the preemptions decides; 1e-3 failed a third of the runs before the redesign too)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-2)
         assert g.finish_reason == "length"
     reserving = n_blocks // blocks(40 + 60)
     assert max(running) > reserving
