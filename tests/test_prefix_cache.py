@@ -135,7 +135,7 @@ async def test_the_device_pool_shares_blocks_in_place(model):
     first = gpu.stream(system + [1], long)
     await anext(first)
     shared = gpu.resident.new_cache(system + [5])
-    assert shared.offset == 3 * BLOCK and max(kv.refs[shared.blocks]) == 2
+    assert shared.offset == 3 * BLOCK and max(kv.blocks.refs[shared.blocks]) == 2
     del shared
     second = await gpu.generate(system + [2, 3], GREEDY)
     async for _ in first:
@@ -144,7 +144,7 @@ async def test_the_device_pool_shares_blocks_in_place(model):
     cpu = await oxinfer.Engine.load(model, cpu_int8=False)
     assert second.token_ids == (await cpu.generate(system + [2, 3], GREEDY)).token_ids
     np.testing.assert_allclose(second.logprobs, (await cpu.generate(system + [2, 3], GREEDY)).logprobs, atol=1e-3)
-    assert kv.used == 0 and len(kv.cached) >= 3 and len(kv.free_slots) == kv.n_slots
+    assert kv.used == 0 and len(kv.blocks.cached) >= 3 and len(kv.free_slots) == kv.n_slots
 
 
 def test_device_blocks_are_counted_cached_and_evicted_least_recently_used():
@@ -156,15 +156,15 @@ def test_device_blocks_are_counted_cached_and_evicted_least_recently_used():
     a.reserve(2 * BLOCK)
     a.append(list(range(2 * BLOCK)))  # two full blocks, published
     b = DeviceCache(kv, 1, list(range(2 * BLOCK)) + [9])
-    assert b.offset == 2 * BLOCK and b.blocks == a.blocks and list(kv.refs[a.blocks]) == [2, 2]
+    assert b.offset == 2 * BLOCK and b.blocks == a.blocks and list(kv.blocks.refs[a.blocks]) == [2, 2]
     with pytest.raises(ValueError, match="shared"):
         b.trim(1)
     first, second = a.blocks
     del a, b
-    assert kv.used == 0 and list(kv.cached) == [first, second]  # released in this order
+    assert kv.used == 0 and list(kv.blocks.cached) == [first, second]  # released in this order
     c = DeviceCache(kv, 1)
     c.reserve(3 * BLOCK)  # 2 free blocks, then the oldest cached one
-    assert kv.evictions == 1 and len(kv.cached) == 1
+    assert kv.blocks.evictions == 1 and len(kv.blocks.cached) == 1
     d = DeviceCache(kv, 1, list(range(2 * BLOCK)) + [9])
     assert d.offset == 0  # its first block was evicted: nothing to share
     with pytest.raises(KVPoolFull):

@@ -297,7 +297,7 @@ async def test_cancel_three_of_ten_leaves_no_device_slot_behind(pair):
     gpu.resident.settle()  # a step submitted ahead in the background holds its caches until submitted
     gc.collect()
     assert (len(kv.free_slots), kv.used) == free0
-    assert len(kv.free_blocks) + len(kv.cached) + kv.used == kv.n_blocks
+    assert len(kv.blocks.free) + len(kv.blocks.cached) + kv.used == kv.n_blocks
     assert gpu.stats().running == 0 and gpu.stats().pending_jobs == 0
 
 
@@ -345,7 +345,7 @@ async def test_a_full_device_pool_makes_requests_wait_on_the_device(tmp_path):
     assert gpu.resident is r and gpu.stats().preemptions_total >= 1
     r.settle()
     gc.collect()
-    assert r.kv.used == 0 and len(r.kv.free_blocks) + len(r.kv.cached) == r.kv.n_blocks
+    assert r.kv.used == 0 and len(r.kv.blocks.free) + len(r.kv.blocks.cached) == r.kv.n_blocks
     with pytest.raises(oxinfer.ContextOverflowError, match="KV memory"):
         gpu.stream(list(range(100)), params)  # 140 positions > the pool's 128
 

@@ -37,11 +37,12 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from oxinfer.errors import OxinferError
+from oxinfer.models.blocks import BlockAllocator
 
 BLOCK = 32  # positions of a block: the unit of KV memory and of shared prefixes (the device pool's too)
 CHUNK = 256  # tokens added per growth step of a private pool
@@ -129,10 +130,15 @@ class PoolSize:
 
 @dataclass
 class _Lease:
-    """What a cache holds of its pool: a slot and the blocks (from position 0) of its lane."""
+    """What a cache holds of its pool: a slot and the blocks (from position 0) of its lane, as
+    blocks of the pool's allocator (models/blocks.py: which ones does not matter to a lane)."""
 
     slot: int
-    blocks: int = 0
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.ids)
 
 
 class KVPool:
@@ -160,20 +166,31 @@ class KVPool:
                     arrays.append(a)
                     self._maps.append(buf)
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
-        self.held = 0  # blocks the caches of this pool hold, kept ones included
+        # the blocks: held by live caches, cached for kept ones (released in the order they were
+        # kept, so the least recently kept cache is the first evicted), or free
+        self.alloc = BlockAllocator(self.n_blocks, on_evict=self._evicted)
         self._written = [0] * slots  # blocks of each lane whose pages may be in memory
         self.live: weakref.WeakSet[KVCache] = weakref.WeakSet()  # caches of this pool's slots
         self.kept: OrderedDict[int, KVCache] = OrderedDict()  # ended requests' caches, oldest first
-        self.evictions = 0
-        self._lock = threading.RLock()  # blocks and slots come back from finalizers, in any thread
+        self._kept_of: dict[int, KVCache] = {}  # block -> the kept cache whose lane holds it
+        self._lock = self.alloc.lock  # blocks and slots come back from finalizers, in any thread
         self._opening = threading.Lock()  # caches are opened in worker threads (a prefix copy takes ~10 ms)
 
     # --- memory ---------------------------------------------------------------------------------
     @property
     def available(self) -> int:
         """Blocks a sequence may still take: free ones and those kept caches hold."""
-        with self._lock:
-            return self.n_blocks - self.held + sum(c.lease.blocks for c in list(self.kept.values()))
+        return self.alloc.available
+
+    @property
+    def held(self) -> int:
+        """Blocks the caches of this pool hold, kept ones included."""
+        return self.n_blocks - len(self.alloc.free)
+
+    @property
+    def evictions(self) -> int:
+        """Kept caches given up for room (each counted once)."""
+        return self.alloc.evictions
 
     def reserve(self, lease: _Lease, tokens: int) -> None:
         """Blocks for positions [0, tokens) of a lease's lane; kept caches give theirs up, least
@@ -183,30 +200,42 @@ class KVPool:
         if need <= 0:
             return
         with self._lock:
-            while self.n_blocks - self.held < need and self.kept:
-                self._evict()
-            if self.n_blocks - self.held < need:
+            if need > self.alloc.available:
                 raise KVPoolFull(f"the KV pool is full ({self.n_blocks} blocks of {BLOCK} positions, "
                                  f"{self.held} held): {need} more wanted")
-            self.held += need
-            lease.blocks += need
+            lease.ids += self.alloc.take(need)
             if lease.blocks > self._written[lease.slot]:
                 self._written[lease.slot] = lease.blocks
                 self._fit_pages()
 
-    def _evict(self) -> None:
-        self.kept.popitem(last=False)  # its finalizer gives the slot and blocks back
-        self.evictions += 1
+    def _evicted(self, block: int) -> None:
+        """The allocator took a kept cache's block: the whole cache goes (its lane is one view)."""
+        self._drop(self._kept_of[block])
+
+    def _drop(self, cache: KVCache) -> None:
+        """A kept cache is given up: its other blocks and its slot are free."""
+        del self.kept[id(cache)]
+        ids = cache.lease.ids
+        for b in ids:
+            self._kept_of.pop(b, None)
+        self.alloc.forget(ids)
+        cache.release.detach()
+        self.live.discard(cache)
+        cache.lease.ids = []
+        self._free_slot(cache.lease.slot)
 
     def give_back(self, lease: _Lease, keep_blocks: int = 0) -> None:
         """A lease's blocks past the first keep_blocks; the slot too when it keeps none. Their pages
         stay, to be written again without faults, until the memory is wanted (_fit_pages)."""
         with self._lock:
-            self.held -= lease.blocks - keep_blocks
-            lease.blocks = keep_blocks
+            self.alloc.release(lease.ids[keep_blocks:])
+            del lease.ids[keep_blocks:]
             if not keep_blocks:
-                self._free.append(lease.slot)
-                self._free.sort(reverse=True)
+                self._free_slot(lease.slot)
+
+    def _free_slot(self, slot: int) -> None:
+        self._free.append(slot)
+        self._free.sort(reverse=True)
 
     def _fit_pages(self) -> None:
         """Keep the pages lanes have written within the pool's memory: past it, the OS gets back
@@ -243,16 +272,14 @@ class KVPool:
 
     def block_counts(self) -> tuple[int, int, int]:
         """(blocks live caches hold, blocks kept caches hold, evictions)."""
-        with self._lock:
-            cached = sum(c.lease.blocks for c in list(self.kept.values()))
-            return self.held - cached, cached, self.evictions
+        return self.alloc.block_counts()
 
     # --- slots and prefixes ---------------------------------------------------------------------
     def _take_slot(self) -> int | None:
         """A free slot; the least recently used kept cache gives up its own when none is free."""
         with self._lock:
             while not self._free and self.kept:
-                self._evict()
+                self.alloc.evict_oldest()  # the least recently kept cache, whole
             return self._free.pop() if self._free else None
 
     def keep(self, cache: KVCache) -> None:
@@ -262,11 +289,13 @@ class KVPool:
         if cache.pool is not self or not cache.hashes:
             return
         with self._lock:
-            for key, other in list(self.kept.items()):  # kept blocks this cache holds as well
+            for other in list(self.kept.values()):  # kept blocks this cache holds as well
                 if other.hashes == cache.hashes[:len(other.hashes)]:
-                    del self.kept[key]
+                    self._drop(other)
             self.give_back(cache.lease, len(cache.hashes))
             cache.trim(cache.offset - len(cache.hashes) * BLOCK)
+            self.alloc.release(cache.lease.ids, keep=True)  # cached: evicted least recently kept first
+            self._kept_of.update(dict.fromkeys(cache.lease.ids, cache))
             self.kept[id(cache)] = cache
 
     def open(self, prompt: Sequence[int] = ()) -> KVCache | None:
@@ -284,19 +313,27 @@ class KVPool:
             # a kept cache hands its slot over when the new sequence uses all its blocks, or when
             # copying them would take memory or a slot that only evicting could give; else the
             # run is copied, and the kept blocks past it stay for later prompts
-            handed = best is not None and id(best) in self.kept and (
-                n == len(best.hashes) or not self._free or self.n_blocks - self.held < n)
-            if handed:
+            kept = best is not None and id(best) in self.kept
+            handed = kept and (n == len(best.hashes) or not self._free or len(self.alloc.free) < n)
+            if handed:  # the slot is the new cache's now, with the run's blocks (the rest go back)
                 del self.kept[id(best)]
-                best.release.detach()  # the slot is the new cache's now
+                best.release.detach()
                 self.live.discard(best)
-                self.give_back(best.lease, n)
+                for b in best.lease.ids:
+                    del self._kept_of[b]
+                for b in best.lease.ids[:n]:
+                    self.alloc.hold(b)
+                self.alloc.forget(best.lease.ids[n:])
+                del best.lease.ids[n:]
                 lease = best.lease
             else:
                 slot = self._take_slot()
                 if slot is None:
                     return None
                 lease = _Lease(slot)
+                protect = list(best.lease.ids) if kept and n else []  # a kept source is not evicted while
+                for b in protect:  # its blocks are copied (its lane stays as it is)
+                    self.alloc.hold(b)
         cache = KVCache(self, lease)
         if not handed and n:
             try:
@@ -305,6 +342,8 @@ class KVPool:
                 n = 0
             for layer in (*self.keys, *self.values) if n else ():  # outside the lock: ~10 ms for 1,000 tokens
                 layer[lease.slot, :, :n * BLOCK] = layer[best.slot, :, :n * BLOCK]
+            if protect:
+                self.alloc.release(protect, keep=True)
         cache.tokens[:], cache.hashes[:] = want.tokens[:n * BLOCK], want.hashes[:n]
         return cache
 

@@ -3,20 +3,20 @@ sharing by chain hash; a sequence's `DeviceCache` has the CPU KVCache's API."""
 
 from __future__ import annotations
 
-import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
+from oxinfer.models.blocks import BlockAllocator
 from oxinfer.models.kv_cache import BLOCK, HeldTokens, KVPoolFull, prompt_blocks
 
 BS = BLOCK  # KV positions per block: the blocks prompts share (the CPU pool's too)
 
 class DeviceKV:
-    """Host bookkeeping of the device KV pool: blocks, block-table rows (slots), and the table
-    itself, whose changed rows are written to the device before the next step.
+    """Host bookkeeping of the device KV pool: block-table rows (slots) and the table itself, whose
+    changed rows are written to the device before the next step; the blocks are the shared
+    allocator's (models/blocks.py).
 
     Blocks are shared: a full block is published under its chain hash (kv_cache.HeldTokens), and
     a new sequence whose prompt begins with published blocks points its table at them (`share`)
@@ -26,16 +26,11 @@ class DeviceKV:
 
     def __init__(self, n_blocks: int, n_slots: int, max_blocks: int):
         self.n_blocks, self.n_slots, self.max_blocks = n_blocks, n_slots, max_blocks
-        self.free_blocks = list(range(n_blocks - 1, -1, -1))
+        self.blocks = BlockAllocator(n_blocks)
         self.free_slots = list(range(n_slots - 1, -1, -1))
         self.table = np.zeros((n_slots, max_blocks), np.uint32)
         self.dirty: set[int] = set()
-        self.refs = np.zeros(n_blocks, np.int32)
-        self.published: dict[bytes, int] = {}  # chain hash -> block
-        self.hash_of: dict[int, bytes] = {}  # block -> its chain hash, while published
-        self.cached: OrderedDict[int, None] = OrderedDict()  # published blocks no sequence holds, oldest first
-        self.evictions = 0
-        self._lock = threading.RLock()  # blocks come back from finalizers, in any thread
+        self._lock = self.blocks.lock
 
     def take_slot(self) -> int:
         with self._lock:
@@ -43,18 +38,9 @@ class DeviceKV:
                 raise KVPoolFull(f"all {self.n_slots} device KV slots are in use")
             return self.free_slots.pop()
 
-    def _take_block(self) -> int:
-        if not self.free_blocks:  # the least recently used cached block
-            b, _ = self.cached.popitem(last=False)
-            del self.published[self.hash_of.pop(b)]
-            self.evictions += 1
-            return b
-        return self.free_blocks.pop()
-
-    def _hold(self, slot: int, blocks: list[int], b: int) -> None:
-        self.refs[b] += 1
-        self.table[slot, len(blocks)] = b
-        blocks.append(b)
+    def _point(self, slot: int, blocks: list[int], new: list[int]) -> None:
+        self.table[slot, len(blocks):len(blocks) + len(new)] = new
+        blocks.extend(new)
         self.dirty.add(slot)
 
     def grow(self, slot: int, blocks: list[int], n: int) -> None:
@@ -63,64 +49,49 @@ class DeviceKV:
         if need > self.max_blocks:
             raise KVPoolFull(f"{n} positions > the {self.max_blocks * BS} a device KV slot holds")
         with self._lock:
-            if need - len(blocks) > len(self.free_blocks) + len(self.cached):
+            if need - len(blocks) > self.blocks.available:
                 raise KVPoolFull(f"the device KV pool is full ({self.n_blocks} blocks of {BS} positions)")
-            while len(blocks) < need:
-                self._hold(slot, blocks, self._take_block())
+            if need > len(blocks):
+                self._point(slot, blocks, self.blocks.take(need - len(blocks)))
 
     def share(self, slot: int, blocks: list[int], hashes: list[bytes]) -> int:
         """Point an empty slot at the published blocks of these leading hashes; how many."""
         with self._lock:
             for h in hashes:
-                b = self.published.get(h)
+                b = self.blocks.lookup(h)
                 if b is None:
                     break
-                self.cached.pop(b, None)
-                self._hold(slot, blocks, b)
+                self.blocks.hold(b)
+                self._point(slot, blocks, [b])
             return len(blocks)
 
     def publish(self, blocks: list[int], hashes: list[bytes], first: int) -> None:
         """Blocks [first, len(hashes)) of a sequence are full: others may share them."""
-        with self._lock:
-            for b, h in zip(blocks[first:len(hashes)], hashes[first:]):
-                if h not in self.published and b not in self.hash_of:
-                    self.published[h], self.hash_of[b] = b, h
+        self.blocks.publish(blocks[first:len(hashes)], hashes[first:])
 
     def unpublish(self, blocks: list[int]) -> None:
         """These blocks will be written again (a trimmed sequence): no one may share them from now."""
-        with self._lock:
-            for b in blocks:
-                if self.refs[b] > 1:
-                    raise ValueError(f"block {b} is shared by {self.refs[b]} sequences: it cannot be trimmed into")
-                h = self.hash_of.pop(b, None)
-                if h is not None:
-                    del self.published[h]
+        self.blocks.unpublish(blocks)
 
     def release(self, slot: int, blocks: list[int]) -> None:
         with self._lock:
-            for b in blocks:
-                self.refs[b] -= 1
-                if self.refs[b] == 0:
-                    if b in self.hash_of:
-                        self.cached[b] = None
-                    else:
-                        self.free_blocks.append(b)
+            self.blocks.release(blocks)
             self.free_slots.append(slot)
             blocks.clear()
 
     @property
     def available(self) -> int:
         """Blocks a sequence may still take: free ones and cached ones (evicted for it)."""
-        return len(self.free_blocks) + len(self.cached)
+        return self.blocks.available
 
     @property
     def used(self) -> int:
         """Blocks some sequence holds."""
-        return self.n_blocks - len(self.free_blocks) - len(self.cached)
+        return self.blocks.used
 
     def block_counts(self) -> tuple[int, int, int]:
         """(blocks sequences hold, cached blocks, evictions)."""
-        return self.used, len(self.cached), self.evictions
+        return self.blocks.block_counts()
 
 
 class DeviceCache(HeldTokens):
