@@ -197,11 +197,12 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
                   model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
-                  qk_norm: bool = False, **config) -> dict[str, np.ndarray]:
+                  qk_norm: bool = False, config_text: str | None = None, **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
-    rope); `config`: more config.json keys. Returns the weights by HF name, as float32 (bf16's
-    values when dtype is BF16)."""
+    rope); `config`: more config.json keys; `config_text`: config.json itself, as a transformers
+    version wrote it (tests/data/hf_configs/: its shapes must be these). Returns the weights by HF
+    name, as float32 (bf16's values when dtype is BF16)."""
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -251,7 +252,7 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     if shards > 1:
         (path / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {}, "weight_map": {k: f for f, part in zip(files, parts) for k in part}}))
-    (path / "config.json").write_text(json.dumps({
+    (path / "config.json").write_text(config_text if config_text is not None else json.dumps({
         "model_type": model_type, "architectures": ["LlamaForCausalLM"], "hidden_size": d,
         "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv,
         "intermediate_size": d_ff, "vocab_size": vocab, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,

@@ -3,6 +3,7 @@ independent float64 transcription of HF's own forward (rotate-half rope, q/k row
 them), on the CPU and on the GPU; and every broken directory a clear error."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,3 +200,66 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
         good(m)
     shard.write_bytes(data)
     assert good(m)[2].cfg.n_layers == 2  # and whole again, it loads (path, tokenizer, model, ...)
+
+
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+
+
+@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3"])
+def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
+    """The config.json transformers 4.57 and 5.24 wrote for one model (5.x: rope_parameters, dtype,
+    layer_types) gives one ModelConfig, its rope theta the one written (not the 10000 default)."""
+    from oxinfer.formats import HFDirectory
+    from oxinfer.models import ModelConfig
+
+    got = {}
+    for version in ("4.57", "5.24"):
+        d = tmp_path / version
+        text = (CONFIGS / f"{name}-{version}.json").read_text()
+        write_tiny_hf(d, config_text=text, tied=json.loads(text)["tie_word_embeddings"])
+        got[version] = ModelConfig.from_hf(HFDirectory(d))
+    assert got["4.57"] == got["5.24"]
+    theta = json.loads((CONFIGS / f"{name}-4.57.json").read_text())["rope_theta"]
+    assert got["5.24"].rope_base == theta != 10000.0 or name == "llama_tied"
+    assert (got["5.24"].rope_freq_factors is not None) == (name == "llama3")
+
+
+def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
+    m = tmp_path / "m"
+    write_tiny_hf(m, config_text=(CONFIGS / "qwen2-5.24.json").read_text(), qkv_bias=True, tied=True)
+    where = str(m / "config.json")
+    # harmless: generation defaults transformers 4.x wrote into config.json, training settings, bookkeeping
+    _edit_config(m, temperature=0.7, top_p=0.9, attention_dropout=0.1, _name_or_path="x", pretraining_tp=1)
+    load_model(m)
+    refused = [
+        (dict(rope_scaling_factor=4.0), r"key 'rope_scaling_factor' = 4\.0 is not supported"),
+        (dict(quantization_config={"quant_method": "gptq", "bits": 4}), r"quantization_config \(gptq\)"),
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}), r"rope_parameters of type 'yarn'"),
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "default", "factor": 4.0}), r"rope_parameters\.factor"),
+        (dict(rope_parameters={"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}),
+         r"rope_parameters per layer type"),
+        (dict(rope_theta=1e4), r"rope_theta = 10000\.0 disagrees with rope_parameters\.rope_theta = 1000000\.0"),
+        (dict(use_sliding_window=True, sliding_window=32, max_window_layers=0), r"sliding_window = 32"),
+        (dict(layer_types=["full_attention", "chunked_attention"]), r"layer_types \['chunked_attention'\]"),
+        (dict(attention_bias=True), r"attention_bias = True"),
+    ]
+    saved = (m / "config.json").read_text()
+    for change, message in refused:
+        _edit_config(m, **change)
+        with pytest.raises((UnsupportedModelError, ModelFormatError), match=message) as e:
+            load_model(m)
+        assert where in str(e.value)
+        (m / "config.json").write_text(saved)
+    _edit_config(m, tie_word_embeddings=False)  # untied, but the files hold no head
+    with pytest.raises(ModelFormatError, match="tie_word_embeddings is false, but no file holds lm_head.weight"):
+        load_model(m)
+
+
+async def test_a_tied_config_uses_the_embedding_whatever_head_a_file_holds(tmp_path):
+    """transformers ties the head to the embedding when tie_word_embeddings is true, even if the
+    files hold an lm_head.weight: so does oxinfer."""
+    w = write_tiny_hf(tmp_path / "t", seed=2, tied=False, tie_word_embeddings=True)
+    e = await oxinfer.Engine.load(tmp_path / "t", cpu_int8=False)
+    assert e.model.head is e.model.embed
+    w.pop("lm_head.weight")
+    close(await e.all_logits(TOKENS), hf_reference(w, TOKENS))

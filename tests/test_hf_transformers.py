@@ -37,6 +37,15 @@ ARCHS = {  # write_tiny_hf's arguments: one directory per architecture switch
     "qwen3": {"seed": 6, "dtype": "BF16", "model_type": "qwen3", "qk_norm": True, "head_dim": 32},
     "mistral": {"seed": 4, "model_type": "mistral", "sliding_window": None},
 }
+# the same architectures with config.json exactly as transformers 4.57 and 5.24 save_pretrained wrote
+# it (tests/data/hf_configs/; 5.x moved the rope settings into rope_parameters), for these weights
+CONFIGS = Path(__file__).parent / "data" / "hf_configs"
+SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtype": "BF16", "tied": True},
+         "mistral": {"seed": 4, "dtype": "BF16"}, "qwen2": {"seed": 5, "dtype": "BF16", "qkv_bias": True, "tied": True},
+         "qwen3": {"seed": 6, "dtype": "BF16", "qk_norm": True, "head_dim": 32, "tied": True}}
+for _name, _kw in SAVED.items():
+    for _version in ("4.57", "5.24"):
+        ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}
 
 TRANSFORMERS = """
 import os, sys
@@ -102,6 +111,21 @@ async def test_a_tiny_hf_directory_gives_transformers_logits(reference, arch):
     e = await oxinfer.Engine.load(path, cpu_int8=False)  # float32 products: the same math
     np.testing.assert_allclose(await e.all_logits(TOKENS), ref, rtol=0, atol=1e-3)
     assert np.abs(ref).max() > 1  # logits of a size where 1e-3 is a real bound
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if a.endswith("@5.24")])
+async def test_a_transformers_5_directory_on_the_gpu_gives_transformers_logits(reference, arch):
+    """The configs transformers 5 writes, with the whole forward on a WebGPU device (lavapipe in CI)."""
+    from oxinfer.runtime.webgpu import WebGpuBackend, available
+
+    if not available(allow_cpu_adapter=True):
+        pytest.skip("no WebGPU adapter (not even lavapipe)")
+    path, ref = reference[arch]
+    e = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    assert e.resident is not None
+    got = await e.all_logits(TOKENS)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * max(1.0, float(np.abs(ref).max())))
+    assert (got.argmax(-1) == ref.argmax(-1)).all()
 
 
 def test_the_stored_logits_are_transformers_own(reference):

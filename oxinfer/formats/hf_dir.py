@@ -128,6 +128,12 @@ class HFDirectory:
         for name, f in self._where.items():
             if name not in f.header:
                 raise ModelFormatError(f"{f.path}: tensor {name!r}, which the index places there, is missing")
+        # tie_word_embeddings: true, the head is the embedding, whatever lm_head.weight a file holds
+        # (transformers ties them so); false, lm_head.weight must be there; absent, as the files say
+        self.tied = self.config.get("tie_word_embeddings")
+        if self.tied is False and "lm_head.weight" not in self._where:
+            raise ModelFormatError(f"{self.path / 'config.json'}: tie_word_embeddings is false, but no file holds "
+                                   "lm_head.weight")
 
     def cfg(self, key: str, default: Any = ...) -> Any:
         """A config.json value; ModelFormatError naming the key and the file when it is missing."""
@@ -155,6 +161,8 @@ class HFDirectory:
         raise ModelFormatError(f"no HF tensor maps to {name!r}")
 
     def has_tensor(self, name: str) -> bool:
+        if name == "output.weight" and self.tied:
+            return False  # the tied head: the embedding
         return self.hf_name(name) in self._where
 
     def _raw(self, name: str) -> tuple[str, str, list[int], np.ndarray]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
+from oxinfer.models import hf_config
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # config.json model_type: Llama's skeleton, with switches
@@ -39,42 +40,38 @@ class ModelConfig:
 
     @classmethod
     def from_hf(cls, d) -> ModelConfig:
-        """From an HF directory's config.json (formats/hf_dir.py); a missing key, or one oxinfer
-        does not implement, fails here naming it."""
+        """From an HF directory's config.json (formats/hf_dir.py) as transformers 4.x or 5.x writes
+        it; a missing key, or one oxinfer does not implement, fails here naming it (hf_config.py)."""
         where = d.path / "config.json"
         arch = d.cfg("model_type")
         if arch not in HF_ARCHS:
             raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
                                         f"(supported: {', '.join(HF_ARCHS)})")
-        for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are its own (not attention_bias)
-            if d.cfg(key, None):
-                raise UnsupportedModelError(f"{where}: {key} = {d.cfg(key)!r} is not supported yet")
-        window = d.cfg("sliding_window", None) if arch == "mistral" else None
-        if window is not None and window < int(d.cfg("max_position_embeddings", 2048)):
-            raise UnsupportedModelError(f"{where}: sliding_window = {window} is not supported yet "
-                                        "(attention over the whole context only)")
+        hf_config.check_keys(d.config, where)
+        n_layers, context = int(d.cfg("num_hidden_layers")), int(d.cfg("max_position_embeddings", 2048))
+        hf_config.check_attention(d.config, arch, context, n_layers, where)
         if d.cfg("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
         d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
-        n_kv = int(d.cfg("num_key_value_heads", n_heads))
+        n_kv = int(d.cfg("num_key_value_heads", None) or n_heads)
         head_dim = int(d.cfg("head_dim", None) or d_model // n_heads)
         if n_heads % n_kv or head_dim % 2 or (arch != "qwen3" and head_dim * n_heads != d_model):
             raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
                                    f"head_dim {head_dim} do not fit together")
+        theta, kind, scaling = hf_config.rope(d.config, where)
         return cls(
             arch=arch,
-            n_layers=int(d.cfg("num_hidden_layers")),
+            n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv,
             d_ff=int(d.cfg("intermediate_size")),
             vocab_size=int(d.cfg("vocab_size")),
-            context_length=int(d.cfg("max_position_embeddings", 2048)),
-            rms_eps=float(d.cfg("rms_norm_eps", 1e-5)),
-            rope_base=float(d.cfg("rope_theta", 10000.0)),
+            context_length=context,
+            rms_eps=float(d.cfg("rms_norm_eps", None) or 1e-5),
+            rope_base=theta,
             rope_dim=head_dim,
-            rope_freq_factors=_hf_rope_factors(d.cfg("rope_scaling", None), float(d.cfg("rope_theta", 10000.0)),
-                                               head_dim, where),
+            rope_freq_factors=_llama3_factors(scaling, theta, head_dim) if kind == "llama3" else None,
             head_dim=head_dim,
         )
 
@@ -111,18 +108,11 @@ class ModelConfig:
         )
 
 
-def _hf_rope_factors(scaling: dict | None, base: float, dim: int, where) -> tuple[float, ...] | None:
-    """config.json's rope_scaling as the factor each rotated pair's frequency is divided by.
-    "llama3" (Llama 3.1+): wavelengths shorter than original_max_position_embeddings /
-    high_freq_factor keep their frequency, those longer than .../low_freq_factor are divided by
-    `factor`, and the band between moves smoothly from one to the other."""
-    if not scaling:
-        return None
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if kind == "default":
-        return None
-    if kind != "llama3":
-        raise UnsupportedModelError(f"{where}: rope_scaling of type {kind!r} is not supported yet (llama3 only)")
+def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
+    """Llama 3.1's rope scaling as the factor each rotated pair's frequency is divided by:
+    wavelengths shorter than original_max_position_embeddings / high_freq_factor keep their
+    frequency, those longer than .../low_freq_factor are divided by `factor`, and the band between
+    moves smoothly from one to the other."""
     import numpy as np
 
     factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])

@@ -1,0 +1,119 @@
+"""config.json as transformers writes it, 4.x and 5.x: every key is applied, known to be harmless, or
+refused naming the file and the key. A model whose config holds a key oxinfer does not know would
+otherwise load and answer wrongly, the worst failure a runtime can have.
+
+transformers 5 moved the rope settings into `rope_parameters` ({"rope_theta": ..., "rope_type": ...,
+the type's own keys}); 4.x writes `rope_theta` beside `rope_scaling` (null, or the type and its
+keys). Both forms are read here into one (theta, type, parameters).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oxinfer.errors import ModelFormatError, UnsupportedModelError
+
+# read by ModelConfig.from_hf (or by the checks below, where a value is refused unless it is the harmless one)
+APPLIED = frozenset({
+    "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
+    "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+})
+
+# known to change nothing in the forward oxinfer computes: what the weights' dtype was saved as, token
+# ids (tokenizer_config.json and generation_config.json are read for those), training-time settings
+# (dropout, initialisation, tensor-parallel slicing that computes the same products), and the
+# generation defaults transformers 4.x wrote into config.json before generation_config.json existed
+HARMLESS = frozenset({
+    "architectures", "dtype", "torch_dtype", "transformers_version", "bos_token_id", "eos_token_id", "pad_token_id",
+    "sep_token_id", "decoder_start_token_id", "initializer_range", "use_cache", "attention_dropout",
+    "embedding_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "pretraining_tp",
+    "id2label", "label2id", "num_labels", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "add_cross_attention", "cross_attention_hidden_size", "tie_encoder_decoder", "output_attentions",
+    "output_hidden_states", "output_scores", "return_dict", "return_dict_in_generate", "torchscript",
+    "use_bfloat16", "tf_legacy_loss", "pruned_heads", "finetuning_task", "tokenizer_class", "prefix",
+    "task_specific_params", "transformers.js_config", "max_length", "min_length", "do_sample", "early_stopping",
+    "num_beams", "num_beam_groups", "diversity_penalty", "temperature", "top_k", "top_p", "typical_p",
+    "repetition_penalty", "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "bad_words_ids", "num_return_sequences", "forced_bos_token_id", "forced_eos_token_id",
+    "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "epsilon_cutoff", "eta_cutoff", "noise_std",
+})
+
+# the keys of each rope type, besides rope_type (and, in rope_parameters, rope_theta)
+ROPE_KEYS = {"default": frozenset(), "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
+                                                          "original_max_position_embeddings"})}
+ROPE_TYPES_KNOWN = ("linear", "dynamic", "yarn", "longrope", "llama4", "proportional")  # named when refused
+
+
+def check_keys(config: dict, where: Path) -> None:
+    """UnsupportedModelError naming the first key neither applied nor known to be harmless (keys
+    that begin with "_" are transformers' own bookkeeping, such as _name_or_path)."""
+    for key in config:
+        if key.startswith("_") or key in APPLIED or key in HARMLESS:
+            continue
+        if key == "quantization_config":
+            method = (config[key] or {}).get("quant_method", "?") if isinstance(config[key], dict) else "?"
+            raise UnsupportedModelError(f"{where}: quantization_config ({method}): pre-quantized safetensors are "
+                                        "not supported; use an unquantized directory or a GGUF")
+        raise UnsupportedModelError(f"{where}: key {key!r} = {config[key]!r} is not supported: oxinfer does not "
+                                    "know what it changes, so it will not guess (a key it ignored could make the "
+                                    "model answer wrongly)")
+
+
+def rope(config: dict, where: Path) -> tuple[float, str, dict]:
+    """(theta, rope type, the type's parameters) from either form; a type or a key of it that
+    oxinfer does not implement is refused by name."""
+    params = config.get("rope_parameters")
+    if params is not None:  # transformers 5
+        if not isinstance(params, dict) or "rope_theta" not in params:
+            kind = "per layer type" if isinstance(params, dict) and params and all(
+                isinstance(v, dict) for v in params.values()) else f"{params!r}"
+            raise UnsupportedModelError(f"{where}: rope_parameters {kind} is not supported "
+                                        "(one rope_theta and rope_type for every layer)")
+        theta = float(params["rope_theta"])
+        if config.get("rope_theta") is not None and float(config["rope_theta"]) != theta:
+            raise ModelFormatError(f"{where}: rope_theta = {config['rope_theta']} disagrees with "
+                                   f"rope_parameters.rope_theta = {theta}")
+        scaling, name = {k: v for k, v in params.items() if k != "rope_theta"}, "rope_parameters"
+    else:  # transformers 4.x
+        theta = float(config.get("rope_theta", 10000.0))
+        scaling, name = dict(config.get("rope_scaling") or {}), "rope_scaling"
+    kind = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
+    scaling.pop("type", None)
+    if kind not in ROPE_KEYS:
+        raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet (default, llama3)")
+    for key in scaling:
+        if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
+            raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
+                                        f"for rope type {kind!r}")
+    missing = ROPE_KEYS[kind] - set(scaling)
+    if missing:
+        raise ModelFormatError(f"{where}: {name} of type {kind!r} lacks {', '.join(sorted(missing))}")
+    return theta, kind, scaling
+
+
+def check_attention(config: dict, arch: str, context: int, n_layers: int, where: Path) -> None:
+    """Attention over the whole context is what oxinfer computes: a sliding window shorter than
+    the context (Mistral v0.1's, Qwen2's use_sliding_window, sliding layers of layer_types) and
+    biases oxinfer does not add are refused."""
+    for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are its own (not attention_bias)
+        if config.get(key):
+            raise UnsupportedModelError(f"{where}: {key} = {config[key]!r} is not supported yet")
+    window = config.get("sliding_window")
+    if arch in ("qwen2", "qwen3"):  # its window applies only when use_sliding_window is set
+        if not config.get("use_sliding_window"):
+            window = None
+        elif window is not None and int(config.get("max_window_layers", n_layers)) >= n_layers:
+            window = None  # every layer below max_window_layers attends fully
+    if window is not None and int(window) < context:
+        raise UnsupportedModelError(f"{where}: sliding_window = {window} is not supported yet "
+                                    "(attention over the whole context only)")
+    types = config.get("layer_types")
+    if types is not None:
+        if len(types) != n_layers:
+            raise ModelFormatError(f"{where}: layer_types names {len(types)} layers, num_hidden_layers is {n_layers}")
+        other = sorted({t for t in types if t != "full_attention"})
+        if other and not (set(other) == {"sliding_attention"} and (window is None or int(window) >= context)):
+            raise UnsupportedModelError(f"{where}: layer_types {other} are not supported yet (full_attention only)")
