@@ -79,7 +79,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
                      qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False,
-                     llama_cpp: bool = False) -> Path:
+                     llama_cpp: bool = False, metadata: dict | None = None) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
@@ -89,7 +89,8 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     arch="qwen2" the q/k rows are in the rotate-half order of its NEOX rope, as llama.cpp leaves them).
     head_dim: heads wider than d / n_heads (Qwen3's); qk_norm: Qwen3's RMSNorm weights per q/k head.
     llama_cpp: loadable by llama.cpp too, which refuses a BPE vocabulary without merges: the first
-    filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1)."""
+    filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1). metadata:
+    more `{arch}.*` keys ({"rope.scaling.type": "linear"}: str, int or float values)."""
     rng = np.random.default_rng(seed)
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
@@ -114,6 +115,9 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(vocab)
+    for key, value in (metadata or {}).items():
+        add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
+        add(f"{arch}.{key}", value)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)

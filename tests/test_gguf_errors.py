@@ -106,3 +106,17 @@ def test_quantized_weights_stay_quantized(tiny):
     f = GGUFFile(tiny)
     m = f.matrix("blk.0.ffn_up.weight")
     assert m.qtype == "Q4_1" and m.data.dtype == np.uint8 and m.nbytes == 128 * 64 // 32 * 20
+
+
+def test_an_arch_key_oxinfer_does_not_compute_is_refused_by_name(tmp_path):
+    """A GGUF's `{arch}.*` keys are applied, harmless as given, or refused: llama.cpp would scale
+    the rope of this file, so loading it as a plain rope would answer wrongly."""
+    for meta, message in [({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, r"llama\.rope\.scaling\.type = 'linear'"),
+                          ({"expert_count": 8}, r"llama\.expert_count = 8"),
+                          ({"attention.sliding_window": 64}, r"llama\.attention\.sliding_window = 64"),
+                          ({"rope.scaling.yarn_log_multiplier": 0.1}, r"llama\.rope\.scaling\.yarn_log_multiplier")]:
+        p = write_tiny_llama(tmp_path / "m.gguf", metadata=meta)
+        with pytest.raises(UnsupportedModelError, match=message):
+            load_model(p)
+    ok = write_tiny_llama(tmp_path / "ok.gguf", metadata={"rope.scaling.type": "none", "expert_count": 0})
+    assert load_model(ok)[2].cfg.n_layers == 2

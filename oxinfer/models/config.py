@@ -84,6 +84,7 @@ class ModelConfig:
                 f"general.architecture = {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
             )
         a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
+        _check_gguf_keys(f, arch)
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
         head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
@@ -122,3 +123,34 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
     smooth = np.clip((old / wavelen - low) / (high - low), 0.0, 1.0)  # 0: long wavelengths, 1: short
     new = (1 - smooth) * freq / factor + smooth * freq
     return tuple(float(v) for v in freq / new)
+
+
+# the `{arch}.*` GGUF keys from_gguf reads, and those whose values are harmless only as given here
+# (what llama.cpp computes for these architectures is the reference: it applies rope scaling, so a
+# scaled rope is refused; it attends to the whole context for llama, qwen2 and qwen3 whatever
+# sliding_window says)
+GGUF_APPLIED = frozenset({
+    "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+    "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
+    "attention.key_length", "vocab_size"})
+GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none", "rope.scaling.factor": lambda v, arch: float(v) == 1.0,
+                 "expert_count": lambda v, arch: int(v) == 0, "expert_used_count": lambda v, arch: int(v) == 0,
+                 "attention.sliding_window": lambda v, arch: arch != "llama"}
+
+
+def _check_gguf_keys(f, arch: str) -> None:
+    """UnsupportedModelError naming an `{arch}.*` key oxinfer neither applies nor knows to be harmless."""
+    for key in f.keys():
+        if not key.startswith(arch + "."):
+            continue
+        name, value = key[len(arch) + 1:], f.get(key)
+        if name in GGUF_APPLIED:
+            continue
+        if name == "attention.value_length":  # v heads as wide as k heads: the one head_dim
+            if int(value) != int(f.get(f"{arch}.attention.key_length", value)):
+                raise UnsupportedModelError(f"{key} = {value} differs from attention.key_length: not supported")
+            continue
+        ok = GGUF_HARMLESS.get(name)
+        if ok is None or not ok(value, arch):
+            raise UnsupportedModelError(f"{key} = {value!r} is not supported: oxinfer does not compute what it "
+                                        "asks for, so it refuses rather than answer wrongly")
