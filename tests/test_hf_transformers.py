@@ -68,11 +68,17 @@ def _live() -> bool:
 
 
 def _digest(path: Path) -> str:
-    """sha256 over a directory's files (names and bytes), in name order."""
-    h = hashlib.sha256()
-    for f in sorted(path.iterdir()):
-        if f.suffix != ".npy":
-            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    """sha256 over what a directory gives the model: config.json's bytes and each tensor's name,
+    dtype, shape and bytes, in name order (not the files' layout, nor tokenizer.json: the
+    safetensors and tokenizers releases the floors test installs write those bytes otherwise)."""
+    from oxinfer.formats.hf_dir import _Safetensors
+
+    h = hashlib.sha256((path / "config.json").read_bytes())
+    for f in sorted(path.glob("*.safetensors")):
+        st = _Safetensors(f)
+        for name in sorted(st.header):
+            dtype, shape, data = st.raw(name)
+            h.update(f"{name}\0{dtype}\0{shape}\0".encode() + data.tobytes())
     return h.hexdigest()
 
 
