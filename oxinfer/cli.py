@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="stream a reply from the model")
     run.add_argument("prompt")
-    run.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
+    run.add_argument("--model", help="a .gguf, an HF directory, or a hub name (org/repo, org/repo:Q4_K_M, "
+                     "org/repo/file.gguf; default: SmolLM2-135M-Instruct Q4_1)")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     run.add_argument("--seed", type=int)
@@ -66,12 +67,10 @@ async def _run(args) -> None:
 
 async def _tokenize(args) -> None:
     """Only the tokenizer is read: building the weights' kernels would take seconds for nothing."""
-    from pathlib import Path
-
-    from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
+    from oxinfer.formats import GGUFFile, HFDirectory, default_model_path, hub
     from oxinfer.tokenizer import Tokenizer
 
-    path = Path(args.model) if args.model else default_model_path()
+    path = hub.resolve(args.model) if args.model else default_model_path()
     tokenizer = Tokenizer.from_hf(HFDirectory(path)) if path.is_dir() else Tokenizer.from_gguf(GGUFFile(path))
     print(json.dumps(tokenizer.encode(args.text)))
 

@@ -19,6 +19,7 @@ from oxinfer.engine import loading, stream
 from oxinfer.engine.admission import Admission, Request
 from oxinfer.engine.steps import Steps
 from oxinfer.errors import ContextOverflowError
+from oxinfer.formats import hub
 from oxinfer.events import EngineStats, Event, GenerationResult, Token
 from oxinfer.models import Llama, ModelConfig
 from oxinfer.models.kv_cache import BLOCK, PoolSize
@@ -63,9 +64,11 @@ class Engine:
     def config(self) -> ModelConfig:
         return self.model.cfg
 
+    name: str | None = None  # what the model was asked for by, where that was a hub name
+
     @property
     def model_name(self) -> str:
-        return self.path.stem
+        return self.name or self.path.stem
 
     @property
     def _context_bytes(self) -> int:
@@ -95,7 +98,9 @@ class Engine:
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu=None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
                    resident: bool = True, kv_bytes: int | None = None) -> Engine:
-        """Open a GGUF (the default SmolLM2 when path is None) without blocking the event loop.
+        """Open a GGUF or an HF directory (the default SmolLM2 when path is None) without blocking
+        the event loop. path may be a hub name (formats/hub.py: org/repo, org/repo:Q4_K_M,
+        org/repo/file.gguf, @revision), found in or downloaded into the Hugging Face cache.
 
         backend: "cpu" (numpy), "webgpu" (a WebGPU adapter, or an error) or "auto" (a real GPU when
         one exists). `gpu` passes a ready Backend instead (tests, custom thresholds).
@@ -109,9 +114,13 @@ class Engine:
         resident: on a WebGPU device, run the whole forward there (runtime/webgpu/: one
         submission per step); False offloads only the big matmuls, each with its own round trip.
         """
+        spec = path
         path, tokenizer, model, scheduler, device = await anyio.to_thread.run_sync(
             loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes)
-        return cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
+        engine = cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
+        if isinstance(spec, str) and hub.is_hub_name(spec):
+            engine.name = spec  # the hub name, not the cache's snapshot folder
+        return engine
 
     async def __aenter__(self) -> Engine:
         return self

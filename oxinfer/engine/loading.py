@@ -7,7 +7,7 @@ from pathlib import Path
 
 import structlog
 
-from oxinfer.formats import GGUFFile, HFDirectory, default_model_path
+from oxinfer.formats import GGUFFile, HFDirectory, default_model_path, hub
 from oxinfer.models import Llama, ModelConfig
 from oxinfer.runtime import CpuBackend, MatmulScheduler
 from oxinfer.runtime.executor import PREFILL_CHUNK
@@ -21,7 +21,7 @@ log = structlog.get_logger("oxinfer.engine")
 def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,
          resident: bool = True, kv_bytes: int | None = None):
     """(path, tokenizer, model, scheduler, the device's executor or None), blocking."""
-    path = Path(path) if path is not None else default_model_path()
+    path = hub.resolve(path) if path is not None else default_model_path()  # a path, or a hub name
     if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
         f = HFDirectory(path)
         cfg, tokenizer = ModelConfig.from_hf(f), Tokenizer.from_hf(f)

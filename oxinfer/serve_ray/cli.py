@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from oxinfer.formats.hub import is_hub_name
+
 RAY_FLAGS = ("replicas", "max_replicas", "replica_cpus")
 
 
@@ -41,7 +43,8 @@ def ray_config(args):
             raise ValueError(f"--max-replicas ({args.max_replicas}) must be >= --replicas ({replicas or 1})")
         autoscaling, replicas = {"min_replicas": replicas or 1, "max_replicas": args.max_replicas}, None
     return RayServeConfig(
-        model=str(Path(args.model).absolute()) if args.model else None, backend=args.backend,
+        model=(args.model if is_hub_name(args.model) else str(Path(args.model).absolute())) if args.model else None,
+        backend=args.backend,
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, served_model_name=args.served_model_name,
         api_key=args.api_key, replicas=replicas, autoscaling=autoscaling,
         replica_cpus=1.0 if args.replica_cpus is None else args.replica_cpus)
