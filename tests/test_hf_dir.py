@@ -186,8 +186,8 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
     _edit_config(m, intermediate_size=128, model_type="mamba")
     with pytest.raises(UnsupportedModelError, match=r"config\.json.*model_type = 'mamba'"):
         good(m)
-    _edit_config(m, model_type="llama", rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match=r"rope_scaling of type 'yarn'"):
+    _edit_config(m, model_type="llama", rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match=r"rope_scaling of type 'longrope'"):
         good(m)
     _edit_config(m, rope_scaling=None)
     shard = sorted(m.glob("*.safetensors"))[1]
@@ -205,7 +205,7 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
 
-@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen2_yarn", "llama_yarn"])
 def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     """The config.json transformers 4.57 and 5.24 wrote for one model (5.x: rope_parameters, dtype,
     layer_types) gives one ModelConfig, its rope theta the one written (not the 10000 default)."""
@@ -220,8 +220,9 @@ def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
         got[version] = ModelConfig.from_hf(HFDirectory(d))
     assert got["4.57"] == got["5.24"]
     theta = json.loads((CONFIGS / f"{name}-4.57.json").read_text())["rope_theta"]
-    assert got["5.24"].rope_base == theta != 10000.0 or name == "llama_tied"
-    assert (got["5.24"].rope_freq_factors is not None) == (name == "llama3")
+    assert got["5.24"].rope_base == theta
+    assert (got["5.24"].rope_freq_factors is not None) == (name in ("llama3", "qwen2_yarn", "llama_yarn"))
+    assert (got["5.24"].rope_attn_factor != 1.0) == name.endswith("_yarn")
 
 
 def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
@@ -234,7 +235,7 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
     refused = [
         (dict(rope_scaling_factor=4.0), r"key 'rope_scaling_factor' = 4\.0 is not supported"),
         (dict(quantization_config={"quant_method": "gptq", "bits": 4}), r"quantization_config \(gptq\)"),
-        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "yarn", "factor": 4.0}), r"rope_parameters of type 'yarn'"),
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "longrope", "factor": 4.0}), r"rope_parameters of type 'longrope'"),
         (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "default", "factor": 4.0}), r"rope_parameters\.factor"),
         (dict(rope_parameters={"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}),
          r"rope_parameters per layer type"),

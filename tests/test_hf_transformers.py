@@ -42,7 +42,10 @@ ARCHS = {  # write_tiny_hf's arguments: one directory per architecture switch
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtype": "BF16", "tied": True},
          "mistral": {"seed": 4, "dtype": "BF16"}, "qwen2": {"seed": 5, "dtype": "BF16", "qkv_bias": True, "tied": True},
-         "qwen3": {"seed": 6, "dtype": "BF16", "qk_norm": True, "head_dim": 32, "tied": True}}
+         "qwen3": {"seed": 6, "dtype": "BF16", "qk_norm": True, "head_dim": 32, "tied": True},
+         # YaRN (Qwen2.5's long-context configs): its defaults, and every key given
+         "qwen2_yarn": {"seed": 8, "dtype": "BF16", "qkv_bias": True, "tied": True},
+         "llama_yarn": {"seed": 9, "dtype": "BF16"}}
 for _name, _kw in SAVED.items():
     for _version in ("4.57", "5.24"):
         ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}

@@ -27,6 +27,7 @@ class ModelConfig:
     # per rotated pair, the factor its frequency is divided by (Llama 3.1's rope scaling; GGUF's
     # rope_freqs.weight); None: plain rope
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_attn_factor: float = 1.0  # YaRN's scale of the rotated q and k (the rope table's magnitude)
     head_dim: int = 0  # 0: d_model / n_heads (Qwen3's heads are wider: q is n_heads * head_dim)
 
     def __post_init__(self):
@@ -59,6 +60,7 @@ class ModelConfig:
             raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
                                    f"head_dim {head_dim} do not fit together")
         theta, kind, scaling = hf_config.rope(d.config, where)
+        yarn = _yarn(scaling, theta, head_dim, context) if kind == "yarn" else None
         return cls(
             arch=arch,
             n_layers=n_layers,
@@ -71,7 +73,9 @@ class ModelConfig:
             rms_eps=float(d.cfg("rms_norm_eps", None) or 1e-5),
             rope_base=theta,
             rope_dim=head_dim,
-            rope_freq_factors=_llama3_factors(scaling, theta, head_dim) if kind == "llama3" else None,
+            rope_freq_factors=(_llama3_factors(scaling, theta, head_dim) if kind == "llama3" else
+                               yarn[0] if kind == "yarn" else None),
+            rope_attn_factor=yarn[1] if kind == "yarn" else 1.0,
             head_dim=head_dim,
         )
 
@@ -107,6 +111,43 @@ class ModelConfig:
             if f.has_tensor("rope_freqs.weight") else None,
             head_dim=head_dim,
         )
+
+
+def _yarn(s: dict, base: float, dim: int, context: int) -> tuple[tuple[float, ...], float]:
+    """YaRN (Qwen2.5's long-context configs): per rotated pair, the factor its frequency is divided
+    by, and the scale of the rotated q and k. Pairs that turn many times over the original context
+    (more than beta_fast) keep their frequency, those that turn less than beta_slow times are
+    interpolated (divided by `factor`), a linear ramp between; the attention factor is
+    0.1 ln(factor) + 1 unless given (or the ratio of two such with mscale and mscale_all_dim).
+    As transformers 5 computes it, its defaults included."""
+    import math
+
+    import numpy as np
+
+    original = float(s.get("original_max_position_embeddings") or context)
+    factor = float(s["factor"]) if s.get("factor") is not None else context / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = s.get("attention_factor")
+    if attn is None:
+        attn = (mscale(factor, s["mscale"]) / mscale(factor, s["mscale_all_dim"])
+                if s.get("mscale") and s.get("mscale_all_dim") else mscale(factor))
+    fast, slow = float(s.get("beta_fast") or 32), float(s.get("beta_slow") or 1)
+
+    def turns_dim(turns: float) -> float:  # the dimension whose pair turns `turns` times over `original`
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = turns_dim(fast), turns_dim(slow)
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / ((high - low) or 0.001), 0.0, 1.0)
+    keep = 1 - ramp  # 1: the pair's own frequency (extrapolated), 0: interpolated
+    freq = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)
+    new = freq / factor * (1 - keep) + freq * keep
+    return tuple(float(v) for v in freq / new), float(attn)
 
 
 def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:

@@ -43,7 +43,10 @@ HARMLESS = frozenset({
 
 # the keys of each rope type, besides rope_type (and, in rope_parameters, rope_theta)
 ROPE_KEYS = {"default": frozenset(), "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
-                                                          "original_max_position_embeddings"})}
+                                                          "original_max_position_embeddings"}),
+             "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
+                                "mscale_all_dim", "attention_factor", "truncate"})}
+ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"]}  # yarn: each of its keys has a default
 ROPE_TYPES_KNOWN = ("linear", "dynamic", "yarn", "longrope", "llama4", "proportional")  # named when refused
 
 
@@ -83,12 +86,12 @@ def rope(config: dict, where: Path) -> tuple[float, str, dict]:
     kind = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     if kind not in ROPE_KEYS:
-        raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet (default, llama3)")
+        raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet (default, llama3, yarn)")
     for key in scaling:
         if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
             raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
                                         f"for rope type {kind!r}")
-    missing = ROPE_KEYS[kind] - set(scaling)
+    missing = ROPE_REQUIRED.get(kind, frozenset()) - set(scaling)
     if missing:
         raise ModelFormatError(f"{where}: {name} of type {kind!r} lacks {', '.join(sorted(missing))}")
     return theta, kind, scaling

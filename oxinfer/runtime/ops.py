@@ -145,7 +145,7 @@ def rope_table(cfg: ModelConfig) -> np.ndarray:
     if cfg.rope_freq_factors is not None:  # Llama 3.1's scaled rope
         inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors, np.float64)
     ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
-    return np.exp(1j * ang).astype(np.complex64)
+    return (cfg.rope_attn_factor * np.exp(1j * ang)).astype(np.complex64)  # (YaRN scales q and k)
 
 
 @functools.lru_cache(maxsize=BLOCK)
