@@ -112,9 +112,8 @@ async def test_llama3_rope_scaling_and_a_mistral_directory(tmp_path):
         await on_the_gpu(tmp_path / "l3", ref)
     w = write_tiny_hf(tmp_path / "mi", seed=4, model_type="mistral", sliding_window=None)
     close(await (await oxinfer.Engine.load(tmp_path / "mi", cpu_int8=False)).all_logits(TOKENS), hf_reference(w, TOKENS))
-    _edit_config(tmp_path / "mi", sliding_window=32)
-    with pytest.raises(UnsupportedModelError, match=r"sliding_window = 32"):
-        load_model(tmp_path / "mi")
+    _edit_config(tmp_path / "mi", sliding_window=32)  # shorter than the context: every layer slides
+    assert load_model(tmp_path / "mi")[2].cfg.layer_windows == (32, 32)
 
 
 async def test_a_qwen2_directory_with_q_k_v_biases(tmp_path):
@@ -240,7 +239,7 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
         (dict(rope_parameters={"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}),
          r"rope_parameters per layer type"),
         (dict(rope_theta=1e4), r"rope_theta = 10000\.0 disagrees with rope_parameters\.rope_theta = 1000000\.0"),
-        (dict(use_sliding_window=True, sliding_window=32, max_window_layers=0), r"sliding_window = 32"),
+        (dict(use_sliding_window=True, sliding_window=0, max_window_layers=0), r"sliding_window = 0 must be at least 1"),
         (dict(layer_types=["full_attention", "chunked_attention"]), r"layer_types \['chunked_attention'\]"),
         (dict(attention_bias=True), r"attention_bias = True"),
     ]
@@ -264,3 +263,19 @@ async def test_a_tied_config_uses_the_embedding_whatever_head_a_file_holds(tmp_p
     assert e.model.head is e.model.embed
     w.pop("lm_head.weight")
     close(await e.all_logits(TOKENS), hf_reference(w, TOKENS))
+
+
+async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
+    """Decode steps attend to the last `window` positions as the prompt's rows do (the prompt's
+    path is checked against transformers in test_hf_transformers.py): the tokens a stream picks
+    and their logprobs are those of one teacher-forced pass over the whole sequence."""
+    write_tiny_hf(tmp_path / "w", seed=12, model_type="mistral", sliding_window=8)
+    e = await oxinfer.Engine.load(tmp_path / "w", cpu_int8=False)
+    assert e.config.layer_windows == (8, 8)
+    prompt = TOKENS + TOKENS  # 22 tokens, past the window
+    got = await e.generate(prompt, oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=1))
+    whole = await e.all_logits(prompt + list(got.token_ids[:-1]))
+    lp = whole - np.log(np.exp(whole - whole.max(-1, keepdims=True)).sum(-1, keepdims=True)) - whole.max(-1, keepdims=True)
+    rows = lp[len(prompt) - 1:]
+    assert list(rows.argmax(-1)) == list(got.token_ids)
+    np.testing.assert_allclose(got.logprobs, rows[np.arange(len(rows)), got.token_ids], atol=1e-4)

@@ -28,6 +28,9 @@ class ModelConfig:
     # rope_freqs.weight); None: plain rope
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attn_factor: float = 1.0  # YaRN's scale of the rotated q and k (the rope table's magnitude)
+    # per layer, the sliding window of its attention (a query sees its own position and the window - 1
+    # before it), None for the whole context; None: no layer slides
+    layer_windows: tuple[int | None, ...] | None = None
     head_dim: int = 0  # 0: d_model / n_heads (Qwen3's heads are wider: q is n_heads * head_dim)
 
     def __post_init__(self):
@@ -50,7 +53,7 @@ class ModelConfig:
                                         f"(supported: {', '.join(HF_ARCHS)})")
         hf_config.check_keys(d.config, where)
         n_layers, context = int(d.cfg("num_hidden_layers")), int(d.cfg("max_position_embeddings", 2048))
-        hf_config.check_attention(d.config, arch, context, n_layers, where)
+        windows = hf_config.layer_windows(d.config, arch, context, n_layers, where)
         if d.cfg("hidden_act", "silu") != "silu":
             raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
         d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
@@ -77,6 +80,7 @@ class ModelConfig:
                                yarn[0] if kind == "yarn" else None),
             rope_attn_factor=yarn[1] if kind == "yarn" else 1.0,
             head_dim=head_dim,
+            layer_windows=windows,
         )
 
     @classmethod

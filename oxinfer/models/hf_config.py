@@ -97,26 +97,37 @@ def rope(config: dict, where: Path) -> tuple[float, str, dict]:
     return theta, kind, scaling
 
 
-def check_attention(config: dict, arch: str, context: int, n_layers: int, where: Path) -> None:
-    """Attention over the whole context is what oxinfer computes: a sliding window shorter than
-    the context (Mistral v0.1's, Qwen2's use_sliding_window, sliding layers of layer_types) and
-    biases oxinfer does not add are refused."""
+def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: Path) -> tuple[int | None, ...] | None:
+    """Each layer's sliding window (the keys a query sees: its own and the window - 1 before it),
+    or None where it attends to the whole context; None when no layer slides. As transformers
+    reads them: Mistral's sliding_window applies to every layer; Qwen2's and Qwen3's only with
+    use_sliding_window, to the layers from max_window_layers on (or those layer_types names
+    sliding_attention); a Llama's is ignored (its attention has none). Biases oxinfer does not
+    add are refused."""
     for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are its own (not attention_bias)
         if config.get(key):
             raise UnsupportedModelError(f"{where}: {key} = {config[key]!r} is not supported yet")
-    window = config.get("sliding_window")
-    if arch in ("qwen2", "qwen3"):  # its window applies only when use_sliding_window is set
-        if not config.get("use_sliding_window"):
-            window = None
-        elif window is not None and int(config.get("max_window_layers", n_layers)) >= n_layers:
-            window = None  # every layer below max_window_layers attends fully
-    if window is not None and int(window) < context:
-        raise UnsupportedModelError(f"{where}: sliding_window = {window} is not supported yet "
-                                    "(attention over the whole context only)")
     types = config.get("layer_types")
     if types is not None:
         if len(types) != n_layers:
             raise ModelFormatError(f"{where}: layer_types names {len(types)} layers, num_hidden_layers is {n_layers}")
-        other = sorted({t for t in types if t != "full_attention"})
-        if other and not (set(other) == {"sliding_attention"} and (window is None or int(window) >= context)):
-            raise UnsupportedModelError(f"{where}: layer_types {other} are not supported yet (full_attention only)")
+        other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+        if other:
+            raise UnsupportedModelError(f"{where}: layer_types {other} are not supported yet "
+                                        "(full_attention, sliding_attention)")
+    window = config.get("sliding_window")
+    if arch == "llama" or (arch in ("qwen2", "qwen3") and not config.get("use_sliding_window")):
+        window = None
+    if window is None or int(window) >= context:
+        return None
+    window = int(window)
+    if window < 1:
+        raise ModelFormatError(f"{where}: sliding_window = {window} must be at least 1")
+    if types is not None:
+        slides = [t == "sliding_attention" for t in types]
+    elif arch in ("qwen2", "qwen3"):
+        first = int(config.get("max_window_layers", n_layers))
+        slides = [i >= first for i in range(n_layers)]
+    else:
+        slides = [True] * n_layers
+    return tuple(window if s else None for s in slides) if any(slides) else None

@@ -118,12 +118,13 @@ class CpuOps:
         q *= np.float32(c.head_dim ** -0.5)  # the softmax scale, once for every row
         k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), step.pos)  # (T, KV, hd)
         v = v.reshape(-1, c.n_kv_heads, c.head_dim)
+        window = c.layer_windows[layer] if c.layer_windows else None  # a sliding window, or the whole context
         if step.groups is not None:
-            return attention_decode(layer, q, k, v, step.groups)
+            return attention_decode(layer, q, k, v, step.groups, window)
         a = np.empty((len(step.pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
         for cache, start, r0, r1 in zip(step.caches, step.starts, step.rows[:-1], step.rows[1:]):
             keys, values = cache.update_and_fetch(layer, k[r0:r1], v[r0:r1])
-            a[r0:r1] = prompt_attention(q[r0:r1], keys, values, start)
+            a[r0:r1] = prompt_attention(q[r0:r1], keys, values, start, window)
         return a
 
     def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
@@ -154,25 +155,42 @@ def causal_mask(t: int) -> np.ndarray:
     return np.where(np.triu(np.ones((t, t), bool), 1), -np.inf, 0).astype(np.float32)
 
 
-def prompt_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int) -> np.ndarray:
+def prompt_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
+                     window: int | None = None) -> np.ndarray:
     """GQA for one sequence's rows at positions start.. (q (t, H, hd) scaled; keys and values
     (KV, start + t, hd)) -> (t, H*hd), in blocks of BLOCK rows at positions that are multiples of
     BLOCK, each over the keys up to its own end. Which rows are computed together then changes
     nothing of a row's arithmetic: a prompt whose leading blocks came from a cache gets the keys,
     values and logits of one computed whole, bit for bit (whole, the softmax sums and BLAS's
     kernels followed the number of rows, and the int8 products turned those last-bit changes
-    into ~0.5-logit ones)."""
+    into ~0.5-logit ones). window: a row sees its own position and the window - 1 before it
+    (a block then attends to the keys from its first row's window on, masked row by row)."""
     t = q.shape[0]
     if t == 1:
-        return attention(q, keys, values, None)
+        lo = max(0, keys.shape[1] - window) if window else 0
+        return attention(q, keys[:, lo:], values[:, lo:], None)
     out = np.empty((t, q.shape[1] * q.shape[2]), np.float32)
     i = 0
     while i < t:
         p = start + i  # a block's rows: to the next multiple of BLOCK, or the end
         n = min(t - i, (p // BLOCK + 1) * BLOCK - p)
-        out[i:i + n] = attention(q[i:i + n], keys[:, :p + n], values[:, :p + n], causal_mask(n), p)
+        if window is None:
+            out[i:i + n] = attention(q[i:i + n], keys[:, :p + n], values[:, :p + n], causal_mask(n), p)
+        else:
+            lo = max(0, p - window + 1)
+            out[i:i + n] = attention(q[i:i + n], keys[:, lo:p + n], values[:, lo:p + n],
+                                     window_mask(n, p - lo, window), 0)
         i += n
     return out
+
+
+@functools.lru_cache(maxsize=4 * BLOCK)
+def window_mask(t: int, before: int, window: int) -> np.ndarray:
+    """(t, before + t) additive mask of t rows whose keys begin `before` positions ahead of the
+    first row: row i sees its own position and the window - 1 before it (shared: read only)."""
+    row = before + np.arange(t)[:, None]  # each row's position among the keys
+    col = np.arange(before + t)[None, :]
+    return np.where((col <= row) & (col > row - window), 0, -np.inf).astype(np.float32)
 
 
 def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None,
@@ -212,7 +230,8 @@ def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.nd
     return groups
 
 
-def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, groups) -> np.ndarray:
+def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, groups,
+                     window: int | None = None) -> np.ndarray:
     """q (B, H, hd) scaled, k, v (B, KV, hd): one new token per sequence -> (B, H*hd). Writes
     k, v into the pools, then attends group by group over the range of slots each spans (the
     range's other slots are computed and dropped)."""
@@ -223,6 +242,8 @@ def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, gr
         dense = span.stop - span.start == len(slots)  # the group is the whole range (the usual case)
         pool.write(layer, span if dense else slots, T - 1, k[rows], v[rows])
         keys, values = pool.window(layer, span, T)  # (R, KV, T, hd) each
+        if window is not None and T > window:  # a sliding window: the last `window` positions
+            keys, values = keys[:, :, T - window:], values[:, :, T - window:]
         qr = q[rows].reshape(len(rows), KV, H // KV, hd)  # (R, KV, g, hd)
         if not dense:  # zero queries for the range's other slots, whose rows are dropped
             at = slots - span.start
