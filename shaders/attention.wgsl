@@ -162,7 +162,9 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
     var m = -3.0e38;   // below any score
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    for (var t0 = 0u; t0 < n; t0 += WG) {
+    // a sliding window: the positions from w0 on (0: the whole context)
+    let w0 = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);
+    for (var t0 = w0; t0 < n; t0 += WG) {
         let p = t0 + lid;
         var s = -3.0e38;
         if (decode && p + 1u == n) {   // the row's own position

@@ -14,6 +14,7 @@ struct Op {
     scale: f32,  // rope_kv: the softmax scale 1/sqrt(head_dim), applied to q once
     stride: u32, // copy_cols: the destination's row stride
     col: u32,    // copy_cols: the destination's first column
+    window: u32, // attend, attend_decode, attend_rows: a query sees its own position and window - 1 before it (0: all)
 };
 
 @group(0) @binding(0) var<uniform> P: Op;

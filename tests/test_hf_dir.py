@@ -279,3 +279,27 @@ async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
     rows = lp[len(prompt) - 1:]
     assert list(rows.argmax(-1)) == list(got.token_ids)
     np.testing.assert_allclose(got.logprobs, rows[np.arange(len(rows)), got.token_ids], atol=1e-4)
+
+
+@pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (not even lavapipe)")
+# attend / attend_decode; attend_rows (4 heads a kv head); attend_rows in chunks of positions, planned as on a GPU
+@pytest.mark.parametrize("d,n_heads,n_kv,as_gpu", [(64, 4, 2, False), (128, 8, 2, False), (128, 8, 2, True)])
+async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, d, n_heads, n_kv, as_gpu):
+    """The GPU's attention kernels take a layer's window (Op.window): a prompt past the window (in
+    attend_rows' chunks where the device has subgroups, else attend) and decode steps after it
+    give the CPU's logits and greedy tokens."""
+    write_tiny_hf(tmp_path / "w", seed=13, dtype="BF16", model_type="mistral", sliding_window=8, d=d, n_heads=n_heads,
+                  n_kv=n_kv)
+    cpu = await oxinfer.Engine.load(tmp_path / "w", cpu_int8=False)
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    backend.cpu_adapter = backend.cpu_adapter and not as_gpu
+    gpu = await oxinfer.Engine.load(tmp_path / "w", gpu=backend, cpu_int8=False)
+    assert gpu.resident is not None and gpu.config.layer_windows == (8, 8)
+    assert gpu.resident.attend_rows == (n_heads // n_kv >= 4 and "subgroup" in gpu.resident.gpu.features)
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 256, 40)]
+    close(await gpu.next_logits(prompt), await cpu.next_logits(prompt))
+    if as_gpu:
+        assert gpu.resident.att_chunks(len(prompt)) > 1
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    assert (await gpu.generate(prompt, params)).token_ids == (await cpu.generate(prompt, params)).token_ids
+    assert gpu.resident is not None  # no fault sent it to the CPU

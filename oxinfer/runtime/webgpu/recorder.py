@@ -191,9 +191,10 @@ class Recorder:
         rq = self.r.att_rows
         grids = {"attention:attend_rows": lambda t: (-(-t // rq), KV, 1),
                  "attention:attend_merge": lambda t: (-(-H * hd // 4 // 64), t, 1)}  # (head, 4 dims) an invocation
+        window = (cfg.layer_windows[layer] if cfg.layer_windows else None) or 0  # Op.window (0: all positions)
         attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
                                                    6: kp, 7: vp, 10: out.buf},
-                              [0, H, KV, 0, 0, f32_word(hd ** -0.5)], "t",
+                              [0, H, KV, 0, 0, f32_word(hd ** -0.5), 0, 0, window], "t",
                               lambda k, t: grids[k](t) if k in grids else (H, t, 1))
         attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out

@@ -81,8 +81,6 @@ class ResidentRunner(Planning):
         self.device = gpu.device
         self.max_rows, self.max_seqs = max_rows, max_seqs
         cfg = self.cfg
-        if cfg.layer_windows:
-            raise WebGpuUnavailable("sliding-window attention runs on the CPU only, for now")
         if cfg.head_dim % 4 or cfg.head_dim > 256 or cfg.n_heads % cfg.n_kv_heads:
             raise WebGpuUnavailable(f"head_dim {cfg.head_dim}: the GPU attention takes head sizes of 4k up to 256")
         self._buffers: dict = {}
