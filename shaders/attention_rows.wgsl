@@ -44,6 +44,7 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     var a{h}_{d} = vec4<f32>(0.0);   // unroll h < QH, d < DL
     var m{h} = NEG;   // unroll h < QH
     var l{h} = 0.0;   // unroll h < QH
+    let wlo = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);   // this row's window
     let first = rows_info[ROW_POS + r0];   // the tile's first row: its window starts earliest
     let w0 = select(0u, first + 1u - P.window, P.window > 0u && first + 1u > P.window);
     for (var t0 = max(lo, w0); t0 < n; t0 += KT) {
@@ -67,7 +68,7 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             s{h} += dot(q{h}_{d}, k{d});   // unroll h < QH, d < DL
             s{h} += subgroupShuffleXor(s{h}, 1u);   // unroll h < QH
             s{h} += subgroupShuffleXor(s{h}, 2u);   // unroll h < QH
-            if (live && t0 + j <= pos && (P.window == 0u || t0 + j + P.window > pos)) {   // causal, in the window
+            if (live && t0 + j <= pos && (!WINDOWED || t0 + j >= wlo)) {   // causal, in the row's window
                 var grow = false;
                 grow = grow || s{h} > m{h};   // unroll h < QH
                 if (grow) {
