@@ -53,8 +53,8 @@ class Metrics:
         self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
                                        "Rows of x per backend call (requests stacked)", buckets=_COUNTS, registry=r)
         engine.scheduler.call_observers.append(self._observe_call)
-        r.register(_SchedulerCollector(engine))
-        r.register(_StepCollector(engine))
+        r.register(_Counters(lambda: scheduler_rows(engine)))
+        r.register(_Counters(lambda: step_rows(engine)))
 
     def _observe_call(self, jobs: int, rows: int) -> None:
         self.jobs_per_call.observe(jobs)
@@ -80,27 +80,31 @@ class Metrics:
         return generate_latest(self.registry)
 
 
-class _SchedulerCollector:
-    """The scheduler's own totals as counters, read at scrape time."""
+class _Counters:
+    """Totals read at scrape time, as counters: rows() gives (name, help, value) for each."""
 
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, rows):
+        self.rows = rows
 
     def describe(self):
         return []
 
     def collect(self):
-        c = self.engine.scheduler.counters
-        for name, help_, value in (
-            ("calls", "Backend matmul calls", c.calls),
-            ("jobs", "Matmul products computed", c.jobs),
-            ("rows", "Rows of x over all calls", c.rows),
-            ("submissions", "linear() awaits served", c.submissions),
-            ("solo_forwards", "Forwards run whole in a worker thread", c.solo_forwards),
-            ("gpu_calls", "Calls run on the GPU", c.gpu_calls),
-            ("fallbacks", "GPU calls rerun on the CPU", c.fallbacks),
-        ):
-            yield CounterMetricFamily(f"oxinfer_scheduler_{name}", help_, value=value)
+        for name, help_, value in self.rows():
+            yield CounterMetricFamily(name, help_, value=value)
+
+
+def scheduler_rows(engine):
+    """The scheduler's own totals (SchedulerStats)."""
+    c = engine.scheduler.counters
+    return [(f"oxinfer_scheduler_{name}", help_, value) for name, help_, value in (
+        ("calls", "Backend matmul calls", c.calls),
+        ("jobs", "Matmul products computed", c.jobs),
+        ("rows", "Rows of x over all calls", c.rows),
+        ("submissions", "linear() awaits served", c.submissions),
+        ("solo_forwards", "Forwards run whole in a worker thread", c.solo_forwards),
+        ("gpu_calls", "Calls run on the GPU", c.gpu_calls),
+        ("fallbacks", "GPU calls rerun on the CPU", c.fallbacks))]
 
 
 def step_metric_name(field: str) -> str:
@@ -109,17 +113,7 @@ def step_metric_name(field: str) -> str:
     return "oxinfer_steps" if field == "steps" else f"oxinfer_step_{field[:-2] + '_seconds' if field.endswith('_s') else field}"
 
 
-class _StepCollector:
-    """The step totals of the executor requests run on (its StepStats), read at scrape time."""
-
-    def __init__(self, engine):
-        self.engine = engine
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        stats = self.engine.executor.stats
-        for field, value in stats.as_dict().items():
-            yield CounterMetricFamily(step_metric_name(field), f"StepStats.{field} of the {self.engine.executor.name} executor",
-                                      value=value)
+def step_rows(engine):
+    """The step totals of the executor requests run on (its StepStats)."""
+    ex = engine.executor
+    return [(step_metric_name(f), f"StepStats.{f} of the {ex.name} executor", v) for f, v in ex.stats.as_dict().items()]
