@@ -201,7 +201,8 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 4, n_kv: int = 2, d_ff: int = 128,
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
                   model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
-                  qk_norm: bool = False, config_text: str | None = None, **config) -> dict[str, np.ndarray]:
+                  qk_norm: bool = False, config_text: str | None = None, fused: bool = False,
+                  **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys; `config_text`: config.json itself, as a transformers
@@ -239,6 +240,13 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
             weights[p + name + ".weight"] = rng.normal(0, 0.5 / np.sqrt(n_in), (n_out, n_in))
             if qkv_bias and name[-6:] in ("q_proj", "k_proj", "v_proj"):
                 weights[p + name + ".bias"] = rng.normal(0, 0.5, n_out)
+    if fused:  # Phi-3's layout: q|k|v one qkv_proj, gate|up one gate_up_proj
+        for i in range(n_layers):
+            p = f"model.layers.{i}."
+            weights[p + "self_attn.qkv_proj.weight"] = np.concatenate(
+                [weights.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
+            weights[p + "mlp.gate_up_proj.weight"] = np.concatenate(
+                [weights.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
     weights = {k: v.astype(np.float32) for k, v in weights.items()}
     if dtype == "BF16":  # the values the file holds
         weights = {k: ((v.view(np.uint32) >> 16) << 16).view(np.float32) for k, v in weights.items()}

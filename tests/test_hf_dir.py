@@ -204,7 +204,8 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
 
-@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen2_yarn", "llama_yarn"])
+@pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen2_yarn", "llama_yarn", "phi3",
+                                  "phi3_swa", "mistral_swa", "qwen2_swa"])
 def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     """The config.json transformers 4.57 and 5.24 wrote for one model (5.x: rope_parameters, dtype,
     layer_types) gives one ModelConfig, its rope theta the one written (not the 10000 default)."""
@@ -215,13 +216,14 @@ def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     for version in ("4.57", "5.24"):
         d = tmp_path / version
         text = (CONFIGS / f"{name}-{version}.json").read_text()
-        write_tiny_hf(d, config_text=text, tied=json.loads(text)["tie_word_embeddings"])
+        write_tiny_hf(d, config_text=text, tied=json.loads(text)["tie_word_embeddings"], fused=name.startswith("phi3"))
         got[version] = ModelConfig.from_hf(HFDirectory(d))
     assert got["4.57"] == got["5.24"]
     theta = json.loads((CONFIGS / f"{name}-4.57.json").read_text())["rope_theta"]
     assert got["5.24"].rope_base == theta
     assert (got["5.24"].rope_freq_factors is not None) == (name in ("llama3", "qwen2_yarn", "llama_yarn"))
     assert (got["5.24"].rope_attn_factor != 1.0) == name.endswith("_yarn")
+    assert (got["5.24"].layer_windows is not None) == name.endswith("_swa")
 
 
 def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):

@@ -48,7 +48,9 @@ SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtyp
          "llama_yarn": {"seed": 9, "dtype": "BF16"},
          # sliding windows shorter than the prompt: every layer (Mistral), the layers from max_window_layers on (Qwen2)
          "mistral_swa": {"seed": 10, "dtype": "BF16"},
-         "qwen2_swa": {"seed": 11, "dtype": "BF16", "qkv_bias": True, "tied": True}}
+         "qwen2_swa": {"seed": 11, "dtype": "BF16", "qkv_bias": True, "tied": True},
+         # Phi-3: q|k|v and gate|up stored fused, with and without its sliding window
+         "phi3": {"seed": 14, "dtype": "BF16", "fused": True}, "phi3_swa": {"seed": 15, "dtype": "BF16", "fused": True}}
 for _name, _kw in SAVED.items():
     for _version in ("4.57", "5.24"):
         ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}

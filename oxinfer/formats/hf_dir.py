@@ -128,6 +128,7 @@ class HFDirectory:
         for name, f in self._where.items():
             if name not in f.header:
                 raise ModelFormatError(f"{f.path}: tensor {name!r}, which the index places there, is missing")
+        self._slices = self._fused_rows()
         # tie_word_embeddings: true, the head is the embedding, whatever lm_head.weight a file holds
         # (transformers ties them so); false, lm_head.weight must be there; absent, as the files say
         self.tied = self.config.get("tie_word_embeddings")
@@ -160,13 +161,36 @@ class HFDirectory:
                 return f"model.layers.{i}.{_LAYER[rest]}"
         raise ModelFormatError(f"no HF tensor maps to {name!r}")
 
+    def _fused_rows(self) -> dict[str, tuple[str, int, int]]:
+        """GGUF name -> (the fused HF tensor, first row, rows) where a directory stores q|k|v as
+        one qkv_proj and gate|up as one gate_up_proj (Phi-3): q, k, v, gate and up are row views
+        of them (no copy; the model fuses them back into the same bytes)."""
+        c = self.config
+        if not any(".qkv_proj." in n or ".gate_up_proj." in n for n in self._where):
+            return {}
+        heads, kv = int(c.get("num_attention_heads", 1)), int(c.get("num_key_value_heads") or c.get("num_attention_heads", 1))
+        hd = int(c.get("head_dim") or int(c.get("hidden_size", 0)) // heads)
+        ff = int(c.get("intermediate_size", 0))
+        out = {}
+        for i in range(int(c.get("num_hidden_layers", 0))):
+            p = f"model.layers.{i}."
+            for gguf, fused, r0, n in (("attn_q", "self_attn.qkv_proj", 0, heads * hd),
+                                       ("attn_k", "self_attn.qkv_proj", heads * hd, kv * hd),
+                                       ("attn_v", "self_attn.qkv_proj", (heads + kv) * hd, kv * hd),
+                                       ("ffn_gate", "mlp.gate_up_proj", 0, ff), ("ffn_up", "mlp.gate_up_proj", ff, ff)):
+                if p + fused + ".weight" in self._where:
+                    out[f"blk.{i}.{gguf}.weight"] = (p + fused + ".weight", r0, n)
+        return out
+
     def has_tensor(self, name: str) -> bool:
         if name == "output.weight" and self.tied:
             return False  # the tied head: the embedding
-        return self.hf_name(name) in self._where
+        return name in self._slices or self.hf_name(name) in self._where
 
     def _raw(self, name: str) -> tuple[str, str, list[int], np.ndarray]:
-        hf = self.hf_name(name)
+        return self._raw_hf(self.hf_name(name))
+
+    def _raw_hf(self, hf: str) -> tuple[str, str, list[int], np.ndarray]:
         f = self._where.get(hf)
         if f is None:
             raise ModelFormatError(f"{self.path}: tensor {hf!r} is missing")
@@ -180,6 +204,14 @@ class HFDirectory:
 
     def matrix(self, name: str) -> QuantMatrix:
         """A 2-D weight (n_out, n_in) in its stored dtype; q/k rows in GGUF's rope order."""
+        if name in self._slices:  # rows of a fused tensor
+            fused, r0, n = self._slices[name]
+            _, dtype, shape, data = self._raw_hf(fused)
+            if len(shape) != 2 or r0 + n > shape[0]:
+                raise ModelFormatError(f"{self.path}: tensor {fused!r} has shape {shape}: rows {r0}..{r0 + n} "
+                                       f"({name}) do not fit")
+            rows = data.reshape(shape[0], -1)[r0:r0 + n]
+            return QuantMatrix(name, DTYPES[dtype][0], n, shape[1], rows)
         hf, dtype, shape, data = self._raw(name)
         if len(shape) != 2:
             raise ModelFormatError(f"{self.path}: tensor {hf!r} has shape {shape}, expected 2-D")

@@ -8,7 +8,8 @@ from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.models import hf_config
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture
-HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # config.json model_type: Llama's skeleton, with switches
+HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")  # config.json model_type: Llama's skeleton, with switches
+# (phi3: q|k|v and gate|up stored fused, formats/hf_dir.py reads their rows)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ APPLIED = frozenset({
     "model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
     "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
     "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
-    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "partial_rotary_factor",
 })
 
 # known to change nothing in the forward oxinfer computes: what the weights' dtype was saved as, token
@@ -39,6 +39,9 @@ HARMLESS = frozenset({
     "bad_words_ids", "num_return_sequences", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "epsilon_cutoff", "eta_cutoff", "noise_std",
+    # Phi-3's pretraining context: read by its longrope (refused), else it changes nothing; a
+    # llama3 or yarn rope takes it over its own key, as transformers 5 does (rope below)
+    "original_max_position_embeddings",
 })
 
 # the keys of each rope type, besides rope_type (and, in rope_parameters, rope_theta)
@@ -68,6 +71,10 @@ def check_keys(config: dict, where: Path) -> None:
 def rope(config: dict, where: Path) -> tuple[float, str, dict]:
     """(theta, rope type, the type's parameters) from either form; a type or a key of it that
     oxinfer does not implement is refused by name."""
+    partial = config.get("partial_rotary_factor")  # (4.x writes Phi-3's at the top level)
+    if partial is not None and float(partial) != 1.0:
+        raise UnsupportedModelError(f"{where}: partial_rotary_factor = {partial} is not supported yet (1.0: "
+                                    "the whole head rotates)")
     params = config.get("rope_parameters")
     if params is not None:  # transformers 5
         if not isinstance(params, dict) or "rope_theta" not in params:
@@ -91,6 +98,8 @@ def rope(config: dict, where: Path) -> tuple[float, str, dict]:
         if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
             raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
                                         f"for rope type {kind!r}")
+    if kind in ("llama3", "yarn") and config.get("original_max_position_embeddings") is not None:
+        scaling["original_max_position_embeddings"] = config["original_max_position_embeddings"]
     missing = ROPE_REQUIRED.get(kind, frozenset()) - set(scaling)
     if missing:
         raise ModelFormatError(f"{where}: {name} of type {kind!r} lacks {', '.join(sorted(missing))}")
