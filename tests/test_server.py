@@ -16,6 +16,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -641,3 +642,32 @@ async def test_an_unexpected_error_is_a_500_in_openai_shape():
     assert r.status_code == 500
     assert r.json()["error"] == {"message": "internal error; see the server log", "type": "server_error",
                                  "param": None, "code": None}
+
+
+def test_embeddings_through_the_official_client(srv, client, http):
+    """/v1/embeddings on the default model: the client's default (base64) and floats give
+    Engine.embed's vectors; a paraphrase ranks above an unrelated sentence; batched equals solo;
+    bad input is a 400 naming the field."""
+    texts = ["The cat sat on the mat.", "A cat was sitting on the rug.", "Quarterly revenue grew by ten percent."]
+    name = srv.engine.model_name
+    r = client.embeddings.create(model=name, input=texts)  # the client asks for base64 and decodes it
+    got = np.array([d.embedding for d in r.data])
+    floats = np.array([d.embedding for d in client.embeddings.create(model=name, input=texts,
+                                                                       encoding_format="float").data])
+    want = srv.call(srv.engine.embed(texts))
+    assert got.shape == (3, srv.engine.config.d_model)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_allclose(floats, want, atol=1e-5)
+    assert got[0] @ got[1] > got[0] @ got[2] + 0.1  # cosine: the vectors are unit length
+    assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(srv.engine.tokenizer.encode(t)) for t in texts)
+    solo = np.array([client.embeddings.create(model=name, input=t).data[0].embedding for t in texts])
+    np.testing.assert_allclose(solo, got, atol=1e-6)
+    ids = srv.engine.tokenizer.encode(texts[0])
+    np.testing.assert_allclose(client.embeddings.create(model=name, input=[ids]).data[0].embedding, got[0], atol=1e-6)
+    for body, field in [({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[]]}, "input"),
+                        ({"input": "x", "dimensions": 8}, "dimensions"), ({"input": "x", "truncate": True}, "truncate"),
+                        ({"input": 3}, "input"), ({"input": [10 ** 9]}, "input")]:
+        resp = http.post("/v1/embeddings", json={"model": name, **body})
+        assert resp.status_code == 400, (body, resp.text)
+        assert field in resp.text, (body, resp.text)
+    assert http.get("/health").json()["running"] == 0

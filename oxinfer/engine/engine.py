@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio.to_thread
 import numpy as np
 
-from oxinfer.engine import loading, stream
+from oxinfer.engine import embed, loading, stream
 from oxinfer.engine.admission import Admission, Request
 from oxinfer.engine.steps import Steps
 from oxinfer.errors import ContextOverflowError
@@ -242,6 +242,11 @@ class Engine:
         async for ev in self.stream(list(ids), params):
             if isinstance(ev, Token):
                 yield ev.token_id
+
+    async def embed(self, inputs, *, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
+        """(n, d) float32 embeddings of a text, token ids, or a list of either (engine/embed.py):
+        the final norm's output pooled ("mean" or "last" token) and L2-normalized; no KV is kept."""
+        return await embed.embed(self, inputs, pooling, normalize)
 
     async def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""

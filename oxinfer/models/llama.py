@@ -136,6 +136,13 @@ class Llama:
         x = ops.rms_norm(x, self.out_norm, self.cfg.rms_eps)
         return (await ops.linear(x, self.head, tag=tag))[0]  # (rows, vocab)
 
+    async def normed_hidden(self, seqs: list[np.ndarray], caches: list, *, tag=None, ops=None):
+        """The final norm's output at every position (sum t_i, d): what the head reads, and what
+        embeddings pool."""
+        ops = ops or self.ops
+        x = await self.hidden(seqs, caches, tag=tag, ops=ops)  # (sum t_i, d)
+        return ops.rms_norm(x, self.out_norm, self.cfg.rms_eps)
+
     async def hidden(self, seqs: list[np.ndarray], caches: list, *, tag=None, ops=None):
         """The last block's output (sum t_i, d): the sequences' rows are stacked for every op;
         attention keeps them apart. Fills and advances the caches."""

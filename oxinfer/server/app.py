@@ -7,6 +7,7 @@ sent as they come; a client that goes away cancels its request (sse.py).
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from oxinfer.engine.embed import inputs_ids
 from oxinfer.errors import ContextOverflowError, EngineOverloaded, OxinferError
 from oxinfer.events import Event, Finished, Token
 from oxinfer.server.errors import APIError, bad_request, from_status
@@ -32,6 +34,7 @@ from oxinfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
     parse_body,
     sampling_params,
@@ -249,6 +252,25 @@ class _Server:
             raise bad_request(str(e), param="messages" if req.messages is not None else "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.engine.config.context_length})
 
+    async def embeddings(self, request: Request) -> Response:
+        req = parse_body(await self.body(request), EmbeddingRequest)
+        self.check_model(req.model)
+        d = self.engine.config.d_model
+        if req.dimensions is not None and req.dimensions != d:
+            raise bad_request(f"dimensions: this model's embeddings have {d} dimensions and are not shortened",
+                              param="dimensions", code="unsupported_parameter")
+        try:
+            ids = inputs_ids(self.engine, req.input)
+            vectors = await self.engine.embed(ids)
+        except (ValueError, ContextOverflowError) as e:
+            raise bad_request(str(e), param="input") from None
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64"
+                 else v.tolist()} for i, v in enumerate(vectors)]
+        n = sum(map(len, ids))
+        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
+
     async def detokenize(self, request: Request) -> Response:
         req = parse_body(await self.body(request), DetokenizeRequest)
         self.check_model(req.model)
@@ -329,6 +351,7 @@ def create_app(engine, *, api_key: str | None = None, model_name: str | None = N
         Route("/v1/chat/completions", srv.chat_completions, methods=["POST"]),
         Route("/health", srv.health, methods=["GET"]),
         Route("/metrics", srv.metrics_text, methods=["GET"]),
+        Route("/v1/embeddings", srv.embeddings, methods=["POST"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
     ]

@@ -291,6 +291,17 @@ class TokenizeRequest(_Body):
             raise bad_request("messages: at least one message is needed", param="messages")
 
 
+class EmbeddingRequest(_Body):
+    """/v1/embeddings: OpenAI's fields. `dimensions` only as the model's own (embeddings are not
+    shortened); encoding_format base64 is the float32 vector's little-endian bytes, as OpenAI sends."""
+
+    model: Text | None = None
+    input: Text | list[Text] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: Text | None = None
+
+
 class DetokenizeRequest(_Body):
     model: Text | None = None
     tokens: list[int]
