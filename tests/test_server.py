@@ -422,6 +422,32 @@ def test_fuzz_chat_never_500(tiny_http, body):
         assert r.json()["object"] == "chat.completion"
 
 
+_embedding_bodies = (
+    st.fixed_dictionaries({"input": st.text(max_size=30) | st.lists(st.text(max_size=10), max_size=3)
+                           | st.lists(st.integers(-5, TINY_VOCAB + 5), max_size=6)
+                           | st.lists(st.lists(st.integers(0, TINY_VOCAB - 1), max_size=4), max_size=3) | _json},
+                          optional={"encoding_format": st.sampled_from(["float", "base64", "int8"]) | _json,
+                                    "dimensions": st.integers(-1, 300) | _json, "user": st.text(max_size=5) | _json,
+                                    "model": st.text(max_size=5), "extra": _json}).map(lambda d: json.dumps(d).encode())
+    | _json.map(lambda v: json.dumps(v).encode())
+    | st.binary(max_size=64)
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(body=_embedding_bodies)
+def test_fuzz_embeddings_never_500(tiny_http, body):
+    """/v1/embeddings answers vectors or a 400 in OpenAI's shape, nothing else, and leaves nothing running."""
+    r = tiny_http.post("/v1/embeddings", content=body, headers={"content-type": "application/json"})
+    assert r.status_code in (200, 400), (r.status_code, body, r.text)
+    hypothesis.event(f"status {r.status_code}")
+    if r.status_code == 400:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+    else:
+        out = r.json()
+        assert out["object"] == "list" and len(out["data"]) >= 1 and out["usage"]["prompt_tokens"] >= 1
+
+
 def test_after_fuzz_a_valid_stream_works(tiny_client, tiny_srv, tiny_http):
     chunks = list(tiny_client.chat.completions.create(model=tiny_srv.engine.model_name, messages=CHAT, stream=True,
                                                  **GREEDY))
