@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import oxinfer  # noqa: E402
 from oxinfer.server import make_server  # noqa: E402
-from oxinfer.testing import write_tiny_llama  # noqa: E402
+from oxinfer.testing import write_tiny_hf, write_tiny_llama  # noqa: E402
 
 API_KEY = "test-key-123"
 CONCURRENT = 16
@@ -697,3 +697,30 @@ def test_embeddings_through_the_official_client(srv, client, http):
         assert resp.status_code == 400, (body, resp.text)
         assert field in resp.text, (body, resp.text)
     assert http.get("/health").json()["running"] == 0
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # Qwen3's shape, and:
+THINKING_TEMPLATE += "{# the model reasons in <think>...</think> before it answers #}"
+
+
+def test_a_thinking_model_answers_its_reasoning_apart(tmp_path):
+    """A model whose chat template marks reasoning with <think> tags (Qwen3's): the reasoning comes
+    back as reasoning_content, apart from the content, whole and streamed alike. The tiny model is
+    held to that shape by a grammar."""
+    write_tiny_hf(tmp_path / "think", seed=2, tied=True)
+    cfg = json.loads((tmp_path / "think" / "tokenizer_config.json").read_text())
+    (tmp_path / "think" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": THINKING_TEMPLATE}))
+    s = ServerThread(tmp_path / "think").start()
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw = dict(model=s.engine.model_name, messages=CHAT, temperature=0, max_tokens=40,
+                  extra_body={"grammar": 'root ::= "<think>" [a-z] [a-z] [a-z] "</think>" [a-z] [a-z]'})
+        m = client.chat.completions.create(**kw).choices[0].message
+        assert len(m.reasoning_content) == 3 and m.reasoning_content.isalpha()
+        assert len(m.content) == 2 and m.content.isalpha() and "<think>" not in m.content
+        deltas = [c.choices[0].delta for c in client.chat.completions.create(stream=True, **kw) if c.choices]
+        assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == m.reasoning_content
+        assert "".join(d.content or "" for d in deltas) == m.content
+    finally:
+        s.close()

@@ -30,6 +30,7 @@ from oxinfer.server.errors import APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
 from oxinfer.server.openai_format import Answer, full, usage
+from oxinfer.server.reasoning import thinks
 from oxinfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -158,6 +159,10 @@ class _Server:
         n = req.n or 1
         streams, answers = [], []
         tools = frozenset(t.function.name for t in req.tools or []) if chat else frozenset()
+        tk = self.engine.tokenizer
+        # a thinking model (its template marks reasoning with <think>) answers reasoning apart, unless tools
+        thinking = chat and not tools and thinks(tk.chat_template)
+        think_open = thinking and tk.decode(ids[-8:]).rstrip().endswith("<think>")
         for i in range(n):
             try:
                 streams.append(self.start(req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
@@ -167,7 +172,8 @@ class _Server:
                 raise
             answers.append(Answer(id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=self.model_name,
                                   created=int(time.time()), chat=chat, tokenizer=self.engine.tokenizer, index=i,
-                                  tool_names=tools, tool_mode=req.tool_mode() if chat else "none"))
+                                  tool_names=tools, tool_mode=req.tool_mode() if chat else "none",
+                                  thinking=thinking, think_open=think_open))
         if req.stream:
             return EventStreamResponse(self.stream(streams, answers, req.include_usage))
 

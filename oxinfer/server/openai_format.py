@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from oxinfer.events import Finished, Token
+from oxinfer.server.reasoning import ThinkSplitter, split
 from oxinfer.server.tools import may_be_call, parse_call
 
 
@@ -26,6 +27,13 @@ class Answer:
     finished: Finished | None = None
     call: dict | None = None  # the tool call the answer turned out to be
     held: int = 0  # streamed: how many of text's pieces wait until it is known whether they are a call
+    thinking: bool = False  # a thinking model's answer (no tools): reasoning apart from content
+    think_open: bool = False  # its prompt ended inside a think block
+    think: ThinkSplitter | None = None  # (streamed: the split so far)
+
+    def __post_init__(self):
+        if self.thinking:
+            self.think = ThinkSplitter(self.think_open)
 
     # --- pieces ---------------------------------------------------------------------------------
     def logprobs(self, tok: Token) -> dict | None:
@@ -66,6 +74,8 @@ class Answer:
         """The chunks to send for one token: none while it may still turn out to be a tool call."""
         lp = self.add(tok)
         text = tok.text
+        if self.think is not None:
+            return self._thought(self.think.push(text), lp, include_usage)
         if self.chat and self.tool_mode == "forced":
             self.held += 1
             return []
@@ -84,12 +94,25 @@ class Answer:
         self.finished = fin
         self.settle_call()
         out = []
-        if self.call is not None:
+        if self.think is not None:
+            out = self._thought(self.think.flush(), None, include_usage)
+        elif self.call is not None:
             delta = {"tool_calls": [{"index": 0, **self.call}]}
             out.append(self._chat_chunk(delta, None, False, include_usage))
         elif self.held:
             out.append(self.chunk(text="".join(self.text[-self.held:]), include_usage=include_usage))
         out.append(self.chunk(finish=True, include_usage=include_usage))
+        return out
+
+    def _thought(self, pieces: list[tuple[str, str]], lp: dict | None, include_usage: bool) -> list[dict]:
+        """A thinking model's pieces as deltas: reasoning_content or content (logprobs on the first)."""
+        out = []
+        for kind, text in pieces:
+            delta = {"reasoning_content": text} if kind == "reasoning" else {"content": text}
+            out.append(self._chat_chunk(delta, lp, False, include_usage))
+            lp = None
+        if lp is not None:
+            out.append(self._chat_chunk({}, lp, False, include_usage))
         return out
 
     # --- stream chunks --------------------------------------------------------------------------
@@ -132,6 +155,9 @@ class Answer:
             return {"index": self.index, "text": text, "logprobs": _merge(self.chat_logprobs),
                     "finish_reason": self.finish_reason}
         message = {"role": "assistant", "content": text}
+        if self.thinking:
+            reasoning, content = split(text, self.think_open)
+            message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
         if self.call is not None:
             message = {"role": "assistant", "content": None, "tool_calls": [self.call]}
         return {"index": self.index, "message": message,
