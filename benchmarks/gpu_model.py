@@ -29,7 +29,10 @@ import oxinfer
 from oxinfer.bench import SYNTHETIC as BENCH_SHAPES
 from oxinfer.testing import write_tiny_llama
 
-SYNTHETIC = {**BENCH_SHAPES, "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000)}
+SYNTHETIC = {**BENCH_SHAPES, "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000),
+             # Llama-3-8B's shape (reference/h200's 8B rows)
+             "8b": dict(n_layers=32, d=4096, d_ff=14336, n_heads=32, n_kv=8, extra_vocab=128256 - 259)}
+SAMPLED = dict(temperature=0.7, top_p=0.9, seed=1)  # --sampled: what chat UIs send
 
 
 def _waits(engine):
@@ -47,9 +50,10 @@ def _phase(a, b, wall: float, steps: int) -> str:
             f"submit {per('submit_s'):.2f}, wait {per('wait_s'):.2f}; GPU pass {per('kernel_s'):.2f}) + engine")
 
 
-async def crowd(engine, streams: int, n_decode: int) -> float:
-    """Aggregate decode tok/s of `streams` greedy streams, from the moment all have their first token."""
-    params = oxinfer.SamplingParams(temperature=0, max_tokens=n_decode, ignore_eos=True)
+async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = None) -> float:
+    """Aggregate decode tok/s of `streams` streams (greedy, or sampled as `sampling` says), from the
+    moment all have their first token."""
+    params = oxinfer.SamplingParams(**(sampling or {"temperature": 0}), max_tokens=n_decode, ignore_eos=True)
     firsts: list[float] = []
 
     async def one(i):
@@ -65,7 +69,8 @@ async def crowd(engine, streams: int, n_decode: int) -> float:
     return streams * (n_decode - 1) / (time.perf_counter() - max(firsts))
 
 
-async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int]) -> dict:
+async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
+                  sampled: bool = False) -> dict:
     gpu = None
     if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
         from oxinfer.runtime.webgpu import WebGpuBackend
@@ -90,6 +95,13 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
             out[f"waits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))  # per generated token
             out[f"steps{n}"] = (b.submissions - a.submissions) / (n_decode - 1)  # submissions per decode step
             out["phases"].append(f"{n} streams: " + _phase(a, b, (n_decode - 1) * n / out[f"x{n}"], n_decode - 1))
+    for n in concurrency if sampled else ():
+        await crowd(engine, n, 4, SAMPLED)
+        a = _waits(engine)
+        out[f"s{n}"] = await crowd(engine, n, n_decode, SAMPLED)
+        b = _waits(engine)
+        if a is not None:
+            out[f"swaits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))
     r = engine.resident
     out["detail"] = (f"resident: {r.last}" if r is not None else
                      (engine.scheduler.gpu.stats().summary() if engine.scheduler.gpu else "cpu"))
@@ -104,6 +116,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
+    ap.add_argument("--sampled", action="store_true", help=f"also decode sampled ({SAMPLED}) at each concurrency")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
@@ -122,11 +135,15 @@ def main() -> None:
         for backend in a.backends:  # the GPU's rows before any CPU engine has run (its threads, its garbage)
             for path in models:
                 gc.collect()
-                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency)
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, a.sampled)
                 c = a.concurrency[0]
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
                 print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {r.get(f'waits{c}', 0):.2f} | "
                       f"{r.get(f'steps{c}', 0):.2f} |", flush=True)
+                if a.sampled:
+                    vals = " | ".join(f"{r[f's{n}']:.0f}" for n in a.concurrency)
+                    print(f"| {path.stem} | {backend}, sampled t=0.7 p=0.9 | | {vals} | {r.get(f'swaits{c}', 0):.2f} | |",
+                          flush=True)
                 for line in [*r["phases"], r["detail"]]:
                     print(f"<!-- {line} -->", flush=True)
 
