@@ -50,7 +50,6 @@ ROPE_KEYS = {"default": frozenset(), "llama3": frozenset({"factor", "low_freq_fa
              "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
                                 "mscale_all_dim", "attention_factor", "truncate"})}
 ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"]}  # yarn: each of its keys has a default
-ROPE_TYPES_KNOWN = ("linear", "dynamic", "yarn", "longrope", "llama4", "proportional")  # named when refused
 
 
 def check_keys(config: dict, where: Path) -> None:

@@ -46,9 +46,10 @@ class Executor(Protocol):
     def reserve(self, caches: list, lens: list[int]) -> None:
         """Blocks for each cache's next lens[i] rows, before any work (KVPoolFull if not)."""
 
-    async def step(self, seqs: list[np.ndarray], caches: list, need: list[bool]) -> tuple[list, list]:
+    async def step(self, seqs: list[np.ndarray], caches: list, need: list[bool], tag=None) -> tuple[list, list]:
         """One forward: (argmax id or None, logits row or None) of each sequence's last row; a
-        row where need[i] (or where the executor has no argmax of its own). Caches advance."""
+        row where need[i] (or where the executor has no argmax of its own). Caches advance. tag:
+        the requests' ids, for the logs."""
 
     async def prefill(self, tokens: np.ndarray, cache, *, all_logits: bool = False, alone: bool = False) -> np.ndarray:
         """Logits of the last token (or of every token) after `tokens`, in chunks a step takes."""
@@ -118,8 +119,8 @@ class CpuExecutor:
         """A cache here holding the keys and values of `held` (a request moved off a failed
         device), computed again from its tokens but for the prefix the pool has."""
         cache = self.new_cache(capacity, held)
-        for i in range(cache.offset, len(held), PREFILL_CHUNK):
-            await self.scheduler.run(self.model.hidden, [np.asarray(held[i:i + PREFILL_CHUNK])], [cache])
+        if len(held) > cache.offset:  # (its last chunk's logits are computed and dropped: one row of the head)
+            await self.prefill(held[cache.offset:], cache)
         return cache
 
     def keep(self, cache) -> None:
