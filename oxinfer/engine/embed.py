@@ -53,6 +53,7 @@ async def embed(engine, inputs, pooling: str = "mean", normalize: bool = True) -
     model, scheduler = engine.model, engine.scheduler
     out = np.empty((len(ids), model.cfg.d_model), np.float32)
     batch: list[int] = []
+    rows = 0  # the batch's
 
     async def run(members: list[int]) -> None:
         seqs = [np.asarray(ids[i]) for i in members]
@@ -70,10 +71,11 @@ async def embed(engine, inputs, pooling: str = "mean", normalize: bool = True) -
                                                  solo=True))
             out[i] = _pool(np.concatenate(parts), pooling)
             continue
-        if batch and sum(len(ids[j]) for j in batch) + len(seq) > BATCH_ROWS:
+        if batch and rows + len(seq) > BATCH_ROWS:
             await run(batch)
-            batch = []
+            batch, rows = [], 0
         batch.append(i)
+        rows += len(seq)
     if batch:
         await run(batch)
     if normalize:
