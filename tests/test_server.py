@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 
 import httpx
@@ -23,70 +22,17 @@ openai = pytest.importorskip("openai")
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from serving import API_KEY, CONCURRENT, ServerThread  # noqa: E402
 
 import oxinfer  # noqa: E402
-from oxinfer.server import make_server  # noqa: E402
 from oxinfer.testing import write_tiny_hf, write_tiny_llama  # noqa: E402
 
-API_KEY = "test-key-123"
-CONCURRENT = 16
 CHAT = [{"role": "user", "content": "Say hi"}]
 GREEDY = dict(temperature=0.0, max_tokens=8)
 TINY = "tiny"  # the tiny model's name (its file's stem)
 # untied, so that its greedy answers are not one byte repeated; 2,048 positions for byte-level prompts
 TINY_MODEL = {"d": 128, "n_heads": 4, "n_kv": 2, "d_ff": 256, "tied": False, "seed": 4, "context": 2048}
 TINY_VOCAB = 259  # 256 bytes and 3 control tokens
-
-
-class ServerThread:
-    """The engine and two uvicorn servers over it (open, and with an API key) in one thread."""
-
-    def __init__(self, model=None):
-        self.model = model  # None: the default model
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="oxinfer-server", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as e:  # noqa: BLE001 - reported to the fixture
-            self.error = e
-            self.ready.set()
-
-    async def _main(self) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.stop = asyncio.Event()
-        # max_queue=0: the 17th request while 16 run is the "queue full" case
-        self.engine = await oxinfer.Engine.load(self.model, backend="cpu", max_concurrent=CONCURRENT, max_queue=0)
-        servers = [make_server(self.engine, port=0), make_server(self.engine, port=0, api_key=API_KEY)]
-        tasks = [asyncio.create_task(s.serve()) for s in servers]
-        while not all(s.started for s in servers):
-            if any(t.done() for t in tasks):
-                raise RuntimeError("uvicorn did not start")
-            await asyncio.sleep(0.02)
-        self.url, self.key_url = (f"http://127.0.0.1:{s.servers[0].sockets[0].getsockname()[1]}" for s in servers)
-        self.ready.set()
-        await self.stop.wait()
-        for s in servers:
-            s.should_exit = True
-        await asyncio.gather(*tasks)
-        await self.engine.aclose()
-
-    def start(self) -> ServerThread:
-        self.thread.start()
-        assert self.ready.wait(120), "server did not start"
-        if self.error:
-            raise self.error
-        return self
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(30)
-
-    def call(self, coro, timeout: float = 120):
-        """Run a coroutine on the server's loop (the engine's), from a test."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +72,15 @@ def tiny_http(tiny_srv):
 
 
 def metric(http: httpx.Client, name: str) -> float:
+    """A series' value; `name{reason="stop"}` matches a series with that label among others
+    (every series carries its model's)."""
+    name, _, labels = name.partition("{")
+    want = set(labels.rstrip("}").split(",")) - {""}
     for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
+        series, _, value = line.rpartition(" ")
+        base, _, have = series.partition("{")
+        if base == name and want <= set(have.rstrip("}").split(",")):
+            return float(value)
     raise KeyError(name)
 
 
@@ -282,7 +234,7 @@ BAD = [
     ("role", {"messages": [{"role": "robot", "content": "x"}], "max_tokens": 2}, 400, "messages.0.role"),
     ("temperature type", _chat(temperature="hot"), 400, "temperature"),
     ("max_tokens bool", _chat(max_tokens=True), 400, "max_tokens"),
-    ("unknown model", _chat(model="gpt-17"), 400, "model"),
+    ("unknown model", _chat(model="gpt-17"), 404, "model"),
     ("temperature range", _chat(temperature=-1), 400, "temperature"),
     ("top_p range", _chat(top_p=0), 400, "top_p"),
     ("max_tokens zero", _chat(max_tokens=0), 400, "max_tokens"),
@@ -325,7 +277,7 @@ def test_bad_chat_bodies(http, body, status, param):
 
 def test_bad_inputs_through_the_openai_client(client, srv):
     name = srv.engine.model_name
-    with pytest.raises(openai.BadRequestError, match="model"):
+    with pytest.raises(openai.NotFoundError, match="no-such-model"):
         client.chat.completions.create(model="no-such-model", messages=CHAT, max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="top_p"):
         client.completions.create(model=name, prompt="hi", top_p=7, max_tokens=2)
@@ -421,12 +373,14 @@ def test_fuzz_chat_never_500(tiny_http, body):
 
 
 def _fuzzed(http, route: str, body: bytes):
-    """A fuzzed body's answer: 200, or a 400 in OpenAI's error shape; nothing else."""
+    """A fuzzed body's answer: 200, or a 400 in OpenAI's error shape (404 for a model not served);
+    nothing else."""
     r = http.post(route, content=body, headers={"content-type": "application/json"})
-    assert r.status_code in (200, 400), (r.status_code, body, r.text)
+    assert r.status_code in (200, 400, 404), (r.status_code, body, r.text)
     hypothesis.event(f"status {r.status_code}")
-    if r.status_code == 400:
+    if r.status_code != 200:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert r.status_code == 400 or r.json()["error"]["code"] == "model_not_found"
     return r
 
 

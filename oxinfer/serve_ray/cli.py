@@ -37,15 +37,20 @@ def ray_config(args):
     """The RayServeConfig the serve flags describe (ValueError for a bad combination)."""
     from oxinfer.serve_ray.config import RayServeConfig
 
+    if len(args.model or []) > 1 or args.memory_mib is not None:
+        raise ValueError("--ray serves one model a deployment: give --model (and --served-model-name) once, "
+                         "without --memory-mib")
+    model = args.model[0] if args.model else None
+    name = args.served_model_name[0] if args.served_model_name else None
     replicas, autoscaling = args.replicas, None
     if args.max_replicas is not None:
         if args.max_replicas < (replicas or 1):
             raise ValueError(f"--max-replicas ({args.max_replicas}) must be >= --replicas ({replicas or 1})")
         autoscaling, replicas = {"min_replicas": replicas or 1, "max_replicas": args.max_replicas}, None
     return RayServeConfig(
-        model=(args.model if is_hub_name(args.model) else str(Path(args.model).absolute())) if args.model else None,
+        model=(model if is_hub_name(model) else str(Path(model).absolute())) if model else None,
         backend=args.backend,
-        max_concurrent=args.max_concurrent, max_queue=args.max_queue, served_model_name=args.served_model_name,
+        max_concurrent=args.max_concurrent, max_queue=args.max_queue, served_model_name=name,
         api_key=args.api_key, replicas=replicas, autoscaling=autoscaling,
         replica_cpus=1.0 if args.replica_cpus is None else args.replica_cpus)
 

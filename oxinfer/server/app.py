@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -29,6 +29,7 @@ from oxinfer.events import Event, Finished, Token
 from oxinfer.server.errors import APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
+from oxinfer.server.models import ModelPool, ServedModel
 from oxinfer.server.openai_format import Answer, full, usage
 from oxinfer.server.reasoning import thinks
 from oxinfer.server.schemas import (
@@ -58,8 +59,7 @@ RETRY_AFTER_S = 1
 
 @dataclass
 class _Server:
-    engine: object
-    model_name: str
+    models: ModelPool
     metrics: Metrics
     max_body_bytes: int
     created: int
@@ -79,18 +79,19 @@ class _Server:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def serves(self, model: str) -> bool:
-        """The served name, or the model file's stem."""
-        return model in (self.model_name, self.engine.model_name)
+    async def leased(self, model: str | None, handle: Callable[[ServedModel], Awaitable[Response]]) -> Response:
+        """handle(the model the request names, loaded), its lease given back when the answer is
+        sent (after the last byte of a stream)."""
+        m = await self.models.acquire(model)
+        try:
+            response = await handle(m)
+        except BaseException:
+            self.models.release(m)
+            raise
+        return _Leased(response, lambda: self.models.release(m))
 
-    def check_model(self, model: str | None) -> None:
-        if model is not None and not self.serves(model):
-            raise bad_request(f"model: '{model}' is not served here (this server has '{self.model_name}')",
-                              param="model", code="model_not_found")
-
-    def prompt_ids(self, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
+    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
         """(the prompt's token ids, the field it came from); the chat template takes the tools."""
-        engine = self.engine
         param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
             if isinstance(req, CompletionRequest):
@@ -101,10 +102,10 @@ class _Server:
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{param}: {e}", param=param) from None
 
-    def start(self, req: ChatCompletionRequest | CompletionRequest, ids: list[int], prompt_param: str, rid: str,
-              choice: int = 0):
+    def start(self, m: ServedModel, req: ChatCompletionRequest | CompletionRequest, ids: list[int], prompt_param: str,
+              rid: str, choice: int = 0):
         """Validate everything and start the engine's stream of one choice; any refusal is an APIError."""
-        engine = self.engine
+        engine = m.engine
         max_tokens = req.requested_max_tokens
         if max_tokens is None:  # fit the default into what the context leaves
             rest = engine.config.context_length - len(ids)
@@ -127,9 +128,9 @@ class _Server:
         except ValueError as e:  # a field the engine checks against the model (a logit_bias id)
             field = str(e).split(" ", 1)[0].rstrip(":")
             raise bad_request(str(e), param=field if field in kw else None) from None
-        return self.tracked(events, len(ids))
+        return self.tracked(m.name, events, len(ids))
 
-    async def tracked(self, events: AsyncIterator[Event], prompt_tokens: int) -> AsyncIterator[Event]:
+    async def tracked(self, model: str, events: AsyncIterator[Event], prompt_tokens: int) -> AsyncIterator[Event]:
         """The engine's events, recorded in the metrics on their way out."""
         t0 = time.perf_counter()
         last = None
@@ -139,39 +140,41 @@ class _Server:
                 async for ev in evs:
                     now = time.perf_counter()
                     if isinstance(ev, Token):
-                        self.metrics.token(None if last is None else now - last, prompt_tokens if last is None else 0)
+                        self.metrics.token(model, None if last is None else now - last,
+                                           prompt_tokens if last is None else 0)
                         last = now
                     else:
                         finished = True
-                        self.metrics.finished_request(ev, now - t0)
+                        self.metrics.finished_request(model, ev, now - t0)
                     yield ev
         finally:
             if not finished:  # the client went away: the engine ended it without a Finished event
-                self.metrics.finished.labels(reason="cancelled").inc()
+                self.metrics.cancelled(model)
 
     # --- generation endpoints -------------------------------------------------------------------
     async def generate(self, request: Request, chat: bool) -> Response:
-        model = ChatCompletionRequest if chat else CompletionRequest
-        req = parse_body(await self.body(request), model)
-        self.check_model(req.model)
+        req = parse_body(await self.body(request), ChatCompletionRequest if chat else CompletionRequest)
+        return await self.leased(req.model, lambda m: self._generate(request, req, m, chat))
+
+    async def _generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
-        ids, param = self.prompt_ids(req)
+        ids, param = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []
         tools = frozenset(t.function.name for t in req.tools or []) if chat else frozenset()
-        tk = self.engine.tokenizer
+        tk = m.engine.tokenizer
         # a thinking model (its template marks reasoning with <think>) answers reasoning apart, unless tools
         thinking = chat and not tools and thinks(tk.chat_template)
         think_open = thinking and tk.decode(ids[-8:]).rstrip().endswith("<think>")
         for i in range(n):
             try:
-                streams.append(self.start(req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
+                streams.append(self.start(m, req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
             except APIError:
                 for st in streams:  # not started yet: nothing ran
                     await st.aclose()
                 raise
-            answers.append(Answer(id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=self.model_name,
-                                  created=int(time.time()), chat=chat, tokenizer=self.engine.tokenizer, index=i,
+            answers.append(Answer(id=f"{'chatcmpl' if chat else 'cmpl'}-{rid}", model=m.name,
+                                  created=int(time.time()), chat=chat, tokenizer=tk, index=i,
                                   tool_names=tools, tool_mode=req.tool_mode() if chat else "none",
                                   thinking=thinking, think_open=think_open))
         if req.stream:
@@ -223,30 +226,36 @@ class _Server:
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, chat=False)
 
-    def model_card(self) -> dict:
-        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "oxinfer",
-                "max_model_len": self.engine.config.context_length}
+    def model_card(self, m: ServedModel) -> dict:
+        card = {"id": m.name, "object": "model", "created": self.created, "owned_by": "oxinfer",
+                "loaded": m.engine is not None}
+        if m.engine is not None:
+            card["max_model_len"] = m.engine.config.context_length
+        return card
 
-    async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self.model_card()]})
+    async def list_models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self.model_card(m) for m in self.models.models]})
 
     async def model(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        if not self.serves(name):
-            raise from_status(404, f"model '{name}' is not served here", param="model", code="model_not_found")
-        return JSONResponse(self.model_card())
+        return JSONResponse(self.model_card(self.models.find(request.path_params["name"])))
 
     async def health(self, request: Request) -> Response:
-        s = self.engine.stats()
-        return JSONResponse({"status": "ok", "model": self.model_name, "running": s.running, "queued": s.queued})
+        loaded = {m.name: m.engine.stats() for m in self.models.loaded}
+        return JSONResponse({"status": "ok", "model": self.models.default.name,
+                             "running": sum(s.running for s in loaded.values()),
+                             "queued": sum(s.queued for s in loaded.values()),
+                             "models": [{"id": m.name, "loaded": m.name in loaded, "requests": m.leases}
+                                        for m in self.models.models]})
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def tokenize(self, request: Request) -> Response:
         req = parse_body(await self.body(request), TokenizeRequest)
-        self.check_model(req.model)
-        tk = self.engine.tokenizer
+        return await self.leased(req.model, lambda m: self._tokenize(req, m.engine))
+
+    async def _tokenize(self, req: TokenizeRequest, engine) -> Response:
+        tk = engine.tokenizer
         try:
             if req.messages is not None:
                 text = tk.apply_chat_template([m.as_engine_message() for m in req.messages],
@@ -256,35 +265,52 @@ class _Server:
             ids = tk.encode(text)
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(str(e), param="messages" if req.messages is not None else "prompt") from None
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.engine.config.context_length})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.config.context_length})
 
     async def embeddings(self, request: Request) -> Response:
         req = parse_body(await self.body(request), EmbeddingRequest)
-        self.check_model(req.model)
-        d = self.engine.config.d_model
+        return await self.leased(req.model, lambda m: self._embeddings(req, m))
+
+    async def _embeddings(self, req: EmbeddingRequest, m: ServedModel) -> Response:
+        engine = m.engine
+        d = engine.config.d_model
         if req.dimensions is not None and req.dimensions != d:
             raise bad_request(f"dimensions: this model's embeddings have {d} dimensions and are not shortened",
                               param="dimensions", code="unsupported_parameter")
         try:
-            ids = inputs_ids(self.engine, req.input)
-            vectors = await self.engine.embed(ids)
+            ids = inputs_ids(engine, req.input)
+            vectors = await engine.embed(ids)
         except (ValueError, ContextOverflowError) as e:
             raise bad_request(str(e), param="input") from None
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64"
                  else v.tolist()} for i, v in enumerate(vectors)]
         n = sum(map(len, ids))
-        return JSONResponse({"object": "list", "data": data, "model": self.model_name,
+        return JSONResponse({"object": "list", "data": data, "model": m.name,
                              "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     async def detokenize(self, request: Request) -> Response:
         req = parse_body(await self.body(request), DetokenizeRequest)
-        self.check_model(req.model)
-        n = self.engine.tokenizer.vocab_size
-        bad = [i for i in req.tokens if not 0 <= i < n]
+        return await self.leased(req.model, lambda m: self._detokenize(req, m.engine.tokenizer))
+
+    async def _detokenize(self, req: DetokenizeRequest, tk) -> Response:
+        bad = [i for i in req.tokens if not 0 <= i < tk.vocab_size]
         if bad:
-            raise bad_request(f"tokens: ids out of range [0, {n}): {bad[:5]}", param="tokens")
-        return JSONResponse({"prompt": self.engine.tokenizer.decode(req.tokens)})
+            raise bad_request(f"tokens: ids out of range [0, {tk.vocab_size}): {bad[:5]}", param="tokens")
+        return JSONResponse({"prompt": tk.decode(req.tokens)})
+
+
+class _Leased:
+    """An answer, then the model's lease given back (an ASGI app: a stream's last byte ends it)."""
+
+    def __init__(self, response: Response, release: Callable[[], None]):
+        self.response, self.release = response, release
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self.release()
 
 
 async def _merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:
@@ -341,17 +367,27 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return from_status(500, "internal error; see the server log", type="server_error").response()
 
 
-def create_app(engine, *, api_key: str | None = None, model_name: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES) -> Starlette:
-    """The ASGI app serving `engine` (an oxinfer.Engine) with OpenAI's API.
+def create_app(engine=None, *, api_key: str | None = None, model_name: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES, models: ModelPool | None = None) -> Starlette:
+    """The ASGI app serving `engine` (an oxinfer.Engine), or the `models` of a ModelPool
+    (models.py: several, loaded on first use), with OpenAI's API.
 
     api_key: when set, the API routes want `Authorization: Bearer <api_key>` (else 401).
-    model_name: the id clients use (default: the model file's stem; that one is accepted too).
+    model_name: the id clients use for `engine` (default: the model file's stem; that one is accepted too).
     max_body_bytes: larger request bodies are refused with 413 before they are read whole.
     """
-    srv = _Server(engine, model_name or engine.model_name, Metrics(engine), max_body_bytes, int(time.time()))
+    if (engine is None) == (models is None):
+        raise ValueError("create_app: give either engine or models")
+    metrics = Metrics()
+    if models is None:
+        models = ModelPool.of(engine, model_name)
+    models.on_load = lambda m: metrics.attach(m.name, m.engine)
+    models.on_unload = lambda m: metrics.detach(m.name)
+    for m in models.loaded:
+        metrics.attach(m.name, m.engine)
+    srv = _Server(models, metrics, max_body_bytes, int(time.time()))
     routes = [
-        Route("/v1/models", srv.models, methods=["GET"]),
+        Route("/v1/models", srv.list_models, methods=["GET"]),
         Route("/v1/models/{name:path}", srv.model, methods=["GET"]),
         Route("/v1/completions", srv.completions, methods=["POST"]),
         Route("/v1/chat/completions", srv.chat_completions, methods=["POST"]),

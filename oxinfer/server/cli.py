@@ -11,7 +11,10 @@ import anyio
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="serve the model over OpenAI's HTTP API")
-    p.add_argument("--model", help="path to a .gguf (default: SmolLM2-135M-Instruct Q4_1)")
+    p.add_argument("--model", action="append",
+                   help="a .gguf, an HF directory or a hub name (default: SmolLM2-135M-Instruct Q4_1); give it "
+                        "again to serve several models, chosen by the request's `model` (the first one when it "
+                        "names none)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API routes")
@@ -21,7 +24,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that (then 503)")
     p.add_argument("--kv-mib", type=int, help="KV cache memory; requests wait for room in it (default 1024, "
                                               "or one whole context if more)")
-    p.add_argument("--served-model-name", help="the model id clients use (default: the file's stem)")
+    p.add_argument("--served-model-name", action="append",
+                   help="the model id clients use (default: the file's stem or the hub name); once for each --model")
+    p.add_argument("--memory-mib", type=int,
+                   help="with several models: the memory their weights and KV budgets may hold together; past it "
+                        "the least recently used idle model is unloaded (default: no bound)")
     return p
 
 
@@ -34,12 +41,46 @@ async def run_serve(args) -> None:
     from oxinfer.engine import Engine
 
     try:
+        from oxinfer.server.models import ModelPool, ServedModel
         from oxinfer.server.runner import serve
     except ImportError as e:
         raise SystemExit(f"oxinfer serve needs the server extra (pip install 'oxinfer[server]'): {e}") from None
 
-    engine = await Engine.load(args.model, backend=args.backend, max_concurrent=args.max_concurrent,
-                               max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20)
-    name = args.served_model_name or engine.model_name
-    print(f"oxinfer: serving {name} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    await serve(engine, host=args.host, port=args.port, api_key=args.api_key, model_name=name)
+    sources = args.model or [None]
+    names = args.served_model_name or []
+    if names and len(names) != len(sources):
+        raise ValueError(f"--served-model-name: given {len(names)} times for {len(sources)} --model")
+    if args.memory_mib is not None and args.memory_mib <= 0:
+        raise ValueError(f"--memory-mib: must be positive, got {args.memory_mib}")
+
+    async def load(source):
+        return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
+                                 max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20)
+
+    first = await load(sources[0])  # the default model loads now: a bad first model stops here
+    models = [ServedModel(names[0] if names else first.model_name, sources[0], engine=first)]
+    for i, source in enumerate(sources[1:], 1):
+        if not _reachable(source):
+            raise ValueError(f"--model: no such file or directory, and not a hub name: {source}")
+        models.append(ServedModel(names[i] if names else _stem(source), source))
+    pool = ModelPool(models, load, budget_bytes=args.memory_mib and args.memory_mib << 20)
+    listing = ", ".join(m.name for m in models)
+    print(f"oxinfer: serving {listing} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
+    await serve(models=pool, host=args.host, port=args.port, api_key=args.api_key)
+
+
+def _reachable(source: str) -> bool:
+    from pathlib import Path
+
+    from oxinfer.formats.hub import is_hub_name
+
+    return Path(source).exists() or is_hub_name(source)
+
+
+def _stem(source: str) -> str:
+    """The name a model is served by before it is loaded: a hub name as given, a file's stem."""
+    from pathlib import Path
+
+    from oxinfer.formats.hub import is_hub_name
+
+    return source if is_hub_name(source) else Path(source).stem

@@ -1,17 +1,12 @@
 """Prometheus metrics of one app, in its own CollectorRegistry (two apps in one process, as in the
-tests, must not share or clash). Names follow the engine's vocabulary (events.py, SchedulerStats, runtime/stats.py's StepStats: a field
-name with Prometheus's unit suffix)."""
+tests, must not share or clash). Every series carries the `model` it is about: a server may serve
+several (models.py). Names follow the engine's vocabulary (events.py, SchedulerStats,
+runtime/stats.py's StepStats: a field name with Prometheus's unit suffix)."""
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from oxinfer.events import Finished
 
@@ -20,78 +15,106 @@ _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75,
             40.0, 80.0, 120.0)
 _COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096)
 
+# read at scrape time from each loaded engine's stats(): the server keeps no request table of its own
+_GAUGES = (("requests_running", "running", "Requests generating now"),
+           ("requests_queued", "queued", "Requests waiting for a slot"),
+           ("kv_bytes", "kv_bytes", "KV cache memory held by live requests"),
+           ("kv_blocks_used", "kv_blocks_used", "KV blocks live requests hold"),
+           ("kv_blocks_cached", "kv_blocks_cached", "Full KV blocks kept for later prompts"),
+           ("kv_evictions", "kv_evictions", "Kept KV blocks given up for room (total)"),
+           ("preemptions_total", "preemptions_total", "Requests that gave their KV blocks back to be computed again"))
+
 
 class Metrics:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self):
+        self.engines: dict[str, object] = {}  # the loaded models, by served name
         self.registry = r = CollectorRegistry(auto_describe=True)
-        # read at scrape time from the engine: the server keeps no request table of its own
-        Gauge("oxinfer_requests_running", "Requests generating now", registry=r).set_function(
-            lambda: engine.stats().running)
-        Gauge("oxinfer_requests_queued", "Requests waiting for a slot", registry=r).set_function(
-            lambda: engine.stats().queued)
-        Gauge("oxinfer_kv_bytes", "KV cache memory held by live requests", registry=r).set_function(
-            lambda: engine.stats().kv_bytes)
-        for name, help_ in (("kv_blocks_used", "KV blocks live requests hold"),
-                            ("kv_blocks_cached", "Full KV blocks kept for later prompts"),
-                            ("kv_evictions", "Kept KV blocks given up for room (total)"),
-                            ("preemptions_total", "Requests that gave their KV blocks back to be computed again")):
-            Gauge(f"oxinfer_{name}", help_, registry=r).set_function(lambda n=name: getattr(engine.stats(), n))
-        self.prompt_tokens = Counter("oxinfer_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.prompt_tokens = Counter("oxinfer_prompt_tokens", "Prompt tokens processed", ["model"], registry=r)
         self.cached_tokens = Counter("oxinfer_prompt_tokens_cached", "Prompt tokens reused from earlier requests",
-                                     registry=r)
-        self.generation_tokens = Counter("oxinfer_generation_tokens", "Tokens generated", registry=r)
-        self.finished = Counter("oxinfer_requests_finished", "Requests finished, by reason", ["reason"], registry=r)
+                                     ["model"], registry=r)
+        self.generation_tokens = Counter("oxinfer_generation_tokens", "Tokens generated", ["model"], registry=r)
+        self.finished = Counter("oxinfer_requests_finished", "Requests finished, by reason", ["model", "reason"],
+                                registry=r)
         self.ttft = Histogram("oxinfer_time_to_first_token_seconds", "Arrival to first token (queue included)",
-                              buckets=_LATENCY, registry=r)
+                              ["model"], buckets=_LATENCY, registry=r)
         self.itl = Histogram("oxinfer_inter_token_latency_seconds", "Time between two tokens of one request",
-                             buckets=_LATENCY, registry=r)
+                             ["model"], buckets=_LATENCY, registry=r)
         self.e2e = Histogram("oxinfer_e2e_request_latency_seconds", "Request received to last token",
-                             buckets=_LATENCY, registry=r)
+                             ["model"], buckets=_LATENCY, registry=r)
         self.jobs_per_call = Histogram("oxinfer_scheduler_jobs_per_call",
-                                       "Matmul jobs per backend call (one submission)", buckets=_COUNTS, registry=r)
+                                       "Matmul jobs per backend call (one submission)", ["model"], buckets=_COUNTS,
+                                       registry=r)
         self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
-                                       "Rows of x per backend call (requests stacked)", buckets=_COUNTS, registry=r)
-        engine.scheduler.call_observers.append(self._observe_call)
-        r.register(_Counters(lambda: scheduler_rows(engine)))
-        r.register(_Counters(lambda: step_rows(engine)))
+                                       "Rows of x per backend call (requests stacked)", ["model"], buckets=_COUNTS,
+                                       registry=r)
+        r.register(_Scraped(self.engines))
 
-    def _observe_call(self, jobs: int, rows: int) -> None:
-        self.jobs_per_call.observe(jobs)
-        self.rows_per_call.observe(rows)
+    # --- the models -----------------------------------------------------------------------------
+    def attach(self, model: str, engine) -> None:
+        """A model was loaded: its engine's figures are read at every scrape from now on."""
+        self.engines[model] = engine
 
-    def token(self, gap_s: float | None, prompt_tokens: int = 0) -> None:
+        def observe(jobs: int, rows: int) -> None:
+            self.jobs_per_call.labels(model=model).observe(jobs)
+            self.rows_per_call.labels(model=model).observe(rows)
+
+        engine.scheduler.call_observers.append(observe)
+
+    def detach(self, model: str) -> None:
+        """A model was unloaded: its engine's figures leave with it (the request counters stay)."""
+        self.engines.pop(model, None)
+
+    # --- what the server tells --------------------------------------------------------------------
+    def token(self, model: str, gap_s: float | None, prompt_tokens: int = 0) -> None:
         """A token went out; gap_s since the previous token of its request (None for the first, which
         also brings its prompt_tokens: counted once prefilled, so cancelled requests count right)."""
-        self.generation_tokens.inc()
+        self.generation_tokens.labels(model=model).inc()
         if gap_s is not None:
-            self.itl.observe(gap_s)
+            self.itl.labels(model=model).observe(gap_s)
         if prompt_tokens:
-            self.prompt_tokens.inc(prompt_tokens)
+            self.prompt_tokens.labels(model=model).inc(prompt_tokens)
 
-    def finished_request(self, fin: Finished, e2e_s: float) -> None:
-        self.finished.labels(reason=fin.reason).inc()
-        self.cached_tokens.inc(fin.cached_tokens)
+    def finished_request(self, model: str, fin: Finished, e2e_s: float) -> None:
+        self.finished.labels(model=model, reason=fin.reason).inc()
+        self.cached_tokens.labels(model=model).inc(fin.cached_tokens)
         if fin.completion_tokens:
-            self.ttft.observe(fin.ttft_s)
-            self.e2e.observe(e2e_s)
+            self.ttft.labels(model=model).observe(fin.ttft_s)
+            self.e2e.labels(model=model).observe(e2e_s)
+
+    def cancelled(self, model: str) -> None:
+        self.finished.labels(model=model, reason="cancelled").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class _Counters:
-    """Totals read at scrape time, as counters: rows() gives (name, help, value) for each."""
+class _Scraped:
+    """The loaded engines' own figures, read at scrape time: gauges of their stats(), and their
+    scheduler's and executor's totals as counters."""
 
-    def __init__(self, rows):
-        self.rows = rows
+    def __init__(self, engines: dict[str, object]):
+        self.engines = engines
 
     def describe(self):
         return []
 
     def collect(self):
-        for name, help_, value in self.rows():
-            yield CounterMetricFamily(name, help_, value=value)
+        engines = list(self.engines.items())
+        stats = {name: e.stats() for name, e in engines}
+        for metric, field, help_ in _GAUGES:
+            g = GaugeMetricFamily(f"oxinfer_{metric}", help_, labels=["model"])
+            for name, s in stats.items():
+                g.add_metric([name], getattr(s, field))
+            yield g
+        rows: dict[str, tuple[str, list]] = {}
+        for name, e in engines:
+            for metric, help_, value in scheduler_rows(e) + step_rows(e):
+                rows.setdefault(metric, (help_, []))[1].append((name, value))
+        for metric, (help_, values) in rows.items():
+            c = CounterMetricFamily(metric, help_, labels=["model"])
+            for name, value in values:
+                c.add_metric([name], value)
+            yield c
 
 
 def scheduler_rows(engine):
@@ -116,4 +139,4 @@ def step_metric_name(field: str) -> str:
 def step_rows(engine):
     """The step totals of the executor requests run on (its StepStats)."""
     ex = engine.executor
-    return [(step_metric_name(f), f"StepStats.{f} of the {ex.name} executor", v) for f, v in ex.stats.as_dict().items()]
+    return [(step_metric_name(f), f"StepStats.{f} of the executor requests run on", v) for f, v in ex.stats.as_dict().items()]

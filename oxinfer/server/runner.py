@@ -8,10 +8,11 @@ import uvicorn
 from oxinfer.server.app import MAX_BODY_BYTES, create_app
 
 
-def make_server(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> uvicorn.Server:
-    """A uvicorn.Server for `engine`, not started (`await server.serve()`; `server.should_exit = True`)."""
-    app = create_app(engine, api_key=api_key, model_name=model_name, max_body_bytes=max_body_bytes)
+def make_server(engine=None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                model_name: str | None = None, max_body_bytes: int = MAX_BODY_BYTES, models=None) -> uvicorn.Server:
+    """A uvicorn.Server for `engine` (or a ModelPool's `models`), not started (`await server.serve()`;
+    `server.should_exit = True`)."""
+    app = create_app(engine, api_key=api_key, model_name=model_name, max_body_bytes=max_body_bytes, models=models)
     config = uvicorn.Config(
         app, host=host, port=port,
         log_config=None,  # keep the process's logging as configured; structlog writes the access log
@@ -20,12 +21,13 @@ def make_server(engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: s
     return uvicorn.Server(config)
 
 
-async def serve(engine, **kw) -> None:
-    """Serve `engine` until interrupted (Ctrl-C / SIGTERM), then abort what still runs."""
+async def serve(engine=None, *, models=None, **kw) -> None:
+    """Serve `engine` (or a ModelPool's `models`) until interrupted (Ctrl-C / SIGTERM), then abort
+    what still runs."""
     try:
-        await make_server(engine, **kw).serve()
+        await make_server(engine, models=models, **kw).serve()
     finally:
-        await engine.aclose()
+        await (engine.aclose() if engine is not None else models.aclose())
 
 
 def run_server(model: str | None = None, *, backend: str = "auto", max_concurrent: int = 16,
