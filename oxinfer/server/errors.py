@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from starlette.responses import JSONResponse
 
+RETRY_AFTER_S = 1  # what a 503 tells clients to wait (the retry-after header)
+
 
 @dataclass
 class APIError(Exception):

@@ -18,11 +18,10 @@ from pathlib import Path
 import anyio
 import structlog
 
-from oxinfer.server.errors import from_status
+from oxinfer.server.errors import RETRY_AFTER_S, from_status
 
 log = structlog.get_logger("oxinfer.server")
 
-RETRY_AFTER_S = 1
 
 
 @dataclass(eq=False)

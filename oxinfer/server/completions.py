@@ -1,0 +1,204 @@
+"""Generating for /v1/chat/completions and /v1/completions (and, through them, /v1/responses): a
+request's prompt into token ids, the engine's stream of each of its n choices started (every
+refusal an APIError before the first byte), the events recorded in the metrics, and the answers
+sent whole or as chunks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import anyio
+import jinja2
+import structlog
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from oxinfer.errors import ContextOverflowError, EngineOverloaded, OxinferError
+from oxinfer.events import Event, Finished, Token
+from oxinfer.server.errors import RETRY_AFTER_S, APIError, bad_request, from_status
+from oxinfer.server.metrics import Metrics
+from oxinfer.server.middleware import REQUEST_ID_KEY
+from oxinfer.server.models import ServedModel
+from oxinfer.server.openai_format import Answer, full, usage
+from oxinfer.server.reasoning import thinks
+from oxinfer.server.schemas import ChatCompletionRequest, CompletionRequest, sampling_params
+from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
+from oxinfer.server.tools import with_tools
+
+log = structlog.get_logger("oxinfer.server")
+
+# chat: OpenAI's "rest of the context" (the KV pools take memory as tokens arrive, not up front)
+DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's documented default for /v1/completions
+
+
+def answer_for(m: ServedModel, req: ChatCompletionRequest | CompletionRequest, ids: list[int], answer_id: str,
+               index: int = 0) -> Answer:
+    """The Answer that formats one choice's events (a thinking model's reasoning apart, unless tools)."""
+    chat = isinstance(req, ChatCompletionRequest)
+    tools = frozenset(t.function.name for t in req.tools or []) if chat else frozenset()
+    tk = m.engine.tokenizer
+    thinking = chat and not tools and thinks(tk.chat_template)
+    return Answer(id=answer_id, model=m.name, created=int(time.time()), chat=chat, tokenizer=tk, index=index,
+                  tool_names=tools, tool_mode=req.tool_mode() if chat else "none", thinking=thinking,
+                  think_open=thinking and tk.decode(ids[-8:]).rstrip().endswith("<think>"))
+
+
+@dataclass
+class Completions:
+    metrics: Metrics
+
+    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
+        """(the prompt's token ids, the field it came from); the chat template takes the tools."""
+        param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+        try:
+            if isinstance(req, CompletionRequest):
+                return engine.prompt_ids(req.engine_prompt()), param
+            messages, tools = with_tools(req.prompt(), req.tool_dicts(), engine.tokenizer.chat_template)
+            tk = engine.tokenizer
+            return engine.prompt_ids(tk.encode(tk.apply_chat_template(messages, tools=tools))), param
+        except (ValueError, OxinferError, jinja2.TemplateError) as e:
+            raise bad_request(f"{param}: {e}", param=param) from None
+
+    def start(self, m: ServedModel, req: ChatCompletionRequest | CompletionRequest, ids: list[int], prompt_param: str,
+              rid: str, choice: int = 0):
+        """Validate everything and start the engine's stream of one choice; any refusal is an APIError."""
+        engine = m.engine
+        max_tokens = req.requested_max_tokens
+        if max_tokens is None:  # fit the default into what the context leaves
+            rest = engine.config.context_length - len(ids)
+            max_tokens = max(1, rest if isinstance(req, ChatCompletionRequest) else min(DEFAULT_MAX_TOKENS_COMPLETION, rest))
+        kw = req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
+        if choice and "seed" in kw:  # n choices with a seed: reproducible, and not all the same
+            kw["seed"] += choice
+        chat = isinstance(req, ChatCompletionRequest)
+        params = sampling_params(kw, logprobs_param="top_logprobs" if chat else "logprobs",
+                                 schema_param="tools" if chat and req.forced_tools() else "response_format")
+        try:
+            events = engine.stream(ids, params, request_id=rid)
+        except ContextOverflowError as e:
+            param = "max_tokens" if str(e).startswith("max_tokens") else prompt_param
+            message = str(e) if str(e).startswith(param) else f"{param}: {e}"
+            raise bad_request(message, param=param, code="context_length_exceeded") from None
+        except EngineOverloaded as e:
+            raise from_status(503, str(e), code="engine_overloaded",
+                              headers={"retry-after": str(RETRY_AFTER_S)}) from None
+        except ValueError as e:  # a field the engine checks against the model (a logit_bias id)
+            field = str(e).split(" ", 1)[0].rstrip(":")
+            raise bad_request(str(e), param=field if field in kw else None) from None
+        return self.tracked(m.name, events, len(ids))
+
+    async def tracked(self, model: str, events: AsyncIterator[Event], prompt_tokens: int) -> AsyncIterator[Event]:
+        """The engine's events, recorded in the metrics on their way out."""
+        t0 = time.perf_counter()
+        last = None
+        finished = False
+        try:
+            async with aclosing(events) as evs:
+                async for ev in evs:
+                    now = time.perf_counter()
+                    if isinstance(ev, Token):
+                        self.metrics.token(model, None if last is None else now - last,
+                                           prompt_tokens if last is None else 0)
+                        last = now
+                    else:
+                        finished = True
+                        self.metrics.finished_request(model, ev, now - t0)
+                    yield ev
+        finally:
+            if not finished:  # the client went away: the engine ended it without a Finished event
+                self.metrics.cancelled(model)
+
+    # --- chat and completions ---------------------------------------------------------------------
+    async def generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
+        rid = request.scope[REQUEST_ID_KEY]
+        ids, param = self.prompt_ids(m.engine, req)
+        n = req.n or 1
+        streams, answers = [], []
+        for i in range(n):
+            try:
+                streams.append(self.start(m, req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
+            except APIError:
+                for st in streams:  # not started yet: nothing ran
+                    await st.aclose()
+                raise
+            answers.append(answer_for(m, req, ids, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", i))
+        if req.stream:
+            return EventStreamResponse(self.stream(streams, answers, req.include_usage))
+
+        try:
+            await until_disconnect(request.scope, request.receive, lambda: self.collect(streams, answers))
+        except ClientDisconnected:
+            return Response(status_code=499)  # nobody reads it; the access log records it
+        return JSONResponse(full(answers))
+
+    async def collect(self, streams: list[AsyncIterator[Event]], answers: list[Answer]) -> None:
+        try:
+            async with aclosing(merged(streams)) as evs:
+                async for i, ev in evs:
+                    if isinstance(ev, Token):
+                        answers[i].add(ev)
+                    else:
+                        answers[i].finished = ev
+        except Exception as e:  # noqa: BLE001 - a fault of the engine mid-answer: report it, keep serving
+            log.exception("generation_failed")
+            raise from_status(500, f"generation failed: {e!r}", code="generation_failed") from None
+
+    async def stream(self, streams: list[AsyncIterator[Event]], answers: list[Answer],
+                     include_usage: bool) -> AsyncIterator[bytes]:
+        if answers[0].chat:
+            for a in answers:
+                yield sse(a.chunk(role=True, include_usage=include_usage))
+        try:
+            async with aclosing(merged(streams)) as evs:
+                async for i, ev in evs:
+                    a = answers[i]
+                    chunks = a.on_finish(ev, include_usage) if isinstance(ev, Finished) else a.on_token(ev, include_usage)
+                    for c in chunks:
+                        yield sse(c)
+        except Exception as e:  # noqa: BLE001 - the status is sent already: report in the stream
+            log.exception("generation_failed")
+            yield sse(from_status(500, f"generation failed: {e!r}", code="generation_failed").body())
+            yield sse("[DONE]")
+            return
+        if include_usage:
+            yield sse(answers[0].usage_chunk(usage(answers)))
+        yield sse("[DONE]")
+
+
+async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice, event) from n streams as they come (they advance together, in the engine's batches),
+    streamed or collected.
+    Choices after the first start once it has its first token: the prompt's blocks are computed
+    once, and the others start from them (prefix caching)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as evs:
+            async for ev in evs:
+                yield 0, ev
+        return
+    send, receive = anyio.create_memory_object_stream(len(streams) * 4)
+    prefilled = anyio.Event()  # choice 0 computed the prompt: the others reuse its blocks
+
+    async def pump(i: int, st: AsyncIterator[Event], out) -> None:
+        async with out, aclosing(st) as evs:
+            try:
+                if i:
+                    await prefilled.wait()
+                async for ev in evs:
+                    prefilled.set()
+                    await out.send((i, ev))
+            finally:
+                prefilled.set()
+
+    async with anyio.create_task_group() as tg:
+        try:
+            async with send:
+                for i, st in enumerate(streams):
+                    tg.start_soon(pump, i, st, send.clone())
+            async with receive:
+                async for item in receive:
+                    yield item
+        finally:
+            tg.cancel_scope.cancel()  # the client went away: end the other choices too
