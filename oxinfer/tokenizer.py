@@ -193,16 +193,16 @@ class Tokenizer:
         return Detokenizer(self, skip_special)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tools: list[dict] | None = None) -> str:
+                            tools: list[dict] | None = None, **variables) -> str:
         """The template rendered as HF does; `tools` (OpenAI's tool definitions) reach templates
-        that take them."""
+        that take them, and `variables` (Qwen3's enable_thinking) the templates that read them."""
         from oxinfer.chat_template import render
 
         if not self.chat_template:
             raise UnsupportedModelError("the model has no chat template (tokenizer.chat_template); use raw prompts")
         bos = self._tokens[self.special.bos] if self.special.bos is not None else ""
         eos = self._tokens[self.special.eos] if self.special.eos is not None else ""
-        extra = {"tools": tools} if tools else {}
+        extra = ({"tools": tools} if tools else {}) | variables
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=bos, eos_token=eos, **extra)
 

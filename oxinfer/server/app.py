@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import jinja2
@@ -24,11 +25,15 @@ from starlette.routing import Route
 
 from oxinfer.engine.embed import inputs_ids
 from oxinfer.errors import ContextOverflowError, OxinferError
-from oxinfer.server.completions import Completions
+from oxinfer.server import responses
+from oxinfer.server.completions import Completions, answer_for
 from oxinfer.server.errors import APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
-from oxinfer.server.middleware import AccessLog, ApiKeyAuth
+from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
 from oxinfer.server.models import ModelPool, ServedModel
+from oxinfer.server.responses import ResponseBuilder
+from oxinfer.server.responses_schema import ResponsesRequest, as_responses_fields
+from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 from oxinfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -52,6 +57,7 @@ class _Server:
 
     def __post_init__(self):
         self.generating = Completions(self.metrics)
+        self.stored = responses.ResponseStore()
 
     # --- request plumbing -----------------------------------------------------------------------
     async def body(self, request: Request) -> bytes:
@@ -83,6 +89,57 @@ class _Server:
     async def generate(self, request: Request, chat: bool) -> Response:
         req = parse_body(await self.body(request), ChatCompletionRequest if chat else CompletionRequest)
         return await self.leased(req.model, lambda m: self.generating.generate(request, req, m, chat))
+
+    # --- /v1/responses ----------------------------------------------------------------------------
+    async def responses(self, request: Request) -> Response:
+        req = parse_body(await self.body(request), ResponsesRequest)
+        history = self.stored.get(req.previous_response_id, "previous_response_id")[1] \
+            if req.previous_response_id else []
+        chat = req.as_chat(history)
+        return await self.leased(req.model, lambda m: self._respond(request, req, chat, history, m))
+
+    async def _respond(self, request: Request, req: ResponsesRequest, chat: ChatCompletionRequest,
+                       history: list[dict], m: ServedModel) -> Response:
+        rid = request.scope[REQUEST_ID_KEY]
+        with as_responses_fields():
+            ids, _ = self.generating.prompt_ids(m.engine, chat)
+            stream = self.generating.start(m, chat, ids, "input", rid)
+        b = ResponseBuilder(req, answer_for(m, chat, ids, f"resp_{rid}"), m.name, rid)
+
+        def keep() -> None:
+            if req.store is not False and b.status != "failed":
+                self.stored.put(b.response(), history + req.input_messages() + b.answer_messages())
+
+        async def sent() -> AsyncIterator[bytes]:
+            async with aclosing(responses.events(b, stream)) as evs:
+                async for ev in evs:
+                    if ev["type"] in ("response.completed", "response.incomplete"):
+                        keep()
+                    yield sse(ev, event=ev["type"])
+
+        if req.stream:
+            return EventStreamResponse(sent())
+
+        async def collect() -> None:
+            async with aclosing(responses.events(b, stream)) as evs:
+                async for _ in evs:
+                    pass
+
+        try:
+            await until_disconnect(request.scope, request.receive, collect)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        if b.status == "failed":
+            raise from_status(500, b.error["message"], code="generation_failed")
+        keep()
+        return JSONResponse(b.response())
+
+    async def stored_response(self, request: Request) -> Response:
+        rid = request.path_params["id"]
+        if request.method == "DELETE":
+            self.stored.delete(rid)
+            return JSONResponse({"id": rid, "object": "response", "deleted": True})
+        return JSONResponse(self.stored.get(rid)[0])
 
     # --- the other endpoints --------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -223,6 +280,8 @@ def create_app(engine=None, *, api_key: str | None = None, model_name: str | Non
         Route("/health", srv.health, methods=["GET"]),
         Route("/metrics", srv.metrics_text, methods=["GET"]),
         Route("/v1/embeddings", srv.embeddings, methods=["POST"]),
+        Route("/v1/responses", srv.responses, methods=["POST"]),
+        Route("/v1/responses/{id}", srv.stored_response, methods=["GET", "DELETE"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
     ]

@@ -23,7 +23,7 @@ from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY
 from oxinfer.server.models import ServedModel
 from oxinfer.server.openai_format import Answer, full, usage
-from oxinfer.server.reasoning import thinks
+from oxinfer.server.reasoning import template_switch, thinks
 from oxinfer.server.schemas import ChatCompletionRequest, CompletionRequest, sampling_params
 from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 from oxinfer.server.tools import with_tools
@@ -56,9 +56,14 @@ class Completions:
         try:
             if isinstance(req, CompletionRequest):
                 return engine.prompt_ids(req.engine_prompt()), param
-            messages, tools = with_tools(req.prompt(), req.tool_dicts(), engine.tokenizer.chat_template)
             tk = engine.tokenizer
-            return engine.prompt_ids(tk.encode(tk.apply_chat_template(messages, tools=tools))), param
+            try:
+                switch = template_switch(tk.chat_template, req.reasoning_effort)
+            except ValueError as e:
+                raise bad_request(f"reasoning_effort: {e}", param="reasoning_effort",
+                                  code="unsupported_parameter") from None
+            messages, tools = with_tools(req.prompt(), req.tool_dicts(), tk.chat_template)
+            return engine.prompt_ids(tk.encode(tk.apply_chat_template(messages, tools=tools, **switch))), param
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{param}: {e}", param=param) from None
 

@@ -12,6 +12,24 @@ def thinks(template: str | None) -> bool:
     return bool(template) and OPEN in template and CLOSE in template
 
 
+SWITCH = "enable_thinking"  # the template variable Qwen3's (and others') reasoning turns on and off by
+
+
+def template_switch(template: str | None, effort: str | None) -> dict:
+    """The template variables that apply a requested reasoning effort (chat's reasoning_effort,
+    responses' reasoning.effort). Efforts are on or off here: "none" turns reasoning off, any other
+    turns it on; a model that does not reason, or cannot stop, refuses what it cannot do."""
+    if effort is None:
+        return {}
+    if not thinks(template):
+        raise ValueError("this model does not reason (its chat template has no <think> block)")
+    if SWITCH in template:
+        return {SWITCH: effort != "none"}
+    if effort == "none":
+        raise ValueError(f"this model's chat template has no switch ({SWITCH}) to turn its reasoning off")
+    return {}
+
+
 class ThinkSplitter:
     """Text in, (kind, text) pieces out, kind "reasoning" or "content". open_at_start: the prompt
     ended inside a think block (templates that open it for the model)."""

@@ -30,6 +30,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 
 
 MAX_N = 8  # choices a request may ask for (each one a stream of the engine)
+REASONING_EFFORTS = Literal["none", "minimal", "low", "medium", "high", "xhigh"]  # reasoning.py: as on/off
 
 
 class _Body(BaseModel):
@@ -182,6 +183,7 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # allowed; an answer holds at most one call here
+    reasoning_effort: REASONING_EFFORTS | None = None
 
     def check(self) -> None:
         self.check_common()

@@ -24,10 +24,10 @@ class ClientDisconnected(Exception):
     """The client closed the connection before the answer was complete."""
 
 
-def sse(data: Any) -> bytes:
-    """One Server-Sent Event carrying JSON (or the literal [DONE])."""
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One Server-Sent Event carrying JSON (or the literal [DONE]), of a named type if given."""
     payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {payload}\n\n".encode()
+    return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
 
 
 async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, flag: list[bool]) -> None:

@@ -1,0 +1,259 @@
+"""/v1/responses through the official `openai` client against a real server: each answer is the
+one chat gives the same conversation (plain, with instructions, streamed, with a schema, with a
+function tool, continued by previous_response_id), the typed events build the same response, a
+thinking model's reasoning is an item apart, and bad input is a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+hypothesis = pytest.importorskip("hypothesis")
+jsonschema = pytest.importorskip("jsonschema")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from serving import ServerThread  # noqa: E402
+
+from oxinfer.server.responses import ResponseStore  # noqa: E402
+from oxinfer.testing import write_tiny_hf, write_tiny_llama  # noqa: E402
+
+GREEDY = dict(temperature=0.0, max_output_tokens=12)
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                          "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.fixture(scope="module")
+def srv():
+    s = ServerThread().start()  # the default model: schemas and calls that close, answers in words
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(client, messages, name, **kw) -> str:
+    kw = {("max_tokens" if k == "max_output_tokens" else k): v for k, v in (GREEDY | kw).items()}
+    return client.chat.completions.create(model=name, messages=messages, **kw).choices[0].message.content
+
+
+def test_plain_and_with_instructions_answer_as_chat(srv, client):
+    name = srv.engine.model_name
+    r = client.responses.create(model=name, input="Write a haiku about the sea.", **GREEDY)
+    assert r.object == "response" and r.model == name and r.id.startswith("resp_")
+    assert r.output_text == _chat(client, [{"role": "user", "content": "Write a haiku about the sea."}], name)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.usage.output_tokens == 12 and r.usage.total_tokens == r.usage.input_tokens + 12
+    r = client.responses.create(model=name, instructions="Answer in French.", input="Say hello.", **GREEDY)
+    assert r.output_text == _chat(client, [{"role": "system", "content": "Answer in French."},
+                                           {"role": "user", "content": "Say hello."}], name)
+    assert r.instructions == "Answer in French."
+    r = client.responses.create(model=name, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Say "}, {"type": "input_text", "text": "hello."}]}], **GREEDY)
+    assert r.output_text == _chat(client, [{"role": "user", "content": "Say hello."}], name)
+
+
+def test_streamed_events_build_the_same_response(srv, client):
+    name = srv.engine.model_name
+    kw = dict(model=name, input="Name three colors.", top_logprobs=2, include=["message.output_text.logprobs"],
+              **GREEDY)
+    whole = client.responses.create(**kw)
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{whole.status}"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert "".join(e.delta for e in deltas) == whole.output_text
+    lps = [lp for e in deltas for lp in e.logprobs]
+    assert len(lps) == len(whole.output[0].content[0].logprobs) >= whole.usage.output_tokens - 1  # an EOS shows none
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in lps)
+    assert events[-1].response.output_text == whole.output_text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+    with client.responses.stream(**kw) as s:  # the client's own accumulator agrees
+        assert s.get_final_response().output_text == whole.output_text
+
+
+def test_a_json_schema_format_validates(srv, client):
+    fmt = {"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}}
+    kw = dict(model=srv.engine.model_name, input="Make up a person.", max_output_tokens=60, temperature=0.7, text=fmt)
+    for seed in range(3):
+        jsonschema.validate(json.loads(client.responses.create(**kw, extra_body={"seed": seed}).output_text), PERSON)
+        with client.responses.stream(**kw, extra_body={"seed": seed}) as s:
+            jsonschema.validate(json.loads(s.get_final_response().output_text), PERSON)
+
+
+def test_a_function_tool_call_and_its_output_in_the_next_turn(srv, client):
+    name = srv.engine.model_name
+    ask = "What is the weather in Paris?"
+    r = client.responses.create(model=name, input=ask, tools=[WEATHER], tool_choice="required", temperature=0,
+                                max_output_tokens=60)
+    call = r.output[0]
+    assert call.type == "function_call" and call.name == "get_weather" and call.call_id
+    jsonschema.validate(json.loads(call.arguments), WEATHER["parameters"])
+    assert r.status == "completed"
+    r2 = client.responses.create(model=name, previous_response_id=r.id, tools=[WEATHER], **GREEDY,
+                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    chat_tools = [{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}]
+    want = _chat(client, [{"role": "user", "content": ask},
+                          {"role": "assistant", "content": None, "tool_calls": [{
+                              "id": call.call_id, "type": "function",
+                              "function": {"name": call.name, "arguments": call.arguments}}]},
+                          {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}], name,
+                 tools=chat_tools, tool_choice="none")
+    r3 = client.responses.create(model=name, previous_response_id=r.id, tools=[WEATHER], tool_choice="none",
+                                 **GREEDY, input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                   "output": "sunny"}])
+    assert r3.output_text == want
+    assert r2.output  # auto: text or another call, either parses
+
+
+def test_previous_response_id_continues_the_conversation(srv, client):
+    name = srv.engine.model_name
+    r1 = client.responses.create(model=name, input="My name is Ada.", **GREEDY)
+    r2 = client.responses.create(model=name, input="What is my name?", previous_response_id=r1.id, **GREEDY)
+    assert r2.previous_response_id == r1.id
+    assert r2.output_text == _chat(client, [{"role": "user", "content": "My name is Ada."},
+                                            {"role": "assistant", "content": r1.output_text},
+                                            {"role": "user", "content": "What is my name?"}], name)
+    assert client.responses.retrieve(r2.id).output_text == r2.output_text
+    client.responses.delete(r1.id)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=name, input="Again?", previous_response_id=r1.id, **GREEDY)
+    assert e.value.body["code"] == "previous_response_not_found" and r1.id in e.value.body["message"]
+    unstored = client.responses.create(model=name, input="Hi", store=False, **GREEDY)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_the_store_is_bounded_least_recently_used_first():
+    store = ResponseStore(size=2)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [])
+        if i == 1:
+            store.get("r0")  # used: r1 goes first
+    assert [store.get(f"r{i}")[0]["id"] for i in (0, 2)] == ["r0", "r2"]
+    with pytest.raises(Exception, match="r1"):
+        store.get("r1", "previous_response_id")
+
+
+THINKING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+            "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+            "{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}")
+
+
+def test_a_thinking_model_puts_its_reasoning_in_an_item_apart(tmp_path):
+    write_tiny_hf(tmp_path / "think", seed=2, tied=True)
+    cfg = json.loads((tmp_path / "think" / "tokenizer_config.json").read_text())
+    (tmp_path / "think" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": THINKING}))
+    s = ServerThread(tmp_path / "think").start()
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
+        kw = dict(model=s.engine.model_name, input="hi", temperature=0, max_output_tokens=40,
+                  extra_body={"grammar": 'root ::= "<think>" [a-z] [a-z] [a-z] "</think>" [a-z] [a-z]'})
+        r = client.responses.create(**kw)
+        reasoning, message = r.output
+        assert reasoning.type == "reasoning" and len(reasoning.content[0].text) == 3
+        assert message.type == "message" and len(r.output_text) == 2 and "<think>" not in r.output_text
+        assert 3 <= r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+        events = list(client.responses.create(stream=True, **kw))
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
+        assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+        # reasoning.effort "none" turns the template's switch off: its prompt closes the think block
+        off = client.responses.create(**kw | {"reasoning": {"effort": "none"}, "extra_body": {}})
+        on = client.responses.create(**kw | {"reasoning": {"effort": "high"}, "extra_body": {}})
+        assert off.usage.input_tokens == on.usage.input_tokens + len("<think></think>")
+    finally:
+        s.close()
+
+
+# --- bad input --------------------------------------------------------------------------------------
+BAD = [
+    ({"input": ""}, "input"),
+    ({"input": []}, "input"),
+    ({"input": 7}, "input"),
+    ({"input": [{"role": "user", "content": ""}]}, "input.0.content"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input.0.role"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content"),
+    ({"input": [{"type": "computer_call", "id": "x"}]}, "input.0.type"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"input": "hi", "tools": [{"type": "function"}]}, "tools.0.name"),
+    ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "max_output_tokens": "8"}, "max_output_tokens"),
+    ({"input": "hi", "temperature": -1}, "temperature"),
+    ({"input": "hi", "top_logprobs": 50}, "top_logprobs"),
+    ({"input": "hi", "include": ["file_search_call.results"]}, "include.0"),
+    ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": "hi", "background": True}, "background"),
+    ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ({"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
+    ({"input": "hi", "text": {"verbosity": "low"}}, "text.verbosity"),
+    ({"input": "hi", "service_tier": "flex"}, "service_tier"),
+    ({"input": "hi " * 5000}, "input"),
+    ({"input": "hi", "max_output_tokens": 100000}, "max_output_tokens"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    s = ServerThread(write_tiny_llama(tmp_path_factory.mktemp("r") / "tiny.gguf", seed=3, context=512)).start()
+    yield s
+    s.close()
+
+
+@pytest.mark.parametrize("body,param", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
+def test_bad_input_is_a_400_naming_the_field(tiny, body, param):
+    r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(param), err
+    assert httpx.get(tiny.url + "/health").json()["running"] == 0
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) | st.text(max_size=8),
+                     lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+                     max_leaves=6)
+_item = st.fixed_dictionaries({}, optional={"type": st.sampled_from(["message", "function_call", "function_call_output",
+                                                                     "reasoning", "input_image"]) | _json,
+                                            "role": st.sampled_from(["user", "assistant", "system"]) | _json,
+                                            "content": st.text(max_size=10) | _json, "call_id": st.text(max_size=4),
+                                            "name": st.text(max_size=4), "arguments": st.text(max_size=6),
+                                            "output": st.text(max_size=6), "summary": st.just([])})
+_bodies = st.fixed_dictionaries(
+    {"input": st.text(max_size=20) | st.lists(_item, max_size=3) | _json},
+    optional={"max_output_tokens": st.integers(-1, 6) | _json, "temperature": st.floats(-1, 3) | _json,
+              "instructions": st.text(max_size=8) | _json, "tools": st.lists(st.just(WEATHER) | _json, max_size=2),
+              "tool_choice": st.sampled_from(["auto", "none", "required"]) | _json, "stream": st.booleans(),
+              "text": st.just({"format": {"type": "json_object"}}) | _json, "previous_response_id": st.text(max_size=5),
+              "top_logprobs": st.integers(-1, 25), "extra": _json}).map(lambda d: json.dumps(d).encode())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(body=_bodies | _json.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=40))
+def test_fuzz_responses_never_500(tiny, body):
+    """A response or a 400 (404 for a previous response that is not kept), in OpenAI's error
+    shape; nothing left running."""
+    r = httpx.post(tiny.url + "/v1/responses", content=body, headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code in (200, 400, 404), (r.status_code, body, r.text)
+    hypothesis.event(f"status {r.status_code}")
+    if r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"):
+        assert '"type":"response.completed"' in r.text or '"type":"response.incomplete"' in r.text, r.text[-300:]
+    elif r.status_code == 200:
+        assert r.json()["status"] in ("completed", "incomplete")
+    else:
+        assert set(r.json()["error"]) == {"message", "type", "param", "code"}
+        assert r.status_code == 400 or r.json()["error"]["code"] == "previous_response_not_found"
+    assert httpx.get(tiny.url + "/health").json()["running"] == 0
