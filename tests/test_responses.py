@@ -174,6 +174,9 @@ def test_a_thinking_model_puts_its_reasoning_in_an_item_apart(tmp_path):
         off = client.responses.create(**kw | {"reasoning": {"effort": "none"}, "extra_body": {}})
         on = client.responses.create(**kw | {"reasoning": {"effort": "high"}, "extra_body": {}})
         assert off.usage.input_tokens == on.usage.input_tokens + len("<think></think>")
+        chat = client.chat.completions.create(model=s.engine.model_name, messages=[{"role": "user", "content": "hi"}],
+                                              reasoning_effort="none", max_tokens=1)
+        assert chat.usage.prompt_tokens == off.usage.input_tokens  # chat's reasoning_effort: the same switch
     finally:
         s.close()
 
@@ -257,3 +260,18 @@ def test_fuzz_responses_never_500(tiny, body):
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         assert r.status_code == 400 or r.json()["error"]["code"] == "previous_response_not_found"
     assert httpx.get(tiny.url + "/health").json()["running"] == 0
+
+
+def test_the_routes_example_runs_through_the_official_client(srv):
+    """examples/openai_routes.py, the README's runnable example of every route, against this server."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent.parent / "examples" / "openai_routes.py"
+    out = subprocess.run([sys.executable, str(script), "--url", srv.url + "/v1"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("models:", "chat:", "embeddings: 2 x 576", "responses, json_schema: {", "responses, tool call: get_weather",
+                 "responses, previous_response_id:"):
+        assert line in out.stdout, out.stdout
