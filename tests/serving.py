@@ -5,10 +5,13 @@ objects belong to the loop that uses them); tests talk HTTP to it, and reach the
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
+from pathlib import Path
 
 import oxinfer
 from oxinfer.server import make_server
+from oxinfer.testing import write_tiny_hf
 
 API_KEY = "test-key-123"
 CONCURRENT = 16
@@ -69,3 +72,11 @@ class ServerThread:
     def call(self, coro, timeout: float = 120):
         """Run a coroutine on the server's loop (the engine's), from a test."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+def tiny_hf_with_template(path: Path, template: str) -> Path:
+    """A tiny random HF model whose tokenizer carries `template` as its chat template."""
+    write_tiny_hf(path, seed=2, tied=True)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    return path

@@ -15,10 +15,10 @@ hypothesis = pytest.importorskip("hypothesis")
 jsonschema = pytest.importorskip("jsonschema")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from serving import ServerThread  # noqa: E402
+from serving import ServerThread, tiny_hf_with_template  # noqa: E402
 
 from oxinfer.server.responses import ResponseStore  # noqa: E402
-from oxinfer.testing import write_tiny_hf, write_tiny_llama  # noqa: E402
+from oxinfer.testing import write_tiny_llama  # noqa: E402
 
 GREEDY = dict(temperature=0.0, max_output_tokens=12)
 PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
@@ -154,10 +154,7 @@ THINKING = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
 
 
 def test_a_thinking_model_puts_its_reasoning_in_an_item_apart(tmp_path):
-    write_tiny_hf(tmp_path / "think", seed=2, tied=True)
-    cfg = json.loads((tmp_path / "think" / "tokenizer_config.json").read_text())
-    (tmp_path / "think" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": THINKING}))
-    s = ServerThread(tmp_path / "think").start()
+    s = ServerThread(tiny_hf_with_template(tmp_path / "think", THINKING)).start()
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
         kw = dict(model=s.engine.model_name, input="hi", temperature=0, max_output_tokens=40,

@@ -22,10 +22,10 @@ openai = pytest.importorskip("openai")
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from serving import API_KEY, CONCURRENT, ServerThread  # noqa: E402
+from serving import API_KEY, CONCURRENT, ServerThread, tiny_hf_with_template  # noqa: E402
 
 import oxinfer  # noqa: E402
-from oxinfer.testing import write_tiny_hf, write_tiny_llama  # noqa: E402
+from oxinfer.testing import write_tiny_llama  # noqa: E402
 
 CHAT = [{"role": "user", "content": "Say hi"}]
 GREEDY = dict(temperature=0.0, max_tokens=8)
@@ -666,10 +666,7 @@ def test_a_thinking_model_answers_its_reasoning_apart(tmp_path):
     """A model whose chat template marks reasoning with <think> tags (Qwen3's): the reasoning comes
     back as reasoning_content, apart from the content, whole and streamed alike. The tiny model is
     held to that shape by a grammar."""
-    write_tiny_hf(tmp_path / "think", seed=2, tied=True)
-    cfg = json.loads((tmp_path / "think" / "tokenizer_config.json").read_text())
-    (tmp_path / "think" / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": THINKING_TEMPLATE}))
-    s = ServerThread(tmp_path / "think").start()
+    s = ServerThread(tiny_hf_with_template(tmp_path / "think", THINKING_TEMPLATE)).start()
     try:
         client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0, timeout=120)
         kw = dict(model=s.engine.model_name, messages=CHAT, temperature=0, max_tokens=40,
