@@ -9,6 +9,7 @@ tools are refused by name; so is every field this server does not implement.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError
@@ -257,17 +258,15 @@ _RENAMED = {"messages": "input", "max_completion_tokens": "max_output_tokens", "
             "response_format": "text.format", "reasoning_effort": "reasoning.effort"}
 
 
-class as_responses_fields:
+@contextmanager
+def as_responses_fields():
     """A context in which chat's refusals name the Responses API's fields instead."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, e, tb):
-        if isinstance(e, APIError) and e.param:
-            head = e.param.split(".", 1)[0]
-            if head in _RENAMED:
-                new = _RENAMED[head] + e.param[len(head):]
-                e.message = e.message.replace(head, _RENAMED[head], 1) if e.message.startswith(head) else e.message
-                e.param = new
-        return False
+    try:
+        yield
+    except APIError as e:
+        head = (e.param or "").split(".", 1)[0]
+        if head in _RENAMED:
+            if e.message.startswith(head):
+                e.message = _RENAMED[head] + e.message[len(head):]
+            e.param = _RENAMED[head] + e.param[len(head):]
+        raise
