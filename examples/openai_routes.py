@@ -11,10 +11,11 @@ import json
 
 from openai import OpenAI
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+           "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                          "required": ["city"]}}
 
 
 def main() -> None:
@@ -48,11 +49,11 @@ def main() -> None:
         if ev.type == "response.output_text.delta":
             print(ev.delta, end="", flush=True)
     print()
-    person = client.responses.create(model=model, input="Make up a person.", max_output_tokens=60,
+    person = client.responses.create(model=model, input="Make up a person.", max_output_tokens=80, temperature=0,
                                      text={"format": {"type": "json_schema", "name": "person", "schema": PERSON}})
     print("responses, json_schema:", json.loads(person.output_text))
     call = client.responses.create(model=model, input="What is the weather in Paris?", tools=[WEATHER],
-                                   tool_choice="required", max_output_tokens=60).output[0]
+                                   tool_choice="required", max_output_tokens=80, temperature=0).output[0]
     print("responses, tool call:", call.name, call.arguments)
     follow = client.responses.create(model=model, previous_response_id=r.id, input="And another one?",
                                      max_output_tokens=16, temperature=0)

@@ -223,16 +223,27 @@ class _Server:
 
 
 class _Leased:
-    """An answer, then the model's lease given back (an ASGI app: a stream's last byte ends it)."""
+    """An answer, its model's lease given back just before its last byte (an ASGI app): a client
+    that has read the whole answer finds the model idle."""
 
     def __init__(self, response: Response, release: Callable[[], None]):
         self.response, self.release = response, release
 
     async def __call__(self, scope, receive, send) -> None:
+        held = True
+
+        async def sending(message) -> None:
+            nonlocal held
+            if held and message["type"] == "http.response.body" and not message.get("more_body", False):
+                held = False
+                self.release()
+            await send(message)
+
         try:
-            await self.response(scope, receive, send)
+            await self.response(scope, receive, sending)
         finally:
-            self.release()
+            if held:  # the client went away first
+                self.release()
 
 
 # --- errors ---------------------------------------------------------------------------------------
