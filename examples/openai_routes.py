@@ -15,7 +15,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength
           "required": ["name", "age"], "additionalProperties": False}
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                          "required": ["city"]}}
+                          "required": ["city"], "additionalProperties": False}}
 
 
 def main() -> None:
