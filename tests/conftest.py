@@ -14,9 +14,10 @@ GOLDEN_COPY = Path(__file__).parent / "data" / "smollm2-135m-q4_1.llamacpp.json"
 # server, one GPU engine), in collection order (--dist loadfile --no-loadscope-reorder): the slowest
 # first, so that the workers end together instead of one running lavapipe's golden steps alone at the
 # end. Seconds each file took on the 2-core dev VM (2026-12-01, both workers busy): 88, 84, 50, 33,
-# 28, 24, 16, 12; the two largest go to different workers.
-SLOWEST_FIRST = ("test_webgpu.py", "test_serve_ray.py", "test_server.py", "test_resident.py", "test_engine.py",
-                 "test_constraints.py", "test_cli.py", "test_golden.py")
+# 28, 24, 16, 12; the two largest go to different workers. test_responses.py (~55 s) and
+# test_hub.py (~47 s) came on 2026-12-02.
+SLOWEST_FIRST = ("test_webgpu.py", "test_serve_ray.py", "test_server.py", "test_responses.py", "test_hub.py",
+                 "test_resident.py", "test_engine.py", "test_constraints.py", "test_cli.py", "test_golden.py")
 
 
 def pytest_collection_modifyitems(items):
