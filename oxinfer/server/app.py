@@ -33,7 +33,6 @@ from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
 from oxinfer.server.models import ModelPool, ServedModel
 from oxinfer.server.responses import ResponseBuilder
 from oxinfer.server.responses_schema import ResponsesRequest, as_responses_fields
-from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 from oxinfer.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -42,6 +41,7 @@ from oxinfer.server.schemas import (
     TokenizeRequest,
     parse_body,
 )
+from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 
 log = structlog.get_logger("oxinfer.server")
 
@@ -75,8 +75,8 @@ class _Server:
         return b"".join(chunks)
 
     async def leased(self, model: str | None, handle: Callable[[ServedModel], Awaitable[Response]]) -> Response:
-        """handle(the model the request names, loaded), its lease given back when the answer is
-        sent (after the last byte of a stream)."""
+        """handle(the model the request names, loaded), its lease given back as the answer's last
+        byte is sent (_Leased)."""
         m = await self.models.acquire(model)
         try:
             response = await handle(m)
@@ -278,10 +278,7 @@ def create_app(engine=None, *, api_key: str | None = None, model_name: str | Non
     metrics = Metrics()
     if models is None:
         models = ModelPool.of(engine, model_name)
-    models.on_load = lambda m: metrics.attach(m.name, m.engine)
-    models.on_unload = lambda m: metrics.detach(m.name)
-    for m in models.loaded:
-        metrics.attach(m.name, m.engine)
+    models.watch(metrics)  # every app over the pool (one open, one with a key) keeps its own metrics
     srv = _Server(models, metrics, max_body_bytes, int(time.time()))
     routes = [
         Route("/v1/models", srv.list_models, methods=["GET"]),

@@ -50,10 +50,10 @@ def footprint(engine) -> int:
 
 class ModelPool:
     """Served models by name. `load(source)` makes an engine; `budget_bytes` bounds the footprints
-    of the loaded ones together (None: no bound). on_load / on_unload(model) follow each change."""
+    of the loaded ones together (None: no bound). Watchers (watch()) follow each load and unload."""
 
     def __init__(self, models: list[ServedModel], load: Callable[[str | None], Awaitable[object]] | None = None,
-                 budget_bytes: int | None = None, on_load=None, on_unload=None):
+                 budget_bytes: int | None = None):
         names = [m.name for m in models]
         if not models or len(set(names)) != len(names):
             raise ValueError(f"served model names must be given and unique, got {names}")
@@ -63,8 +63,14 @@ class ModelPool:
                 m.footprint = m.footprint or footprint(m.engine)
         self._load = load
         self.budget_bytes = budget_bytes
-        self.on_load = on_load or (lambda m: None)
-        self.on_unload = on_unload or (lambda m: None)
+        self.watchers: list = []
+
+    def watch(self, watcher) -> None:
+        """watcher.attach(name, engine) now for each loaded model and at each load, and
+        watcher.detach(name) at each unload (the metrics of every app serving this pool)."""
+        self.watchers.append(watcher)
+        for m in self.loaded:
+            watcher.attach(m.name, m.engine)
 
     @classmethod
     def of(cls, engine, name: str | None = None) -> ModelPool:
@@ -119,7 +125,7 @@ class ModelPool:
                 continue
             m.loading, m.load_error = anyio.Event(), None
             try:
-                await self._make_room(m, m.footprint)  # the last load's footprint, 0 the first time
+                await self._make_room(m)  # by the last load's footprint, 0 the first time
                 t0 = time.perf_counter()
                 try:
                     m.engine = await self._load(m.source)
@@ -133,24 +139,25 @@ class ModelPool:
             m.footprint = footprint(m.engine)
             log.info("model_loaded", model=m.name, load_s=round(time.perf_counter() - t0, 3),
                      footprint_mib=m.footprint >> 20)
-            self.on_load(m)
-            await self._make_room(m, 0)  # its footprint is known only now
+            for w in self.watchers:
+                w.attach(m.name, m.engine)
+            await self._make_room(m)  # its footprint is known only now
 
     def used_bytes(self, but: ServedModel | None = None) -> int:
         return sum(x.footprint for x in self.loaded if x is not but)
 
-    async def _make_room(self, m: ServedModel, need: int) -> None:
-        """Unload idle models, least recently used first, until m (needing `need` more bytes) fits."""
+    async def _make_room(self, m: ServedModel) -> None:
+        """Unload idle models, least recently used first, until m's footprint fits beside the others."""
         budget = self.budget_bytes
         if budget is None:
             return
-        while self.used_bytes(but=m) + (m.footprint if m.engine is not None else need) > budget:
-            idle = [x for x in self.loaded if x is not m and x.leases == 0 and x.loading is None]
+        while self.used_bytes(but=m) + m.footprint > budget:
+            idle = [x for x in self.loaded if x is not m and x.leases == 0]
             if not idle:
                 busy = [x.name for x in self.loaded if x is not m]
-                if not busy:
-                    return  # m alone is over the budget: it is served all the same
-                if m.engine is not None:  # loaded already: the others unload when their requests end
+                # m alone over the budget is served all the same; loaded beside busy ones, it is
+                # served over the budget until a later load makes room
+                if not busy or m.engine is not None:
                     return
                 raise from_status(503, f"model '{m.name}' cannot be loaded now: the memory budget of "
                                   f"{budget >> 20} MiB is held by models serving requests ({', '.join(busy)})",
@@ -159,7 +166,8 @@ class ModelPool:
 
     async def unload(self, m: ServedModel) -> None:
         engine, m.engine = m.engine, None
-        self.on_unload(m)
+        for w in self.watchers:
+            w.detach(m.name)
         await engine.aclose()
         log.info("model_unloaded", model=m.name, footprint_mib=m.footprint >> 20)
 
