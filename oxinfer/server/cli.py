@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import anyio
+
+from oxinfer.formats.hub import is_hub_name
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -70,17 +73,9 @@ async def run_serve(args) -> None:
 
 
 def _reachable(source: str) -> bool:
-    from pathlib import Path
-
-    from oxinfer.formats.hub import is_hub_name
-
     return Path(source).exists() or is_hub_name(source)
 
 
 def _stem(source: str) -> str:
     """The name a model is served by before it is loaded: a hub name as given, a file's stem."""
-    from pathlib import Path
-
-    from oxinfer.formats.hub import is_hub_name
-
     return source if is_hub_name(source) else Path(source).stem

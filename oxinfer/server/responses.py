@@ -23,7 +23,7 @@ import structlog
 from oxinfer.events import Event, Finished, Token
 from oxinfer.server.errors import from_status
 from oxinfer.server.openai_format import Answer
-from oxinfer.server.responses_schema import ResponsesRequest
+from oxinfer.server.responses_schema import ResponsesRequest, ToolChoiceFunction
 
 log = structlog.get_logger("oxinfer.server")
 
@@ -51,7 +51,8 @@ class ResponseBuilder:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "previous_response_id": req.previous_response_id, "temperature": req.temperature, "top_p": req.top_p,
             "top_logprobs": req.top_logprobs, "parallel_tool_calls": req.parallel_tool_calls is not False,
-            "tool_choice": req.tool_choice.model_dump() if hasattr(req.tool_choice, "model_dump") else req.tool_choice or "auto",
+            "tool_choice": req.tool_choice or "auto" if not isinstance(req.tool_choice, ToolChoiceFunction)
+            else req.tool_choice.model_dump(),
             "tools": [t.model_dump(exclude_none=True, by_alias=True) for t in req.function_tools],
             "text": {"format": req.text.format.model_dump(exclude_none=True, by_alias=True)
                      if req.text and req.text.format else {"type": "text"}},

@@ -12,10 +12,10 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, PrivateAttr, ValidationError
+from pydantic import BaseModel, PrivateAttr, ValidationError
 
 from oxinfer.server.errors import APIError, bad_request
-from oxinfer.server.schemas import REASONING_EFFORTS, ChatCompletionRequest, Text, _Body, _param
+from oxinfer.server.schemas import REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body, _param
 
 
 
@@ -80,12 +80,11 @@ class ToolChoiceFunction(_Body):
     name: Text
 
 
-class TextFormat(_Body):
+class TextFormat(JsonSchemaFormat):
+    """text.format: chat's json_schema fields beside the type (name needed for json_schema only)."""
+
     type: Literal["text", "json_object", "json_schema"]
     name: Text | None = None
-    description: Text | None = None
-    schema_: dict | None = Field(default=None, alias="schema")
-    strict: bool | None = None
 
 
 class TextConfig(_Body):
