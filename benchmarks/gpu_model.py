@@ -32,7 +32,15 @@ from oxinfer.testing import write_tiny_llama
 SYNTHETIC = {**BENCH_SHAPES, "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000),
              # Llama-3-8B's shape (reference/h200's 8B rows)
              "8b": dict(n_layers=32, d=4096, d_ff=14336, n_heads=32, n_kv=8, extra_vocab=128256 - 259)}
-SAMPLED = dict(temperature=0.7, top_p=0.9, seed=1)  # --sampled: what chat UIs send
+# --sampled: what users send (chat UIs: temperature 0.7 and top_p 0.9; OpenAI clients: logprobs,
+# penalties, logit_bias; structured output), each beside greedy at every concurrency ("json" at 8
+# streams only: its mask for step n + 1 needs token n on the host, so its steps cannot run ahead)
+SAMPLINGS = {"t=0.7": dict(temperature=0.7), "t=0.7 top_p=0.9": dict(temperature=0.7, top_p=0.9),
+             "top_k=40 min_p=0.05": dict(temperature=0.8, top_k=40, min_p=0.05),
+             "greedy logprobs=5": dict(temperature=0.0, logprobs=5),
+             "penalties logit_bias": dict(temperature=1.0, repetition_penalty=1.1, presence_penalty=0.3,
+                                          frequency_penalty=0.3, logit_bias={17: 2.0, 40: -100}),
+             "json schema": dict(temperature=0.7, json_schema={"type": "object", "properties": {"text": {"type": "string"}}})}
 
 
 def _waits(engine):
@@ -53,20 +61,22 @@ def _phase(a, b, wall: float, steps: int) -> str:
 async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = None) -> float:
     """Aggregate decode tok/s of `streams` streams (greedy, or sampled as `sampling` says), from the
     moment all have their first token."""
-    params = oxinfer.SamplingParams(**(sampling or {"temperature": 0}), max_tokens=n_decode, ignore_eos=True)
+    params = oxinfer.SamplingParams(**{"temperature": 0, "seed": 1, **(sampling or {})}, max_tokens=n_decode,
+                                    ignore_eos=True)
     firsts: list[float] = []
+    tokens = [0]
 
     async def one(i):
         stream = engine.stream([(i * 31 + j) % 256 for j in range(16)], params)
         await anext(stream)
         firsts.append(time.perf_counter())
-        async for _ in stream:
-            pass
+        async for ev in stream:
+            tokens[0] += isinstance(ev, oxinfer.Token)
 
     async with anyio.create_task_group() as tg:
         for i in range(streams):
             tg.start_soon(one, i)
-    return streams * (n_decode - 1) / (time.perf_counter() - max(firsts))
+    return tokens[0] / (time.perf_counter() - max(firsts))
 
 
 async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
@@ -95,13 +105,14 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
             out[f"waits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))  # per generated token
             out[f"steps{n}"] = (b.submissions - a.submissions) / (n_decode - 1)  # submissions per decode step
             out["phases"].append(f"{n} streams: " + _phase(a, b, (n_decode - 1) * n / out[f"x{n}"], n_decode - 1))
-    for n in concurrency if sampled else ():
-        await crowd(engine, n, 4, SAMPLED)
-        a = _waits(engine)
-        out[f"s{n}"] = await crowd(engine, n, n_decode, SAMPLED)
-        b = _waits(engine)
-        if a is not None:
-            out[f"swaits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))
+    for name, sampling in SAMPLINGS.items() if sampled else ():
+        for n in concurrency if name != "json schema" else [8]:
+            await crowd(engine, n, 4, sampling)
+            a = _waits(engine)
+            out[f"{name}:{n}"] = await crowd(engine, n, n_decode, sampling)
+            b = _waits(engine)
+            if a is not None:
+                out[f"{name}:waits{n}"] = (b.blocking_waits - a.blocking_waits) / max(1, b.steps - a.steps) / n
     r = engine.resident
     out["detail"] = (f"resident: {r.last}" if r is not None else
                      (engine.scheduler.gpu.stats().summary() if engine.scheduler.gpu else "cpu"))
@@ -116,7 +127,7 @@ def main() -> None:
     ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
-    ap.add_argument("--sampled", action="store_true", help=f"also decode sampled ({SAMPLED}) at each concurrency")
+    ap.add_argument("--sampled", action="store_true", help=f"also decode sampled ({', '.join(SAMPLINGS)}) beside greedy")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
@@ -140,10 +151,11 @@ def main() -> None:
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
                 print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {r.get(f'waits{c}', 0):.2f} | "
                       f"{r.get(f'steps{c}', 0):.2f} |", flush=True)
-                if a.sampled:
-                    vals = " | ".join(f"{r[f's{n}']:.0f}" for n in a.concurrency)
-                    print(f"| {path.stem} | {backend}, sampled t=0.7 p=0.9 | | {vals} | {r.get(f'swaits{c}', 0):.2f} | |",
-                          flush=True)
+                for name in SAMPLINGS if a.sampled else ():  # tok/s (and the ratio to greedy's)
+                    vals = " | ".join(f"{r[f'{name}:{n}']:.0f} ({r[f'{name}:{n}'] / r[f'x{n}']:.0%})" if f"{name}:{n}" in r
+                                      else "" for n in a.concurrency)
+                    w = max((v for k, v in r.items() if k.startswith(f"{name}:waits")), default=0)
+                    print(f"| {path.stem} | {backend}, {name} | | {vals} | {w:.2f} (max) | |", flush=True)
                 for line in [*r["phases"], r["detail"]]:
                     print(f"<!-- {line} -->", flush=True)
 

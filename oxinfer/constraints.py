@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import threading
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+
+from oxinfer.errors import OxinferError
 
 # JSON as llama.cpp and OpenAI produce it: no free whitespace between tokens (a model that keeps
 # emitting spaces would never finish); a schema's own "x-guidance" options override this
@@ -57,6 +61,10 @@ class Constraint:
         is_error, messages = LLMatcher.validate_grammar_with_warnings(g)
         if is_error:
             raise ValueError(f"{self.kind}: {messages[0].strip()}")
+        if self.kind == "grammar" and never_ends(lark):
+            rule = "root" if self.syntax == "gbnf" else "start"
+            raise ValueError(f"grammar: rule {rule!r} can never end (each of its alternatives needs itself "
+                             "again), so no output can match the grammar")
         return g
 
     @classmethod
@@ -91,34 +99,141 @@ class Constraint:
         return c
 
 
+_LARK = re.compile(r"""\s*(?://[^\n]*|(?P<s>"(?:\\.|[^"\\])*"i?)|(?P<r>/(?:\\.|[^/\\\n])+/[imslux]*)
+    |(?P<n>[?!]?[_a-zA-Z][_a-zA-Z0-9]*(?:\.-?\d+)?)|(?P<d>\d+)|(?P<p>\.\.|->|[:|()\[\]?*+~,]))""", re.X)
+
+
+def never_ends(lark: str) -> bool:
+    """Whether no finite text derives from the start rule of a Lark grammar (llguidance's syntax;
+    GBNF converted to it), as in `start: "a" start`. A grammar using anything this small reader does
+    not know (directives, %json, special tokens, {m,n}) is not judged: False."""
+    rules: dict[str, list] = {}
+    for line in re.split(r"\n(?=[?!]?[_a-zA-Z][_a-zA-Z0-9]*(?:\.-?\d+)?\s*:)", "\n" + lark):
+        line = line.replace("%llguidance {}", "", 1)  # (what any_to_lark writes first)
+        if not line.strip():
+            continue
+        toks, pos = [], 0
+        while pos < len(line):
+            m = _LARK.match(line, pos)
+            if m is None or m.end() == pos:
+                if line[pos:].strip():
+                    return False  # a construct not known here
+                break
+            pos = m.end()
+            if m.lastgroup:
+                toks.append((m.lastgroup, m.group(m.lastgroup)))
+        if not toks:
+            continue
+        if len(toks) < 2 or toks[0][0] != "n" or toks[1] != ("p", ":"):
+            return False
+        rules[toks[0][1].lstrip("?!").split(".")[0]] = toks[2:]
+    if "start" not in rules:
+        return False
+    ends: dict[str, bool] = dict.fromkeys(rules, False)
+
+    def alts(toks, i):  # (whether some alternative ends, the index after them)
+        any_ends = False
+        while True:
+            ok, i = seq(toks, i)
+            any_ends |= ok
+            if i < len(toks) and toks[i] == ("p", "|"):
+                i += 1
+                continue
+            return any_ends, i
+
+    def seq(toks, i):
+        all_end = True
+        while i < len(toks) and toks[i] not in (("p", "|"), ("p", ")"), ("p", "]")):
+            kind, v = toks[i]
+            if v in ("(", "["):
+                ok, i = alts(toks, i + 1)
+                ok = ok or v == "["
+                i += 1
+            elif kind == "n":
+                ok, i = ends.get(v.lstrip("?!"), True), i + 1  # (a name from elsewhere: assumed to end)
+            elif kind in ("s", "r"):
+                ok, i = True, i + 1
+            elif v == "->":
+                i += 2
+                continue
+            else:
+                raise ValueError(v)
+            while i < len(toks) and toks[i][1] in ("?", "*", "+", "~", "..", ","):
+                op = toks[i][1]
+                if op in ("?", "*"):
+                    ok = True
+                if op in ("~", "..", ","):
+                    if op == "~" and i + 1 < len(toks) and toks[i + 1] == ("d", "0"):
+                        ok = True
+                    i += 1
+                i += 1
+            while i < len(toks) and toks[i][0] in ("d", "s") and toks[i - 1][1] in ("~", "..", ","):
+                i += 1
+            all_end &= ok
+        return all_end, i
+
+    try:
+        changed = True
+        while changed:
+            changed = False
+            for name, toks in rules.items():
+                if not ends[name]:
+                    ok, i = alts(toks, 0)
+                    if i != len(toks):
+                        return False
+                    if ok:
+                        ends[name] = changed = True
+    except (ValueError, IndexError):
+        return False
+    return not ends["start"]
+
+
+class ConstraintError(OxinferError, ValueError):
+    """The constraint cannot be completed from here (its grammar admits no finite output)."""
+
+
 class Guide:
-    """One request's matcher: `compute()` the next token's mask (a worker thread may run it while
-    the forward does), `apply()` it to a logits row, `advance()` by the sampled token."""
+    """One request's matcher: `start()` computing the next token's mask in a worker thread (llguidance
+    drops the GIL) while the forward runs, `words()` it as the device's bitmask, `apply()` it to a
+    logits row, `advance()` by the drawn token."""
 
     def __init__(self, constraint: Constraint, tokenizer, vocab: int):
         from llguidance import LLMatcher
 
-        self.vocab = vocab
+        self.vocab, self.kind = vocab, constraint.kind
         self._m = LLMatcher(_lltokenizer(tokenizer, vocab), constraint.grammar, log_level=0)
         if self._m.is_error():
             raise ValueError(f"{constraint.kind}: {self._m.get_error()}")
-        self._allowed: np.ndarray | None = None
+        self._mask: Future | None = None
 
-    def compute(self) -> None:
-        bits = np.frombuffer(self._m.compute_bitmask(), np.uint8)
-        self._allowed = np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool)
+    def start(self) -> None:
+        if self._mask is None:
+            self._mask = _POOL.submit(self._m.compute_bitmask)
+
+    def words(self) -> np.ndarray:
+        """The next token's mask, bit i of word i // 32 set if token i is allowed ((vocab + 31) // 32
+        u32); ConstraintError if it allows none."""
+        self.start()
+        bits = np.frombuffer(self._mask.result(), np.uint32)
+        self._mask = None
+        words = np.zeros(-(-self.vocab // 32), np.uint32)
+        words[:min(len(bits), len(words))] = bits[:len(words)]
+        if self.vocab % 32:
+            words[-1] &= np.uint32((1 << (self.vocab % 32)) - 1)
+        if not words.any():
+            raise ConstraintError(f"{self.kind}: no token can continue the output ({self._m.get_error() or 'the grammar admits no further text'})")
+        return words
 
     def apply(self, x: np.ndarray) -> None:
         """Every token the constraint forbids to -inf, in x (a logits row the caller owns)."""
-        if self._allowed is None:
-            self.compute()
-        x[: len(self._allowed)][~self._allowed] = -np.inf
-        x[len(self._allowed):] = -np.inf
-        self._allowed = None
+        allowed = np.unpackbits(self.words().view(np.uint8), bitorder="little")[:len(x)].astype(bool)
+        x[: len(allowed)][~allowed] = -np.inf
+        x[len(allowed):] = -np.inf
 
     def advance(self, token: int) -> None:
         if not self._m.consume_token(token):
-            raise RuntimeError(f"constrained decoding: token {token} was not allowed ({self._m.get_error()})")
+            raise ConstraintError(f"{self.kind}: the output cannot be completed after token {token} "
+                                  f"({self._m.get_error()}): does the grammar admit any finite text?")
 
     @property
     def done(self) -> bool:
@@ -126,6 +241,7 @@ class Guide:
         return self._m.is_stopped()
 
 
+_POOL = ThreadPoolExecutor(4, thread_name_prefix="oxinfer-guide")
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 

@@ -105,95 +105,150 @@ def _check_num(name: str, v, low: float, high: float, low_open: bool = False) ->
         raise ValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}], got {v}")
 
 
+WINDOW = 30.0  # nats: a token this far below the best has probability < 1e-13 and is never drawn
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One sampled token: its id, its logprob under the model (log_softmax of the raw logits, before
+    penalties, bias, constraint and temperature, as OpenAI and vLLM report it) and the top-n
+    alternatives (id, logprob), best first, when the request asked for logprobs."""
+
+    token: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] | None = None
+
+
 @dataclass
 class Sampler:
-    """One request's sampler: its own RNG, so a seed gives the same text alone or in a crowd."""
+    """One request's sampler, the same semantics on every executor (the GPU's draws on the device,
+    shaders/sample.wgsl; the CPU's here, in numpy):
+
+    x = the raw logits, repetition penalty on the prompt's and the output's tokens, presence and
+    frequency penalties on the output's, logit_bias added, the constraint's forbidden tokens -inf.
+    Greedy: argmax x (ties to the lowest id). Else y = x / temperature, M = max y, and the token is
+    drawn from softmax(y) over the tokens i that pass every cut:
+      min_p:  y_i >= M + ln(min_p), and always y_i >= M - WINDOW;
+      top_k:  fewer than k tokens (of those) have y_j > y_i: ties at the k-th value are all kept;
+      top_p:  the mass of the tokens (of those kept by top_k) with y_j > y_i is below top_p of
+              theirs, so ties at the cut are kept together.
+    No cut depends on token order, so no full sort is ever needed. Its own seed (the request's, or
+    a random one): the same seed gives the same tokens, alone or in a crowd."""
 
     params: SamplingParams
     prompt_ids: list[int]
     guide: Guide | None = None  # the request's constraint, when it has one
+    seed: int = field(init=False)
     rng: np.random.Generator = field(init=False)
     counts: dict[int, int] = field(default_factory=dict)  # output token -> occurrences
 
     def __post_init__(self):
-        self.rng = np.random.default_rng(self.params.seed)
-        pairs = self.params.logit_bias  # as arrays once, not per token
-        self._bias_ids = np.array([i for i, _ in pairs], np.int64)
-        self._bias = np.array([b for _, b in pairs], np.float32)
-
-    @property
-    def needs_logits(self) -> bool:
-        """False when the token is the plain argmax of the logits (greedy, no logprobs, no penalties,
-        no bias, no constraint): a device forward then hands back only the id."""
         p = self.params
-        penalized = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        shaped = bool(p.logit_bias) or p.constraint is not None
-        return not p.greedy or p.logprobs is not None or bool(penalized) or shaped
+        self.seed = p.seed if p.seed is not None else int(np.random.default_rng().integers(1 << 32))
+        self.rng = np.random.default_rng(self.seed)
+        self._bias_ids = np.array([i for i, _ in p.logit_bias], np.int64)  # as arrays once, not per token
+        self._bias = np.array([b for _, b in p.logit_bias], np.float32)
+        self.penalized = p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
-    def __call__(self, logits: np.ndarray) -> tuple[int, float | None, tuple[tuple[int, float], ...] | None]:
-        """(token, its logprob, top-n [(id, logprob)]) from one logits row (vocab,)."""
+    def pick(self, logits: np.ndarray) -> Draw:
+        """The token drawn from one logits row (vocab,), on the host."""
         p = self.params
-        lp = top = None
-        if p.logprobs is not None:
-            logsm = _log_softmax(logits)
         x = self._penalize(logits)
         if (p.logit_bias or self.guide is not None) and x is logits:
             x = x.astype(np.float32)  # one copy for the bias and the mask to write into
         if p.logit_bias:
-            x[self._bias_ids] += self._bias
+            x[self._bias_ids[self._bias_ids < len(x)]] += self._bias[self._bias_ids < len(x)]
         if self.guide is not None:
             self.guide.apply(x)
-        if p.greedy:
-            tok = int(np.argmax(x))
-        else:
-            tok = self._sample(x / np.float32(p.temperature))
-        if p.logprobs is not None:
-            lp = float(logsm[tok])
-            if p.logprobs:
-                ids = np.argpartition(-logsm, p.logprobs)[: p.logprobs]
-                ids = ids[np.argsort(-logsm[ids], kind="stable")]
-                top = tuple((int(i), float(logsm[i])) for i in ids)
-        self.counts[tok] = self.counts.get(tok, 0) + 1
+        tok = int(np.argmax(x)) if p.greedy else self._draw(x / np.float32(p.temperature))
+        if p.logprobs is None:
+            return Draw(tok)
+        logsm = _log_softmax(logits)
+        top = None
+        if p.logprobs:
+            n = min(p.logprobs, len(logsm))
+            ids = np.argpartition(-logsm, n - 1)[:n]
+            ids = ids[np.lexsort((ids, -logsm[ids]))]  # best first, ties to the lowest id
+            top = tuple((int(i), float(logsm[i])) for i in ids)
+        return Draw(tok, float(logsm[tok]), top)
+
+    def accept(self, token: int) -> None:
+        """The token the executor drew: the output's counts, and the constraint's state, advance."""
+        self.counts[token] = self.counts.get(token, 0) + 1
         if self.guide is not None:
-            self.guide.advance(tok)
-        return tok, lp, top
+            self.guide.advance(token)
+
+    def counts_row(self, vocab: int) -> np.ndarray:
+        """The penalties' view of the tokens so far, as the device keeps it: per token, bit 31 set
+        if it is in the prompt, the low bits its occurrences in the output."""
+        row = np.zeros(vocab, np.uint32)
+        prompt = np.asarray(self.prompt_ids, np.int64)
+        row[prompt[prompt < vocab]] = 1 << 31
+        for tok, n in self.counts.items():
+            if tok < vocab:
+                row[tok] |= n
+        return row
+
+    def bias_row(self, vocab: int) -> np.ndarray:
+        row = np.zeros(vocab, np.float32)
+        keep = self._bias_ids < vocab
+        row[self._bias_ids[keep]] = self._bias[keep]
+        return row
 
     def _penalize(self, logits: np.ndarray) -> np.ndarray:
         p = self.params
-        if p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty:
+        if not self.penalized:
             return logits
         x = logits.astype(np.float32, copy=True)
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.fromiter([*self.prompt_ids, *self.counts], np.int64))
+            seen = seen[seen < len(x)]
             v = x[seen]
-            x[seen] = np.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+            x[seen] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
         if self.counts and (p.presence_penalty or p.frequency_penalty):
             ids = np.fromiter(self.counts, np.int64)
             n = np.fromiter(self.counts.values(), np.float32)
-            x[ids] -= p.frequency_penalty * n + p.presence_penalty
+            x[ids] -= np.float32(p.frequency_penalty) * n + np.float32(p.presence_penalty)
         return x
 
-    def _sample(self, x: np.ndarray) -> int:
+    def _draw(self, y: np.ndarray) -> int:
+        """A draw from softmax(y) over the tokens the cuts keep (the class docstring), by partial
+        selection: top_k by np.partition, top_p by sorting only the best few candidates (growing
+        them until the cut lies among them)."""
         p = self.params
-        if p.top_k and p.top_k < len(x):
-            keep = np.argpartition(-x, p.top_k)[: p.top_k]
-        else:  # beyond 30 nats below the best a token's probability is < 1e-13: skip sorting them
-            keep = np.flatnonzero(x >= x.max() - np.float32(30))
-        if p.top_p >= 1.0 and p.min_p <= 0.0:  # no prefix to cut: draw from the candidates as they lie
-            # (sorting SmolLM2's ~49k candidates took ~4 ms a token on the event loop: 8 sampled
-            # streams kept the loop's thread busy 40-55 ms a step)
-            cdf = np.cumsum(np.exp(x[keep] - x[keep].max()))
-            return int(keep[min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1])), len(keep) - 1)])
-        order = keep[np.argsort(-x[keep], kind="stable")]  # candidate ids, most likely first
-        probs = np.exp(x[order] - x[order[0]])
-        probs /= probs.sum()
-        n = len(order)
-        if p.top_p < 1.0:  # smallest prefix whose mass reaches top_p
-            n = min(n, int(np.searchsorted(np.cumsum(probs), p.top_p)) + 1)
+        m = y.max()
+        if not np.isfinite(m):
+            raise ValueError("sampling: no token is allowed (every logit is -inf)")
+        floor = m - np.float32(WINDOW)
         if p.min_p > 0.0:
-            n = min(n, max(1, int(np.count_nonzero(probs >= p.min_p * probs[0]))))
-        probs = probs[:n] / probs[:n].sum()
-        return int(order[min(int(np.searchsorted(np.cumsum(probs), self.rng.random())), n - 1)])
+            floor = max(floor, m + np.float32(math.log(p.min_p)))
+        ids = np.flatnonzero(y >= floor)
+        v = y[ids]
+        if p.top_k and p.top_k < len(v):
+            kth = np.partition(v, len(v) - p.top_k)[len(v) - p.top_k]  # the k-th best value
+            keep = v >= kth
+            ids, v = ids[keep], v[keep]
+        e = np.exp((v - m).astype(np.float64))
+        if p.top_p < 1.0 and len(v) > 1:
+            keep = _nucleus(v, e, p.top_p * e.sum())
+            ids, e = ids[keep], e[keep]
+        cdf = np.cumsum(e)
+        return int(ids[min(int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right")), len(ids) - 1)])
+
+
+def _nucleus(v: np.ndarray, e: np.ndarray, target: float) -> np.ndarray:
+    """Which candidates (values v, weights e) top_p keeps: those whose better ones (v_j > v_i)
+    weigh less than target. Sorts only the best n, n growing 4x until the cut lies among them."""
+    n = 64
+    while True:
+        top = np.argpartition(-v, n - 1)[:n] if n < len(v) else np.arange(len(v))
+        order = top[np.argsort(-v[top], kind="stable")]
+        sv = v[order]
+        before = np.concatenate([[0.0], np.cumsum(e[order])[:-1]])
+        above = before[np.searchsorted(-sv, -sv, side="left")]  # the mass strictly above each (ties: the same)
+        if n >= len(v) or above[-1] >= target:  # the last one is cut: every one after it is too
+            return v >= sv[above < target].min()
+        n *= 4
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

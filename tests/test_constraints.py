@@ -80,7 +80,7 @@ async def test_bad_constraints_are_refused_by_name_and_the_engine_keeps_serving(
 
 async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
     """A tiny random model (byte-level vocabulary) on whatever WebGPU adapter runs the tests: the
-    masked logits come back from the device, and the answers equal the CPU's token for token."""
+    masks go to the device, and a greedy answer equals the CPU's token for token."""
     try:
         gpu = WebGpuBackend.create(allow_cpu_adapter=True)
     except WebGpuUnavailable as e:
@@ -94,7 +94,9 @@ async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
     for p in (SamplingParams(json_schema=schema, max_tokens=40, temperature=0),
               SamplingParams(regex=r"[a-f]{4}", max_tokens=8, temperature=1.0, seed=9)):
         a, b = await cpu_engine.generate("x", p), await gpu_engine.generate("x", p)
-        assert a.token_ids == b.token_ids and a.finished.reason == "stop"
+        assert b.finished.reason == "stop"
+        if p.greedy:  # (a draw at a temperature: each backend its own stream of the seed)
+            assert a.token_ids == b.token_ids
         answers.append(b.text)
     jsonschema.validate(json.loads(answers[0]), schema)
     assert len(answers[1]) == 4 and set(answers[1]) <= set("abcdef")

@@ -158,7 +158,7 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     tokens = list(np.random.default_rng(5).integers(0, 256, size=80))
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
     prog = gpu.resident.program(False)
-    plan = prog.plans[(80, 1)]
+    plan = prog.plans[(80, 1, frozenset())]
     # every down product in slices: the next layer's add_rms_norm sums them into the residual, the
     # last layer's add_splits (its final norm gathers the rows whose logits are wanted)
     split = [i for i in plan.at if prog.disps[i].optional]
@@ -196,7 +196,7 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     assert 1e-6 < rel_err(got, want) <= F16_TOL, rel_err(got, want)
     r, layers = gpu.resident, gpu.model.cfg.n_layers
     prog = r.program(False)
-    plan = prog.plans[(130, 1)]
+    plan = prog.plans[(130, 1, frozenset())]
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
@@ -264,12 +264,20 @@ async def test_concurrent_prompts_longer_than_one_step_split_into_steps(pair):
     assert results == [(await cpu.generate(p, params)).token_ids for p in prompts]
 
 
-async def test_sampling_and_logprobs_read_the_logits_row(pair):
+async def test_sampled_tokens_repeat_by_seed_and_their_logprobs_are_the_models(pair):
+    """Drawn on the device (the distributions: test_gpu_sampling.py): the same seed gives the same
+    tokens, and each token's logprobs are log_softmax of the logits at its position, as the CPU's
+    float32 forward computes them over the same tokens."""
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0.8, top_p=0.9, max_tokens=10, seed=11, logprobs=2, ignore_eos=True)
-    want, got = await cpu.generate([9, 8, 7], params), await gpu.generate([9, 8, 7], params)
-    assert got.token_ids == want.token_ids
-    np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+    got = await gpu.generate([9, 8, 7], params)
+    assert (await gpu.generate([9, 8, 7], params)).token_ids == got.token_ids
+    assert gpu.resident.stats.sampled_steps >= 10
+    logits = await cpu.all_logits([9, 8, 7, *got.token_ids[:-1]])
+    ls = logits[2:].astype(np.float64)
+    ls -= ls.max(-1, keepdims=True)
+    ls -= np.log(np.exp(ls).sum(-1, keepdims=True))
+    np.testing.assert_allclose(got.logprobs, ls[np.arange(10), got.token_ids], atol=1e-4)
 
 
 async def test_cancel_three_of_ten_leaves_no_device_slot_behind(pair):
@@ -383,10 +391,11 @@ def run_op(runner, kernel: str, buffers: dict[int, np.ndarray], words: list[int]
     return np.frombuffer(dev.queue.read_buffer(bufs[out]), buffers[out].dtype).copy()
 
 
-async def test_argmax_kernels_tie_to_the_lowest_id_as_numpy(pair):
-    """The two argmax passes against numpy on rows built to trip them: ties between slices and within
-    one, the maximum on the last id, all equal, all negative; 1,001 columns (no multiple of 256)."""
-    from oxinfer.runtime.webgpu.recorder import ARGMAX_PARTS
+async def test_greedy_sampler_kernels_tie_to_the_lowest_id_as_numpy(pair):
+    """The sampler's two passes of a greedy row (sample_prep's slices, sample_pick) against numpy's
+    argmax on rows built to trip them: ties between slices and within one, the maximum on the last
+    id, all equal, all negative; 1,001 columns (no multiple of 256)."""
+    from oxinfer.runtime.webgpu.sampler import OUTW, PARTS, PW, ROWH, SP_WORDS
 
     r = pair[1].resident
     n = 1001
@@ -397,9 +406,15 @@ async def test_argmax_kernels_tie_to_the_lowest_id_as_numpy(pair):
     rows[3] = 1.5
     rows[4] = -np.abs(rows[4]) - 1.0
     t = len(rows)
-    parts = np.zeros(t * ARGMAX_PARTS * 2, np.uint32)
-    for k in (ARGMAX_PARTS, 5, 1):  # slices a row: a GPU's, one that leaves a ragged end, a CPU adapter's
-        got_parts = run_op(r, "argmax:argmax_part", {2: rows.reshape(-1), 5: parts}, [t, n, k], (k, t, 1), out=5)
+    sp = np.zeros((t, SP_WORDS), np.uint32)  # flags 0: the argmax
+    common = {2: rows.reshape(-1), 6: sp, 7: np.zeros(n, np.uint32)}
+    for k in (PARTS, 5, 1):  # slices a row: a GPU's, one that leaves a ragged end, a CPU adapter's
+        parts = run_op(r, "sample:sample_prep", {**common, 1: np.zeros(r._meta_words, np.uint32),
+                                                 5: np.zeros(t * PARTS * PW, np.uint32), 8: np.zeros(n, np.float32),
+                                                 9: np.zeros(n, np.uint32), 10: np.zeros(t * n, np.float32)},
+                       [t, n, k], (k, t, 1), out=5)
         zeros = np.zeros(t, np.uint32)
-        ids = run_op(r, "argmax:argmax", {3: zeros, 4: zeros.copy(), 5: got_parts}, [t, n, k], (t, 1, 1), out=3)
+        ids = run_op(r, "sample:sample_pick", {**common, 3: zeros, 4: zeros.copy(), 5: parts,
+                                               11: np.zeros(t * ROWH, np.uint32), 12: np.zeros(t * OUTW, np.uint32)},
+                     [t, n, k], (t, 1, 1), out=3)
         assert ids.tolist() == rows.argmax(-1).tolist(), k

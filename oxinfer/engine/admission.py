@@ -33,7 +33,7 @@ class Request:
     aborted: bool = False
     scope: anyio.CancelScope | None = None  # around the forward in flight
     cache: object | None = None  # its KV cache; cache.executor runs its steps
-    needs_logits: bool = True  # False: the argmax is the token (greedy, no logprobs, no penalties)
+    sampler: object | None = None  # its Sampler (oxinfer/sampling.py): the executor draws its tokens by it
     history: list[int] = field(default_factory=list)  # prompt and sampled tokens: what a recompute feeds
     promised: int = 0  # KV blocks its admission counted on (its tokens then, and the next one)
 

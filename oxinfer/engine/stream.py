@@ -59,7 +59,7 @@ async def decode_loop(engine, req: Request) -> AsyncIterator[Event]:
     n, reason = 0, None
     t_first = t_prompt = None
     step = req.prompt_ids
-    req.needs_logits = sampler.needs_logits
+    req.sampler = sampler
     if p.constraint is not None and not req.aborted:  # its matcher (a complex grammar: ~0.1-1 s)
         sampler.guide = await anyio.to_thread.run_sync(Guide, p.constraint, engine.tokenizer, engine.config.vocab_size)
     guide = sampler.guide
@@ -68,13 +68,10 @@ async def decode_loop(engine, req: Request) -> AsyncIterator[Event]:
     cached = req.cache.offset if req.cache is not None else 0
     while not req.aborted:
         t0 = time.perf_counter()
+        if guide is not None:
+            guide.start()  # the next token's mask, computed while the forward runs
         with anyio.CancelScope() as req.scope:
-            if guide is None:
-                out = await engine.steps.forward_step(req, step)
-            else:
-                async with anyio.create_task_group() as tg:  # the next token's mask, while the forward runs
-                    tg.start_soon(anyio.to_thread.run_sync, guide.compute)
-                    out = await engine.steps.forward_step(req, step)
+            out = await engine.steps.forward_step(req, step)
         req.scope = None
         if req.aborted:
             break
@@ -84,8 +81,8 @@ async def decode_loop(engine, req: Request) -> AsyncIterator[Event]:
             if not req.aborted:
                 step = await _open_cache(engine, req)
             continue
-        argmax, logits = out
-        tok, lp, top = sampler(logits) if logits is not None else (argmax, None, None)
+        tok = out.token
+        sampler.accept(tok)
         n += 1
         if t_first is None:
             t_first = time.perf_counter()
@@ -100,7 +97,7 @@ async def decode_loop(engine, req: Request) -> AsyncIterator[Event]:
         if last and not stopped:
             text += stops.flush()
         if text or not eos:
-            yield Token(text, tok, lp, top)
+            yield Token(text, tok, out.logprob, out.top)
         if last or stopped:
             reason = "stop" if eos or stopped or complete else "length"
             break

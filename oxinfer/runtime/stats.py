@@ -28,6 +28,7 @@ class StepRecord:
     kernel_s: float | None = None  # device time of the pass (timestamp queries), when measured
     waited: bool = False  # the host waited for the device (a blocking wait)
     ahead: bool = False  # the step had been submitted by the one before (run-ahead)
+    sampled: int = 0  # sequences whose token was drawn at a temperature (the others: greedy)
 
 
 @dataclass
@@ -39,6 +40,8 @@ class StepStats:
     blocking_waits: int = 0
     ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
     wasted_steps: int = 0  # steps submitted ahead and not asked for
+    sampled_steps: int = 0  # steps that drew a token at a temperature for some sequence
+    greedy_steps: int = 0  # steps whose every token was an argmax
     dispatches: int = 0
     rows: int = 0
     gflop: float = 0.0
@@ -54,6 +57,8 @@ class StepStats:
         self.steps += 1
         self.blocking_waits += r.waited
         self.ahead_steps += r.ahead
+        self.sampled_steps += r.sampled > 0
+        self.greedy_steps += r.sampled == 0
         self.seconds += r.step_s
         self.dispatches += r.dispatches
         self.rows += r.rows

@@ -1,6 +1,6 @@
 """The GPU's executor: the resident runner (runner.py) behind the executor protocol the engine speaks
-(runtime/executor.py). Its steps return the argmax ids the device computed, and a logits row only
-where a sampler needs one."""
+(runtime/executor.py). Its steps return the tokens the device drew by each request's sampler
+(runtime/webgpu/sampler.py): no logits row comes back for a step."""
 
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ class GpuExecutor:
     def reserve(self, caches: list, lens: list[int]) -> None:
         self.runner.reserve(caches, lens)
 
-    async def step(self, seqs, caches, need, tag=None) -> tuple[list, list]:
-        ids, rows = await self.runner.forward_batch(seqs, caches, need=need)
-        return [int(i) for i in ids], rows
+    async def step(self, seqs, caches, samplers, tag=None) -> list:
+        draws, _ = await self.runner.forward_batch(seqs, caches, samplers=samplers)
+        return draws
 
     async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
         return await self.runner.forward(tokens, cache, all_logits=all_logits)

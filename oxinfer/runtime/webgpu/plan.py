@@ -33,7 +33,7 @@ class Program:
         idx = np.arange(len(disps))
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
-        self.plans: dict[tuple[int, int], Plan] = {}  # (rows, seqs) -> its plan
+        self.plans: dict[tuple, Plan] = {}  # (rows, seqs, sampler stages) -> its plan
         self.written: Plan | None = None  # the plan whose uniforms the device holds
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
@@ -64,6 +64,7 @@ class Plan:
     where: tuple[np.ndarray, np.ndarray]
     values: np.ndarray
     pre: np.ndarray  # Params.pre of each dispatch of the program
+    sampler_at: int  # the first call of the sampler (a step with constraints submits from there apart)
 
 
 
@@ -121,30 +122,32 @@ class Planning:
         return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
 
 
-    def _plan(self, prog: Program, t: int, n: int) -> Plan:
-        """The calls that encode a step of t rows of n sequences, and the uniform words the shape
-        decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
+    def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset()) -> Plan:
+        """The calls that encode a step of t rows of n sequences, with the sampler's stages it needs,
+        and the uniform words the shape decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
         else. The passes, in order: choose_kernels, fuse_prologues, fuse_split_sums,
         chunk_attention, then the calls and the uniform words."""
-        plan = prog.plans.get((t, n))
+        plan = prog.plans.get((t, n, stages))
         if plan is None:
             c = choose_kernels(self, prog.disps, t, n)
             fuse_prologues(prog.disps, c, t, n)
             fuse_split_sums(prog.disps, c)
             chunk_attention(self, c, t)
-            calls, at = self._calls(prog, c)
+            calls, at = self._calls(prog, c, stages)
             where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
                 prog.plans.clear()
-            plan = prog.plans[(t, n)] = Plan(calls, at, where, values, c.pre)
+            sampler_at = next((j for j, i in enumerate(at) if prog.disps[i].kernel.startswith("sample:")), len(calls))
+            plan = prog.plans[(t, n, stages)] = Plan(calls, at, where, values, c.pre, sampler_at)
         return plan
 
-    def _calls(self, prog: Program, c: Choices) -> tuple[list[tuple], list[int]]:
+    def _calls(self, prog: Program, c: Choices, stages: frozenset) -> tuple[list[tuple], list[int]]:
         """(pipeline, bind group, x, y, z, the ctypes arguments) of every dispatch that runs, and
         which dispatch of the program each is: mm_kt after its operands, attend_rows' chunks
         before their merge."""
         disps = prog.disps
-        live = [i for i, d in enumerate(disps) if not c.fused[i + 1] and not (d.optional and c.splits[i - 1] == 1)]
+        live = [i for i, d in enumerate(disps) if not c.fused[i + 1] and not (d.optional and c.splits[i - 1] == 1)
+                and (d.stage is None or d.stage in stages)]
         calls, at = [], []
         for i in live:
             parts = (c.kinds[i],)

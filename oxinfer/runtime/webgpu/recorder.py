@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 PARAM_WORDS = ALIGN // 4
 
-ARGMAX_PARTS = 32  # PARTS of shaders/argmax.wgsl: slices of a logits row reduced in parallel
-
 
 @dataclass(eq=False)
 class DTensor:
@@ -65,6 +63,7 @@ class Dispatch:
     pre: Dispatch | None = None  # the dispatch just before that this one may take over: a norm or swiglu
     # (a matvec's prologue), rope_kv (attend_decode)
     optional: bool = False  # add_splits: runs only after a product split in k slices
+    stage: str | None = None  # a sampler stage: runs only in steps that need it (Plan.stages)
 
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
@@ -252,14 +251,3 @@ class Recorder:
     @staticmethod
     def last_rows(x: DTensor, seqs) -> DTensor:
         return DTensor(x.buf, x.stride, x.cols, x.col0, "s", gather=True)
-
-    def argmax(self, logits: DTensor) -> None:
-        self._reads(logits)
-        parts = self.r.scratch("argmax_parts", self.max_t * ARGMAX_PARTS * 8)
-        k = 1 if self.r.gpu.cpu_adapter else ARGMAX_PARTS  # a CPU adapter pays for every barrier of every slice
-        self._record("argmax:argmax_part", {2: logits.buf, 5: parts}, [0, logits.cols, k], logits.rows,
-                     lambda _, t: (k, t, 1))
-        self._record("argmax:argmax", {3: self.r.ids, 4: self.r.tokens, 5: parts}, [0, logits.cols, k],
-                     logits.rows, lambda _, t: (t, 1, 1))
-
-

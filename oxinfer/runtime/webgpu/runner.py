@@ -1,6 +1,7 @@
 """The whole forward on the GPU, one submission per step: the runner replays the traced program
-(recorder.py, plan.py) with the step's rows, keeps greedy steps running ahead, and reads back only
-the argmax ids and the logits rows a sampler asks for.
+(recorder.py, plan.py) with the step's rows and the sampler after the head (sampler.py), keeps
+decode steps running ahead, greedy or sampled, and reads back only the drawn ids (with the
+logprobs a request asked for), and logits where a caller asks for them (next_logits).
 
 Everything a dispatch binds is a buffer that lives as long as the runner (weights, norm vectors,
 the rope table, the KV pool, scratch activations sized for the largest step), so bind groups and
@@ -34,6 +35,7 @@ from oxinfer.runtime.webgpu.device import ALIGN, encode_pass, map_for_read, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
 from oxinfer.runtime.webgpu.recorder import Recorder
+from oxinfer.runtime.webgpu.sampler import OUTW, DeviceSampler
 from oxinfer.runtime.webgpu.shaders import shader_dir, unroll
 
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
-AHEAD = 2  # greedy decode steps submitted ahead of the one read (the furthest encoded in the background)
+AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
 # a prompt's step (PIECES_MIN_ROWS rows or more) is submitted in pieces: its first 16 dispatches, the
 # next 64, then the rest, so the GPU starts while the rest is encoded; encoding TinyLlama's 512-row
 # prompt (291 dispatches) took 1.1 ms on the H200 machine and finishing and submitting it 1.2, all
@@ -57,7 +59,8 @@ PIECES_MIN_ROWS = 64
 
 @dataclass(eq=False)
 class _Ahead:
-    """A step submitted before it was asked for: the next decode step of `caches`."""
+    """A step submitted before it was asked for: the next decode step of `caches`, fed on the device
+    by the tokens drawn in the one before, by the same samplers."""
 
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
@@ -73,7 +76,7 @@ class _Ahead:
 
 class ResidentRunner(Planning):
     """A model whose every op runs on one WebGPU device. `forward_batch` has the model's contract
-    (logits of each sequence's last row, or of every row) plus the argmax ids."""
+    (logits of each sequence's last row, or of every row) plus the tokens drawn on the device."""
 
     def __init__(self, gpu: WebGpuBackend, model, *, max_rows: int = 512, max_seqs: int = 64,
                  kv_bytes: int | None = None):
@@ -114,7 +117,9 @@ class ResidentRunner(Planning):
         self.vpool = [self._buffer(n_blocks * block_bytes, BU.STORAGE) for _ in range(cfg.n_layers)]
         self.table = self._buffer(self.kv.table.nbytes, BU.STORAGE | BU.COPY_DST)
         self._logit_bytes = max_seqs * cfg.vocab_size * 4
-        self._ids_bytes = -(-(max_seqs * 4 + 16) // ALIGN) * ALIGN  # ids, then 2 timestamps in the last 16 bytes
+        self.sampler = DeviceSampler(self)
+        # ids, the sampler's logprobs rows, then 2 timestamps in the last 16 bytes
+        self._ids_bytes = -(-(max_seqs * 4 * (1 + OUTW) + 16) // ALIGN) * ALIGN
         # staging buffers, taken in turn: a step's readback and the AHEAD steps submitted behind it
         self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
                           for _ in range(AHEAD + 1)]
@@ -123,6 +128,7 @@ class ResidentRunner(Planning):
         self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
+        self._chain = (frozenset(), False)  # the sampler's stages and logprobs of the steps run ahead
         group = cfg.n_heads // cfg.n_kv_heads
         # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
         # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.13 ms a layer with its merge,
@@ -219,15 +225,15 @@ class ResidentRunner(Planning):
                 coro.close()
                 raise RuntimeError("tracing: the forward awaited something other than an op")
             if not all_logits:
-                rec.argmax(logits)
+                self.sampler.record(rec, logits)
             prog = self._programs[all_logits] = Program(self.device, rec.disps, logits)
         return prog
 
     # --- one step -----------------------------------------------------------------------------
     async def forward_batch(self, seqs: list[np.ndarray], caches: list[DeviceCache], *, all_logits: bool = False,
-                            need: list[bool] | None = None) -> tuple[np.ndarray, list[np.ndarray | None]]:
+                            need: list[bool] | None = None, samplers: list | None = None) -> tuple[list, list]:
         """Run one step in a worker thread (the event loop never waits on the driver)."""
-        return await anyio.to_thread.run_sync(self.step_sync, seqs, caches, all_logits, need,
+        return await anyio.to_thread.run_sync(self.step_sync, seqs, caches, all_logits, need, samplers,
                                               limiter=self.gpu.limiter)
 
     def reserve(self, caches: list[DeviceCache], lens: list[int]) -> None:
@@ -239,19 +245,21 @@ class ResidentRunner(Planning):
                                      f"{self.cfg.context_length}")
                 c.reserve(c.offset + n)
 
-    def step_sync(self, seqs, caches, all_logits=False, need=None):
-        """(argmax ids (n_seqs,), logits rows) for one step: with all_logits the logits of every row
-        (rows, vocab) as the only list item; else, per sequence, its last row's logits where
-        need[i] (None elsewhere). Caches advance.
+    def step_sync(self, seqs, caches, all_logits=False, need=None, samplers=None):
+        """(draws, logits rows) for one step: with all_logits the argmax ids of every row and its
+        logits (rows, vocab) as the only list item; else the Draw of each sequence by its sampler
+        (samplers[i]; None: the argmax), and its last row's logits where need[i] (None
+        elsewhere). Caches advance.
 
-        Run-ahead: a greedy decode step (one row a sequence, no logits wanted) keeps the next AHEAD
-        steps of the same sequences submitted, each fed on the device by the argmax of the one
-        before: the next one before this one is read, the one after that encoded and submitted by
-        a background thread while this step is read and the caller handles its tokens. When the
-        caller then asks for exactly that step (same caches, the tokens the device chose), it is
-        already computed or running: neither the caller's work nor the encoding of a step makes
-        the GPU wait. Any other request discards them (their KV writes lie past the caches'
-        offsets and are rewritten before anything reads them)."""
+        Run-ahead: a decode step (no logits wanted, no constraint: its next mask needs this step's
+        token on the host) keeps the next AHEAD steps of the same sequences submitted, each fed on
+        the device by the tokens drawn in the one before: the next one before this one is read,
+        the one after that encoded and submitted by a background thread while this step is read
+        and the caller handles its tokens. When the caller then asks for exactly that step (same
+        caches, the tokens the device chose), it is already computed or running: neither the
+        caller's work nor the encoding of a step makes the GPU wait. Any other request discards
+        them (their KV writes lie past the caches' offsets and are rewritten before anything
+        reads them; the penalties' counts they added are written again from the host's)."""
         seqs = [np.asarray(s, np.int64).reshape(-1) for s in seqs]
         lens = [len(s) for s in seqs]
         t, n = sum(lens), len(seqs)
@@ -259,21 +267,26 @@ class ResidentRunner(Planning):
         if t > limit or n > self.max_seqs or not t:
             raise ValueError(f"a device step takes 1..{limit} rows of at most {self.max_seqs} sequences, got {t}, {n}")
         need = need or [False] * n
+        samplers = samplers or [None] * n
         picks = [] if all_logits else [i for i in range(n) if need[i]]
-        greedy = not all_logits and not picks  # the argmax is all the host needs
+        constrained = any(s is not None and s.guide is not None for s in samplers)
+        chained = not all_logits and not picks and not constrained  # the drawn ids are all the host needs
         self._join()
-        ahead_run = greedy and self.run_ahead
+        ahead_run = chained and self.run_ahead
         with self.gpu.lock:
             t0 = time.perf_counter()
             ahead = self._aheads.popleft() if self._aheads else None
-            if ahead is not None and not (greedy and ahead.matches(seqs, caches)):
+            if ahead is not None and not (chained and ahead.matches(seqs, caches)):
                 self.stats.wasted_steps += 1 + len(self._aheads)  # submitted, never asked for
+                for a in (ahead, *self._aheads):
+                    self.sampler.forget(c for c in (ref() for ref in a.caches) if c is not None)
                 self._aheads.clear()
                 ahead = None
             if ahead is None:
                 self.reserve(caches, lens)
                 staging = self._staging()
-                cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging)
+                cost = self._submit(seqs, caches, [c.offset for c in caches], lens, all_logits, picks, staging,
+                                    samplers)
             else:
                 staging, cost = ahead.staging, ahead.cost
             if ahead_run and not self._aheads:
@@ -281,15 +294,16 @@ class ResidentRunner(Planning):
         if ahead_run and self._aheads and len(self._aheads) < AHEAD:
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
-        ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks)
+        ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
         t4 = time.perf_counter()
         if self._aheads:
-            self._aheads[0].tokens = ids  # the input of the next step, which this one's argmax fed
+            self._aheads[0].tokens = [d.token for d in ids]  # the input of the next step, which this one's draws fed
         for c, s in zip(caches, seqs):
             c.append(s)
         up, down, encode_s, submit_s, dispatches, submissions, gflop = cost
         self._record(t, n, dispatches, up, down, encode_s, submit_s, t4 - t3, kernel_s,
-                     time.perf_counter() - t0, waited, ahead is not None, submissions, gflop)
+                     time.perf_counter() - t0, waited, ahead is not None, submissions, gflop,
+                     sum(s is not None and not s.params.greedy for s in samplers))
         return ids, out
 
     def settle(self) -> None:
@@ -315,7 +329,7 @@ class ResidentRunner(Planning):
 
     def _submit_next(self, caches, starts) -> None:
         """Submit a decode step of one row for each of caches, at positions `starts`, fed on the
-        device by the argmax of the step before."""
+        device by the tokens drawn in the step before."""
         try:
             with self._lock:
                 for c, s0 in zip(caches, starts):
@@ -325,12 +339,15 @@ class ResidentRunner(Planning):
         if max(starts) >= self.cfg.context_length:
             return
         staging = self._staging()
-        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging)
+        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging, None)
         self._aheads.append(_Ahead([weakref.ref(c) for c in caches], starts, staging, cost))
 
-    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging) -> tuple[int, int, float, float, int]:
-        """Write the step's rows and encode and submit it; seqs None: the tokens are the ones the
-        last argmax wrote on the device. (bytes up, bytes down, encode s, submit s, dispatches)."""
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging, samplers) -> tuple:
+        """Write the step's rows (and its samplers' rows) and encode and submit it; seqs None: a
+        step ahead, whose tokens are the ones the step before drew on the device, by the same
+        samplers. A step with constraints is submitted in two: the forward, then (their masks
+        written once the host has them: computed while the forward runs) the sampler.
+        (bytes up, bytes down, encode s, submit s, dispatches, submissions, GFLOP)."""
         t0 = time.perf_counter()
         t, n = sum(lens), len(lens)
         queue = self.device.queue
@@ -351,8 +368,17 @@ class ResidentRunner(Planning):
                 row = self.kv.table[s]
                 queue.write_buffer(self.table, s * row.nbytes, row)
                 up += row.nbytes
+        masked = samplers is not None and any(s is not None and s.guide is not None for s in samplers)
+        if all_logits:
+            stages, logprobs = frozenset(), False
+        elif seqs is None:
+            stages, logprobs = self._chain
+        else:
+            wrote, stages, logprobs = self.sampler.write(queue, samplers, caches)
+            self._chain = (stages, logprobs)
+            up += wrote
         prog = self.program(all_logits)
-        plan = self._plan(prog, t, n)
+        plan = self._plan(prog, t, n, stages)
         if prog.written is not plan:  # a steady decode batch writes its uniforms once
             prog.set_rows(t, n, plan)
             queue.write_buffer(prog.pbuf, 0, prog.params)
@@ -360,8 +386,11 @@ class ResidentRunner(Planning):
             up += prog.params.nbytes
         ts = self.gpu.ts
         pieces = seqs is not None and t >= PIECES_MIN_ROWS
-        ends = [k for k in FIRST_PIECES if pieces and k < len(plan.calls)] + [len(plan.calls)]
+        ends = sorted({k for k in FIRST_PIECES if pieces and k < len(plan.calls)} | {len(plan.calls)}
+                      | ({plan.sampler_at} if masked else set()))
         for a, b in itertools.pairwise([0, *ends]):
+            if masked and a == plan.sampler_at:
+                up += self.sampler.write_masks(queue, samplers)  # (waits for the host's masks)
             enc = self.device.create_command_encoder()
             stamps = {}  # the GPU time: from the first piece's start to the last one's end
             if ts and not a:
@@ -383,20 +412,24 @@ class ResidentRunner(Planning):
             down = t * row_bytes
         else:
             enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
+            down = n * 4
+            if logprobs:
+                enc.copy_buffer_to_buffer(self.sampler.out, 0, staging, self.max_seqs * 4, n * OUTW * 4)
+                down += n * OUTW * 4
             for k, i in enumerate(picks):
                 enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
-            down = n * 4 + len(picks) * row_bytes
+            down += len(picks) * row_bytes
         t1 = time.perf_counter()
         queue.submit([enc.finish()])
         self.stats.submissions += len(ends)
         return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls), len(ends), prog.gflop(t, n)
 
-    def _read(self, staging, t, n, all_logits, picks):
+    def _read(self, staging, t, n, all_logits, picks, samplers):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
         map_sync polls the device until everything submitted is done (a step submitted behind
         this one too); a non-blocking poll loop returns when this one is (measured on the H200:
-        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (ids, logits, GPU s,
-        whether the host had to wait)."""
+        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (draws, or with
+        all_logits the argmax ids; logits, GPU s, whether the host had to wait)."""
         vocab = self.cfg.vocab_size
         row_bytes = vocab * 4
         size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
@@ -413,6 +446,8 @@ class ResidentRunner(Planning):
                 ids = out[0].argmax(-1)
             else:
                 ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
+                lp = np.frombuffer(mem, np.uint32, count=n * OUTW, offset=self.max_seqs * 4).reshape(n, OUTW)
+                ids = self.sampler.draws(ids, lp if self._chain[1] else None, samplers)
                 out = [None] * n
                 for k, i in enumerate(picks):
                     out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
@@ -435,10 +470,10 @@ class ResidentRunner(Planning):
         return np.concatenate(outs)
 
     def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
-                waited, ahead, submissions, gflop) -> None:
+                waited, ahead, submissions, gflop, sampled) -> None:
         self._ids += 1
         rec = StepRecord(self._ids, "webgpu", rows, seqs, gflop, total_s, dispatches, submissions, up, down,
-                         encode_s, submit_s, wait_s, kernel_s, waited, ahead)
+                         encode_s, submit_s, wait_s, kernel_s, waited, ahead, sampled)
         self.last = rec
         self.stats.add(rec)
         log.debug("step", **rec.__dict__)
