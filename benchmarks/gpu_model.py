@@ -40,7 +40,10 @@ SAMPLINGS = {"t=0.7": dict(temperature=0.7), "t=0.7 top_p=0.9": dict(temperature
              "greedy logprobs=5": dict(temperature=0.0, logprobs=5),
              "penalties logit_bias": dict(temperature=1.0, repetition_penalty=1.1, presence_penalty=0.3,
                                           frequency_penalty=0.3, logit_bias={17: 2.0, 40: -100}),
-             "json schema": dict(temperature=0.7, json_schema={"type": "object", "properties": {"text": {"type": "string"}}})}
+             # a string field too long to end within the run: the structure's forced tokens, then free text
+             "json schema": dict(temperature=0.7, json_schema={"type": "object", "required": ["text"], "properties": {
+                 "text": {"type": "string", "minLength": 4000}}})}
+ROUNDS = 3  # each figure the median of this many runs, greedy and the sampled ones in turns
 
 
 def _waits(engine):
@@ -97,22 +100,27 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
     out = {"prefill": n_prompt / float(np.median(times[2:]))}
     out["phases"] = ["prefill runs, ms: " + " ".join(f"{t * 1e3:.1f}" for t in times)]
     for n in concurrency:
-        await crowd(engine, n, 4)  # this batch size's plans and kernels, once
-        a = _waits(engine)
-        out[f"x{n}"] = await crowd(engine, n, n_decode)
-        b = _waits(engine)
-        if a is not None:
-            out[f"waits{n}"] = (b.blocking_waits - a.blocking_waits) / (n * (n_decode - 1))  # per generated token
-            out[f"steps{n}"] = (b.submissions - a.submissions) / (n_decode - 1)  # submissions per decode step
-            out["phases"].append(f"{n} streams: " + _phase(a, b, (n_decode - 1) * n / out[f"x{n}"], n_decode - 1))
-    for name, sampling in SAMPLINGS.items() if sampled else ():
-        for n in concurrency if name != "json schema" else [8]:
-            await crowd(engine, n, 4, sampling)
-            a = _waits(engine)
-            out[f"{name}:{n}"] = await crowd(engine, n, n_decode, sampling)
-            b = _waits(engine)
-            if a is not None:
-                out[f"{name}:waits{n}"] = (b.blocking_waits - a.blocking_waits) / max(1, b.steps - a.steps) / n
+        modes = {"": None, **({k: v for k, v in SAMPLINGS.items() if k != "json schema" or n == 8} if sampled else {})}
+        runs = {k: [] for k in modes}
+        for name, sampling in modes.items():
+            await crowd(engine, n, 4, sampling)  # this batch size's plans and kernels, once
+        for _ in range(ROUNDS if sampled else 1):
+            for name, sampling in modes.items():
+                a = _waits(engine)
+                runs[name].append(await crowd(engine, n, n_decode, sampling))
+                b = _waits(engine)
+                if a is None:
+                    continue
+                key = f"{name}:{n}" if name else f"x{n}"
+                out[f"{name}:waits{n}" if name else f"waits{n}"] = (  # blocking waits per generated token
+                    (b.blocking_waits - a.blocking_waits) / max(1, b.steps - a.steps) / n)
+                if not name:
+                    out[f"steps{n}"] = (b.submissions - a.submissions) / (n_decode - 1)  # submissions per decode step
+                out[f"phases:{key}"] = f"{n} streams {name or 'greedy'}: " + _phase(a, b, (b.steps - a.steps) * n / runs[name][-1],
+                                                                                           b.steps - a.steps)
+        for name, got in runs.items():
+            out[f"{name}:{n}" if name else f"x{n}"] = float(np.median(got))
+    out["phases"] += [v for k, v in out.items() if k.startswith("phases:")]
     r = engine.resident
     out["detail"] = (f"resident: {r.last}" if r is not None else
                      (engine.scheduler.gpu.stats().summary() if engine.scheduler.gpu else "cpu"))

@@ -71,7 +71,12 @@ var<workgroup> ws: array<f32, 256>;
 var<workgroup> lh: array<atomic<u32>, 768>;   // a part's histogram, flushed into hist
 var<workgroup> shared_m: f32;
 var<workgroup> shared_k: u32;   // top_k's threshold
-var<workgroup> shared_q: u32;   // the cut's
+var<workgroup> hh: array<u32, 768>;   // a histogram walk() reads
+var<workgroup> wk_prefix: u32;   // walk()'s state: the key prefix, the count and mass above it, top_p's goal
+var<workgroup> wk_c: u32;
+var<workgroup> wk_lo: u32;
+var<workgroup> wk_hi: u32;
+var<workgroup> wk_goal: f32;
 
 fn neg_inf() -> f32 {
     return bitcast<f32>(0xff800000u);
@@ -260,63 +265,79 @@ fn mass_of(lo: u32, hi: u32) -> f32 {   // a 64-bit fixed-point mass (units of 2
 
 // The key prefix after `levels` levels of cut `cut` (0: top_k by counts, 1: top_p by masses): at
 // each level the worst bin whose better bins, with what came before, hold fewer than top_k tokens
-// (or less than top_p of the mass) and that holds some; keys up to the threshold are kept. Walked
-// by one invocation: 256 bins a level.
-fn walk(r: u32, s: SP, cut: u32, levels: u32) -> u32 {
-    var prefix = 0u;
-    var above_c = 0u;
-    var above_lo = 0u;
-    var above_hi = 0u;
-    var goal = 0.0;
+// (or less than top_p of the mass) and that holds some; keys up to the threshold are kept. Every
+// invocation calls it: each level's 256 bins are loaded into hh at once, then invocation 0 walks
+// them there (one walking the global histograms took ~0.1 ms a level on an H200: serial loads).
+fn walk(r: u32, s: SP, cut: u32, levels: u32, lid: u32) -> u32 {
+    if (lid == 0u) {
+        wk_prefix = 0u;
+        wk_c = 0u;
+        wk_lo = 0u;
+        wk_hi = 0u;
+        wk_goal = 0.0;
+    }
     if (cut == 1u) {   // top_p of the mass of the tokens the window and top_k keep: level 0 holds them all
-        let h = hist_at(r, 1u, 0u);
-        var lo = 0u;
-        var hi = 0u;
-        for (var b = 0u; b < 256u; b++) {
-            let l = atomicLoad(&hist[h + 256u + b]);
-            let sum = lo + l;
-            hi += atomicLoad(&hist[h + 512u + b]) + select(0u, 1u, sum < lo);
-            lo = sum;
+        load(hist_at(r, 1u, 0u), lid);
+        if (lid == 0u) {
+            var lo = 0u;
+            var hi = 0u;
+            for (var b = 0u; b < 256u; b++) {
+                let sum = lo + hh[256u + b];
+                hi += hh[512u + b] + select(0u, 1u, sum < lo);
+                lo = sum;
+            }
+            wk_goal = s.top_p * mass_of(lo, hi);
         }
-        goal = s.top_p * mass_of(lo, hi);
     }
     for (var level = 0u; level < levels; level++) {
-        let h = hist_at(r, cut, level);
-        var acc_c = above_c;
-        var acc_lo = above_lo;
-        var acc_hi = above_hi;
-        var chosen = 0u;
-        for (var b = 0u; b < 256u; b++) {
-            let c = atomicLoad(&hist[h + b]);
-            if (c == 0u) {
-                continue;
+        workgroupBarrier();
+        load(hist_at(r, cut, level), lid);
+        if (lid == 0u) {
+            var acc_c = wk_c;
+            var acc_lo = wk_lo;
+            var acc_hi = wk_hi;
+            var chosen = 0u;
+            for (var b = 0u; b < 256u; b++) {
+                let c = hh[b];
+                if (c == 0u) {
+                    continue;
+                }
+                let keeps = select(mass_of(acc_lo, acc_hi) < wk_goal, acc_c < s.top_k, cut == 0u);
+                if (!keeps) {
+                    break;
+                }
+                chosen = b;
+                wk_c = acc_c;
+                wk_lo = acc_lo;
+                wk_hi = acc_hi;
+                acc_c += c;
+                let sum = acc_lo + hh[256u + b];
+                acc_hi += hh[512u + b] + select(0u, 1u, sum < acc_lo);
+                acc_lo = sum;
             }
-            let keeps = select(mass_of(acc_lo, acc_hi) < goal, acc_c < s.top_k, cut == 0u);
-            if (!keeps) {
-                break;
-            }
-            chosen = b;
-            above_c = acc_c;
-            above_lo = acc_lo;
-            above_hi = acc_hi;
-            acc_c += c;
-            let sum = acc_lo + atomicLoad(&hist[h + 256u + b]);
-            acc_hi += atomicLoad(&hist[h + 512u + b]) + select(0u, 1u, sum < acc_lo);
-            acc_lo = sum;
+            wk_prefix |= chosen << (16u - 8u * level);
         }
-        prefix |= chosen << (16u - 8u * level);
     }
-    return prefix;
+    workgroupBarrier();
+    return wk_prefix;
 }
 
-// top_k's key threshold after `levels` levels (all keys without top_k), and the row's max y, in
-// shared_k and shared_m: invocation 0 walks, all read
+fn load(h: u32, lid: u32) {   // a histogram into hh, by every invocation
+    workgroupBarrier();
+    for (var w = lid; w < HW; w += 256u) {
+        hh[w] = atomicLoad(&hist[h + w]);
+    }
+    workgroupBarrier();
+}
+
+// top_k's key threshold after `levels` levels (all keys without top_k), in shared_k, and the
+// row's max y, in shared_m
 fn threshold(r: u32, s: SP, lid: u32, levels: u32) {
+    var q = 0xffffffu;
+    if ((s.flags & TOPK) != 0u) {
+        q = walk(r, s, 0u, levels, lid);
+    }
     if (lid == 0u) {
-        var q = 0xffffffu;
-        if ((s.flags & TOPK) != 0u) {
-            q = walk(r, s, 0u, levels);
-        }
         shared_k = q;
         shared_m = row_max(r);
     }
@@ -336,19 +357,16 @@ fn sample_hist(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if ((s.flags & select(TOPP, TOPK, cut == 0u)) == 0u) {
         return;
     }
+    threshold(r, s, lid, select(3u, level, cut == 0u));   // top_k's: all of it for top_p, its levels so far for its own
+    let qk = shared_k;
+    var prefix = qk;
+    if (cut == 1u && level > 0u) {
+        prefix = walk(r, s, 1u, level, lid);
+    }
     for (var b = lid; b < HW; b += 256u) {
         atomicStore(&lh[b], 0u);
     }
-    threshold(r, s, lid, select(3u, level, cut == 0u));   // top_k's: all of it for top_p, its levels so far for its own
-    let qk = shared_k;
-    if (lid == 0u) {
-        shared_q = qk;
-        if (cut == 1u && level > 0u) {
-            shared_q = walk(r, s, 1u, level);
-        }
-    }
     workgroupBarrier();
-    let prefix = shared_q;
     let m = shared_m;
     let shift = 16u - 8u * level;
     let V = P.n;
@@ -394,14 +412,10 @@ fn sample_cut(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     threshold(r, s, lid, 3u);
-    if (lid == 0u) {
-        shared_q = shared_k;
-        if ((s.flags & TOPP) != 0u) {
-            shared_q = min(shared_k, walk(r, s, 1u, 3u));
-        }
+    var q = shared_k;
+    if ((s.flags & TOPP) != 0u) {
+        q = min(q, walk(r, s, 1u, 3u, lid));
     }
-    workgroupBarrier();
-    let q = shared_q;
     let m = shared_m;
     let key = row_key(s, r);
     let V = P.n;

@@ -51,6 +51,25 @@ async def test_regex_and_grammar_restrict_the_language(engine):
     assert r.text.startswith("(") and r.text.endswith(")") and all(x.isdigit() for x in r.text[1:-1].split(","))
 
 
+def test_grammars_that_can_end_are_not_refused():
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    from oxinfer.constraints import never_ends
+
+    for g in ['root ::= "a" root | "b"', 'root ::= ("a" root)?', 'root ::= "a" | root "b"', 'root ::= x+\nx ::= [a-z]',
+              'root ::= "(" root ")" | ""', 'root ::= [0-9]{1,3} root']:  # ({m,n}: not judged)
+        assert not never_ends(any_to_lark(g)), g
+        SamplingParams(grammar=g)
+
+
+async def test_a_dead_end_mid_answer_is_a_constraint_error_naming_it(engine):
+    from oxinfer.constraints import ConstraintError, Guide
+
+    guide = Guide(SamplingParams(regex="[a-f]{4}").constraint, engine.tokenizer, engine.config.vocab_size)
+    with pytest.raises(ConstraintError, match="regex: the output cannot be completed after token"):
+        guide.advance(engine.tokenizer.encode("zzz")[0])
+
+
 async def test_logit_bias_bans_and_forces_tokens(engine):
     prompt = "The capital of France is"
     greedy = await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0))
@@ -68,7 +87,10 @@ async def test_bad_constraints_are_refused_by_name_and_the_engine_keeps_serving(
     bad = [({"json_schema": {"type": "nonsense"}}, "json_schema"), ({"json_schema": "{not json"}, "json_schema"),
            ({"regex": "(unclosed"}, "regex"), ({"grammar": "root ::= missing"}, "grammar"),
            ({"regex": "a", "grammar": 'root ::= "a"'}, "grammar"), ({"logit_bias": {"x": 1}}, "logit_bias"),
-           ({"logit_bias": {1: 500}}, "logit_bias"), ({"grammar_syntax": "ebnf"}, "grammar_syntax")]
+           ({"logit_bias": {1: 500}}, "logit_bias"), ({"grammar_syntax": "ebnf"}, "grammar_syntax"),
+           ({"grammar": 'root ::= "a" root'}, "never end"),  # an empty language: no output could ever match
+           ({"grammar": 'root ::= x\nx ::= "a" x | "b" x'}, "never end"),
+           ({"grammar": 'start: "(" start ")"', "grammar_syntax": "lark"}, "'start' can never end")]
     for kw, field in bad:
         with pytest.raises(ValueError, match=field):
             SamplingParams(**kw)

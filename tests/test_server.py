@@ -250,6 +250,7 @@ BAD = [
     ("invalid schema", _chat(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "nonsense"}}}), 400, "response_format"),
     ("invalid grammar", _chat(grammar="root ::= missing"), 400, "grammar"),
+    ("grammar that never ends", _chat(grammar='root ::= "a" root'), 400, "grammar"),
     ("grammar and schema", _chat(grammar='root ::= "a"', response_format={"type": "json_object"}), 400, "grammar"),
     ("logit_bias range", _chat(logit_bias={"5": 101}), 400, "logit_bias"),
     ("logit_bias id", _chat(logit_bias={"9999999": 1}), 400, "logit_bias"),

@@ -16,6 +16,7 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from oxinfer.constraints import ConstraintError
 from oxinfer.errors import ContextOverflowError, EngineOverloaded, OxinferError
 from oxinfer.events import Event, Finished, Token
 from oxinfer.server.errors import RETRY_AFTER_S, APIError, bad_request, from_status
@@ -147,6 +148,8 @@ class Completions:
                         answers[i].add(ev)
                     else:
                         answers[i].finished = ev
+        except ConstraintError as e:  # the request's grammar cannot be completed: the client's to fix
+            raise bad_request(str(e), code="constraint_unsatisfiable") from None
         except Exception as e:  # noqa: BLE001 - a fault of the engine mid-answer: report it, keep serving
             log.exception("generation_failed")
             raise from_status(500, f"generation failed: {e!r}", code="generation_failed") from None
@@ -163,6 +166,10 @@ class Completions:
                     chunks = a.on_finish(ev, include_usage) if isinstance(ev, Finished) else a.on_token(ev, include_usage)
                     for c in chunks:
                         yield sse(c)
+        except ConstraintError as e:  # the status is sent already: the client's error, in the stream
+            yield sse(bad_request(str(e), code="constraint_unsatisfiable").body())
+            yield sse("[DONE]")
+            return
         except Exception as e:  # noqa: BLE001 - the status is sent already: report in the stream
             log.exception("generation_failed")
             yield sse(from_status(500, f"generation failed: {e!r}", code="generation_failed").body())

@@ -65,13 +65,34 @@ class _Ahead:
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
     staging: object
-    cost: tuple
-    tokens: np.ndarray | None = None  # the ids the step before chose (its input), once read
+    cost: tuple | _Half  # a _Half: its forward only (its masks need the token the step before draws)
+    tokens: list | None = None  # the ids the step before drew (its input), once read
 
     def matches(self, seqs, caches) -> bool:
         return (self.tokens is not None and len(caches) == len(self.caches)
                 and all(r() is c and c.offset == o for r, c, o in zip(self.caches, caches, self.offsets))
                 and all(len(s) == 1 and s[0] == tok for s, tok in zip(seqs, self.tokens)))
+
+
+@dataclass(eq=False)
+class _Half:
+    """A step whose forward is submitted (_submit), its sampler's calls and copies not yet (_finish)."""
+
+    prog: Program
+    plan: object
+    t: int
+    n: int
+    all_logits: bool
+    picks: list
+    logprobs: bool
+    masked: bool
+    staging: object
+    first: int  # the first call not submitted
+    up: int
+    encode_s: float
+    submit_s: float
+    submissions: int
+    enc: object | None  # the last piece's encoder, when it holds the whole rest
 
 
 class ResidentRunner(Planning):
@@ -128,7 +149,7 @@ class ResidentRunner(Planning):
         self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
         self._pending: Future | None = None  # the background submission of the furthest step ahead
-        self._chain = (frozenset(), False)  # the sampler's stages and logprobs of the steps run ahead
+        self._chain = (frozenset(), False, False)  # the sampler's stages, logprobs, masks of the steps run ahead
         group = cfg.n_heads // cfg.n_kv_heads
         # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
         # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.13 ms a layer with its merge,
@@ -251,9 +272,9 @@ class ResidentRunner(Planning):
         (samplers[i]; None: the argmax), and its last row's logits where need[i] (None
         elsewhere). Caches advance.
 
-        Run-ahead: a decode step (no logits wanted, no constraint: its next mask needs this step's
-        token on the host) keeps the next AHEAD steps of the same sequences submitted, each fed on
-        the device by the tokens drawn in the one before: the next one before this one is read,
+        Run-ahead: a decode step (no logits wanted) keeps the next AHEAD steps of the same
+        sequences submitted, each fed on the device by the tokens drawn in the one before (with
+        constraints only the next one's forward: its masks need this step's tokens on the host): the next one before this one is read,
         the one after that encoded and submitted by a background thread while this step is read
         and the caller handles its tokens. When the caller then asks for exactly that step (same
         caches, the tokens the device chose), it is already computed or running: neither the
@@ -269,8 +290,8 @@ class ResidentRunner(Planning):
         need = need or [False] * n
         samplers = samplers or [None] * n
         picks = [] if all_logits else [i for i in range(n) if need[i]]
-        constrained = any(s is not None and s.guide is not None for s in samplers)
-        chained = not all_logits and not picks and not constrained  # the drawn ids are all the host needs
+        masked = any(s is not None and s.guide is not None for s in samplers)
+        chained = not all_logits and not picks  # the drawn ids are all the host needs
         self._join()
         ahead_run = chained and self.run_ahead
         with self.gpu.lock:
@@ -289,9 +310,11 @@ class ResidentRunner(Planning):
                                     samplers)
             else:
                 staging, cost = ahead.staging, ahead.cost
-            if ahead_run and not self._aheads:
-                self._submit_next(caches, [c.offset + k for c, k in zip(caches, lens)])
-        if ahead_run and self._aheads and len(self._aheads) < AHEAD:
+                if isinstance(cost, _Half):
+                    cost = self._finish(cost, samplers)  # its masks, then its sampler
+            if ahead_run and not self._aheads:  # (with masks: its forward alone, fed by this step's draws)
+                self._submit_next(caches, [c.offset + k for c, k in zip(caches, lens)], masked)
+        if ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
@@ -327,9 +350,10 @@ class ResidentRunner(Planning):
             if self._aheads:
                 self._submit_next(caches, [o + 1 for o in self._aheads[-1].offsets])
 
-    def _submit_next(self, caches, starts) -> None:
+    def _submit_next(self, caches, starts, split: bool = False) -> None:
         """Submit a decode step of one row for each of caches, at positions `starts`, fed on the
-        device by the tokens drawn in the step before."""
+        device by the tokens drawn in the step before (split: its forward alone; one with masks
+        draws once the host has them, so no step runs further ahead)."""
         try:
             with self._lock:
                 for c, s0 in zip(caches, starts):
@@ -339,15 +363,17 @@ class ResidentRunner(Planning):
         if max(starts) >= self.cfg.context_length:
             return
         staging = self._staging()
-        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging, None)
+        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging, None, split)
         self._aheads.append(_Ahead([weakref.ref(c) for c in caches], starts, staging, cost))
 
-    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging, samplers) -> tuple:
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging, samplers, split: bool = False):
         """Write the step's rows (and its samplers' rows) and encode and submit it; seqs None: a
         step ahead, whose tokens are the ones the step before drew on the device, by the same
-        samplers. A step with constraints is submitted in two: the forward, then (their masks
-        written once the host has them: computed while the forward runs) the sampler.
-        (bytes up, bytes down, encode s, submit s, dispatches, submissions, GFLOP)."""
+        samplers. A step with constraints is submitted in two: the forward, then the sampler once
+        the host has their masks (computed while the forward runs); split: only the forward, the
+        rest left to _finish (a step ahead whose masks need the token the step before draws).
+        (bytes up, bytes down, encode s, submit s, dispatches, submissions, GFLOP), or with split
+        the _Half to finish."""
         t0 = time.perf_counter()
         t, n = sum(lens), len(lens)
         queue = self.device.queue
@@ -368,14 +394,14 @@ class ResidentRunner(Planning):
                 row = self.kv.table[s]
                 queue.write_buffer(self.table, s * row.nbytes, row)
                 up += row.nbytes
-        masked = samplers is not None and any(s is not None and s.guide is not None for s in samplers)
         if all_logits:
-            stages, logprobs = frozenset(), False
+            stages, logprobs, masked = frozenset(), False, False
         elif seqs is None:
-            stages, logprobs = self._chain
+            stages, logprobs, masked = self._chain
         else:
             wrote, stages, logprobs = self.sampler.write(queue, samplers, caches)
-            self._chain = (stages, logprobs)
+            masked = any(s is not None and s.guide is not None for s in samplers)
+            self._chain = (stages, logprobs, masked)
             up += wrote
         prog = self.program(all_logits)
         plan = self._plan(prog, t, n, stages)
@@ -384,45 +410,71 @@ class ResidentRunner(Planning):
             queue.write_buffer(prog.pbuf, 0, prog.params)
             prog.written = plan
             up += prog.params.nbytes
-        ts = self.gpu.ts
         pieces = seqs is not None and t >= PIECES_MIN_ROWS
-        ends = sorted({k for k in FIRST_PIECES if pieces and k < len(plan.calls)} | {len(plan.calls)}
-                      | ({plan.sampler_at} if masked else set()))
+        first = plan.sampler_at if masked else len(plan.calls)
+        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first})
+        submit_s = 0.0
         for a, b in itertools.pairwise([0, *ends]):
-            if masked and a == plan.sampler_at:
-                up += self.sampler.write_masks(queue, samplers)  # (waits for the host's masks)
-            enc = self.device.create_command_encoder()
-            stamps = {}  # the GPU time: from the first piece's start to the last one's end
-            if ts and not a:
-                stamps["beginning_of_pass_write_index"] = 0
-            if ts and b == len(plan.calls):
-                stamps["end_of_pass_write_index"] = 1
-            cp = enc.begin_compute_pass(timestamp_writes={"query_set": ts[0], **stamps} if stamps else None)
-            encode_pass(cp, plan.calls[a:b])
-            cp.end()
+            enc = self._encode(plan, a, b)
             if b < len(plan.calls):
-                queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
+                t1 = time.perf_counter()
+                self.device.queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
+                submit_s += time.perf_counter() - t1
+        half = _Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
+                     time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
+                     enc if first == len(plan.calls) else None)
+        return half if split else self._finish(half, samplers)
+
+    def _encode(self, plan, a: int, b: int):
+        """An encoder with calls a..b of the plan in one pass (timestamps: the first call's start,
+        the last one's end)."""
+        ts = self.gpu.ts
+        enc = self.device.create_command_encoder()
+        stamps = {}  # the GPU time: from the first piece's start to the last one's end
+        if ts and not a:
+            stamps["beginning_of_pass_write_index"] = 0
+        if ts and b == len(plan.calls):
+            stamps["end_of_pass_write_index"] = 1
+        cp = enc.begin_compute_pass(timestamp_writes={"query_set": ts[0], **stamps} if stamps else None)
+        encode_pass(cp, plan.calls[a:b])
+        cp.end()
+        return enc
+
+    def _finish(self, h: _Half, samplers) -> tuple:
+        """The rest of a step _submit began: the sampler's calls (after the masks, when it has
+        constraints), the copies to its staging buffer; submitted."""
+        t0 = time.perf_counter()
+        queue = self.device.queue
+        up = h.up
+        enc = h.enc
+        if enc is None:
+            if h.masked:
+                up += self.sampler.write_masks(queue, samplers)  # (waits for the host's masks)
+            enc = self._encode(h.plan, h.first, len(h.plan.calls))
+        ts, staging, t, n = self.gpu.ts, h.staging, h.t, h.n
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
             enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
         row_bytes = self.cfg.vocab_size * 4
-        lg = prog.logits.buf
-        if all_logits:
+        lg = h.prog.logits.buf
+        if h.all_logits:
             enc.copy_buffer_to_buffer(lg, 0, staging, self._ids_bytes, t * row_bytes)
             down = t * row_bytes
         else:
             enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
             down = n * 4
-            if logprobs:
+            if h.logprobs:
                 enc.copy_buffer_to_buffer(self.sampler.out, 0, staging, self.max_seqs * 4, n * OUTW * 4)
                 down += n * OUTW * 4
-            for k, i in enumerate(picks):
+            for k, i in enumerate(h.picks):
                 enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
-            down += len(picks) * row_bytes
+            down += len(h.picks) * row_bytes
         t1 = time.perf_counter()
         queue.submit([enc.finish()])
-        self.stats.submissions += len(ends)
-        return up, down, t1 - t0, time.perf_counter() - t1, len(plan.calls), len(ends), prog.gflop(t, n)
+        submissions = h.submissions + 1
+        self.stats.submissions += submissions
+        return (up, down, h.encode_s + t1 - t0, h.submit_s + time.perf_counter() - t1, len(h.plan.calls), submissions,
+                h.prog.gflop(t, n))
 
     def _read(self, staging, t, n, all_logits, picks, samplers):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
