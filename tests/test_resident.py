@@ -16,7 +16,7 @@ from structlog.testing import capture_logs
 import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
-from oxinfer.runtime.webgpu import runner as resident
+from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
 from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
 from oxinfer.runtime.webgpu.runner import AHEAD
@@ -72,12 +72,12 @@ async def test_a_prompt_s_step_submitted_in_pieces_computes_the_same(pair, monke
     _, gpu = pair
     r = gpu.resident
     tokens = list(np.random.default_rng(8).integers(0, 256, size=70))
-    monkeypatch.setattr(resident, "PIECES_MIN_ROWS", 10**6)
+    monkeypatch.setattr(submission, "PIECES_MIN_ROWS", 10**6)
     s0 = r.stats.submissions
     whole = await gpu.next_logits(tokens)
     assert r.stats.submissions == s0 + 1
-    monkeypatch.setattr(resident, "PIECES_MIN_ROWS", 64)
-    monkeypatch.setattr(resident, "FIRST_PIECES", (3, 10))
+    monkeypatch.setattr(submission, "PIECES_MIN_ROWS", 64)
+    monkeypatch.setattr(submission, "FIRST_PIECES", (3, 10))
     monkeypatch.setattr(r.gpu, "ts", r.gpu._timestamp_objects())  # as WebGpuBackend(timestamps=True)
     got = await gpu.next_logits(tokens)
     assert r.stats.submissions == s0 + 4 and r.last.rows == 70 and r.last.kernel_s > 0

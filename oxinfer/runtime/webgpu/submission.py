@@ -1,0 +1,190 @@
+"""A step's submission and readback: its rows written, its plan encoded in pieces (a prompt's first
+dispatches submitted while the rest is encoded; a step with constraints in two, its sampler once the
+host has their masks), the copies to its staging buffer, and the mapped readback."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from oxinfer.runtime.webgpu.device import encode_pass, map_for_read
+from oxinfer.runtime.webgpu.plan import Program
+from oxinfer.runtime.webgpu.sampler import OUTW
+
+# a prompt's step (PIECES_MIN_ROWS rows or more) is submitted in pieces: its first 16 dispatches, the
+# next 64, then the rest, so the GPU starts while the rest is encoded; encoding TinyLlama's 512-row
+# prompt (291 dispatches) took 1.1 ms on the H200 machine and finishing and submitting it 1.2, all
+# before the GPU did anything. Decode steps stay one submission (run-ahead hides their encoding).
+FIRST_PIECES = (16, 80)
+PIECES_MIN_ROWS = 64
+
+
+@dataclass(eq=False)
+class Half:
+    """A step whose forward is submitted (_submit), its sampler's calls and copies not yet (_finish)."""
+
+    prog: Program
+    plan: object
+    t: int
+    n: int
+    all_logits: bool
+    picks: list
+    logprobs: bool
+    masked: bool
+    staging: object
+    first: int  # the first call not submitted
+    up: int
+    encode_s: float
+    submit_s: float
+    submissions: int
+    enc: object | None  # the last piece's encoder, when it holds the whole rest
+
+
+
+class Submitting:
+    """The submitting half of ResidentRunner (mixed into it): a step's writes, its encoding in
+    pieces, and its readback."""
+
+    def _submit(self, seqs, caches, starts, lens, all_logits, picks, staging, samplers, split: bool = False):
+        """Write the step's rows (and its samplers' rows) and encode and submit it; seqs None: a
+        step ahead, whose tokens are the ones the step before drew on the device, by the same
+        samplers. A step with constraints is submitted in two: the forward, then the sampler once
+        the host has their masks (computed while the forward runs); split: only the forward, the
+        rest left to _finish (a step ahead whose masks need the token the step before draws).
+        (bytes up, bytes down, encode s, submit s, dispatches, submissions, GFLOP), or with split
+        the Half to finish."""
+        t0 = time.perf_counter()
+        t, n = sum(lens), len(lens)
+        queue = self.device.queue
+        meta = np.zeros(self._meta_words, np.uint32)
+        meta[0], meta[1] = t, n
+        meta[4:4 + t] = np.concatenate([np.arange(s0, s0 + k) for s0, k in zip(starts, lens)])
+        meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
+        meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = np.cumsum(lens) - 1
+        up = meta.nbytes
+        queue.write_buffer(self.meta, 0, meta)
+        if seqs is not None:
+            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
+            up += 4 * t
+        with self._lock:
+            dirty = sorted(self.kv.dirty)
+            self.kv.dirty.clear()
+            for s in dirty:
+                row = self.kv.table[s]
+                queue.write_buffer(self.table, s * row.nbytes, row)
+                up += row.nbytes
+        if all_logits:
+            stages, logprobs, masked = frozenset(), False, False
+        elif seqs is None:
+            stages, logprobs, masked = self._chain
+        else:
+            wrote, stages, logprobs = self.sampler.write(queue, samplers, caches)
+            masked = any(s is not None and s.guide is not None for s in samplers)
+            self._chain = (stages, logprobs, masked)
+            up += wrote
+        prog = self.program(all_logits)
+        plan = self._plan(prog, t, n, stages)
+        if prog.written is not plan:  # a steady decode batch writes its uniforms once
+            prog.set_rows(t, n, plan)
+            queue.write_buffer(prog.pbuf, 0, prog.params)
+            prog.written = plan
+            up += prog.params.nbytes
+        pieces = seqs is not None and t >= PIECES_MIN_ROWS
+        first = plan.sampler_at if masked else len(plan.calls)
+        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first})
+        submit_s = 0.0
+        for a, b in itertools.pairwise([0, *ends]):
+            enc = self._encode(plan, a, b)
+            if b < len(plan.calls):
+                t1 = time.perf_counter()
+                self.device.queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
+                submit_s += time.perf_counter() - t1
+        half = Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
+                     time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
+                     enc if first == len(plan.calls) else None)
+        return half if split else self._finish(half, samplers)
+
+    def _encode(self, plan, a: int, b: int):
+        """An encoder with calls a..b of the plan in one pass (timestamps: the first call's start,
+        the last one's end)."""
+        ts = self.gpu.ts
+        enc = self.device.create_command_encoder()
+        stamps = {}  # the GPU time: from the first piece's start to the last one's end
+        if ts and not a:
+            stamps["beginning_of_pass_write_index"] = 0
+        if ts and b == len(plan.calls):
+            stamps["end_of_pass_write_index"] = 1
+        cp = enc.begin_compute_pass(timestamp_writes={"query_set": ts[0], **stamps} if stamps else None)
+        encode_pass(cp, plan.calls[a:b])
+        cp.end()
+        return enc
+
+    def _finish(self, h: Half, samplers) -> tuple:
+        """The rest of a step _submit began: the sampler's calls (after the masks, when it has
+        constraints), the copies to its staging buffer; submitted."""
+        t0 = time.perf_counter()
+        queue = self.device.queue
+        up = h.up
+        enc = h.enc
+        if enc is None:
+            if h.masked:
+                up += self.sampler.write_masks(queue, samplers)  # (waits for the host's masks)
+            enc = self._encode(h.plan, h.first, len(h.plan.calls))
+        ts, staging, t, n = self.gpu.ts, h.staging, h.t, h.n
+        if ts:
+            enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
+            enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
+        row_bytes = self.cfg.vocab_size * 4
+        lg = h.prog.logits.buf
+        if h.all_logits:
+            enc.copy_buffer_to_buffer(lg, 0, staging, self._ids_bytes, t * row_bytes)
+            down = t * row_bytes
+        else:
+            enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
+            down = n * 4
+            if h.logprobs:
+                enc.copy_buffer_to_buffer(self.sampler.out, 0, staging, self.max_seqs * 4, n * OUTW * 4)
+                down += n * OUTW * 4
+            for k, i in enumerate(h.picks):
+                enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
+            down += len(h.picks) * row_bytes
+        t1 = time.perf_counter()
+        queue.submit([enc.finish()])
+        submissions = h.submissions + 1
+        self.stats.submissions += submissions
+        return (up, down, h.encode_s + t1 - t0, h.submit_s + time.perf_counter() - t1, len(h.plan.calls), submissions,
+                h.prog.gflop(t, n))
+
+    def _read(self, staging, t, n, all_logits, picks, samplers):
+        """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
+        map_sync polls the device until everything submitted is done (a step submitted behind
+        this one too); a non-blocking poll loop returns when this one is (measured on the H200:
+        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (draws, or with
+        all_logits the argmax ids; logits, GPU s, whether the host had to wait)."""
+        vocab = self.cfg.vocab_size
+        row_bytes = vocab * 4
+        size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
+        waited = map_for_read(self.device, staging, size, self.gpu.cpu_adapter)
+        try:
+            mem = staging.read_mapped(0, size, copy=False)
+            kernel_s = None
+            ts = self.gpu.ts
+            if ts:
+                begin, end = np.frombuffer(mem, np.uint64, count=2, offset=self._ids_bytes - 16)
+                kernel_s = float(end - begin) * ts[2] / 1e9 if end > begin else None
+            if all_logits:
+                out = [np.frombuffer(mem, np.float32, count=t * vocab, offset=self._ids_bytes).reshape(t, vocab).copy()]
+                ids = out[0].argmax(-1)
+            else:
+                ids = np.frombuffer(mem, np.uint32, count=n).astype(np.int64)
+                lp = np.frombuffer(mem, np.uint32, count=n * OUTW, offset=self.max_seqs * 4).reshape(n, OUTW)
+                ids = self.sampler.draws(ids, lp if self._chain[1] else None, samplers)
+                out = [None] * n
+                for k, i in enumerate(picks):
+                    out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
+        finally:
+            staging.unmap()
+        return ids, out, kernel_s, waited
