@@ -149,7 +149,7 @@ def main() -> None:
             print(f"wrote {path.name}: {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t:.1f} s")
             models.append(path)
         cols = " | ".join(f"{n} streams tok/s" for n in a.concurrency)
-        print(f"| model | backend | prefill tok/s | {cols} | waits/token (1 stream) | submissions/step |")
+        print(f"| model | backend | prefill tok/s | {cols} | blocking waits/token at each | submissions/step |")
         print("|---|---|---:|" + "---:|" * len(a.concurrency) + "---:|---:|")
         for backend in a.backends:  # the GPU's rows before any CPU engine has run (its threads, its garbage)
             for path in models:
@@ -157,13 +157,14 @@ def main() -> None:
                 r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, a.sampled)
                 c = a.concurrency[0]
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
-                print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {r.get(f'waits{c}', 0):.2f} | "
-                      f"{r.get(f'steps{c}', 0):.2f} |", flush=True)
+                w = "/".join(f"{r[f'waits{n}']:.2f}" for n in a.concurrency if f"waits{n}" in r)
+                print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {w} | {r.get(f'steps{c}', 0):.2f} |",
+                      flush=True)
                 for name in SAMPLINGS if a.sampled else ():  # tok/s (and the ratio to greedy's)
                     vals = " | ".join(f"{r[f'{name}:{n}']:.0f} ({r[f'{name}:{n}'] / r[f'x{n}']:.0%})" if f"{name}:{n}" in r
                                       else "" for n in a.concurrency)
-                    w = max((v for k, v in r.items() if k.startswith(f"{name}:waits")), default=0)
-                    print(f"| {path.stem} | {backend}, {name} | | {vals} | {w:.2f} (max) | |", flush=True)
+                    w = "/".join(f"{r[f'{name}:waits{n}']:.2f}" for n in a.concurrency if f"{name}:waits{n}" in r)
+                    print(f"| {path.stem} | {backend}, {name} | | {vals} | {w} | |", flush=True)
                 for line in [*r["phases"], r["detail"]]:
                     print(f"<!-- {line} -->", flush=True)
 
