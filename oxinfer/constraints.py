@@ -221,7 +221,8 @@ class Guide:
         if self.vocab % 32:
             words[-1] &= np.uint32((1 << (self.vocab % 32)) - 1)
         if not words.any():
-            raise ConstraintError(f"{self.kind}: no token can continue the output ({self._m.get_error() or 'the grammar admits no further text'})")
+            why = self._m.get_error() or "the grammar admits no further text"
+            raise ConstraintError(f"{self.kind}: no token can continue the output ({why})")
         return words
 
     def apply(self, x: np.ndarray) -> None:

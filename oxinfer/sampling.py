@@ -156,8 +156,8 @@ class Sampler:
         x = self._penalize(logits)
         if (p.logit_bias or self.guide is not None) and x is logits:
             x = x.astype(np.float32)  # one copy for the bias and the mask to write into
-        if p.logit_bias:
-            x[self._bias_ids[self._bias_ids < len(x)]] += self._bias[self._bias_ids < len(x)]
+        if p.logit_bias:  # (ids the vocabulary has: the engine refuses others)
+            x[self._bias_ids] += self._bias
         if self.guide is not None:
             self.guide.apply(x)
         tok = int(np.argmax(x)) if p.greedy else self._draw(x / np.float32(p.temperature))
@@ -182,17 +182,14 @@ class Sampler:
         """The penalties' view of the tokens so far, as the device keeps it: per token, bit 31 set
         if it is in the prompt, the low bits its occurrences in the output."""
         row = np.zeros(vocab, np.uint32)
-        prompt = np.asarray(self.prompt_ids, np.int64)
-        row[prompt[prompt < vocab]] = 1 << 31
+        row[np.asarray(self.prompt_ids, np.int64)] = 1 << 31
         for tok, n in self.counts.items():
-            if tok < vocab:
-                row[tok] |= n
+            row[tok] |= n
         return row
 
     def bias_row(self, vocab: int) -> np.ndarray:
         row = np.zeros(vocab, np.float32)
-        keep = self._bias_ids < vocab
-        row[self._bias_ids[keep]] = self._bias[keep]
+        row[self._bias_ids] = self._bias
         return row
 
     def _penalize(self, logits: np.ndarray) -> np.ndarray:
@@ -202,7 +199,6 @@ class Sampler:
         x = logits.astype(np.float32, copy=True)
         if p.repetition_penalty != 1.0:
             seen = np.unique(np.fromiter([*self.prompt_ids, *self.counts], np.int64))
-            seen = seen[seen < len(x)]
             v = x[seen]
             x[seen] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
         if self.counts and (p.presence_penalty or p.frequency_penalty):

@@ -127,6 +127,16 @@ fn reduce(lid: u32) {
     }
 }
 
+// the best of the invocations' candidates (bv, bi), nothing else reduced: read at wv[0], wi[0]
+fn best_of(lid: u32, bv: f32, bi: u32) {
+    workgroupBarrier();   // every invocation has read what the last reduce left at index 0
+    wv[lid] = bv;
+    wi[lid] = bi;
+    wm[lid] = 0.0;
+    ws[lid] = 0.0;
+    reduce(lid);
+}
+
 fn part_at(r: u32, p: u32) -> u32 {
     return (r * PARTS + p) * PW;
 }
@@ -226,12 +236,7 @@ fn sample_top(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 bi = i;
             }
         }
-        workgroupBarrier();   // every invocation has read the last round's wv[0]
-        wv[lid] = bv;
-        wi[lid] = bi;
-        wm[lid] = 0.0;
-        ws[lid] = 0.0;
-        reduce(lid);
+        best_of(lid, bv, bi);
         lv = wv[0];
         li = wi[0];
         if (lid == 0u) {   // (NONE once the part has no more: the rounds run on, uniformly)
@@ -432,11 +437,7 @@ fn sample_cut(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             }
         }
     }
-    wv[lid] = bv;
-    wi[lid] = bi;
-    wm[lid] = 0.0;
-    ws[lid] = 0.0;
-    reduce(lid);
+    best_of(lid, bv, bi);
     if (lid == 0u) {
         parts[part_at(r, p)] = bitcast<u32>(wv[0]);
         parts[part_at(r, p) + 1u] = wi[0];
@@ -497,12 +498,7 @@ fn sample_pick(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 }
             }
         }
-        workgroupBarrier();
-        wv[lid] = bv;
-        wi[lid] = bi;
-        wm[lid] = 0.0;
-        ws[lid] = 0.0;
-        reduce(lid);
+        best_of(lid, bv, bi);
         lv = wv[0];
         li = wi[0];
         if (lid == 0u) {

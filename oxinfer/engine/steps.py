@@ -17,6 +17,7 @@ from oxinfer.engine.admission import Admission, Request
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.executor import PREFILL_CHUNK
+from oxinfer.sampling import Draw
 
 log = structlog.get_logger("oxinfer.engine")
 
@@ -48,7 +49,7 @@ class Steps:
                 log.info("gpu_kv_full", reason=str(e), action="this request runs on the CPU")
         return self.cpu.new_cache(capacity, prompt)
 
-    async def forward_step(self, req: Request, tokens) -> tuple | None:
+    async def forward_step(self, req: Request, tokens) -> Draw | None:
         """The Draw (oxinfer/sampling.py) after the step's tokens: the prompt in chunks, or one
         token. None: the request was preempted (its cache is gone; it must wait in line again)."""
         out = None

@@ -40,8 +40,7 @@ class StepStats:
     blocking_waits: int = 0
     ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
     wasted_steps: int = 0  # steps submitted ahead and not asked for
-    sampled_steps: int = 0  # steps that drew a token at a temperature for some sequence
-    greedy_steps: int = 0  # steps whose every token was an argmax
+    sampled_steps: int = 0  # steps that drew a token at a temperature for some sequence (the rest: greedy)
     dispatches: int = 0
     rows: int = 0
     gflop: float = 0.0
@@ -58,7 +57,6 @@ class StepStats:
         self.blocking_waits += r.waited
         self.ahead_steps += r.ahead
         self.sampled_steps += r.sampled > 0
-        self.greedy_steps += r.sampled == 0
         self.seconds += r.step_s
         self.dispatches += r.dispatches
         self.rows += r.rows

@@ -123,9 +123,9 @@ class Planning:
 
 
     def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset()) -> Plan:
-        """The calls that encode a step of t rows of n sequences, with the sampler's stages it needs,
-        and the uniform words the shape decides, built once per shape: a decode step of a steady batch re-encodes a list, nothing
-        else. The passes, in order: choose_kernels, fuse_prologues, fuse_split_sums,
+        """The calls that encode a step of t rows of n sequences, with the sampler's stages it
+        needs, and the uniform words the shape decides, built once per shape: a decode step of a
+        steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels, fuse_prologues, fuse_split_sums,
         chunk_attention, then the calls and the uniform words."""
         plan = prog.plans.get((t, n, stages))
         if plan is None:

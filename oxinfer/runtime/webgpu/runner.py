@@ -59,7 +59,7 @@ class _Ahead:
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
     staging: object
-    cost: tuple | Half  # a _Half: its forward only (its masks need the token the step before draws)
+    cost: tuple | Half  # a Half: its forward only (its masks need the token the step before draws)
     tokens: list | None = None  # the ids the step before drew (its input), once read
 
     def matches(self, seqs, caches) -> bool:
@@ -247,9 +247,9 @@ class ResidentRunner(Planning, Submitting):
 
         Run-ahead: a decode step (no logits wanted) keeps the next AHEAD steps of the same
         sequences submitted, each fed on the device by the tokens drawn in the one before (with
-        constraints only the next one's forward: its masks need this step's tokens on the host): the next one before this one is read,
-        the one after that encoded and submitted by a background thread while this step is read
-        and the caller handles its tokens. When the caller then asks for exactly that step (same
+        constraints only the next one's forward: its masks need this step's tokens on the host):
+        the next one before this one is read, the one after that encoded and submitted by a
+        background thread while this step is read and the caller handles its tokens. When the caller then asks for exactly that step (same
         caches, the tokens the device chose), it is already computed or running: neither the
         caller's work nor the encoding of a step makes the GPU wait. Any other request discards
         them (their KV writes lie past the caches' offsets and are rewritten before anything

@@ -68,10 +68,10 @@ class DeviceSampler:
         n, v = len(caches), self.vocab
         rows = np.zeros((n, SP_WORDS), np.uint32)
         f = rows.view(np.float32)
+        f[:, [1, 3, 5]], f[:, 4] = 1.0, WINDOW  # 1 / temperature, top_p, repetition penalty; the window
+        rows[:, 9] = [c.slot for c in caches]
         up, stages = 0, set()
         for i, (s, c) in enumerate(zip(samplers, caches)):
-            f[i, 1], f[i, 3], f[i, 5], f[i, 4] = 1.0, 1.0, 1.0, WINDOW
-            rows[i, 9] = c.slot
             if s is None:
                 continue  # a forward of no request: its argmax
             p, flags = s.params, 0
@@ -107,8 +107,9 @@ class DeviceSampler:
                 flags |= LOGPROBS
                 rows[i, 10] = p.logprobs
             rows[i, 0] = flags
-            stages |= {"top"} if p.logprobs else set()
             stages |= {name for bit, name in ((TOPK, "k"), (TOPP, "p"), (CUT, "cut")) if flags & bit}
+            if p.logprobs:
+                stages.add("top")
         queue.write_buffer(self.buffers[6], 0, rows)
         return up + rows.nbytes, frozenset(stages), bool((rows[:, 0] & LOGPROBS).any())
 
