@@ -17,11 +17,21 @@ def quant_matrix(qtype: str, n_out: int, n_in: int, seed: int) -> QuantMatrix:
 
 def int8_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     """numpy's version of the kernel's arithmetic: x rounded to int8 per 32-block (absmax scaling),
-    times the weights as the kernel holds them, summed in float64."""
+    times the weights as the kernel holds them, summed in float64; a 4-bit type's offsets times
+    the sums of x's blocks as they are."""
     xb = x.reshape(len(x), -1, 32).astype(np.float64)
     sx = np.abs(xb).max(axis=2, keepdims=True) / 127
     xq = np.rint(np.divide(xb, sx, out=np.zeros_like(xb), where=sx > 0)) * sx
-    q, scales = w.codec.int8_blocks(np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes))
+    raw = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
+    if w.codec.int4:
+        packed, scales, offsets = w.codec.int4_blocks(raw)
+        q = np.stack([packed & 0x0F, packed >> 4], axis=2).reshape(len(raw), 32)  # pairs unpacked
+        wq = scales[:, None].astype(np.float64) * (q - 8.0)
+        y = xq.reshape(len(x), -1) @ wq.reshape(w.n_out, w.n_in).T
+        if offsets is not None:
+            y += xb.sum(axis=2) @ offsets.reshape(w.n_out, -1).T.astype(np.float64)
+        return y
+    q, scales = w.codec.int8_blocks(raw)
     wq = scales[:, None].astype(np.float64) * (q - 128.0)
     return xq.reshape(len(x), -1) @ wq.reshape(w.n_out, w.n_in).T
 
@@ -60,11 +70,12 @@ def test_16_bit_floats_take_the_int8_kernel_only_in_rows_of_32s():
     assert not blockwise.supports(odd) and type(CpuBackend().upload(odd)).__name__ == "F32Kernel"
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_0", "Q8_0"])
 @pytest.mark.parametrize("n_out,n_in", [(960, 576), (576, 1536)])
-def test_a_row_gets_the_same_bits_alone_or_stacked(n_out, n_in):
+def test_a_row_gets_the_same_bits_alone_or_stacked(n_out, n_in, qtype):
     """The engine's batched-equals-solo guarantee rests on this: int8 rounding turns any last-bit
     difference into a visible one."""
-    w = quant_matrix("Q4_1", n_out, n_in, seed=3)
+    w = quant_matrix(qtype, n_out, n_in, seed=3)
     x = np.random.default_rng(8).normal(size=(600, n_in)).astype(np.float32)
     kernel = BlockwiseKernel(w)
     for rows in (16, 64, 600):

@@ -126,3 +126,14 @@ def test_int8_blocks_requantize_q4_1_within_half_a_step():
     step = np.abs(exact).max(axis=1, keepdims=True) / 127
     assert (err <= step / 2 * 1.0001 + 1e-12).all()
     assert err.max() > 0  # really requantized, not copied
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1"])
+def test_int4_blocks_are_exact(name):
+    """The 4-bit kernels' blocks: value = scale * (q - 8) + offset, q in pairs per byte."""
+    raw = random_blocks(name, 2048, np.random.default_rng(6))
+    packed, scales, offsets = codec(name).int4_blocks(raw)
+    assert packed.shape == (2048, 16) and packed.dtype == np.uint8 and scales.dtype == np.float32
+    q = np.stack([packed & 0x0F, packed >> 4], axis=2).reshape(2048, 32).astype(np.float32)
+    got = scales[:, None] * (q - 8) + (0 if offsets is None else offsets[:, None])
+    np.testing.assert_allclose(got, codec(name).decode_blocks(raw), rtol=1e-6, atol=1e-7)

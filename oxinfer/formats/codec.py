@@ -23,6 +23,8 @@ class Codec:
     # Quantized types also say how the CPU's blockwise int8 kernel takes them (runtime/blockwise.py):
     # 32 unsigned bytes per block with zero point 128 (value = scale * (q - 128)), one f32 scale.
     int8: ClassVar[bool] = False  # False: a float type, multiplied in float32
+    # Types of 4-bit values in blocks of 32 go as such instead (half the bytes): `int4_blocks`.
+    int4: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -48,6 +50,13 @@ class Codec:
         """(n_blocks, block_bytes) u8 -> values (n_blocks, 32) u8 and scales (n_blocks,) f32."""
         raise NotImplementedError
 
+    @classmethod
+    def int4_blocks(cls, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """(n_blocks, block_bytes) u8 -> values (n_blocks, 16) u8 (value 2j in byte j's low
+        nibble, 2j + 1 in its high one), scales (n_blocks,) f32 and offsets (n_blocks,) f32 or None:
+        value = scale * (q - 8) + offset, exactly."""
+        raise NotImplementedError
+
 
 def _requantize_q8(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """float32 (n_blocks, 32) -> symmetric 8-bit blocks (value = scale * (q - 128)), absmax scaling:
@@ -66,6 +75,12 @@ def _f16(b: np.ndarray) -> np.ndarray:
 def _nibbles(qs: np.ndarray) -> np.ndarray:
     """(n_blocks, 16) packed bytes -> (n_blocks, 32) values: byte j holds value j (low) and j+16 (high)."""
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1).astype(np.float32)
+
+
+def _pack4(qs: np.ndarray) -> np.ndarray:
+    """GGML's nibble order (byte j: values j and j + 16) -> pairs (byte j: values 2j and 2j + 1)."""
+    v = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)  # (n_blocks, 32)
+    return v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
 
 
 def codec(qtype: str, tensor: str = "?") -> type[Codec]:

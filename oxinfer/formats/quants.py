@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.errors import UnsupportedQuantError
-from oxinfer.formats.codec import CODECS, Codec, _f16, _nibbles, _requantize_q8, codec  # noqa: F401 - re-exported
+from oxinfer.formats.codec import CODECS, Codec, _f16, _nibbles, _pack4, _requantize_q8, codec  # noqa: F401 - re-exported
 
 
 class F32(Codec):
@@ -96,6 +96,13 @@ class Q4_0(Codec):
         """Exact: q - 8 = (q + 120) - 128."""
         return _nibbles(blocks[:, 2:]).astype(np.uint8) + np.uint8(120), _f16(blocks[:, :2])[:, 0]
 
+    int4 = True
+
+    @classmethod
+    def int4_blocks(cls, blocks):
+        """Exact: the nibbles as they are, reordered."""
+        return _pack4(blocks[:, 2:]), _f16(blocks[:, :2])[:, 0], None
+
 
 class Q4_1(Codec):
     """20 bytes: f16 scale d, f16 minimum m, then 16 bytes of nibbles; value = q * d + m."""
@@ -114,6 +121,14 @@ class Q4_1(Codec):
         slower), and integer zero points would shift whole blocks. Each value moves by at most
         absmax/254, about d/32 for a block spanning 0: a sixteenth of Q4_1's own rounding."""
         return _requantize_q8(cls.decode_blocks(blocks))
+
+    int4 = True
+
+    @classmethod
+    def int4_blocks(cls, blocks):
+        """Exact: q * d + m = (q - 8) * d + (m + 8d), the nibbles as they are, reordered."""
+        d, m = _f16(blocks[:, :2])[:, 0], _f16(blocks[:, 2:4])[:, 0]
+        return _pack4(blocks[:, 4:]), d, m + np.float32(8) * d
 
 
 def _owner(a):
