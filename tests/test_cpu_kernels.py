@@ -53,7 +53,7 @@ def test_blockwise_kernel_matches_numpy(qtype, rows):
     assert np.abs(y - exact).max() < 0.02 * np.abs(exact).max()
 
 
-@pytest.mark.parametrize("qtype", ["Q4_1", "Q6_K", "BF16"])
+@pytest.mark.parametrize("qtype", ["Q5_1", "Q6_K", "BF16"])
 def test_weights_convert_in_chunks_to_the_same_blocks(qtype, monkeypatch):
     """int8_weights converts CHUNK weights at a time (the float32 temporaries of a requantization
     stay small): the same values and scales as the whole matrix at once."""

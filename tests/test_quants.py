@@ -23,10 +23,10 @@ def test_block_codecs_match_gguf_bit_for_bit(name):
     assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
 
 
-EXACT_INT8 = ["Q8_0", "Q4_0", "Q5_0", "IQ4_NL", "IQ4_XS"]  # int8 sub-blocks hold these types' values exactly
+EXACT_INT8 = ["Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS"]  # int8 sub-blocks hold these types' values exactly
 
 
-@pytest.mark.parametrize("name", QUANTIZED)
+@pytest.mark.parametrize("name", [n for n in QUANTIZED if not codec(n).int4])  # 4-bit types: int4_blocks
 def test_int8_sub_blocks_hold_each_type_exactly_or_within_absmax_over_254(name):
     """What the CPU's blockwise int8 kernels get: sub-blocks of 32 with one scale each, value =
     scale * (q - 128). Exact for the types whose codes are int8 levels under one scale per 32
@@ -112,20 +112,9 @@ def _expand_int8(name: str, raw: np.ndarray) -> np.ndarray:
     return scales[:, None] * (q.astype(np.float32) - 128)
 
 
-@pytest.mark.parametrize("name", ["Q8_0", "Q4_0"])
-def test_int8_blocks_are_exact_for_q8_0_and_q4_0(name):
-    raw = random_blocks(name, 2048, np.random.default_rng(4))
-    assert np.array_equal(_expand_int8(name, raw), codec(name).decode_blocks(raw))
-
-
-def test_int8_blocks_requantize_q4_1_within_half_a_step():
-    raw = random_blocks("Q4_1", 2048, np.random.default_rng(5))
-    raw[:7, :2] = 0  # d = 0: every value of the block is its minimum m
-    exact = codec("Q4_1").decode_blocks(raw)
-    err = np.abs(_expand_int8("Q4_1", raw) - exact)
-    step = np.abs(exact).max(axis=1, keepdims=True) / 127
-    assert (err <= step / 2 * 1.0001 + 1e-12).all()
-    assert err.max() > 0  # really requantized, not copied
+def test_int8_blocks_are_exact_for_q8_0():
+    raw = random_blocks("Q8_0", 2048, np.random.default_rng(4))
+    assert np.array_equal(_expand_int8("Q8_0", raw), codec("Q8_0").decode_blocks(raw))
 
 
 @pytest.mark.parametrize("name", ["Q4_0", "Q4_1"])

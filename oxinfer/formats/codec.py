@@ -23,7 +23,7 @@ class Codec:
     # Quantized types also say how the CPU's blockwise int8 kernel takes them (runtime/blockwise.py):
     # 32 unsigned bytes per block with zero point 128 (value = scale * (q - 128)), one f32 scale.
     int8: ClassVar[bool] = False  # False: a float type, multiplied in float32
-    # Types of 4-bit values in blocks of 32 go as such instead (half the bytes): `int4_blocks`.
+    # Types of 4-bit values in blocks of 32 go as 4-bit blocks instead (half the bytes): `int4_blocks`.
     int4: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):

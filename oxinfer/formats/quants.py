@@ -91,11 +91,6 @@ class Q4_0(Codec):
         d = _f16(blocks[:, :2])
         return (_nibbles(blocks[:, 2:]) - np.float32(8)) * d
 
-    @classmethod
-    def int8_blocks(cls, blocks):
-        """Exact: q - 8 = (q + 120) - 128."""
-        return _nibbles(blocks[:, 2:]).astype(np.uint8) + np.uint8(120), _f16(blocks[:, :2])[:, 0]
-
     int4 = True
 
     @classmethod
@@ -114,13 +109,6 @@ class Q4_1(Codec):
     def decode_blocks(cls, blocks):
         d, m = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
         return d * _nibbles(blocks[:, 4:]) + m
-
-    @classmethod
-    def int8_blocks(cls, blocks):
-        """Requantized: the kernel has no float minimum (its float zero points take a path 20x
-        slower), and integer zero points would shift whole blocks. Each value moves by at most
-        absmax/254, about d/32 for a block spanning 0: a sixteenth of Q4_1's own rounding."""
-        return _requantize_q8(cls.decode_blocks(blocks))
 
     int4 = True
 
