@@ -83,7 +83,7 @@ async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = Non
 
 
 async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
-                  sampled: bool = False) -> dict:
+                  sampled: dict | None = None) -> dict:
     gpu = None
     if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
         from oxinfer.runtime.webgpu import WebGpuBackend
@@ -100,7 +100,7 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
     out = {"prefill": n_prompt / float(np.median(times[2:]))}
     out["phases"] = ["prefill runs, ms: " + " ".join(f"{t * 1e3:.1f}" for t in times)]
     for n in concurrency:
-        modes = {"": None, **({k: v for k, v in SAMPLINGS.items() if k != "json schema" or n == 8} if sampled else {})}
+        modes = {"": None, **{k: v for k, v in (sampled or {}).items() if k != "json schema" or n == 8}}
         runs = {k: [] for k in modes}
         for name, sampling in modes.items():
             await crowd(engine, n, 4, sampling)  # this batch size's plans and kernels, once
@@ -136,8 +136,10 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
     ap.add_argument("--sampled", action="store_true", help=f"also decode sampled ({', '.join(SAMPLINGS)}) beside greedy")
+    ap.add_argument("--modes", nargs="+", choices=list(SAMPLINGS), help="with --sampled: only these sampling modes")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
+    sampled = {k: SAMPLINGS[k] for k in a.modes or SAMPLINGS} if a.sampled else {}
     oxinfer.configure_logging("WARNING")
     print(f"machine: {os.cpu_count()} cores; {a.prompt_tokens}-token prefill, {a.decode_tokens} tokens decoded per stream")
     with tempfile.TemporaryDirectory() as tmp:
@@ -154,13 +156,13 @@ def main() -> None:
         for backend in a.backends:  # the GPU's rows before any CPU engine has run (its threads, its garbage)
             for path in models:
                 gc.collect()
-                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, a.sampled)
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, sampled)
                 c = a.concurrency[0]
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
                 w = "/".join(f"{r[f'waits{n}']:.2f}" for n in a.concurrency if f"waits{n}" in r)
                 print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {w} | {r.get(f'steps{c}', 0):.2f} |",
                       flush=True)
-                for name in SAMPLINGS if a.sampled else ():  # tok/s (and the ratio to greedy's)
+                for name in sampled:  # tok/s (and the ratio to greedy's)
                     vals = " | ".join(f"{r[f'{name}:{n}']:.0f} ({r[f'{name}:{n}'] / r[f'x{n}']:.0%})" if f"{name}:{n}" in r
                                       else "" for n in a.concurrency)
                     w = "/".join(f"{r[f'{name}:waits{n}']:.2f}" for n in a.concurrency if f"{name}:waits{n}" in r)

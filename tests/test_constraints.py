@@ -122,3 +122,10 @@ async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
         answers.append(b.text)
     jsonschema.validate(json.loads(answers[0]), schema)
     assert len(answers[1]) == 4 and set(answers[1]) <= set("abcdef")
+    # four schemas in one batch: the steps' forwards run ahead of their masks, each step's sampler
+    # waits for them; greedy equals the CPU's, a seeded draw its own answer alone
+    params = [SamplingParams(json_schema=s, max_tokens=40, temperature=0) for s in SCHEMAS[1:5]]
+    params.append(SamplingParams(json_schema=SCHEMAS[1], max_tokens=40, temperature=0.9, seed=5))
+    batched = await run_all(gpu_engine, params, "x")
+    for p, r, want in zip(params, batched, [*await run_all(cpu_engine, params[:4], "x"), None]):
+        assert r.token_ids == (want or await gpu_engine.generate("x", p)).token_ids

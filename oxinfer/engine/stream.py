@@ -90,6 +90,8 @@ async def decode_loop(engine, req: Request) -> AsyncIterator[Event]:
         eos = tok in eog  # shown to no one: only text it completes comes out
         complete = guide is not None and guide.done  # the constraint admits nothing more
         last = eos or complete or n == p.max_tokens
+        if guide is not None and not last:
+            guide.start()  # the next mask, computed while this token's text goes out
         piece = "" if eos else detok.add(tok)
         if last:
             piece += detok.flush()

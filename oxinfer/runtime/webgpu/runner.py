@@ -59,7 +59,8 @@ class _Ahead:
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
     staging: object
-    cost: tuple | Half  # a Half: its forward only (its masks need the token the step before draws)
+    cost: tuple | Half | None  # a Half: its forward only (its masks need the token the step before draws);
+    # None until submitted (in the background: the runner joins it before reading the queue)
     tokens: list | None = None  # the ids the step before drew (its input), once read
 
     def matches(self, seqs, caches) -> bool:
@@ -285,9 +286,14 @@ class ResidentRunner(Planning, Submitting):
                 staging, cost = ahead.staging, ahead.cost
                 if isinstance(cost, Half):
                     cost = self._finish(cost, samplers)  # its masks, then its sampler
-            if ahead_run and not self._aheads:  # (with masks: its forward alone, fed by this step's draws)
-                self._submit_next(caches, [c.offset + k for c, k in zip(caches, lens)], masked)
-        if ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
+            nxt = None
+            if ahead_run and not self._aheads:
+                nxt = self._next(caches, [c.offset + k for c, k in zip(caches, lens)])
+                if nxt is not None and not masked:
+                    self._submit_ahead(nxt, caches)
+        if nxt is not None and masked:  # its forward alone, fed by this step's draws, encoded while this step is read
+            self._pending = self._background.submit(self._locked, self._submit_ahead, nxt, caches, True)
+        elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
@@ -321,23 +327,36 @@ class ResidentRunner(Planning, Submitting):
         """Background: submit the step after the furthest one ahead."""
         with self.gpu.lock:
             if self._aheads:
-                self._submit_next(caches, [o + 1 for o in self._aheads[-1].offsets])
+                nxt = self._next(caches, [o + 1 for o in self._aheads[-1].offsets])
+                if nxt is not None:
+                    self._submit_ahead(nxt, caches)
 
-    def _submit_next(self, caches, starts, split: bool = False) -> None:
-        """Submit a decode step of one row for each of caches, at positions `starts`, fed on the
-        device by the tokens drawn in the step before (split: its forward alone; one with masks
-        draws once the host has them, so no step runs further ahead)."""
+    def _submit_ahead(self, nxt: _Ahead, caches, split: bool = False) -> None:
+        """Submit a step queued ahead, fed on the device by the tokens drawn in the step before
+        (split: its forward alone, its sampler's part encoded to wait for the host's masks, which
+        need the token the step before draws, so no step runs further ahead; in the background,
+        while the step before is read)."""
+        nxt.cost = self._submit(None, caches, nxt.offsets, [1] * len(caches), False, [], nxt.staging, None, split)
+
+    def _locked(self, fn, *args) -> None:
+        with self.gpu.lock:
+            fn(*args)
+
+    def _next(self, caches, starts) -> _Ahead | None:
+        """A decode step of one row for each of caches at positions `starts`, queued ahead with its
+        blocks reserved and its staging buffer (None where the pool or the context has no room);
+        its submission (`cost`) is the caller's."""
         try:
             with self._lock:
                 for c, s0 in zip(caches, starts):
                     c.reserve(s0 + 1)
         except KVPoolFull:
-            return
+            return None
         if max(starts) >= self.cfg.context_length:
-            return
-        staging = self._staging()
-        cost = self._submit(None, caches, starts, [1] * len(caches), False, [], staging, None, split)
-        self._aheads.append(_Ahead([weakref.ref(c) for c in caches], starts, staging, cost))
+            return None
+        nxt = _Ahead([weakref.ref(c) for c in caches], starts, self._staging(), None)
+        self._aheads.append(nxt)
+        return nxt
 
     async def forward(self, tokens: np.ndarray, cache: DeviceCache, all_logits: bool = False) -> np.ndarray:
         """Logits (rows, vocab) of every token (all_logits) or of the last, in chunks a step takes."""

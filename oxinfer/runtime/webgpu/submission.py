@@ -41,7 +41,7 @@ class Half:
     submit_s: float
     submissions: int
     enc: object | None  # the last piece's encoder, when it holds the whole rest
-
+    rest: object | None = None  # the sampler's calls and the copies, encoded ahead (a command buffer)
 
 
 class Submitting:
@@ -105,7 +105,12 @@ class Submitting:
         half = Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
                      time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
                      enc if first == len(plan.calls) else None)
-        return half if split else self._finish(half, samplers)
+        if not split:
+            return self._finish(half, samplers)
+        t1 = time.perf_counter()
+        half.rest = self._encode_rest(half)  # now, so that once the masks are in only a submit is left
+        half.encode_s += time.perf_counter() - t1
+        return half
 
     def _encode(self, plan, a: int, b: int):
         """An encoder with calls a..b of the plan in one pass (timestamps: the first call's start,
@@ -122,17 +127,11 @@ class Submitting:
         cp.end()
         return enc
 
-    def _finish(self, h: Half, samplers) -> tuple:
-        """The rest of a step _submit began: the sampler's calls (after the masks, when it has
-        constraints), the copies to its staging buffer; submitted."""
-        t0 = time.perf_counter()
-        queue = self.device.queue
-        up = h.up
-        enc = h.enc
-        if enc is None:
-            if h.masked:
-                up += self.sampler.write_masks(queue, samplers)  # (waits for the host's masks)
-            enc = self._encode(h.plan, h.first, len(h.plan.calls))
+    def _encode_rest(self, h: Half):
+        """The step's calls not yet submitted (its sampler's, or all of a step in one piece) and
+        the copies to its staging buffer, as a command buffer. Its masks may be written after:
+        a queue's writes land before the next submission."""
+        enc = h.enc or self._encode(h.plan, h.first, len(h.plan.calls))
         ts, staging, t, n = self.gpu.ts, h.staging, h.t, h.n
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
@@ -141,22 +140,28 @@ class Submitting:
         lg = h.prog.logits.buf
         if h.all_logits:
             enc.copy_buffer_to_buffer(lg, 0, staging, self._ids_bytes, t * row_bytes)
-            down = t * row_bytes
         else:
             enc.copy_buffer_to_buffer(self.ids, 0, staging, 0, n * 4)
-            down = n * 4
             if h.logprobs:
                 enc.copy_buffer_to_buffer(self.sampler.out, 0, staging, self.max_seqs * 4, n * OUTW * 4)
-                down += n * OUTW * 4
             for k, i in enumerate(h.picks):
                 enc.copy_buffer_to_buffer(lg, i * row_bytes, staging, self._ids_bytes + k * row_bytes, row_bytes)
-            down += len(h.picks) * row_bytes
+        return enc.finish()
+
+    def _finish(self, h: Half, samplers) -> tuple:
+        """The rest of a step _submit began: its masks written (when it has constraints: waiting
+        for the host's), its sampler's calls and the copies to its staging buffer submitted."""
+        t0 = time.perf_counter()
+        rest = h.rest or self._encode_rest(h)
+        up = h.up + (self.sampler.write_masks(self.device.queue, samplers) if h.masked else 0)
         t1 = time.perf_counter()
-        queue.submit([enc.finish()])
+        self.device.queue.submit([rest])
         submissions = h.submissions + 1
         self.stats.submissions += submissions
+        row_bytes = self.cfg.vocab_size * 4
+        down = h.t * row_bytes if h.all_logits else h.n * 4 + h.logprobs * h.n * OUTW * 4 + len(h.picks) * row_bytes
         return (up, down, h.encode_s + t1 - t0, h.submit_s + time.perf_counter() - t1, len(h.plan.calls), submissions,
-                h.prog.gflop(t, n))
+                h.prog.gflop(h.t, h.n))
 
     def _read(self, staging, t, n, all_logits, picks, samplers):
         """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
