@@ -7,12 +7,12 @@ for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONUNBUFFERED=1
 [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-ARGS=${ARGS:---sampled --modes "json schema" --concurrency 8 --synthetic 135m}
+eval "set -- ${ARGS:---sampled --modes \"json schema\" --concurrency 8 --synthetic 135m}"
 for i in $(seq 1 ${TURNS:-2}); do
   order="before after"; [ $((i % 2)) = 0 ] && order="after before"
   for which in $order; do
     code=$PWD/.after; [ -d .after ] || code=$PWD; [ $which = before ] && code=$PWD/.base
-    eval PYTHONPATH=/tmp/site:$code timeout ${TURN_S:-120} python3 benchmarks/gpu_model.py --backends webgpu $ARGS 2>&1 \
+    PYTHONPATH=/tmp/site:$code timeout ${TURN_S:-120} python3 benchmarks/gpu_model.py --backends webgpu "$@" 2>&1 \
       | grep -v "^20" > $OUT/turn-$i-$which.txt
     echo "== turn $i $which"; grep "^|.*webgpu" $OUT/turn-$i-$which.txt
   done

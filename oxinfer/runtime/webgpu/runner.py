@@ -59,9 +59,16 @@ class _Ahead:
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
     staging: object
-    cost: tuple | Half | None  # a Half: its forward only (its masks need the token the step before draws);
-    # None until submitted (in the background: the runner joins it before reading the queue)
+    # a Half: its sampler not submitted (its masks need the token the step before draws), nor its
+    # forward if Half.forward still holds it; None until the background has submitted or encoded it
+    # (the runner joins the background before it reads the queue)
+    cost: tuple | Half | None
     tokens: list | None = None  # the ids the step before drew (its input), once read
+
+    @property
+    def submitted(self) -> bool:
+        """Whether any of it went to the GPU (not a step only encoded)."""
+        return not (isinstance(self.cost, Half) and self.cost.forward is not None)
 
     def matches(self, seqs, caches) -> bool:
         return (self.tokens is not None and len(caches) == len(self.caches)
@@ -272,7 +279,7 @@ class ResidentRunner(Planning, Submitting):
             t0 = time.perf_counter()
             ahead = self._aheads.popleft() if self._aheads else None
             if ahead is not None and not (chained and ahead.matches(seqs, caches)):
-                self.stats.wasted_steps += 1 + len(self._aheads)  # submitted, never asked for
+                self.stats.wasted_steps += sum(a.submitted for a in (ahead, *self._aheads))  # never asked for
                 for a in (ahead, *self._aheads):
                     self.sampler.forget(c for c in (ref() for ref in a.caches) if c is not None)
                 self._aheads.clear()
@@ -286,13 +293,15 @@ class ResidentRunner(Planning, Submitting):
                 staging, cost = ahead.staging, ahead.cost
                 if isinstance(cost, Half):
                     cost = self._finish(cost, samplers)  # its masks, then its sampler
-            nxt = None
-            if ahead_run and not self._aheads:
+            job = None
+            if ahead_run and masked:
+                job = self._masked_next(caches, [c.offset + k for c, k in zip(caches, lens)])
+            elif ahead_run and not self._aheads:
                 nxt = self._next(caches, [c.offset + k for c, k in zip(caches, lens)])
-                if nxt is not None and not masked:
+                if nxt is not None:
                     self._submit_ahead(nxt, caches)
-        if nxt is not None and masked:  # its forward alone, fed by this step's draws, encoded while this step is read
-            self._pending = self._background.submit(self._locked, self._submit_ahead, nxt, caches, True)
+        if job is not None:
+            self._pending = self._background.submit(job)
         elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
@@ -338,9 +347,29 @@ class ResidentRunner(Planning, Submitting):
         while the step before is read)."""
         nxt.cost = self._submit(None, caches, nxt.offsets, [1] * len(caches), False, [], nxt.staging, None, split)
 
-    def _locked(self, fn, *args) -> None:
-        with self.gpu.lock:
-            fn(*args)
+    def _masked_next(self, caches, starts):
+        """The steps after this one in a chain with constraints (each one's masks need the token the
+        one before draws, so its sampler waits for the host): the next one's forward submitted now,
+        right behind this step's sampler, where it was encoded ahead (else in the background), and
+        the one after that encoded in the background while this step is read. The background's
+        job, or None."""
+        first = None
+        if self._aheads and not self._aheads[0].submitted:
+            nxt = self._aheads[0]
+            self._submit_forward(nxt.cost, caches, nxt.offsets)
+        elif not self._aheads:
+            nxt = first = self._next(caches, starts)
+        else:
+            return None
+        after = nxt and self._next(caches, [o + 1 for o in nxt.offsets])
+
+        def job():
+            with self.gpu.lock:
+                if first is not None:
+                    self._submit_ahead(first, caches, True)
+                if after is not None:
+                    after.cost = self._encode_ahead(after.staging, len(caches))
+        return job if nxt is not None else None
 
     def _next(self, caches, starts) -> _Ahead | None:
         """A decode step of one row for each of caches at positions `starts`, queued ahead with its

@@ -42,6 +42,7 @@ class Half:
     submissions: int
     enc: object | None  # the last piece's encoder, when it holds the whole rest
     rest: object | None = None  # the sampler's calls and the copies, encoded ahead (a command buffer)
+    forward: object | None = None  # its forward, encoded ahead and not yet submitted (a command buffer)
 
 
 class Submitting:
@@ -57,6 +58,35 @@ class Submitting:
         (bytes up, bytes down, encode s, submit s, dispatches, submissions, GFLOP), or with split
         the Half to finish."""
         t0 = time.perf_counter()
+        t, n = sum(lens), len(lens)
+        up, stages, logprobs, masked = self._write_rows(seqs, caches, starts, lens, all_logits, samplers)
+        prog = self.program(all_logits)
+        plan = self._plan(prog, t, n, stages)
+        up += self._write_plan(prog, plan, t, n)
+        pieces = seqs is not None and t >= PIECES_MIN_ROWS
+        first = plan.sampler_at if masked else len(plan.calls)
+        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first})
+        submit_s = 0.0
+        for a, b in itertools.pairwise([0, *ends]):
+            enc = self._encode(plan, a, b)
+            if b < len(plan.calls):
+                t1 = time.perf_counter()
+                self.device.queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
+                submit_s += time.perf_counter() - t1
+        half = Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
+                     time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
+                     enc if first == len(plan.calls) else None)
+        if not split:
+            return self._finish(half, samplers)
+        t1 = time.perf_counter()
+        half.rest = self._encode_rest(half)  # now, so that once the masks are in only a submit is left
+        half.encode_s += time.perf_counter() - t1
+        return half
+
+    def _write_rows(self, seqs, caches, starts, lens, all_logits, samplers) -> tuple[int, frozenset, bool, bool]:
+        """A step's positions, slots and last rows (meta), its tokens (seqs None: the ones the step
+        before drew on the device), the block table's changed rows and its samplers' rows (a step
+        ahead: the chain's). (bytes up, the sampler's stages, logprobs, masked)."""
         t, n = sum(lens), len(lens)
         queue = self.device.queue
         meta = np.zeros(self._meta_words, np.uint32)
@@ -77,40 +107,50 @@ class Submitting:
                 queue.write_buffer(self.table, s * row.nbytes, row)
                 up += row.nbytes
         if all_logits:
-            stages, logprobs, masked = frozenset(), False, False
-        elif seqs is None:
-            stages, logprobs, masked = self._chain
-        else:
-            wrote, stages, logprobs = self.sampler.write(queue, samplers, caches)
-            masked = any(s is not None and s.guide is not None for s in samplers)
-            self._chain = (stages, logprobs, masked)
-            up += wrote
-        prog = self.program(all_logits)
-        plan = self._plan(prog, t, n, stages)
-        if prog.written is not plan:  # a steady decode batch writes its uniforms once
-            prog.set_rows(t, n, plan)
-            queue.write_buffer(prog.pbuf, 0, prog.params)
-            prog.written = plan
-            up += prog.params.nbytes
-        pieces = seqs is not None and t >= PIECES_MIN_ROWS
-        first = plan.sampler_at if masked else len(plan.calls)
-        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first})
-        submit_s = 0.0
-        for a, b in itertools.pairwise([0, *ends]):
-            enc = self._encode(plan, a, b)
-            if b < len(plan.calls):
-                t1 = time.perf_counter()
-                self.device.queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
-                submit_s += time.perf_counter() - t1
-        half = Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
-                     time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
-                     enc if first == len(plan.calls) else None)
-        if not split:
-            return self._finish(half, samplers)
+            return up, frozenset(), False, False
+        if seqs is None:
+            return up, *self._chain
+        wrote, stages, logprobs = self.sampler.write(queue, samplers, caches)
+        masked = any(s is not None and s.guide is not None for s in samplers)
+        self._chain = (stages, logprobs, masked)
+        return up + wrote, stages, logprobs, masked
+
+    def _write_plan(self, prog, plan, t: int, n: int) -> int:
+        """The program's row counts for this plan, where the last step's were another's (a steady
+        decode batch writes its uniforms once): bytes up."""
+        if prog.written is plan:
+            return 0
+        prog.set_rows(t, n, plan)
+        self.device.queue.write_buffer(prog.pbuf, 0, prog.params)
+        prog.written = plan
+        return prog.params.nbytes
+
+    def _encode_ahead(self, staging, n: int) -> Half:
+        """A decode step of one row for each of n sequences in a chain with constraints, encoded
+        whole (its forward, its sampler and copies) and not submitted: nothing is written, so it can
+        be encoded while the step two before it is read (in the background). Its forward is
+        submitted (_submit_forward) right after the step before's sampler, so the GPU goes from one
+        to the other without waiting for the host to encode."""
+        t0 = time.perf_counter()
+        stages, logprobs, masked = self._chain
+        prog = self.program(False)
+        plan = self._plan(prog, n, n, stages)
+        h = Half(prog, plan, n, n, False, [], logprobs, masked, staging, plan.sampler_at, 0, 0.0, 0.0, 1, None)
+        h.forward = self._encode(plan, 0, plan.sampler_at).finish()
+        h.rest = self._encode_rest(h)
+        h.encode_s = time.perf_counter() - t0
+        return h
+
+    def _submit_forward(self, h: Half, caches, starts) -> None:
+        """The writes of a step _encode_ahead encoded, then its forward, submitted."""
+        t0 = time.perf_counter()
+        up, *_ = self._write_rows(None, caches, starts, [1] * h.n, False, None)
+        h.up = up + self._write_plan(h.prog, h.plan, h.t, h.n)
         t1 = time.perf_counter()
-        half.rest = self._encode_rest(half)  # now, so that once the masks are in only a submit is left
-        half.encode_s += time.perf_counter() - t1
-        return half
+        self.device.queue.submit([h.forward])
+        h.forward = None
+        h.encode_s += t1 - t0
+        h.submit_s = time.perf_counter() - t1
 
     def _encode(self, plan, a: int, b: int):
         """An encoder with calls a..b of the plan in one pass (timestamps: the first call's start,
@@ -151,6 +191,7 @@ class Submitting:
     def _finish(self, h: Half, samplers) -> tuple:
         """The rest of a step _submit began: its masks written (when it has constraints: waiting
         for the host's), its sampler's calls and the copies to its staging buffer submitted."""
+        assert h.forward is None, "a step's sampler submitted before its forward"
         t0 = time.perf_counter()
         rest = h.rest or self._encode_rest(h)
         up = h.up + (self.sampler.write_masks(self.device.queue, samplers) if h.masked else 0)
