@@ -202,12 +202,13 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
                   model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
                   qk_norm: bool = False, config_text: str | None = None, fused: bool = False,
-                  **config) -> dict[str, np.ndarray]:
+                  gemma: bool = False, **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys; `config_text`: config.json itself, as a transformers
-    version wrote it (tests/data/hf_configs/: its shapes must be these). Returns the weights by HF
-    name, as float32 (bf16's values when dtype is BF16)."""
+    version wrote it (tests/data/hf_configs/: its shapes must be these); gemma: Gemma's norms (four a
+    layer, each weight w near 0, as its x * (1 + w) wants). Returns the weights by HF name, as float32
+    (bf16's values when dtype is BF16)."""
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -222,17 +223,20 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     tk.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in tokens[256:]])
     tk.save(str(path / "tokenizer.json"))
     hd = head_dim or d // n_heads
+    one = 0 if gemma else 1  # a norm weight's centre
     weights = {"model.embed_tokens.weight": rng.normal(0, 1, (vocab, d)),
-               "model.norm.weight": 1 + 0.1 * rng.normal(size=d)}
+               "model.norm.weight": one + 0.1 * rng.normal(size=d)}
     if not tied:
         weights["lm_head.weight"] = rng.normal(0, 0.5 / np.sqrt(d), (vocab, d))
     for i in range(n_layers):
         p = f"model.layers.{i}."
         norms = (("input_layernorm", (d,)), ("post_attention_layernorm", (d,)))
+        if gemma:
+            norms += (("pre_feedforward_layernorm", (d,)), ("post_feedforward_layernorm", (d,)))
         if qk_norm:
             norms += (("self_attn.q_norm", (hd,)), ("self_attn.k_norm", (hd,)))
         for name, shape in norms:
-            weights[p + name + ".weight"] = 1 + 0.1 * rng.normal(size=shape)
+            weights[p + name + ".weight"] = one + 0.1 * rng.normal(size=shape)
         for name, (n_out, n_in) in (("self_attn.q_proj", (n_heads * hd, d)), ("self_attn.k_proj", (n_kv * hd, d)),
                                     ("self_attn.v_proj", (n_kv * hd, d)), ("self_attn.o_proj", (d, n_heads * hd)),
                                     ("mlp.gate_proj", (d_ff, d)), ("mlp.up_proj", (d_ff, d)),

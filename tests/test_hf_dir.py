@@ -205,25 +205,31 @@ CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
 
 @pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen2_yarn", "llama_yarn", "phi3",
-                                  "phi3_swa", "mistral_swa", "qwen2_swa"])
+                                  "phi3_swa", "mistral_swa", "qwen2_swa", "gemma2", "gemma3"])
 def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     """The config.json transformers 4.57 and 5.24 wrote for one model (5.x: rope_parameters, dtype,
-    layer_types) gives one ModelConfig, its rope theta the one written (not the 10000 default)."""
+    layer_types; Gemma 3's a rope per layer type) gives one ModelConfig, its rope theta the one
+    written (not the 10000 default)."""
     from oxinfer.formats import HFDirectory
     from oxinfer.models import ModelConfig
 
+    shapes = {"phi3": {"fused": True}, "phi3_swa": {"fused": True}, "gemma2": {"gemma": True},
+              "gemma3": {"gemma": True, "qk_norm": True, "head_dim": 32}}.get(name, {})
     got = {}
     for version in ("4.57", "5.24"):
         d = tmp_path / version
         text = (CONFIGS / f"{name}-{version}.json").read_text()
-        write_tiny_hf(d, config_text=text, tied=json.loads(text)["tie_word_embeddings"], fused=name.startswith("phi3"))
+        write_tiny_hf(d, config_text=text, tied=json.loads(text).get("tie_word_embeddings", True), **shapes)
         got[version] = ModelConfig.from_hf(HFDirectory(d))
     assert got["4.57"] == got["5.24"]
     theta = json.loads((CONFIGS / f"{name}-4.57.json").read_text())["rope_theta"]
     assert got["5.24"].rope_base == theta
-    assert (got["5.24"].rope_freq_factors is not None) == (name in ("llama3", "qwen2_yarn", "llama_yarn"))
+    assert (got["5.24"].rope_freq_factors is not None) == (name in ("llama3", "qwen2_yarn", "llama_yarn", "gemma3"))
     assert (got["5.24"].rope_attn_factor != 1.0) == name.endswith("_yarn")
-    assert (got["5.24"].layer_windows is not None) == name.endswith("_swa")
+    assert (got["5.24"].layer_windows is not None) == (name.endswith("_swa") or name.startswith("gemma"))
+    if name == "gemma3":  # the sliding layer's own rope: rope_local_base_freq, unscaled
+        assert got["5.24"].local_rope.base == 1e4 and got["5.24"].local_rope.freq_factors is None
+        assert got["5.24"].local_layers == (0,) and got["5.24"].layer_windows == (4, None)
 
 
 def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
@@ -255,6 +261,37 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
     _edit_config(m, tie_word_embeddings=False)  # untied, but the files hold no head
     with pytest.raises(ModelFormatError, match="tie_word_embeddings is false, but no file holds lm_head.weight"):
         load_model(m)
+
+
+def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
+    """What a Gemma config asks for that oxinfer does not compute is refused naming the key: the
+    image-text gemma3 wrapper, another activation, bidirectional attention, a sliding layer's
+    rope of a type oxinfer lacks; and Gemma's own keys in another model type's config."""
+    m = tmp_path / "g"
+    write_tiny_hf(m, config_text=(CONFIGS / "gemma3-5.24.json").read_text(), gemma=True, qk_norm=True, head_dim=32)
+    assert load_model(m)[2].cfg.local_rope is not None
+    saved = (m / "config.json").read_text()
+    refused = [
+        (dict(model_type="gemma3"), r"model_type = 'gemma3' is Gemma 3's image-text model"),
+        (dict(hidden_activation="gelu"), r"hidden_activation = 'gelu' is not supported \(gelu_pytorch_tanh\)"),
+        (dict(use_bidirectional_attention=True), r"use_bidirectional_attention = True"),
+        (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                               "sliding_attention": {"rope_type": "longrope", "rope_theta": 1e4}}),
+         r"rope_parameters\.sliding_attention of type 'longrope'"),
+        (dict(rope_local_base_freq=5e4), r"rope_local_base_freq = 50000\.0 disagrees with "
+                                         r"rope_parameters\.sliding_attention\.rope_theta = 10000\.0"),
+    ]
+    for change, message in refused:
+        _edit_config(m, **change)
+        with pytest.raises((UnsupportedModelError, ModelFormatError), match=message):
+            load_model(m)
+        (m / "config.json").write_text(saved)
+    write_tiny_hf(tmp_path / "l", seed=1)
+    for key, value in (("query_pre_attn_scalar", 24), ("final_logit_softcapping", 30.0), ("rope_local_base_freq", 1e4)):
+        _edit_config(tmp_path / "l", **{key: value})
+        with pytest.raises(UnsupportedModelError, match=rf"key '{key}' = .* is not supported for model_type 'llama'"):
+            load_model(tmp_path / "l")
+        _edit_config(tmp_path / "l", **{key: None})
 
 
 async def test_a_tied_config_uses_the_embedding_whatever_head_a_file_holds(tmp_path):

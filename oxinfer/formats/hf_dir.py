@@ -36,6 +36,12 @@ _LAYER = {"attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_pr
           "attn_output.weight": "self_attn.o_proj.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
           "ffn_gate.weight": "mlp.gate_proj.weight", "ffn_up.weight": "mlp.up_proj.weight",
           "ffn_down.weight": "mlp.down_proj.weight"}
+# Gemma 2 and 3 norm each sublayer's input and output: post_attention_layernorm is the attention's
+# output norm there (Llama's FFN input norm), pre_feedforward_layernorm the FFN's input norm
+_GEMMA_LAYER = {**_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                "post_attention_norm.weight": "post_attention_layernorm.weight",
+                "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_GEMMA = ("gemma2", "gemma3_text")  # (models/hf_config.py's GEMMA: formats/ does not import models/)
 
 
 def read_json(path: Path, required: bool = True) -> dict | None:
@@ -129,9 +135,12 @@ class HFDirectory:
             if name not in f.header:
                 raise ModelFormatError(f"{f.path}: tensor {name!r}, which the index places there, is missing")
         self._slices = self._fused_rows()
+        gemma = self.config.get("model_type") in _GEMMA
+        self._layer = _GEMMA_LAYER if gemma else _LAYER
         # tie_word_embeddings: true, the head is the embedding, whatever lm_head.weight a file holds
         # (transformers ties them so); false, lm_head.weight must be there; absent, as the files say
-        self.tied = self.config.get("tie_word_embeddings")
+        # (a Gemma's config ties them when it leaves the key out, as transformers' Gemma configs do)
+        self.tied = self.config.get("tie_word_embeddings", True if gemma else None)
         if self.tied is False and "lm_head.weight" not in self._where:
             raise ModelFormatError(f"{self.path / 'config.json'}: tie_word_embeddings is false, but no file holds "
                                    "lm_head.weight")
@@ -151,14 +160,13 @@ class HFDirectory:
             f.release_pages(data)
 
     # --- GGUF names -----------------------------------------------------------------------
-    @staticmethod
-    def hf_name(name: str) -> str:
+    def hf_name(self, name: str) -> str:
         if name in _GLOBAL:
             return _GLOBAL[name]
         if name.startswith("blk."):
             _, i, rest = name.split(".", 2)
-            if rest in _LAYER:
-                return f"model.layers.{i}.{_LAYER[rest]}"
+            if rest in self._layer:
+                return f"model.layers.{i}.{self._layer[rest]}"
         raise ModelFormatError(f"no HF tensor maps to {name!r}")
 
     def _fused_rows(self) -> dict[str, tuple[str, int, int]]:
@@ -185,7 +193,12 @@ class HFDirectory:
     def has_tensor(self, name: str) -> bool:
         if name == "output.weight" and self.tied:
             return False  # the tied head: the embedding
-        return name in self._slices or self.hf_name(name) in self._where
+        if name in self._slices:
+            return True
+        try:
+            return self.hf_name(name) in self._where
+        except ModelFormatError:  # a tensor no HF directory of this type holds (Gemma's post norms in a Llama's)
+            return False
 
     def _raw(self, name: str) -> tuple[str, str, list[int], np.ndarray]:
         return self._raw_hf(self.hf_name(name))

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.models import hf_config
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture
-HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")  # config.json model_type: Llama's skeleton, with switches
-# (phi3: q|k|v and gate|up stored fused, formats/hf_dir.py reads their rows)
+# config.json model_type: Llama's skeleton, with switches (phi3: q|k|v and gate|up stored fused,
+# formats/hf_dir.py reads their rows; Gemma: the fields below from norm_offset on)
+HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+WIDE_HEADS = ("qwen3", "gemma2", "gemma3_text")  # heads may be wider than d / n_heads
+
+
+@dataclass(frozen=True)
+class Rope:
+    base: float
+    freq_factors: tuple[float, ...] | None = None  # as ModelConfig's rope_freq_factors
+    attn_factor: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -33,10 +44,28 @@ class ModelConfig:
     # before it), None for the whole context; None: no layer slides
     layer_windows: tuple[int | None, ...] | None = None
     head_dim: int = 0  # 0: d_model / n_heads (Qwen3's heads are wider: q is n_heads * head_dim)
+    # Gemma 2 and 3:
+    norm_offset: float = 0.0  # added to every RMSNorm weight at load: HF's Gemma norms compute x * (1 + w)
+    embed_scale: float = 1.0  # the embedding's rows times this (Gemma: sqrt(d_model), in float32)
+    activation: str = "silu"  # of the gated MLP: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, gelu's tanh form)
+    attn_scale: float = 0.0  # the softmax scale of q.k; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float = 0.0  # scores become cap * tanh(scores / cap) before the softmax; 0: none
+    logit_softcap: float = 0.0  # the same of the logits
+    # the rope of the layers in local_layers (Gemma 3's sliding ones: their own base, no scaling);
+    # None: every layer rotates by rope_base and rope_freq_factors
+    local_rope: Rope | None = None
+    local_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if not self.head_dim:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
+        if not self.attn_scale:
+            object.__setattr__(self, "attn_scale", self.head_dim ** -0.5)
+
+    def rope_row0(self, layer: int) -> int:
+        """The first row of this layer's rope in the table runtime/ops.py's rope_table builds (the
+        global rope's context_length rows, then the local rope's)."""
+        return self.context_length if self.local_rope is not None and layer in self.local_layers else 0
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -46,42 +75,72 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, d) -> ModelConfig:
         """From an HF directory's config.json (formats/hf_dir.py) as transformers 4.x or 5.x writes
-        it; a missing key, or one oxinfer does not implement, fails here naming it (hf_config.py)."""
+        it; a missing key, or one oxinfer does not implement, fails here naming it (hf_config.py).
+        A key a Gemma config leaves out takes transformers' default for it."""
         where = d.path / "config.json"
         arch = d.cfg("model_type")
+        if arch == "gemma3":
+            raise UnsupportedModelError(f"{where}: model_type = 'gemma3' is Gemma 3's image-text model "
+                                        "(Gemma3ForConditionalGeneration): not supported; its text-only form "
+                                        "(model_type gemma3_text, as google/gemma-3-1b-it) is")
         if arch not in HF_ARCHS:
             raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
                                         f"(supported: {', '.join(HF_ARCHS)})")
-        hf_config.check_keys(d.config, where)
-        n_layers, context = int(d.cfg("num_hidden_layers")), int(d.cfg("max_position_embeddings", 2048))
-        windows = hf_config.layer_windows(d.config, arch, context, n_layers, where)
-        if d.cfg("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"{where}: hidden_act = {d.cfg('hidden_act')!r} is not supported (silu)")
-        d_model, n_heads = int(d.cfg("hidden_size")), int(d.cfg("num_attention_heads"))
-        n_kv = int(d.cfg("num_key_value_heads", None) or n_heads)
-        head_dim = int(d.cfg("head_dim", None) or d_model // n_heads)
-        if n_heads % n_kv or head_dim % 2 or (arch != "qwen3" and head_dim * n_heads != d_model):
+        hf_config.check_keys(d.config, where, arch)
+        conf = {**hf_config.DEFAULTS.get(arch, {}), **d.config}
+
+        def cfg(key, default=...):
+            if conf.get(key) is None and default is ...:
+                return d.cfg(key)  # missing: ModelFormatError naming it
+            return default if conf.get(key) is None else conf[key]
+
+        gemma = arch in hf_config.GEMMA
+        n_layers, context = int(cfg("num_hidden_layers")), int(cfg("max_position_embeddings", 2048))
+        windows = hf_config.layer_windows(conf, arch, context, n_layers, where)
+        act_key, act = ("hidden_activation", "gelu_pytorch_tanh") if gemma else ("hidden_act", "silu")
+        if cfg(act_key, act) != act:
+            raise UnsupportedModelError(f"{where}: {act_key} = {cfg(act_key)!r} is not supported ({act})")
+        d_model, n_heads = int(cfg("hidden_size")), int(cfg("num_attention_heads"))
+        n_kv = int(cfg("num_key_value_heads", n_heads))
+        head_dim = int(cfg("head_dim", d_model // n_heads))
+        if n_heads % n_kv or head_dim % 2 or (arch not in WIDE_HEADS and head_dim * n_heads != d_model):
             raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
                                    f"head_dim {head_dim} do not fit together")
-        theta, kind, scaling = hf_config.rope(d.config, where)
-        yarn = _yarn(scaling, theta, head_dim, context) if kind == "yarn" else None
+        default_theta = hf_config.DEFAULT_THETA.get(arch, 10000.0)
+        if arch == "gemma3_text":  # a rope per layer type
+            rope, local = (_rope(conf, where, t, default_theta, head_dim, context)
+                           for t in ("full_attention", "sliding_attention"))
+            slides = hf_config.sliding_layers(conf, arch, n_layers, where)
+            local_layers = tuple(i for i, s in enumerate(slides) if s)
+        else:
+            rope, local, local_layers = _rope(conf, where, None, default_theta, head_dim, context), None, ()
+        softcap = lambda key: float(cfg(key, 0.0) or 0.0) if gemma else 0.0  # noqa: E731
         return cls(
             arch=arch,
             n_layers=n_layers,
             d_model=d_model,
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            d_ff=int(d.cfg("intermediate_size")),
-            vocab_size=int(d.cfg("vocab_size")),
+            d_ff=int(cfg("intermediate_size")),
+            vocab_size=int(cfg("vocab_size")),
             context_length=context,
-            rms_eps=float(d.cfg("rms_norm_eps", None) or 1e-5),
-            rope_base=theta,
+            rms_eps=float(cfg("rms_norm_eps", 1e-5)),
+            rope_base=rope.base,
             rope_dim=head_dim,
-            rope_freq_factors=(_llama3_factors(scaling, theta, head_dim) if kind == "llama3" else
-                               yarn[0] if kind == "yarn" else None),
-            rope_attn_factor=yarn[1] if kind == "yarn" else 1.0,
+            rope_freq_factors=rope.freq_factors,
+            rope_attn_factor=rope.attn_factor,
             head_dim=head_dim,
             layer_windows=windows,
+            norm_offset=1.0 if gemma else 0.0,
+            # transformers multiplies by sqrt(hidden_size) in the embedding's dtype: float32 here, as
+            # oxinfer's activations are (a bf16 run would round it: sqrt(3072) to 55.5)
+            embed_scale=float(np.float32(d_model ** 0.5)) if gemma else 1.0,
+            activation="gelu_tanh" if gemma else "silu",
+            attn_scale=float(cfg("query_pre_attn_scalar")) ** -0.5 if gemma else 0.0,
+            attn_softcap=softcap("attn_logit_softcapping"),
+            logit_softcap=softcap("final_logit_softcapping"),
+            local_rope=local if local != rope else None,
+            local_layers=local_layers if local != rope else (),
         )
 
     @classmethod
@@ -118,6 +177,19 @@ class ModelConfig:
         )
 
 
+def _rope(config: dict, where, layer_type: str | None, default_theta: float, dim: int, context: int) -> Rope:
+    """The rope config.json gives (the layers of layer_type's), as frequency factors."""
+    theta, kind, scaling = hf_config.rope(config, where, layer_type, default_theta)
+    if kind == "yarn":
+        factors, attn = _yarn(scaling, theta, dim, context)
+        return Rope(theta, factors, attn)
+    if kind == "llama3":
+        return Rope(theta, _llama3_factors(scaling, theta, dim))
+    if kind == "linear":  # positions divided by factor: every frequency is
+        return Rope(theta, (float(scaling["factor"]),) * (dim // 2))
+    return Rope(theta)
+
+
 def _yarn(s: dict, base: float, dim: int, context: int) -> tuple[tuple[float, ...], float]:
     """YaRN (Qwen2.5's long-context configs): per rotated pair, the factor its frequency is divided
     by, and the scale of the rotated q and k. Pairs that turn many times over the original context
@@ -127,7 +199,6 @@ def _yarn(s: dict, base: float, dim: int, context: int) -> tuple[tuple[float, ..
     As transformers 5 computes it, its defaults included."""
     import math
 
-    import numpy as np
 
     original = float(s.get("original_max_position_embeddings") or context)
     factor = float(s["factor"]) if s.get("factor") is not None else context / original
@@ -160,8 +231,6 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
     wavelengths shorter than original_max_position_embeddings / high_freq_factor keep their
     frequency, those longer than .../low_freq_factor are divided by `factor`, and the band between
     moves smoothly from one to the other."""
-    import numpy as np
-
     factor, low, high = float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     old = float(scaling["original_max_position_embeddings"])
     freq = base ** (-np.arange(0, dim, 2, dtype=np.float64) / dim)

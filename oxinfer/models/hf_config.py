@@ -19,7 +19,24 @@ APPLIED = frozenset({
     "intermediate_size", "vocab_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
     "rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddings", "attention_bias", "mlp_bias",
     "sliding_window", "use_sliding_window", "max_window_layers", "layer_types", "partial_rotary_factor",
+    # Gemma 2 and 3 (their defaults below, where a config leaves a key out)
+    "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+    "rope_local_base_freq", "sliding_window_pattern", "use_bidirectional_attention",
 })
+
+GEMMA = ("gemma2", "gemma3_text")
+# what transformers' Gemma2Config and Gemma3TextConfig take for a key the file leaves out (several differ
+# from Llama's: heads 256 wide, eps 1e-6, the soft caps of Gemma 2); rope_theta's are rope()'s default_theta
+DEFAULTS = {
+    "gemma2": {"head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256,
+               "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+               "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
+    "gemma3_text": {"head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+                    "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": None,
+                    "attn_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
+                    "tie_word_embeddings": True, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6},
+}
+DEFAULT_THETA = {"gemma3_text": 1e6}  # (10000 elsewhere)
 
 # known to change nothing in the forward oxinfer computes: what the weights' dtype was saved as, token
 # ids (tokenizer_config.json and generation_config.json are read for those), training-time settings
@@ -39,6 +56,9 @@ HARMLESS = frozenset({
     "bad_words_ids", "num_return_sequences", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
     "epsilon_cutoff", "eta_cutoff", "noise_std",
+    # Gemma: the KV cache class transformers 4.x generated with; Gemma 2 and 3 read hidden_activation and
+    # leave hidden_act (which Gemma 1 read, and their configs on the hub still hold) unread
+    "cache_implementation",
     # Phi-3's pretraining context: read by its longrope (refused), else it changes nothing; a
     # llama3 or yarn rope takes it over its own key, as transformers 5 does (rope below)
     "original_max_position_embeddings",
@@ -47,15 +67,25 @@ HARMLESS = frozenset({
 # the keys of each rope type, besides rope_type (and, in rope_parameters, rope_theta)
 ROPE_KEYS = {"default": frozenset(), "llama3": frozenset({"factor", "low_freq_factor", "high_freq_factor",
                                                           "original_max_position_embeddings"}),
+             "linear": frozenset({"factor"}),  # every frequency divided by factor (Gemma 3's global layers)
              "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
                                 "mscale_all_dim", "attention_factor", "truncate"})}
-ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"]}  # yarn: each of its keys has a default
+ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"], "linear": ROPE_KEYS["linear"]}  # yarn: each of its keys has a default
 
 
-def check_keys(config: dict, where: Path) -> None:
+# keys only these model types read (APPLIED for them, refused by name elsewhere)
+ONLY = {"hidden_activation": GEMMA, "query_pre_attn_scalar": GEMMA, "attn_logit_softcapping": GEMMA,
+        "final_logit_softcapping": GEMMA, "use_bidirectional_attention": GEMMA, "cache_implementation": GEMMA,
+        "rope_local_base_freq": ("gemma3_text",), "sliding_window_pattern": ("gemma3_text",)}
+
+
+def check_keys(config: dict, where: Path, arch: str) -> None:
     """UnsupportedModelError naming the first key neither applied nor known to be harmless (keys
     that begin with "_" are transformers' own bookkeeping, such as _name_or_path)."""
     for key in config:
+        if key in ONLY and arch not in ONLY[key] and config[key] is not None:
+            raise UnsupportedModelError(f"{where}: key {key!r} = {config[key]!r} is not supported for model_type "
+                                        f"{arch!r} ({', '.join(ONLY[key])} read it)")
         if key.startswith("_") or key in APPLIED or key in HARMLESS:
             continue
         if key == "quantization_config":
@@ -67,14 +97,20 @@ def check_keys(config: dict, where: Path) -> None:
                                     "model answer wrongly)")
 
 
-def rope(config: dict, where: Path) -> tuple[float, str, dict]:
+def rope(config: dict, where: Path, layer_type: str | None = None,
+         default_theta: float = 10000.0) -> tuple[float, str, dict]:
     """(theta, rope type, the type's parameters) from either form; a type or a key of it that
-    oxinfer does not implement is refused by name."""
+    oxinfer does not implement is refused by name. layer_type: Gemma 3's layers of that type,
+    whose rope 5.x writes in rope_parameters[layer_type] and 4.x as rope_theta and rope_scaling
+    (full_attention) or rope_local_base_freq with the plain rope (sliding_attention)."""
     partial = config.get("partial_rotary_factor")  # (4.x writes Phi-3's at the top level)
     if partial is not None and float(partial) != 1.0:
         raise UnsupportedModelError(f"{where}: partial_rotary_factor = {partial} is not supported yet (1.0: "
                                     "the whole head rotates)")
-    params = config.get("rope_parameters")
+    params, name = config.get("rope_parameters"), "rope_parameters"
+    own_theta = "rope_local_base_freq" if layer_type == "sliding_attention" else "rope_theta"
+    if layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+        params, name = params[layer_type], f"rope_parameters.{layer_type}"  # transformers 5, per layer type
     if params is not None:  # transformers 5
         if not isinstance(params, dict) or "rope_theta" not in params:
             kind = "per layer type" if isinstance(params, dict) and params and all(
@@ -82,17 +118,20 @@ def rope(config: dict, where: Path) -> tuple[float, str, dict]:
             raise UnsupportedModelError(f"{where}: rope_parameters {kind} is not supported "
                                         "(one rope_theta and rope_type for every layer)")
         theta = float(params["rope_theta"])
-        if config.get("rope_theta") is not None and float(config["rope_theta"]) != theta:
-            raise ModelFormatError(f"{where}: rope_theta = {config['rope_theta']} disagrees with "
-                                   f"rope_parameters.rope_theta = {theta}")
-        scaling, name = {k: v for k, v in params.items() if k != "rope_theta"}, "rope_parameters"
+        if config.get(own_theta) is not None and float(config[own_theta]) != theta:
+            raise ModelFormatError(f"{where}: {own_theta} = {config[own_theta]} disagrees with "
+                                   f"{name}.rope_theta = {theta}")
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    elif layer_type == "sliding_attention":  # transformers 4.x's Gemma 3: its local layers' plain rope
+        theta, scaling, name = float(config.get(own_theta) or default_theta), {}, own_theta
     else:  # transformers 4.x
-        theta = float(config.get("rope_theta", 10000.0))
+        theta = float(config.get("rope_theta") or default_theta)
         scaling, name = dict(config.get("rope_scaling") or {}), "rope_scaling"
     kind = scaling.pop("rope_type", None) or scaling.pop("type", None) or "default"
     scaling.pop("type", None)
     if kind not in ROPE_KEYS:
-        raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet (default, llama3, yarn)")
+        raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet "
+                                    f"({', '.join(ROPE_KEYS)})")
     for key in scaling:
         if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
             raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
@@ -110,19 +149,12 @@ def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: P
     or None where it attends to the whole context; None when no layer slides. As transformers
     reads them: Mistral's sliding_window applies to every layer; Qwen2's and Qwen3's only with
     use_sliding_window, to the layers from max_window_layers on (or those layer_types names
-    sliding_attention); a Llama's is ignored (its attention has none). Biases oxinfer does not
-    add are refused."""
-    for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are its own (not attention_bias)
+    sliding_attention); Gemma's to those sliding_layers names; a Llama's is ignored (its attention
+    has none). Biases oxinfer does not add are refused."""
+    for key in ("attention_bias", "mlp_bias", "use_bidirectional_attention"):  # (Qwen2's q/k/v biases are its own)
         if config.get(key):
             raise UnsupportedModelError(f"{where}: {key} = {config[key]!r} is not supported yet")
-    types = config.get("layer_types")
-    if types is not None:
-        if len(types) != n_layers:
-            raise ModelFormatError(f"{where}: layer_types names {len(types)} layers, num_hidden_layers is {n_layers}")
-        other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
-        if other:
-            raise UnsupportedModelError(f"{where}: layer_types {other} are not supported yet "
-                                        "(full_attention, sliding_attention)")
+    slides = sliding_layers(config, arch, n_layers, where)
     window = config.get("sliding_window")
     if arch == "llama" or (arch in ("qwen2", "qwen3") and not config.get("use_sliding_window")):
         window = None
@@ -131,11 +163,27 @@ def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: P
     window = int(window)
     if window < 1:
         raise ModelFormatError(f"{where}: sliding_window = {window} must be at least 1")
-    if types is not None:
-        slides = [t == "sliding_attention" for t in types]
-    elif arch in ("qwen2", "qwen3"):
-        first = int(config.get("max_window_layers", n_layers))
-        slides = [i >= first for i in range(n_layers)]
-    else:
-        slides = [True] * n_layers
     return tuple(window if s else None for s in slides) if any(slides) else None
+
+
+def sliding_layers(config: dict, arch: str, n_layers: int, where: Path) -> list[bool]:
+    """Which layers are sliding_attention ones: as layer_types names them, else as each model type's
+    transformers decides (Qwen2, Qwen3: from max_window_layers on; Gemma 2: every other layer from the
+    first; Gemma 3: all but every sliding_window_pattern-th; Mistral and Phi-3: all)."""
+    types = config.get("layer_types")
+    if types is not None:
+        if len(types) != n_layers:
+            raise ModelFormatError(f"{where}: layer_types names {len(types)} layers, num_hidden_layers is {n_layers}")
+        other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+        if other:
+            raise UnsupportedModelError(f"{where}: layer_types {other} are not supported yet "
+                                        "(full_attention, sliding_attention)")
+        return [t == "sliding_attention" for t in types]
+    if arch in ("qwen2", "qwen3"):
+        return [i >= int(config.get("max_window_layers", n_layers)) for i in range(n_layers)]
+    if arch == "gemma2":
+        return [i % 2 == 0 for i in range(n_layers)]
+    if arch == "gemma3_text":
+        pattern = int(config.get("sliding_window_pattern") or 6)
+        return [(i + 1) % pattern != 0 for i in range(n_layers)]
+    return [True] * n_layers

@@ -1,7 +1,10 @@
-"""The Llama-family transformer (SmolLM2, Llama 2/3, Mistral...) as a coroutine over runtime ops.
+"""The Llama-family transformer (SmolLM2, Llama 2/3, Mistral, Qwen2/3, Phi-3, Gemma 2/3) as a
+coroutine over runtime ops. What sets a family apart is decided at load into the config and the
+blocks (biases, q/k norms, Gemma's scaled embedding, GeGLU, norms after each sublayer, soft caps),
+and the one forward reads them.
 
 Weights keep GGUF's names and layout. Every op (embedding, norms, products, attention with its KV
-cache, SwiGLU, residual adds) goes through `ops`, supplied by the runtime: numpy on the CPU
+cache, SwiGLU or GeGLU, residual adds) goes through `ops`, supplied by the runtime: numpy on the CPU
 (runtime/ops.py) or dispatches recorded for the GPU (runtime/webgpu/recorder.py). The model never learns
 where it ran.
 """
@@ -32,9 +35,11 @@ class Block:
     qkv_bias: np.ndarray | None = None  # ((H + 2 KV) * hd,) Qwen2's q|k|v bias
     q_norm: np.ndarray | None = None  # (hd,) Qwen3's RMSNorm of each query head
     k_norm: np.ndarray | None = None  # (hd,) and of each key head
+    post_attn_norm: np.ndarray | None = None  # (d,) Gemma's norm of the attention's output, before the residual add
+    post_ffn_norm: np.ndarray | None = None  # (d,) and of the MLP's
 
 
-NEOX_ARCHS = ("qwen2", "qwen3")  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3")  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
 
 
 def pair_rope_rows(w, heads: int):
@@ -68,6 +73,13 @@ class Llama:
         for Llama GGUFs)."""
         neox = f.rope_halves or cfg.arch in NEOX_ARCHS
         heads = {"q": cfg.n_heads, "k": cfg.n_kv_heads, "v": None}
+
+        def norm(name: str) -> np.ndarray | None:  # Gemma's x * (1 + w) as x * w', once
+            if not f.has_tensor(name):
+                return None
+            w = f.vector(name)
+            return w + np.float32(cfg.norm_offset) if cfg.norm_offset else w
+
         blocks = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
@@ -76,7 +88,7 @@ class Llama:
             if f.has_tensor(p + "attn_q.bias"):
                 bias = [f.vector(p + f"attn_{n}.bias") for n in "qkv"]
             if f.has_tensor(p + "attn_q_norm.weight"):
-                norms = [f.vector(p + f"attn_{n}_norm.weight") for n in "qk"]
+                norms = [norm(p + f"attn_{n}_norm.weight") for n in "qk"]
             if neox:
                 qkv = [pair_rope_rows(m, heads[n]) if heads[n] else m for m, n in zip(qkv, "qkv")]
                 if bias is not None:
@@ -86,15 +98,16 @@ class Llama:
             wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", qkv)
             gate, up = QuantMatrix.fuse(p + "ffn_gate_up", [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")])
             blocks.append(Block(
-                attn_norm=f.vector(p + "attn_norm.weight"), wq=wq, wk=wk, wv=wv,
-                wo=f.matrix(p + "attn_output.weight"), ffn_norm=f.vector(p + "ffn_norm.weight"),
+                attn_norm=norm(p + "attn_norm.weight"), wq=wq, wk=wk, wv=wv,
+                wo=f.matrix(p + "attn_output.weight"), ffn_norm=norm(p + "ffn_norm.weight"),
                 w_gate=gate, w_up=up, w_down=f.matrix(p + "ffn_down.weight"),
                 qkv_bias=None if bias is None else np.concatenate(bias).astype(np.float32),
                 q_norm=None if norms is None else norms[0], k_norm=None if norms is None else norms[1],
+                post_attn_norm=norm(p + "post_attention_norm.weight"), post_ffn_norm=norm(p + "post_ffw_norm.weight"),
             ))
         embed = f.matrix("token_embd.weight")
         head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
-        return cls(cfg, embed, blocks, f.vector("output_norm.weight"), head, ops)
+        return cls(cfg, embed, blocks, norm("output_norm.weight"), head, ops)
 
     def matrices(self) -> list[QuantMatrix]:
         """Every matrix the forward multiplies by (the runtime prepares them once)."""
@@ -134,7 +147,8 @@ class Llama:
         if not all_logits:
             x = ops.last_rows(x, seqs)  # (n_seqs, d)
         x = ops.rms_norm(x, self.out_norm, self.cfg.rms_eps)
-        return (await ops.linear(x, self.head, tag=tag))[0]  # (rows, vocab)
+        logits = (await ops.linear(x, self.head, tag=tag))[0]  # (rows, vocab)
+        return ops.softcap(logits, self.cfg.logit_softcap) if self.cfg.logit_softcap else logits
 
     async def normed_hidden(self, seqs: list[np.ndarray], caches: list, *, tag=None, ops=None):
         """The final norm's output at every position (sum t_i, d): what the head reads, and what
@@ -150,6 +164,9 @@ class Llama:
         c = self.cfg
         step = ops.begin(seqs, caches)  # positions, masks, room in the caches
         x = ops.embed(self.embed, step)  # (T, d)
+        if c.embed_scale != 1.0:
+            x = ops.scale(x, c.embed_scale)
+        glu = ops.gelu_mul if c.activation == "gelu_tanh" else ops.silu_mul  # GeGLU or SwiGLU
         for li, b in enumerate(self.blocks):
             h = ops.rms_norm(x, b.attn_norm, c.rms_eps)
             q, k, v = await ops.linear(h, b.wq, b.wk, b.wv, tag=tag)  # (T, H*hd), (T, KV*hd) x2
@@ -158,9 +175,15 @@ class Llama:
             if b.q_norm is not None:  # RMSNorm over each head of q and of k
                 q, k = ops.head_norm(q, b.q_norm, c.rms_eps), ops.head_norm(k, b.k_norm, c.rms_eps)
             a = ops.attention(li, q, k, v, step)  # rope, scale, cache append, causal GQA -> (T, H*hd)
-            x = ops.add(x, (await ops.linear(a, b.wo, tag=tag))[0])
+            o = (await ops.linear(a, b.wo, tag=tag))[0]  # (T, d)
+            if b.post_attn_norm is not None:
+                o = ops.rms_norm(o, b.post_attn_norm, c.rms_eps)
+            x = ops.add(x, o)
             h = ops.rms_norm(x, b.ffn_norm, c.rms_eps)
             gate, up = await ops.linear(h, b.w_gate, b.w_up, tag=tag)  # (T, d_ff) x2
-            x = ops.add(x, (await ops.linear(ops.silu_mul(gate, up), b.w_down, tag=tag))[0])
+            o = (await ops.linear(glu(gate, up), b.w_down, tag=tag))[0]  # (T, d)
+            if b.post_ffn_norm is not None:
+                o = ops.rms_norm(o, b.post_ffn_norm, c.rms_eps)
+            x = ops.add(x, o)
         ops.end(step)  # the caches hold the new rows
         return x

@@ -1,7 +1,7 @@
 """The ops a model's forward is written in, run eagerly on the CPU.
 
-The forward (models/llama.py) calls `ops.embed`, `rms_norm`, `linear`, `add_bias`, `head_norm`,
-`attention`, `silu_mul`, `add` and `last_rows` and never learns where they ran. Here they are numpy (the products go
+The forward (models/llama.py) calls `ops.embed`, `scale`, `rms_norm`, `linear`, `add_bias`, `head_norm`,
+`attention`, `silu_mul` or `gelu_mul`, `add`, `last_rows` and `softcap`, and never learns where they ran. Here they are numpy (the products go
 through the matmul scheduler, which batches them across requests); runtime/webgpu/recorder.py records
 the same calls as GPU dispatches of one submission per step.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.models.config import ModelConfig
+from oxinfer.models.config import ModelConfig, Rope
 from oxinfer.models.kv_cache import BLOCK, KVCache, KVPool
 
 
@@ -28,6 +28,17 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """gelu in its tanh form (transformers' gelu_pytorch_tanh, Gemma's hidden_activation)."""
+    c = np.float32(np.sqrt(2 / np.pi))
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+
+
+def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+    """cap * tanh(x / cap): x bent smoothly into (-cap, cap) (Gemma 2's scores and logits)."""
+    return np.float32(cap) * np.tanh(x / np.float32(cap))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -56,7 +67,7 @@ class CpuOps:
     def __init__(self, cfg: ModelConfig, linear):
         self.cfg = cfg
         self.linear = linear  # await linear(x, *weights, tag=...) -> [x @ w.T ...]
-        self.rot = rope_table(cfg)[:, None, :]  # (ctx, 1, rope_dim/2)
+        self.rot = rope_table(cfg)[:, None, :]  # (ctx, 1, rope_dim/2); a local rope's ctx rows after them
 
     # --- step bracket ---------------------------------------------------------------------------
     def begin(self, seqs: list[np.ndarray], caches: list[KVCache]) -> CpuStep:
@@ -85,8 +96,20 @@ class CpuOps:
         return rms_norm(x, w, eps)
 
     @staticmethod
+    def scale(x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
+    @staticmethod
     def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
         return silu(gate) * up
+
+    @staticmethod
+    def gelu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        return gelu_tanh(gate) * up
+
+    @staticmethod
+    def softcap(x: np.ndarray, cap: float) -> np.ndarray:
+        return softcap(x, cap)
 
     @staticmethod
     def add(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -114,17 +137,18 @@ class CpuOps:
         """q (T, H*hd), k, v (T, KV*hd) -> (T, H*hd): rope on q and k, the softmax scale on q, k and
         v appended to each sequence's cache, causal GQA attention per sequence (or per decode group)."""
         c = self.cfg
-        q = self.rope(q.reshape(-1, c.n_heads, c.head_dim), step.pos)  # (T, H, hd)
-        q *= np.float32(c.head_dim ** -0.5)  # the softmax scale, once for every row
-        k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), step.pos)  # (T, KV, hd)
+        at = step.pos + c.rope_row0(layer)  # the rows of this layer's rope
+        q = self.rope(q.reshape(-1, c.n_heads, c.head_dim), at)  # (T, H, hd)
+        q *= np.float32(c.attn_scale)  # the softmax scale, once for every row
+        k = self.rope(k.reshape(-1, c.n_kv_heads, c.head_dim), at)  # (T, KV, hd)
         v = v.reshape(-1, c.n_kv_heads, c.head_dim)
         window = c.layer_windows[layer] if c.layer_windows else None  # a sliding window, or the whole context
         if step.groups is not None:
-            return attention_decode(layer, q, k, v, step.groups, window)
+            return attention_decode(layer, q, k, v, step.groups, window, c.attn_softcap)
         a = np.empty((len(step.pos), c.n_heads * c.head_dim), np.float32)  # (T, H*hd)
         for cache, start, r0, r1 in zip(step.caches, step.starts, step.rows[:-1], step.rows[1:]):
             keys, values = cache.update_and_fetch(layer, k[r0:r1], v[r0:r1])
-            a[r0:r1] = prompt_attention(q[r0:r1], keys, values, start, window)
+            a[r0:r1] = prompt_attention(q[r0:r1], keys, values, start, window, c.attn_softcap)
         return a
 
     def rope(self, x: np.ndarray, pos: np.ndarray | slice) -> np.ndarray:
@@ -141,12 +165,21 @@ class CpuOps:
 
 def rope_table(cfg: ModelConfig) -> np.ndarray:
     """Rope as complex rotations e^(i pos theta_j), (context, rope_dim/2) complex64, computed in
-    float64 (f32 pos * theta drifts by ~1e-3 rad at 8k positions). The GPU reads the same table."""
-    inv_freq = cfg.rope_base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
-    if cfg.rope_freq_factors is not None:  # Llama 3.1's scaled rope
-        inv_freq = inv_freq / np.asarray(cfg.rope_freq_factors, np.float64)
+    float64 (f32 pos * theta drifts by ~1e-3 rad at 8k positions); with a local rope (Gemma 3's
+    sliding layers) its context rows follow (cfg.rope_row0 says where a layer's begin). The GPU
+    reads the same table."""
+    tables = [_rope_rows(cfg, Rope(cfg.rope_base, cfg.rope_freq_factors, cfg.rope_attn_factor))]
+    if cfg.local_rope is not None:
+        tables.append(_rope_rows(cfg, cfg.local_rope))
+    return np.concatenate(tables)
+
+
+def _rope_rows(cfg: ModelConfig, rope: Rope) -> np.ndarray:
+    inv_freq = rope.base ** (-np.arange(0, cfg.rope_dim, 2, dtype=np.float64) / cfg.rope_dim)
+    if rope.freq_factors is not None:  # Llama 3.1's scaled rope, YaRN's, linear
+        inv_freq = inv_freq / np.asarray(rope.freq_factors, np.float64)
     ang = np.arange(cfg.context_length, dtype=np.float64)[:, None] * inv_freq  # (ctx, rope_dim/2)
-    return (cfg.rope_attn_factor * np.exp(1j * ang)).astype(np.complex64)  # (YaRN scales q and k)
+    return (rope.attn_factor * np.exp(1j * ang)).astype(np.complex64)  # (YaRN scales q and k)
 
 
 @functools.lru_cache(maxsize=BLOCK)
@@ -156,7 +189,7 @@ def causal_mask(t: int) -> np.ndarray:
 
 
 def prompt_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                     window: int | None = None) -> np.ndarray:
+                     window: int | None = None, cap: float = 0.0) -> np.ndarray:
     """GQA for one sequence's rows at positions start.. (q (t, H, hd) scaled; keys and values
     (KV, start + t, hd)) -> (t, H*hd), in blocks of BLOCK rows at positions that are multiples of
     BLOCK, each over the keys up to its own end. Which rows are computed together then changes
@@ -164,22 +197,23 @@ def prompt_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start:
     values and logits of one computed whole, bit for bit (whole, the softmax sums and BLAS's
     kernels followed the number of rows, and the int8 products turned those last-bit changes
     into ~0.5-logit ones). window: a row sees its own position and the window - 1 before it
-    (a block then attends to the keys from its first row's window on, masked row by row)."""
+    (a block then attends to the keys from its first row's window on, masked row by row); cap:
+    the scores' soft cap (0: none)."""
     t = q.shape[0]
     if t == 1:
         lo = max(0, keys.shape[1] - window) if window else 0
-        return attention(q, keys[:, lo:], values[:, lo:], None)
+        return attention(q, keys[:, lo:], values[:, lo:], None, cap=cap)
     out = np.empty((t, q.shape[1] * q.shape[2]), np.float32)
     i = 0
     while i < t:
         p = start + i  # a block's rows: to the next multiple of BLOCK, or the end
         n = min(t - i, (p // BLOCK + 1) * BLOCK - p)
         if window is None:
-            out[i:i + n] = attention(q[i:i + n], keys[:, :p + n], values[:, :p + n], causal_mask(n), p)
+            out[i:i + n] = attention(q[i:i + n], keys[:, :p + n], values[:, :p + n], causal_mask(n), p, cap)
         else:
             lo = max(0, p - window + 1)
             out[i:i + n] = attention(q[i:i + n], keys[:, lo:p + n], values[:, lo:p + n],
-                                     window_mask(n, p - lo, window), 0)
+                                     window_mask(n, p - lo, window), 0, cap)
         i += n
     return out
 
@@ -194,15 +228,18 @@ def window_mask(t: int, before: int, window: int) -> np.ndarray:
 
 
 def attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, mask: np.ndarray | None,
-              at: int = 0) -> np.ndarray:
-    """GQA for one sequence. q (t, H, hd) already scaled by 1/sqrt(hd), keys and values
-    (KV, T, hd), mask (t, T - at) over the last keys (from `at` on) or None -> (t, H*hd)."""
+              at: int = 0, cap: float = 0.0) -> np.ndarray:
+    """GQA for one sequence. q (t, H, hd) already scaled (the softmax scale), keys and values
+    (KV, T, hd), mask (t, T - at) over the last keys (from `at` on) or None -> (t, H*hd); cap:
+    the scores' soft cap, before the mask (0: none)."""
     t, H, hd = q.shape
     KV, T, _ = keys.shape
     g = H // KV
     # the g query heads that share a kv head become rows of one product per kv head
     qg = q.reshape(t, KV, g, hd).transpose(1, 2, 0, 3).reshape(KV, g * t, hd)  # (KV, g*t, hd)
     scores = qg @ keys.swapaxes(-1, -2)  # (KV, g*t, T)
+    if cap:
+        scores = softcap(scores, cap)
     if mask is not None:
         scores.reshape(KV, g, t, T)[..., at:] += mask
     out = softmax(scores) @ values  # (KV, g*t, hd)
@@ -231,7 +268,7 @@ def decode_groups(caches: list[KVCache]) -> list[tuple[np.ndarray, KVPool, np.nd
 
 
 def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, groups,
-                     window: int | None = None) -> np.ndarray:
+                     window: int | None = None, cap: float = 0.0) -> np.ndarray:
     """q (B, H, hd) scaled, k, v (B, KV, hd): one new token per sequence -> (B, H*hd). Writes
     k, v into the pools, then attends group by group over the range of slots each spans (the
     range's other slots are computed and dropped)."""
@@ -251,6 +288,8 @@ def attention_decode(layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, gr
             full[at] = qr
             qr = full
         scores = qr @ keys.swapaxes(-1, -2)  # (R, KV, g, T)
+        if cap:
+            scores = softcap(scores, cap)
         out = softmax(scores) @ values  # (R, KV, g, hd)
         a[rows] = (out if dense else out[at]).reshape(len(rows), H * hd)
     return a
