@@ -4,6 +4,7 @@
 // sequence, so that blocks can later be shared between sequences).
 //
 // rope_kv: the q|k|v row of the fused product -> q rotated and scaled (the softmax scale, once),
+// by the layer's rope (its rows from P.rope0 on),
 // k rotated and v as is appended to the pool at the row's position. GGUF stores llama's q/k rows
 // permuted for rotating adjacent pairs (x[2i], x[2i+1]) by pos * theta_i; cos/sin come from a
 // table computed in float64 on the host (the CPU path's table), not from f32 pos * theta here.
@@ -59,7 +60,7 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
         b += src[z * P.t * heads * HD + o + 1u];
     }
     if (h < P.n + P.k && i < ROPE_PAIRS) {
-        let cs = rope[rows_info[ROW_POS + r] * ROPE_PAIRS + i];
+        let cs = rope[(P.rope0 + rows_info[ROW_POS + r]) * ROPE_PAIRS + i];
         let a2 = a * cs.c - b * cs.s;
         b = a * cs.s + b * cs.c;
         a = a2;
@@ -108,7 +109,7 @@ fn rotated4(o: u32, g: u32, pos: u32, rot: bool) -> vec4<f32> {
     for (var j = 0u; j < 2u; j++) {
         let i = 2u * g + j;   // pair i: dims 2i, 2i + 1
         if (rot && i < ROPE_PAIRS) {
-            let cs = rope[pos * ROPE_PAIRS + i];
+            let cs = rope[(P.rope0 + pos) * ROPE_PAIRS + i];
             let a = v[2u * j];
             let b = v[2u * j + 1u];
             v[2u * j] = a * cs.c - b * cs.s;
@@ -182,6 +183,9 @@ fn attend_row(h: u32, r: u32, lid: u32, decode: bool) {
                 s4 += qs[d] * kpool[kb + d];
             }
             s = s4.x + s4.y + s4.z + s4.w;
+        }
+        if (P.cap > 0.0 && p < n) {
+            s = soft_cap(s, P.cap);
         }
         sc[lid] = s;
         workgroupBarrier();

@@ -68,6 +68,9 @@ fn attend_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             s{h} += dot(q{h}_{d}, k{d});   // unroll h < QH, d < DL
             s{h} += subgroupShuffleXor(s{h}, 1u);   // unroll h < QH
             s{h} += subgroupShuffleXor(s{h}, 2u);   // unroll h < QH
+            if (P.cap > 0.0) {
+                s{h} = soft_cap(s{h}, P.cap);   // unroll h < QH
+            }
             if (live && t0 + j <= pos && (!WINDOWED || t0 + j >= wlo)) {   // causal, in the row's window
                 var grow = false;
                 grow = grow || s{h} > m{h};   // unroll h < QH

@@ -342,3 +342,46 @@ async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, d, n_
     params = oxinfer.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     assert (await gpu.generate(prompt, params)).token_ids == (await cpu.generate(prompt, params)).token_ids
     assert gpu.resident is not None  # no fault sent it to the CPU
+
+
+GEMMA = {"gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=0.5,
+                        final_logit_softcapping=30.0),
+         "gemma3": dict(model_type="gemma3_text", qk_norm=True, head_dim=32, query_pre_attn_scalar=24,
+                        sliding_window_pattern=2, rope_theta=1e6, rope_local_base_freq=1e4,
+                        rope_scaling={"rope_type": "linear", "factor": 8.0})}
+
+
+@pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (not even lavapipe)")
+@pytest.mark.parametrize("name,as_gpu", [("gemma2", False), ("gemma3", False), ("gemma2", True), ("gemma3", True)])
+async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, name, as_gpu):
+    """Gemma's ops on the GPU (the scaled embedding, GeGLU, the norms after each sublayer, the soft
+    caps of scores and logits, Gemma 3's local rope rows on its sliding layers): a prompt past the
+    window (attend_rows where the device has subgroups: 4 query heads a kv head) and decode steps
+    after it (attend_decode) give the CPU's logits and greedy tokens (the CPU's prompt is checked
+    against transformers in test_hf_transformers.py); planned as on a GPU too: the down products
+    (1,024 weights a row) split in k slices before the norm after them, attend_rows in chunks."""
+    write_tiny_hf(tmp_path / "g", seed=20, dtype="BF16", gemma=True, tied=True, d=128, n_heads=8, n_kv=2, d_ff=1024,
+                  sliding_window=8, **GEMMA[name])
+    cpu = await oxinfer.Engine.load(tmp_path / "g", cpu_int8=False)
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    backend.cpu_adapter = backend.cpu_adapter and not as_gpu
+    gpu = await oxinfer.Engine.load(tmp_path / "g", gpu=backend, cpu_int8=False)
+    assert gpu.resident is not None and gpu.config.layer_windows == (8, None)
+    assert gpu.resident.attend_rows == ("subgroup" in backend.features)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, 256, 80)]  # (64 rows on: tiled products)
+    close(await gpu.next_logits(prompt), await cpu.next_logits(prompt))
+    if as_gpu:  # products split before the norms after them
+        prog = gpu.resident.program(False)
+        plan = next(p for (t, _, _), p in prog.plans.items() if t == len(prompt))
+        assert any(prog.disps[i].optional for i in plan.at) and gpu.resident.att_chunks(len(prompt)) > 1
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=8)
+
+    async def decode(e):  # each step's token and its 8 best (id, logprob): the runners-up show the soft caps
+        return [(t.token_id, t.top_logprobs) async for t in e.stream(prompt, params) if isinstance(t, oxinfer.Token)]
+
+    got, want = await decode(gpu), await decode(cpu)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert [i for i, _ in g] == [i for i, _ in w]
+        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-3)
+    assert gpu.resident is not None  # no fault sent it to the CPU

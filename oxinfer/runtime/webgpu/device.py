@@ -28,7 +28,7 @@ else:
 
 log = structlog.get_logger("oxinfer.webgpu")
 
-PARAMS_BYTES = 48  # struct Params of common.wgsl (36 bytes), bound in multiples of 16
+PARAMS_BYTES = 48  # struct Params of common.wgsl (36 bytes) and Op of ops_common.wgsl (44), bound in multiples of 16
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter
 FEATURES = ("timestamp-query", "subgroup", "shader-f16")  # requested when the adapter has them
 SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), then every POLL_S:

@@ -182,9 +182,10 @@ class Recorder:
         qr = self._writes(self._scratch("q", H * hd, "t"))
         kp, vp = self.r.kpool[layer], self.r.vpool[layer]
         pairs = (H + 2 * KV) * hd // 2
+        scale, rope0, cap = f32_word(cfg.attn_scale), cfg.rope_row0(layer), f32_word(cfg.attn_softcap)  # Op.scale, .rope0, .cap
         self._record("attention:rope_kv", {1: self.r.meta, 2: q.buf, 3: self.r.table, 4: self.r.rope,
                                            5: qr.buf, 6: kp, 7: vp},
-                     [0, H, KV, 0, 0, f32_word(hd ** -0.5)], "t", lambda k, t: (-(-pairs // 64), t, 1))
+                     [0, H, KV, 0, 0, scale, 0, 0, 0, rope0], "t", lambda k, t: (-(-pairs // 64), t, 1))
         out = self._writes(self._scratch("attn", H * hd, "t"))
         rope_kv = self.disps[-1]
         rq = self.r.att_rows
@@ -193,7 +194,7 @@ class Recorder:
         window = (cfg.layer_windows[layer] if cfg.layer_windows else None) or 0  # Op.window (0: all positions)
         attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
                                                    6: kp, 7: vp, 10: out.buf},
-                              [0, H, KV, 0, 0, f32_word(hd ** -0.5), 0, 0, window], "t",
+                              [0, H, KV, 0, 0, scale, 0, 0, window, rope0, cap], "t",
                               lambda k, t: grids[k](t) if k in grids else (H, t, 1))
         attend.pre = rope_kv  # a decode step runs both as attend_decode
         return out
@@ -219,15 +220,34 @@ class Recorder:
                      lambda k, t, heads=x.cols // hd: (heads, t, 1))
         return x
 
-    def silu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
+    def silu_mul(self, gate: DTensor, up: DTensor, kernel: str = "elementwise:silu_mul") -> DTensor:
         ff = gate.cols
         if not (gate.buf is up.buf and gate.col0 == 0 and up.col0 == ff and gate.stride == 2 * ff):
-            raise NotImplementedError("silu_mul on the GPU takes gate|up of one fused product")
+            raise NotImplementedError(f"{kernel} on the GPU takes gate|up of one fused product")
         self._reads(gate)
         out = self._writes(self._scratch("ffn", ff, gate.rows))
-        self._record("elementwise:silu_mul", {2: gate.buf, 3: out.buf}, [0, ff], gate.rows,
-                     lambda k, t: (-(-ff // 64), t, 1))
+        self._record(kernel, {2: gate.buf, 3: out.buf}, [0, ff], gate.rows, lambda k, t: (-(-ff // 64), t, 1))
         return out
+
+    def gelu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
+        """Gemma's GeGLU (no matvec prologue takes it over: its own dispatch)."""
+        return self.silu_mul(gate, up, "elementwise:gelu_mul")
+
+    def scale(self, x: DTensor, s: float) -> DTensor:
+        """x *= s, in place."""
+        return self._in_place("elementwise:scale", x, [0, x.cols, 0, 0, 0, f32_word(s)])
+
+    def softcap(self, x: DTensor, cap: float) -> DTensor:
+        """x = cap * tanh(x / cap), in place (the logits: what the sampler and readback read)."""
+        return self._in_place("elementwise:softcap", x, [0, x.cols, 0, 0, 0, 0, 0, 0, 0, 0, f32_word(cap)])
+
+    def _in_place(self, kernel: str, x: DTensor, words: list[int]) -> DTensor:
+        if not x.whole:
+            raise NotImplementedError(f"{kernel} on the GPU takes whole rows")
+        self._reads(x)
+        n = x.cols
+        self._record(kernel, {3: x.buf}, words, x.rows, lambda k, t: (-(-n // 64), t, 1))
+        return x
 
     def add(self, x: DTensor, y: DTensor) -> DTensor:
         """x += y, in place. When the last dispatch was the matmul that produced y, it writes into
