@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUFWriter, quants
+from gguf import GGML_QUANT_SIZES, GGUFWriter, RopeScalingType, quants
 from gguf import GGMLQuantizationType as T
 
 from oxinfer.formats.quants import CODECS, QuantMatrix
@@ -280,6 +280,68 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 256, "eos_token_id": [258, 256]}))
     return weights
+
+
+def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict) -> Path:
+    """A Gemma 2 or 3 GGUF of an HF directory (write_tiny_hf's weights, its config.json as a dict),
+    as llama.cpp's convert_hf_to_gguf.py writes one (Gemma2Model, Gemma3Model): the keys those
+    write, every norm weight + 1 (HF computes x * (1 + w)), q/k rows as HF holds them (llama.cpp
+    rotates Gemma's head halves), no lm_head (tied), matrices BF16 (the directory's own values when
+    it holds bf16) and norms F32; a byte-level BPE vocabulary (write_tiny_llama's) where a Gemma
+    holds its SentencePiece one."""
+    c = config
+    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[c["model_type"]]
+    w = GGUFWriter(str(path), arch)
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(c["hidden_size"])
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(c["num_attention_heads"])
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    w.add_key_length(c["head_dim"])
+    w.add_value_length(c["head_dim"])
+    if arch == "gemma2":
+        w.add_head_count_kv(c["num_key_value_heads"])
+        w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+        w.add_sliding_window(c["sliding_window"])
+    else:
+        w.add_rope_freq_base(c.get("rope_theta", 1e6))  # the global layers'
+        w.add_sliding_window(c["sliding_window"])
+        w.add_head_count_kv(c["num_key_value_heads"])
+        if c.get("rope_scaling") is not None:  # linear, the global layers' only
+            w.add_rope_scaling_type(RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
+    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3, 3, 3])
+    w.add_token_merges([])
+    w.add_bos_token_id(256)
+    w.add_eos_token_id(258)
+    w.add_add_bos_token(False)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
+    for i in range(c["num_hidden_layers"]):
+        names |= {f"model.layers.{i}.{h}.weight": f"blk.{i}.{g}.weight" for h, g in layer.items()}
+    for hf, name in names.items():
+        if hf not in weights:  # (Gemma 2 has no q/k norms)
+            continue
+        x = weights[hf].astype(np.float32)
+        if name.endswith("norm.weight"):
+            w.add_tensor(name, x + np.float32(1))
+        else:
+            w.add_tensor(name, quants.quantize(x, T.BF16), raw_dtype=T.BF16)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def _bf16_bits(a: np.ndarray) -> np.ndarray:

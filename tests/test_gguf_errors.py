@@ -120,3 +120,29 @@ def test_an_arch_key_oxinfer_does_not_compute_is_refused_by_name(tmp_path):
             load_model(p)
     ok = write_tiny_llama(tmp_path / "ok.gguf", metadata={"rope.scaling.type": "none", "expert_count": 0})
     assert load_model(ok)[2].cfg.n_layers == 2
+
+
+def test_gemma_gguf_keys_oxinfer_does_not_compute_are_refused_by_name(tmp_path):
+    """Gemma GGUFs: a key llama.cpp reads for another architecture, a rope scaling other than
+    Gemma 3's linear one, or a Gemma 3 without sliding layers (llama.cpp runs another graph) is
+    refused before any tensor is read (the layouts of Gemma's tensors: test_hf_transformers.py)."""
+    from oxinfer.models import ModelConfig
+
+    for arch, meta, message in [
+            ("gemma2", {"attention.sliding_window_pattern": 2}, r"gemma2\.attention\.sliding_window_pattern = 2"),
+            ("gemma2", {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0}, r"gemma2\.rope\.scaling\.type"),
+            ("gemma3", {"attention.sliding_window": 4, "rope.scaling.type": "yarn"}, r"gemma3\.rope\.scaling\.type = 'yarn'"),
+            ("gemma3", {}, r"gemma3\.attention\.sliding_window is missing")]:
+        p = write_tiny_llama(tmp_path / f"{arch}.gguf", arch=arch, metadata=meta)
+        with pytest.raises(UnsupportedModelError, match=message):
+            ModelConfig.from_gguf(GGUFFile(p))
+    cfg = ModelConfig.from_gguf(GGUFFile(write_tiny_llama(tmp_path / "g3.gguf", arch="gemma3", n_layers=7, metadata={
+        "attention.sliding_window": 4, "rope.scaling.type": "linear", "rope.scaling.factor": 8.0})))
+    # llama.cpp's reading: every 6th layer global, scaled by the factor; the others slide, rope base 10000
+    assert cfg.layer_windows == (4, 4, 4, 4, 4, None, 4) and cfg.local_layers == (0, 1, 2, 3, 4, 6)
+    assert cfg.rope_freq_factors == (8.0,) * 8 and cfg.local_rope.base == 10000.0 and cfg.local_rope.freq_factors is None
+    assert cfg.attn_scale == 16 ** -0.5 and cfg.logit_softcap == 0 and cfg.norm_offset == 0
+    # a GGUF holds no query_pre_attn_scalar: llama.cpp's 27B Gemma 2 (46 layers) scales by d / n_heads, others by head_dim
+    for n_layers, scale in ((46, (64 / 4) ** -0.5), (45, 32 ** -0.5)):
+        p = write_tiny_llama(tmp_path / f"g2_{n_layers}.gguf", arch="gemma2", n_layers=n_layers, head_dim=32, fast=True)
+        assert ModelConfig.from_gguf(GGUFFile(p)).attn_scale == scale

@@ -17,6 +17,7 @@ and 1.2 GB to a fresh clone's setup, which the suite's budget (issue 13) cannot 
 
 import hashlib
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 import pytest
 
 import oxinfer
-from oxinfer.testing import write_tiny_hf
+from oxinfer.testing import write_gemma_gguf, write_tiny_hf
 
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150]
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -46,6 +47,14 @@ ARCHS = {  # write_tiny_hf's arguments: one directory per architecture switch
     "gemma3": {"seed": 17, "dtype": "BF16", "model_type": "gemma3_text", "gemma": True, "tied": True, "qk_norm": True,
                "head_dim": 32, "query_pre_attn_scalar": 24, "sliding_window": 4, "sliding_window_pattern": 2,
                "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": None, "hidden_act": "gelu_pytorch_tanh"},
+    # Gemmas llama.cpp reads as transformers does, for their GGUFs (test_a_gemma_gguf...): a GGUF holds no
+    # query_pre_attn_scalar (llama.cpp takes head_dim's) nor Gemma 3's pattern (llama.cpp's is 6 layers)
+    "gemma2_gguf": {"seed": 21, "dtype": "BF16", "model_type": "gemma2", "gemma": True, "tied": True, "head_dim": 16,
+                    "sliding_window": 4, "query_pre_attn_scalar": 16, "attn_logit_softcapping": 0.5,
+                    "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6},
+    "gemma3_gguf": {"seed": 22, "dtype": "BF16", "model_type": "gemma3_text", "gemma": True, "tied": True, "n_layers": 6,
+                    "qk_norm": True, "head_dim": 32, "query_pre_attn_scalar": 32, "sliding_window": 4,
+                    "rope_theta": 1e6, "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "rms_norm_eps": 1e-6},
 }
 # the same architectures with config.json exactly as transformers 4.57 and 5.24 save_pretrained wrote
 # it (tests/data/hf_configs/; 5.x moved the rope settings into rope_parameters), for these weights
@@ -154,6 +163,25 @@ async def test_a_transformers_5_directory_on_the_gpu_gives_transformers_logits(r
     got = await e.all_logits(TOKENS)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * max(1.0, float(np.abs(ref).max())))
     assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("arch", ["gemma2_gguf", "gemma3_gguf"])
+async def test_a_gemma_gguf_as_llama_cpp_converts_it_gives_transformers_logits(reference, tmp_path, arch):
+    """The directory as a GGUF laid out as llama.cpp's converter writes one (its keys, norm weights
+    + 1, llama.cpp's tensor names) gives transformers' logits on the CPU and the GPU: oxinfer reads
+    Gemma GGUFs as llama.cpp means them (llama.cpp's sources read; llama.cpp itself is not run)."""
+    path, ref = reference[arch]
+    weights = write_tiny_hf(tmp_path / "again", **ARCHS[arch])  # the directory's weights (seeded)
+    gguf = write_gemma_gguf(tmp_path / "m.gguf", weights, json.loads((path / "config.json").read_text()))
+    e = await oxinfer.Engine.load(gguf, cpu_int8=False)
+    assert e.config.arch == arch.split("_")[0] and e.config.norm_offset == 0
+    np.testing.assert_allclose(await e.all_logits(TOKENS), ref, rtol=0, atol=1e-3)
+    from oxinfer.runtime.webgpu import WebGpuBackend, available
+
+    if available(allow_cpu_adapter=True):
+        e = await oxinfer.Engine.load(gguf, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+        assert e.resident is not None
+        np.testing.assert_allclose(await e.all_logits(TOKENS), ref, rtol=0, atol=1e-3 * float(np.abs(ref).max()))
 
 
 def test_the_stored_logits_are_transformers_own(reference):

@@ -9,11 +9,11 @@ import numpy as np
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.models import hf_config
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # GGUF general.architecture
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")  # GGUF general.architecture
 # config.json model_type: Llama's skeleton, with switches (phi3: q|k|v and gate|up stored fused,
 # formats/hf_dir.py reads their rows; Gemma: the fields below from norm_offset on)
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
-WIDE_HEADS = ("qwen3", "gemma2", "gemma3_text")  # heads may be wider than d / n_heads
+WIDE_HEADS = ("qwen3", "gemma2", "gemma3_text", "gemma3")  # heads may be wider than d / n_heads
 
 
 @dataclass(frozen=True)
@@ -156,25 +156,68 @@ class ModelConfig:
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
         head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
-        if n_heads % n_kv or head_dim % 2 or (arch != "qwen3" and head_dim * n_heads != d_model):
+        if n_heads % n_kv or head_dim % 2 or (arch not in WIDE_HEADS and head_dim * n_heads != d_model):
             raise ModelFormatError(f"{arch}: {d_model=} {n_heads=} {n_kv=} {head_dim=} do not divide")
         vocab = a("vocab_size", None) or len(f.get("tokenizer.ggml.tokens"))
-        return cls(
-            arch=arch,
-            n_layers=int(a("block_count")),
-            d_model=d_model,
-            n_heads=n_heads,
-            n_kv_heads=n_kv,
-            d_ff=int(a("feed_forward_length")),
-            vocab_size=int(vocab),
-            context_length=int(a("context_length", 2048)),
-            rms_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(a("rope.freq_base", 10000.0)),
-            rope_dim=int(a("rope.dimension_count", head_dim)),
-            rope_freq_factors=tuple(float(v) for v in f.vector("rope_freqs.weight"))
+        n_layers, context, rope_dim = int(a("block_count")), int(a("context_length", 2048)), int(a("rope.dimension_count", head_dim))
+        gemma = _gguf_gemma(f, arch, n_layers, context, d_model, n_heads, head_dim, rope_dim) if arch in GGUF_GEMMA else {}
+        return cls(**{
+            "arch": arch,
+            "n_layers": n_layers,
+            "d_model": d_model,
+            "n_heads": n_heads,
+            "n_kv_heads": n_kv,
+            "d_ff": int(a("feed_forward_length")),
+            "vocab_size": int(vocab),
+            "context_length": context,
+            "rms_eps": float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+            "rope_base": float(a("rope.freq_base", 10000.0)),
+            "rope_dim": rope_dim,
+            "rope_freq_factors": tuple(float(v) for v in f.vector("rope_freqs.weight"))
             if f.has_tensor("rope_freqs.weight") else None,
-            head_dim=head_dim,
-        )
+            "head_dim": head_dim,
+            **gemma,
+        })
+
+
+GGUF_GEMMA = ("gemma2", "gemma3")
+
+
+def _gguf_gemma(f, arch: str, n_layers: int, context: int, d_model: int, n_heads: int, head_dim: int,
+                rope_dim: int) -> dict:
+    """A Gemma 2 or 3 GGUF's fields as llama.cpp reads them (llama-model.cpp, src/models/gemma*.cpp).
+    Its converter added 1 to every norm weight (convert_hf_to_gguf.py: x * (1 + w) as x * w'), so no
+    norm_offset. The embedding is scaled by sqrt(d) in float32 and the MLP is GeGLU, as in HF. Gemma
+    2: a window (attention.sliding_window, 4096 when absent) on every other layer from the first, the
+    scores' and logits' soft caps (50 and 30 when absent: llama.cpp's defaults). Gemma 3: the window
+    on all but every 6th layer (or the period or per-layer flags attention.sliding_window_pattern
+    gives), those layers rotating by rope.freq_base_swa (10000) unscaled, the others by rope.freq_base
+    and a linear rope.scaling.factor; no soft caps. A GGUF holds no query_pre_attn_scalar: llama.cpp
+    scales q by (d / n_heads) ** -0.5 in the 27B models (46 layers Gemma 2, 62 Gemma 3) and by
+    head_dim ** -0.5 in the others, as their configs' query_pre_attn_scalar says."""
+    a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
+    if arch == "gemma2":
+        window, slides = int(a("attention.sliding_window", 4096)), [i % 2 == 0 for i in range(n_layers)]
+    else:
+        if not a("attention.sliding_window", 0):  # (llama.cpp then runs another graph, soft-capping the logits)
+            raise UnsupportedModelError(f"{arch}.attention.sliding_window is missing or 0: a Gemma 3 without "
+                                        "sliding layers is not supported")
+        window, pattern = int(a("attention.sliding_window")), a("attention.sliding_window_pattern", 6)
+        slides = ([bool(v) for v in pattern] if isinstance(pattern, (list, tuple)) else
+                  [i % int(pattern) < int(pattern) - 1 for i in range(n_layers)])
+        if len(slides) != n_layers:
+            raise ModelFormatError(f"{arch}.attention.sliding_window_pattern names {len(slides)} layers, not {n_layers}")
+    big = n_layers == {"gemma2": 46, "gemma3": 62}[arch]
+    out = {"layer_windows": tuple(window if s else None for s in slides) if window < context and any(slides) else None,
+           "embed_scale": float(np.float32(d_model ** 0.5)), "activation": "gelu_tanh",
+           "attn_scale": (d_model / n_heads if big else head_dim) ** -0.5}
+    if arch == "gemma2":
+        return {**out, "attn_softcap": float(a("attn_logit_softcapping", 50.0)),
+                "logit_softcap": float(a("final_logit_softcapping", 30.0))}
+    if a("rope.scaling.type", "none") == "linear":  # the global layers' only
+        out["rope_freq_factors"] = (float(a("rope.scaling.factor")),) * (rope_dim // 2)
+    return {**out, "local_rope": Rope(float(a("rope.freq_base_swa", 10000.0))),
+            "local_layers": tuple(i for i, s in enumerate(slides) if s)}
 
 
 def _rope(config: dict, where, layer_type: str | None, default_theta: float, dim: int, context: int) -> Rope:
@@ -242,13 +285,16 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
 
 # the `{arch}.*` GGUF keys from_gguf reads, and those whose values are harmless only as given here
 # (what llama.cpp computes for these architectures is the reference: it applies rope scaling, so a
-# scaled rope is refused; it attends to the whole context for llama, qwen2 and qwen3 whatever
-# sliding_window says)
+# scaled rope is refused, but for Gemma 3's linear one; it attends to the whole context for llama,
+# qwen2 and qwen3 whatever sliding_window says, and applies Gemma's)
 GGUF_APPLIED = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
     "attention.key_length", "vocab_size"})
-GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none", "rope.scaling.factor": lambda v, arch: float(v) == 1.0,
+GGUF_APPLIED_BY = {"gemma2": GGUF_APPLIED | {"attn_logit_softcapping", "final_logit_softcapping"},  # (_gguf_gemma)
+                   "gemma3": GGUF_APPLIED | {"attention.sliding_window_pattern", "rope.freq_base_swa"}}
+GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "gemma3" and v == "linear"),
+                 "rope.scaling.factor": lambda v, arch: float(v) == 1.0 or arch == "gemma3",
                  "expert_count": lambda v, arch: int(v) == 0, "expert_used_count": lambda v, arch: int(v) == 0,
                  "attention.sliding_window": lambda v, arch: arch != "llama"}
 
@@ -259,7 +305,7 @@ def _check_gguf_keys(f, arch: str) -> None:
         if not key.startswith(arch + "."):
             continue
         name, value = key[len(arch) + 1:], f.get(key)
-        if name in GGUF_APPLIED:
+        if name in GGUF_APPLIED_BY.get(arch, GGUF_APPLIED):
             continue
         if name == "attention.value_length":  # v heads as wide as k heads: the one head_dim
             if int(value) != int(f.get(f"{arch}.attention.key_length", value)):
