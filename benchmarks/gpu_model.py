@@ -61,16 +61,16 @@ def _phase(a, b, wall: float, steps: int) -> str:
             f"submit {per('submit_s'):.2f}, wait {per('wait_s'):.2f}; GPU pass {per('kernel_s'):.2f}) + engine")
 
 
-async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = None) -> float:
-    """Aggregate decode tok/s of `streams` streams (greedy, or sampled as `sampling` says), from the
-    moment all have their first token."""
+async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = None, context: int = 16) -> float:
+    """Aggregate decode tok/s of `streams` streams (greedy, or sampled as `sampling` says) after
+    prompts of `context` tokens, from the moment all have their first token."""
     params = oxinfer.SamplingParams(**{"temperature": 0, "seed": 1, **(sampling or {})}, max_tokens=n_decode,
                                     ignore_eos=True)
     firsts: list[float] = []
     tokens = [0]
 
     async def one(i):
-        stream = engine.stream([(i * 31 + j) % 256 for j in range(16)], params)
+        stream = engine.stream([(i * 31 + j * 7) % 256 for j in range(context)], params)
         await anext(stream)
         firsts.append(time.perf_counter())
         async for ev in stream:
@@ -83,7 +83,7 @@ async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = Non
 
 
 async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
-                  sampled: dict | None = None) -> dict:
+                  sampled: dict | None = None, contexts: tuple[int, ...] = ()) -> dict:
     gpu = None
     if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
         from oxinfer.runtime.webgpu import WebGpuBackend
@@ -120,6 +120,19 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
                                                                                            b.steps - a.steps)
         for name, got in runs.items():
             out[f"{name}:{n}" if name else f"x{n}"] = float(np.median(got))
+    for c in contexts:  # one stream's decode after c tokens of context, the median of ROUNDS in turns
+        await crowd(engine, 1, 4, context=c)
+    runs = {c: [] for c in contexts}
+    for _ in range(ROUNDS if contexts else 0):
+        for c in contexts:
+            a = _waits(engine)
+            runs[c].append(await crowd(engine, 1, n_decode, context=c))
+            b = _waits(engine)
+            if a is not None:
+                out[f"phases:ctx{c}"] = f"1 stream after {c} tokens: " + _phase(a, b, (b.steps - a.steps) / runs[c][-1],
+                                                                               b.steps - a.steps)
+    for c, got in runs.items():
+        out[f"ctx{c}"] = float(np.median(got))
     out["phases"] += [v for k, v in out.items() if k.startswith("phases:")]
     r = engine.resident
     out["detail"] = (f"resident: {r.last}" if r is not None else
@@ -137,6 +150,8 @@ def main() -> None:
     ap.add_argument("--backends", nargs="+", default=["webgpu", "cpu"])
     ap.add_argument("--sampled", action="store_true", help=f"also decode sampled ({', '.join(SAMPLINGS)}) beside greedy")
     ap.add_argument("--modes", nargs="+", choices=list(SAMPLINGS), help="with --sampled: only these sampling modes")
+    ap.add_argument("--contexts", type=int, nargs="*", default=[],
+                    help="also one stream's decode after prompts of these many tokens (long contexts: 128 4000)")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     a = ap.parse_args()
     sampled = {k: SAMPLINGS[k] for k in a.modes or SAMPLINGS} if a.sampled else {}
@@ -156,7 +171,7 @@ def main() -> None:
         for backend in a.backends:  # the GPU's rows before any CPU engine has run (its threads, its garbage)
             for path in models:
                 gc.collect()
-                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, sampled)
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, sampled, tuple(a.contexts))
                 c = a.concurrency[0]
                 vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
                 w = "/".join(f"{r[f'waits{n}']:.2f}" for n in a.concurrency if f"waits{n}" in r)
@@ -167,6 +182,11 @@ def main() -> None:
                                       else "" for n in a.concurrency)
                     w = "/".join(f"{r[f'{name}:waits{n}']:.2f}" for n in a.concurrency if f"{name}:waits{n}" in r)
                     print(f"| {path.stem} | {backend}, {name} | | {vals} | {w} | |", flush=True)
+                if a.contexts:
+                    c0 = a.contexts[0]
+                    print(f"| {path.stem} | {backend}, 1 stream after " + ", ".join(
+                        f"{c}: {r[f'ctx{c}']:.0f} tok/s ({r[f'ctx{c}'] / r[f'ctx{c0}']:.0%})" for c in a.contexts)
+                        + " | |" + " |" * len(a.concurrency) + " | |", flush=True)
                 for line in [*r["phases"], r["detail"]]:
                     print(f"<!-- {line} -->", flush=True)
 

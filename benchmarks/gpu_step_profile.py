@@ -72,7 +72,7 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
         for c, s in zip(caches, seqs):
             c.trim(len(s))
         t, m = sum(len(x) for x in seqs), len(seqs)
-        plan = prog.plans[(t, m)]
+        plan = prog.plans[(t, m, frozenset(), 1)]
         kinds = defaultdict(list)
         for call, i in zip(plan.calls, plan.at):
             d = prog.disps[i]
@@ -82,9 +82,9 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
             kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline
         parts = {}
         for kind, sub in ([] if whole_only else kinds.items()):  # the step's plan cut down to one family
-            prog.plans[(t, m)] = dataclasses.replace(plan, calls=sub)
+            prog.plans[(t, m, frozenset(), 1)] = dataclasses.replace(plan, calls=sub)
             parts[kind] = (len(sub), pass_ms(r, seqs, caches, 10))
-        prog.plans[(t, m)] = plan
+        prog.plans[(t, m, frozenset(), 1)] = plan
         everything = plan.calls
         what = f"prefill of {-n} rows" if n < 0 else f"{n} streams"
         print(f"{path.stem} (tiled from {webgpu.MM_MIN_T_GPU} rows), {what}: step {step:.2f} ms, GPU pass {whole:.2f} ms, "

@@ -22,7 +22,7 @@ async def main():
     for n in (512, 300, 130):
         toks = list(np.random.default_rng(n).integers(0, 256, size=n))
         a, b = await gpu.next_logits(toks), await cpu.next_logits(toks)
-        plan = r.program(False).plans[(n, 1)]
+        plan = r.program(False).plans[(n, 1, frozenset(), 1)]
         kinds = {k for k in r.pipelines if r.pipelines[k] in {c[0] for c in plan.calls}}
         print(f"check {n} rows: rel err {np.abs(a - b).max() / np.abs(b).max():.2e}, chunks {r.att_chunks(n)}, merge {'attention:attend_merge' in kinds}, argmax equal {a.argmax() == b.argmax()}")
 anyio.run(main)

@@ -12,6 +12,7 @@ import oxinfer
 from oxinfer.engine.loading import load as load_model  # blocking, as Engine.load runs it
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.runtime.webgpu import WebGpuBackend, available
+from oxinfer.runtime.webgpu import runner as webgpu_runner
 from oxinfer.testing import write_tiny_hf
 
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150]
@@ -323,10 +324,12 @@ async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
 @pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (not even lavapipe)")
 # attend / attend_decode; attend_rows (4 heads a kv head); attend_rows in chunks of positions, planned as on a GPU
 @pytest.mark.parametrize("d,n_heads,n_kv,as_gpu", [(64, 4, 2, False), (128, 8, 2, False), (128, 8, 2, True)])
-async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, d, n_heads, n_kv, as_gpu):
+async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, monkeypatch, d, n_heads, n_kv, as_gpu):
     """The GPU's attention kernels take a layer's window (Op.window): a prompt past the window (in
     attend_rows' chunks where the device has subgroups, else attend) and decode steps after it
-    give the CPU's logits and greedy tokens."""
+    (planned as on a GPU: attend_decode in chunks of the window's positions) give the CPU's logits
+    and greedy tokens."""
+    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 4)
     write_tiny_hf(tmp_path / "w", seed=13, dtype="BF16", model_type="mistral", sliding_window=8, d=d, n_heads=n_heads,
                   n_kv=n_kv)
     cpu = await oxinfer.Engine.load(tmp_path / "w", cpu_int8=False)
@@ -353,13 +356,15 @@ GEMMA = {"gemma2": dict(model_type="gemma2", head_dim=16, query_pre_attn_scalar=
 
 @pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (not even lavapipe)")
 @pytest.mark.parametrize("name,as_gpu", [("gemma2", False), ("gemma3", False), ("gemma2", True), ("gemma3", True)])
-async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, name, as_gpu):
+async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, monkeypatch, name, as_gpu):
     """Gemma's ops on the GPU (the scaled embedding, GeGLU, the norms after each sublayer, the soft
     caps of scores and logits, Gemma 3's local rope rows on its sliding layers): a prompt past the
     window (attend_rows where the device has subgroups: 4 query heads a kv head) and decode steps
     after it (attend_decode) give the CPU's logits and greedy tokens (the CPU's prompt is checked
     against transformers in test_hf_transformers.py); planned as on a GPU too: the down products
-    (1,024 weights a row) split in k slices before the norm after them, attend_rows in chunks."""
+    (1,024 weights a row) split in k slices before the norm after them, attend_rows in chunks,
+    attend_decode in chunks (of 16 positions here)."""
+    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 16)
     write_tiny_hf(tmp_path / "g", seed=20, dtype="BF16", gemma=True, tied=True, d=128, n_heads=8, n_kv=2, d_ff=1024,
                   sliding_window=8, **GEMMA[name])
     cpu = await oxinfer.Engine.load(tmp_path / "g", cpu_int8=False)
@@ -372,7 +377,7 @@ async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, nam
     close(await gpu.next_logits(prompt), await cpu.next_logits(prompt))
     if as_gpu:  # products split before the norms after them
         prog = gpu.resident.program(False)
-        plan = next(p for (t, _, _), p in prog.plans.items() if t == len(prompt))
+        plan = next(p for (t, *_), p in prog.plans.items() if t == len(prompt))
         assert any(prog.disps[i].optional for i in plan.at) and gpu.resident.att_chunks(len(prompt)) > 1
     params = oxinfer.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=8)
 

@@ -16,6 +16,7 @@ from structlog.testing import capture_logs
 import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
+from oxinfer.runtime.webgpu import runner as webgpu_runner
 from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
 from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
@@ -158,7 +159,7 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     tokens = list(np.random.default_rng(5).integers(0, 256, size=80))
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
     prog = gpu.resident.program(False)
-    plan = prog.plans[(80, 1, frozenset())]
+    plan = prog.plans[(80, 1, frozenset(), 1)]
     # every down product in slices: the next layer's add_rms_norm sums them into the residual, the
     # last layer's add_splits (its final norm gathers the rows whose logits are wanted)
     split = [i for i in plan.at if prog.disps[i].optional]
@@ -173,6 +174,45 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
     params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
+async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch):
+    """Planned as on a GPU with chunks of 8 positions (DECODE_CHUNK_KEYS; 512 on a real one), a
+    decode step's attention walks each row's positions in chunks (flash-decoding: attend_decode
+    with workgroup z a chunk, then attend_merge): two streams of different lengths (so a row's
+    last chunks can be empty), each step's token and its 5 best logprobs as on the CPU, and the
+    chunk count grows with the context."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    backend.cpu_adapter = False  # plan as on a GPU
+    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 8)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=12, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (20, 45)]
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
+
+    async def decode(e, i, out):
+        out[i] = [(t.token_id, t.top_logprobs) async for t in e.stream(prompts[i], params) if isinstance(t, oxinfer.Token)]
+
+    answers = {gpu: {}, cpu: {}}
+    for engine, out in answers.items():
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(decode, engine, i, out)
+    for i in range(len(prompts)):
+        got, want = answers[gpu][i], answers[cpu][i]
+        assert [t for t, _ in got] == [t for t, _ in want]
+        for (_, g), (_, w) in zip(got, want):
+            assert [j for j, _ in g] == [j for j, _ in w]
+            np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
+    r = gpu.resident
+    assert r.decode_chunks(2, 30) == 3 and r.decode_chunks(2, 57) == 7 and r.decode_chunks(1, 4000) == 8
+    prog = r.program(False)
+    merge = r.pipelines["attention:attend_merge"]
+    chunked = [p for (t, n, _, chunks), p in prog.plans.items() if t == n and chunks > 1]
+    assert chunked and all([c[0] for c in p.calls].count(merge) == gpu.model.cfg.n_layers for p in chunked)
+    assert r is not None and gpu.resident is r  # no fault sent it to the CPU
 
 
 async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monkeypatch):
@@ -196,7 +236,7 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     assert 1e-6 < rel_err(got, want) <= F16_TOL, rel_err(got, want)
     r, layers = gpu.resident, gpu.model.cfg.n_layers
     prog = r.program(False)
-    plan = prog.plans[(130, 1, frozenset())]
+    plan = prog.plans[(130, 1, frozenset(), 1)]
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}

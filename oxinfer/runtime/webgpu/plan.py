@@ -18,7 +18,7 @@ from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
 
 PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
-FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' chunks
+FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' and attend_decode's chunks
 
 
 class Program:
@@ -33,7 +33,7 @@ class Program:
         idx = np.arange(len(disps))
         words = np.array([d.t_word for d in disps])
         by_s = np.array([d.rows == "s" for d in disps])
-        self.plans: dict[tuple, Plan] = {}  # (rows, seqs, sampler stages) -> its plan
+        self.plans: dict[tuple, Plan] = {}  # (rows, seqs, sampler stages, decode chunks) -> its plan
         self.written: Plan | None = None  # the plan whose uniforms the device holds
         self.t_at = (idx[~by_s], words[~by_s])
         self.s_at = (idx[by_s], words[by_s])
@@ -95,6 +95,8 @@ class Planning:
             else:
                 if kind == "attention:attend_decode":
                     entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
+                if kind in ("attention:attend", "attention:attend_decode"):
+                    entries[11] = self.att_parts()  # (a decode step's chunks leave their parts there)
                 if kind == "attention:rope_kv" and sums:
                     entries[2] = prog.disps[i - 1].entries[2]  # the q|k|v product's slices
                 if kind == "attention:attend_rows":
@@ -122,23 +124,25 @@ class Planning:
         return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
 
 
-    def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset()) -> Plan:
+    def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset(), keys: int = 0) -> Plan:
         """The calls that encode a step of t rows of n sequences, with the sampler's stages it
-        needs, and the uniform words the shape decides, built once per shape: a decode step of a
-        steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels, fuse_prologues, fuse_split_sums,
-        chunk_attention, then the calls and the uniform words."""
-        plan = prog.plans.get((t, n, stages))
+        needs, the longest row seeing `keys` positions (a decode step's attention goes in chunks
+        past some), and the uniform words the shape decides, built once per shape: a decode step
+        of a steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels,
+        fuse_prologues, fuse_split_sums, chunk_attention, then the calls and the uniform words."""
+        chunks = self.decode_chunks(n, keys) if t == n else 1
+        plan = prog.plans.get((t, n, stages, chunks))
         if plan is None:
             c = choose_kernels(self, prog.disps, t, n)
             fuse_prologues(prog.disps, c, t, n)
             fuse_split_sums(prog.disps, c)
-            chunk_attention(self, c, t)
+            chunk_attention(self, c, t, chunks)
             calls, at = self._calls(prog, c, stages)
             where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
                 prog.plans.clear()
             sampler_at = next((j for j, i in enumerate(at) if prog.disps[i].kernel.startswith("sample:")), len(calls))
-            plan = prog.plans[(t, n, stages)] = Plan(calls, at, where, values, c.pre, sampler_at)
+            plan = prog.plans[(t, n, stages, chunks)] = Plan(calls, at, where, values, c.pre, sampler_at)
         return plan
 
     def _calls(self, prog: Program, c: Choices, stages: frozenset) -> tuple[list[tuple], list[int]]:
@@ -158,7 +162,7 @@ class Planning:
             for kind in parts:
                 pipe, bg = self._bind(prog, i, disps[i], kind, int(c.pre[i]), bool(c.splits[i] > 1), bool(c.xs[i] > 1))
                 x, y, z = disps[i].grid(kind, c.rows[i])
-                if kind == c.kinds[i] and max(c.splits[i], c.chunks[i]) > 1:  # a product's k slices, attend_rows' chunks
+                if kind == c.kinds[i] and max(c.splits[i], c.chunks[i]) > 1:  # a product's k slices, attention's chunks
                     z = int(max(c.splits[i], c.chunks[i]))
                 grid = (x, y, z)
                 calls.append((pipe, bg, *grid, call_args(pipe, bg, *grid, bool(calls) and calls[-1][0] is pipe)))
@@ -176,7 +180,7 @@ class Choices:
     pre: np.ndarray  # each matmul's Params.pre: the norm (1) or swiglu (2) its prologue does
     xs: np.ndarray  # slices summed by mm_kt's xt_k (Params.xs), add_rms_norm (Op.k), rope_kv (Op.flags)
     fused: list[bool]  # fused[i]: dispatch i does the work of dispatch i - 1 too (that one does not run)
-    chunks: np.ndarray  # each attend_rows' chunks of positions (Op.flags)
+    chunks: np.ndarray  # each attend_rows' or attend_decode's chunks of positions (Op.flags)
 
 
 def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
@@ -230,11 +234,14 @@ def fuse_split_sums(disps: list[Dispatch], c: Choices) -> None:
                 c.kinds[i] = "norm:add_rms_norm"
 
 
-def chunk_attention(r, c: Choices, t: int) -> None:
-    """attend_rows in chunks of positions (then attend_merge): att_chunks."""
+def chunk_attention(r, c: Choices, t: int, decode_chunks: int) -> None:
+    """attend_rows in chunks of positions (then attend_merge): att_chunks; attend_decode in
+    decode_chunks (decode_chunks)."""
     for i, kind in enumerate(c.kinds):
         if kind == "attention:attend_rows":
             c.chunks[i] = r.att_chunks(t)
+        elif kind == "attention:attend_decode" and decode_chunks > 1:
+            c.chunks[i] = decode_chunks
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

@@ -61,7 +61,7 @@ class Submitting:
         t, n = sum(lens), len(lens)
         up, stages, logprobs, masked = self._write_rows(seqs, caches, starts, lens, all_logits, samplers)
         prog = self.program(all_logits)
-        plan = self._plan(prog, t, n, stages)
+        plan = self._plan(prog, t, n, stages, max(starts) + 1)
         up += self._write_plan(prog, plan, t, n)
         pieces = seqs is not None and t >= PIECES_MIN_ROWS
         first = plan.sampler_at if masked else len(plan.calls)
@@ -125,8 +125,8 @@ class Submitting:
         prog.written = plan
         return prog.params.nbytes
 
-    def _encode_ahead(self, staging, n: int) -> Half:
-        """A decode step of one row for each of n sequences in a chain with constraints, encoded
+    def _encode_ahead(self, staging, starts: list[int]) -> Half:
+        """A decode step of one row for each sequence (at positions `starts`) in a chain with constraints, encoded
         whole (its forward, its sampler and copies) and not submitted: nothing is written, so it can
         be encoded while the step two before it is read (in the background). Its forward is
         submitted (_submit_forward) right after the step before's sampler, so the GPU goes from one
@@ -134,7 +134,8 @@ class Submitting:
         t0 = time.perf_counter()
         stages, logprobs, masked = self._chain
         prog = self.program(False)
-        plan = self._plan(prog, n, n, stages)
+        n = len(starts)
+        plan = self._plan(prog, n, n, stages, max(starts) + 1)
         h = Half(prog, plan, n, n, False, [], logprobs, masked, staging, plan.sampler_at, 0, 0.0, 0.0, 1, None)
         h.forward = self._encode(plan, 0, plan.sampler_at).finish()
         h.rest = self._encode_rest(h)
