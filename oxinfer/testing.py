@@ -202,13 +202,14 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                   seed: int = 0, tied: bool = False, dtype: str = "F32", shards: int = 1,
                   model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
                   qk_norm: bool = False, config_text: str | None = None, fused: bool = False,
-                  gemma: bool = False, **config) -> dict[str, np.ndarray]:
+                  gemma: bool = False, wrapped: bool = False, **config) -> dict[str, np.ndarray]:
     """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys; `config_text`: config.json itself, as a transformers
     version wrote it (tests/data/hf_configs/: its shapes must be these); gemma: Gemma's norms (four a
-    layer, each weight w near 0, as its x * (1 + w) wants). Returns the weights by HF name, as float32
-    (bf16's values when dtype is BF16)."""
+    layer, each weight w near 0, as its x * (1 + w) wants); wrapped: the tensors under language_model.
+    (Gemma 3's image-text checkpoints; config_text its config). Returns the weights by the files' names,
+    as float32 (bf16's values when dtype is BF16)."""
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -251,7 +252,7 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                 [weights.pop(p + f"self_attn.{n}_proj.weight") for n in "qkv"])
             weights[p + "mlp.gate_up_proj.weight"] = np.concatenate(
                 [weights.pop(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")])
-    weights = {k: v.astype(np.float32) for k, v in weights.items()}
+    weights = {("language_model." if wrapped else "") + k: v.astype(np.float32) for k, v in weights.items()}
     if dtype == "BF16":  # the values the file holds
         weights = {k: ((v.view(np.uint32) >> 16) << 16).view(np.float32) for k, v in weights.items()}
     names = list(weights)

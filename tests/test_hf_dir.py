@@ -206,7 +206,7 @@ CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 
 
 @pytest.mark.parametrize("name", ["llama3", "llama_tied", "mistral", "qwen2", "qwen3", "qwen2_yarn", "llama_yarn", "phi3",
-                                  "phi3_swa", "mistral_swa", "qwen2_swa", "gemma2", "gemma3"])
+                                  "phi3_swa", "mistral_swa", "qwen2_swa", "gemma2", "gemma3", "gemma3_mm"])
 def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     """The config.json transformers 4.57 and 5.24 wrote for one model (5.x: rope_parameters, dtype,
     layer_types; Gemma 3's a rope per layer type) gives one ModelConfig, its rope theta the one
@@ -215,7 +215,8 @@ def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
     from oxinfer.models import ModelConfig
 
     shapes = {"phi3": {"fused": True}, "phi3_swa": {"fused": True}, "gemma2": {"gemma": True},
-              "gemma3": {"gemma": True, "qk_norm": True, "head_dim": 32}}.get(name, {})
+              "gemma3": {"gemma": True, "qk_norm": True, "head_dim": 32},
+              "gemma3_mm": {"gemma": True, "qk_norm": True, "head_dim": 32, "wrapped": True}}.get(name, {})
     got = {}
     for version in ("4.57", "5.24"):
         d = tmp_path / version
@@ -223,7 +224,8 @@ def test_a_config_in_the_4x_and_the_5x_form_is_one_model(tmp_path, name):
         write_tiny_hf(d, config_text=text, tied=json.loads(text).get("tie_word_embeddings", True), **shapes)
         got[version] = ModelConfig.from_hf(HFDirectory(d))
     assert got["4.57"] == got["5.24"]
-    theta = json.loads((CONFIGS / f"{name}-4.57.json").read_text())["rope_theta"]
+    saved = json.loads((CONFIGS / f"{name}-4.57.json").read_text())
+    theta = saved.get("text_config", saved)["rope_theta"]  # (Gemma 3's image-text config: its text model's)
     assert got["5.24"].rope_base == theta
     assert (got["5.24"].rope_freq_factors is not None) == (name in ("llama3", "qwen2_yarn", "llama_yarn", "gemma3"))
     assert (got["5.24"].rope_attn_factor != 1.0) == name.endswith("_yarn")
@@ -265,15 +267,15 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
 
 
 def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
-    """What a Gemma config asks for that oxinfer does not compute is refused naming the key: the
-    image-text gemma3 wrapper, another activation, bidirectional attention, a sliding layer's
-    rope of a type oxinfer lacks; and Gemma's own keys in another model type's config."""
+    """What a Gemma config asks for that oxinfer does not compute is refused naming the key:
+    another activation, bidirectional attention, a sliding layer's rope of a type oxinfer lacks, a
+    key beside an image-text model's text_config, such a model without one; and Gemma's own keys
+    in another model type's config."""
     m = tmp_path / "g"
     write_tiny_hf(m, config_text=(CONFIGS / "gemma3-5.24.json").read_text(), gemma=True, qk_norm=True, head_dim=32)
     assert load_model(m)[2].cfg.local_rope is not None
     saved = (m / "config.json").read_text()
     refused = [
-        (dict(model_type="gemma3"), r"model_type = 'gemma3' is Gemma 3's image-text model"),
         (dict(hidden_activation="gelu"), r"hidden_activation = 'gelu' is not supported \(gelu_pytorch_tanh\)"),
         (dict(use_bidirectional_attention=True), r"use_bidirectional_attention = True"),
         (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
@@ -287,6 +289,16 @@ def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
         with pytest.raises((UnsupportedModelError, ModelFormatError), match=message):
             load_model(m)
         (m / "config.json").write_text(saved)
+    # Gemma 3's image-text model: the keys around its text_config are the image side's, or refused
+    write_tiny_hf(tmp_path / "mm", config_text=(CONFIGS / "gemma3_mm-5.24.json").read_text(), gemma=True, qk_norm=True,
+                  head_dim=32, wrapped=True)
+    assert load_model(tmp_path / "mm")[2].cfg.arch == "gemma3_text"
+    _edit_config(tmp_path / "mm", audio_config={"model_type": "x"})
+    with pytest.raises(UnsupportedModelError, match=r"config\.json: key 'audio_config'"):
+        load_model(tmp_path / "mm")
+    _edit_config(tmp_path / "mm", audio_config=None, text_config=None)
+    with pytest.raises(UnsupportedModelError, match=r"model_type = 'gemma3' without a text_config"):
+        load_model(tmp_path / "mm")
     write_tiny_hf(tmp_path / "l", seed=1)
     for key, value in (("query_pre_attn_scalar", 24), ("final_logit_softcapping", 30.0), ("rope_local_base_freq", 1e4)):
         _edit_config(tmp_path / "l", **{key: value})

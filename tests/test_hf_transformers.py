@@ -73,7 +73,11 @@ SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtyp
          # Gemma 2 (soft caps, every other layer sliding) and Gemma 3 text (q/k norms, heads 32 wide, linear rope
          # scaling on its global layers, its own rope base on the sliding ones: 5.x writes a rope per layer type)
          "gemma2": {"seed": 18, "dtype": "BF16", "gemma": True, "tied": True},
-         "gemma3": {"seed": 19, "dtype": "BF16", "gemma": True, "tied": True, "qk_norm": True, "head_dim": 32}}
+         "gemma3": {"seed": 19, "dtype": "BF16", "gemma": True, "tied": True, "qk_norm": True, "head_dim": 32},
+         # Gemma 3's image-text model (Gemma3ForConditionalGeneration, a tiny vision tower in its config, none in
+         # its files: transformers makes one up, which text never reaches): its text model
+         "gemma3_mm": {"seed": 23, "dtype": "BF16", "gemma": True, "tied": True, "qk_norm": True, "head_dim": 32,
+                       "wrapped": True}}
 for _name, _kw in SAVED.items():
     for _version in ("4.57", "5.24"):
         ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}

@@ -113,6 +113,14 @@ class HFDirectory:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.config = read_json(self.path / "config.json")
+        # Gemma 3's image-text checkpoints (model_type gemma3) hold a gemma3_text model: config.json's
+        # text_config, tensors under language_model.model. (model.language_model. in some 4.5x saves);
+        # the vision tower and the projector stay unread (oxinfer takes text). `outer`: the rest of the config
+        self.outer = None
+        if self.config.get("model_type") == "gemma3" and isinstance(self.config.get("text_config"), dict):
+            self.outer, self.config = self.config, {"model_type": "gemma3_text", **self.config["text_config"]}
+            if "tie_word_embeddings" in self.outer:  # (the model's, over its text model's)
+                self.config["tie_word_embeddings"] = self.outer["tie_word_embeddings"]
         self.tokenizer_config = read_json(self.path / "tokenizer_config.json", required=False) or {}
         self.generation_config = read_json(self.path / "generation_config.json", required=False) or {}
         index = self.path / "model.safetensors.index.json"
@@ -134,6 +142,14 @@ class HFDirectory:
         for name, f in self._where.items():
             if name not in f.header:
                 raise ModelFormatError(f"{f.path}: tensor {name!r}, which the index places there, is missing")
+        self._model, self._head = "model.", "lm_head.weight"  # where the text model's tensors are
+        if self.outer is not None:
+            self._model = next((p for p in ("language_model.model.", "model.language_model.")
+                                if any(n.startswith(p) for n in self._where)), None)
+            if self._model is None:
+                raise ModelFormatError(f"{self.path}: a gemma3 model whose files hold no language_model.model.* "
+                                       "(or model.language_model.*) tensors")
+            self._head = "language_model.lm_head.weight" if self._model == "language_model.model." else "lm_head.weight"
         self._slices = self._fused_rows()
         gemma = self.config.get("model_type") in _GEMMA
         self._layer = _GEMMA_LAYER if gemma else _LAYER
@@ -141,9 +157,9 @@ class HFDirectory:
         # (transformers ties them so); false, lm_head.weight must be there; absent, as the files say
         # (a Gemma's config ties them when it leaves the key out, as transformers' Gemma configs do)
         self.tied = self.config.get("tie_word_embeddings", True if gemma else None)
-        if self.tied is False and "lm_head.weight" not in self._where:
+        if self.tied is False and self._head not in self._where:
             raise ModelFormatError(f"{self.path / 'config.json'}: tie_word_embeddings is false, but no file holds "
-                                   "lm_head.weight")
+                                   f"{self._head}")
 
     def cfg(self, key: str, default: Any = ...) -> Any:
         """A config.json value; ModelFormatError naming the key and the file when it is missing."""
@@ -162,11 +178,12 @@ class HFDirectory:
     # --- GGUF names -----------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
         if name in _GLOBAL:
-            return _GLOBAL[name]
+            hf = _GLOBAL[name]
+            return self._head if hf == "lm_head.weight" else self._model + hf.removeprefix("model.")
         if name.startswith("blk."):
             _, i, rest = name.split(".", 2)
             if rest in self._layer:
-                return f"model.layers.{i}.{self._layer[rest]}"
+                return f"{self._model}layers.{i}.{self._layer[rest]}"
         raise ModelFormatError(f"no HF tensor maps to {name!r}")
 
     def _fused_rows(self) -> dict[str, tuple[str, int, int]]:
@@ -181,7 +198,7 @@ class HFDirectory:
         ff = int(c.get("intermediate_size", 0))
         out = {}
         for i in range(int(c.get("num_hidden_layers", 0))):
-            p = f"model.layers.{i}."
+            p = f"{self._model}layers.{i}."
             for gguf, fused, r0, n in (("attn_q", "self_attn.qkv_proj", 0, heads * hd),
                                        ("attn_k", "self_attn.qkv_proj", heads * hd, kv * hd),
                                        ("attn_v", "self_attn.qkv_proj", (heads + kv) * hd, kv * hd),

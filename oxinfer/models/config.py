@@ -78,11 +78,12 @@ class ModelConfig:
         it; a missing key, or one oxinfer does not implement, fails here naming it (hf_config.py).
         A key a Gemma config leaves out takes transformers' default for it."""
         where = d.path / "config.json"
+        if d.outer is not None:  # Gemma 3's image-text model: its text model (formats/hf_dir.py)
+            hf_config.check_outer_keys(d.outer, where)
+            where = f"{where} text_config"
         arch = d.cfg("model_type")
         if arch == "gemma3":
-            raise UnsupportedModelError(f"{where}: model_type = 'gemma3' is Gemma 3's image-text model "
-                                        "(Gemma3ForConditionalGeneration): not supported; its text-only form "
-                                        "(model_type gemma3_text, as google/gemma-3-1b-it) is")
+            raise UnsupportedModelError(f"{where}: model_type = 'gemma3' without a text_config: not supported")
         if arch not in HF_ARCHS:
             raise UnsupportedModelError(f"{where}: model_type = {arch!r} is not supported "
                                         f"(supported: {', '.join(HF_ARCHS)})")

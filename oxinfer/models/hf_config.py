@@ -28,10 +28,13 @@ GEMMA = ("gemma2", "gemma3_text")
 # what transformers' Gemma2Config and Gemma3TextConfig take for a key the file leaves out (several differ
 # from Llama's: heads 256 wide, eps 1e-6, the soft caps of Gemma 2); rope_theta's are rope()'s default_theta
 DEFAULTS = {
-    "gemma2": {"head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256,
+    "gemma2": {"vocab_size": 256000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+               "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 8192, "query_pre_attn_scalar": 256,
                "sliding_window": 4096, "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
                "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True},
-    "gemma3_text": {"head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
+    # (Gemma 3's image-text checkpoints on the hub give few of their text_config's keys: gemma-3-4b-it 6)
+    "gemma3_text": {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6, "max_position_embeddings": 131072,
                     "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": None,
                     "attn_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
                     "tie_word_embeddings": True, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6},
@@ -77,6 +80,20 @@ ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"], "linear": ROPE_KEYS["linear"]}  
 ONLY = {"hidden_activation": GEMMA, "query_pre_attn_scalar": GEMMA, "attn_logit_softcapping": GEMMA,
         "final_logit_softcapping": GEMMA, "use_bidirectional_attention": GEMMA, "cache_implementation": GEMMA,
         "rope_local_base_freq": ("gemma3_text",), "sliding_window_pattern": ("gemma3_text",)}
+
+
+# the keys of Gemma 3's image-text config around its text_config: the image side (oxinfer takes text)
+OUTER = frozenset({"model_type", "text_config", "tie_word_embeddings", "vision_config", "mm_tokens_per_image",
+                   "boi_token_index", "eoi_token_index", "image_token_index", "boi_token_id", "eoi_token_id",
+                   "image_token_id"})
+
+
+def check_outer_keys(config: dict, where: Path) -> None:
+    """As check_keys, for the keys around a text_config (formats/hf_dir.py: HFDirectory.outer)."""
+    for key in config:
+        if not (key.startswith("_") or key in OUTER or key in HARMLESS):
+            raise UnsupportedModelError(f"{where}: key {key!r} = {config[key]!r} is not supported: oxinfer does not "
+                                        "know what it changes, so it will not guess")
 
 
 def check_keys(config: dict, where: Path, arch: str) -> None:
