@@ -176,16 +176,17 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
 
 
-async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch):
-    """Planned as on a GPU with chunks of 8 positions (DECODE_CHUNK_KEYS; 512 on a real one), a
+@pytest.mark.parametrize("d,n_heads,n_kv", [(64, 4, 2), (128, 8, 2)])
+async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch, d, n_heads, n_kv):
+    """Planned as on a GPU with chunks of 8 positions (DECODE_CHUNK_KEYS; 256 on a real one), a
     decode step's attention walks each row's positions in chunks (flash-decoding: attend_decode
-    with workgroup z a chunk, then attend_merge): two streams of different lengths (so a row's
-    last chunks can be empty), each step's token and its 5 best logprobs as on the CPU, and the
-    chunk count grows with the context."""
+    with workgroup z a chunk, then attend_merge; one stream's in attend_rows where it runs: 4
+    query heads a kv head and subgroups): two streams of different lengths (so a row's last chunks
+    can be empty), then one alone, each step's token and its 5 best logprobs as on the CPU."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
     monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 8)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=12, extra_vocab=40)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=128, seed=12, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
     rng = np.random.default_rng(7)
@@ -193,26 +194,37 @@ async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_p
     params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
 
     async def decode(e, i, out):
-        out[i] = [(t.token_id, t.top_logprobs) async for t in e.stream(prompts[i], params) if isinstance(t, oxinfer.Token)]
+        out[i] = [(t.token_id, t.top_logprobs) async for t in e.stream(prompts[i % 2], params) if isinstance(t, oxinfer.Token)]
 
     answers = {gpu: {}, cpu: {}}
     for engine, out in answers.items():
         async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):
+            for i in range(2):
                 tg.start_soon(decode, engine, i, out)
-    for i in range(len(prompts)):
+        await decode(engine, 3, out)  # alone
+    for i in answers[cpu]:
         got, want = answers[gpu][i], answers[cpu][i]
         assert [t for t, _ in got] == [t for t, _ in want]
         for (_, g), (_, w) in zip(got, want):
             assert [j for j, _ in g] == [j for j, _ in w]
             np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
     r = gpu.resident
-    assert r.decode_chunks(2, 30) == 3 and r.decode_chunks(2, 57) == 7 and r.decode_chunks(1, 4000) == 8
+    assert r.decode_chunks(2, 30) == 3 and r.decode_chunks(2, 57) == 7
+    assert r.decode_chunks(1, 4000) == webgpu_runner.DECODE_MAX_CHUNKS
     prog = r.program(False)
     merge = r.pipelines["attention:attend_merge"]
-    chunked = [p for (t, n, _, chunks), p in prog.plans.items() if t == n and chunks > 1]
-    assert chunked and all([c[0] for c in p.calls].count(merge) == gpu.model.cfg.n_layers for p in chunked)
-    assert r is not None and gpu.resident is r  # no fault sent it to the CPU
+    chunked = {n: p for (t, n, _, chunks), p in prog.plans.items() if t == n and chunks > 1}
+    assert set(chunked) == {1, 2} and all([c[0] for c in p.calls].count(merge) == n_layers(gpu) for p in chunked.values())
+    kinds = {n: {prog.disps[i].kernel for i in p.at} for n, p in chunked.items()}
+    rows = r.pipelines.get("attention:attend_rows")
+    assert r.attend_rows == (n_heads // n_kv >= 4 and "subgroup" in backend.features)
+    assert (rows in [c[0] for c in chunked[1].calls]) == r.attend_rows  # one stream: attend_rows, after rope_kv
+    assert ("attention:rope_kv" in kinds[1]) == r.attend_rows and "attention:rope_kv" not in kinds[2]
+    assert gpu.resident is r  # no fault sent it to the CPU
+
+
+def n_layers(engine) -> int:
+    return engine.model.cfg.n_layers
 
 
 async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monkeypatch):

@@ -50,8 +50,13 @@ AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded 
 ATT_WORKGROUPS = 512
 ATT_MAX_CHUNKS = 8
 # a decode step's attend_decode in chunks of at least DECODE_CHUNK_KEYS positions (then
-# attend_merge, one more dispatch a layer) while its workgroups fill fewer than ATT_WORKGROUPS
-DECODE_CHUNK_KEYS = 512
+# attend_merge, one more dispatch a layer), at most DECODE_MAX_CHUNKS, while its workgroups fill
+# fewer than DECODE_WORKGROUPS
+# (TinyLlama's one stream after 4,000 tokens on the H200: 486 tok/s in 8 chunks of 512 or more,
+# 505 in up to 32 of 256, against 179 in one; benchmarks/decode_chunks_sweep.py, docs/h200/)
+DECODE_CHUNK_KEYS = 256
+DECODE_MAX_CHUNKS = 32
+DECODE_WORKGROUPS = 2048
 
 
 @dataclass(eq=False)
@@ -222,7 +227,10 @@ class ResidentRunner(Planning, Submitting):
         4,000 tokens: 32 workgroups on 132 cores, decode at 30% of its speed at 128)."""
         if self.gpu.cpu_adapter:
             return 1
-        return max(1, min(ATT_MAX_CHUNKS, keys // DECODE_CHUNK_KEYS, ATT_WORKGROUPS // (self.cfg.n_heads * n)))
+        room = ATT_MAX_CHUNKS * self.max_rows // n  # att_parts() holds this many of n rows' chunks
+        # one stream's in attend_rows where it runs (a workgroup a kv head), else a workgroup a query head
+        heads = self.cfg.n_kv_heads if n == 1 and self.attend_rows else self.cfg.n_heads
+        return max(1, min(DECODE_MAX_CHUNKS, room, keys // DECODE_CHUNK_KEYS, DECODE_WORKGROUPS // (heads * n)))
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> Program:
