@@ -8,6 +8,7 @@
 //      x * nw, and each row's sum of squares (the chunks a workgroup reads anyway) gives the factor
 //      1 / sqrt(mean(x^2) + eps) applied to the finished sums: (x * inv * nw) . w = inv * ((x * nw) . w).
 //   2: swiglu: x holds gate | up side by side (2 n_in wide) and the product takes silu(gate) * up.
+//   3: geglu (Gemma's): the same with gelu's tanh form, gelu(gate) * up.
 
 @group(0) @binding(4) var<storage, read> nw: array<vec4<f32>>;   // pre 1: the norm weight (n_in); else unused
 
@@ -28,6 +29,11 @@ fn x8(tok: u32, c: u32) -> X8 {
         let u = gb + (P.n_in >> 2u);
         return X8(g0 / (1.0 + exp(-g0)) * x[u], g1 / (1.0 + exp(-g1)) * x[u + 1u], 0.0);
     }
+    if (P.pre == 3u) {
+        let gb = tok * (P.n_in >> 1u) + 2u * c;
+        let u = gb + (P.n_in >> 2u);
+        return X8(gelu4(x[gb]) * x[u], gelu4(x[gb + 1u]) * x[u + 1u], 0.0);
+    }
     let xb = tok * (P.n_in >> 2u) + 2u * c;
     let a = x[xb];
     let b = x[xb + 1u];
@@ -35,6 +41,11 @@ fn x8(tok: u32, c: u32) -> X8 {
         return X8(a * nw[2u * c], b * nw[2u * c + 1u], dot(a, a) + dot(b, b));
     }
     return X8(a, b, 0.0);
+}
+
+// gelu's tanh form, as elementwise.wgsl's gelu_mul computes it (tanh's argument clamped likewise)
+fn gelu4(g: vec4<f32>) -> vec4<f32> {
+    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), vec4<f32>(-15.0), vec4<f32>(15.0))));
 }
 
 // the factor a row's finished dot products take, from the sum of squares of its x (pre 1)

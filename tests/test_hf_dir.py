@@ -375,7 +375,7 @@ async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, mon
     after it (attend_decode) give the CPU's logits and greedy tokens (the CPU's prompt is checked
     against transformers in test_hf_transformers.py); planned as on a GPU too: the down products
     (1,024 weights a row) split in k slices before the norm after them, attend_rows in chunks,
-    attend_decode in chunks (of 16 positions here)."""
+    attend_decode in chunks (of 16 positions here), the GeGLU in the down product's prologue."""
     monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 16)
     write_tiny_hf(tmp_path / "g", seed=20, dtype="BF16", gemma=True, tied=True, d=128, n_heads=8, n_kv=2, d_ff=1024,
                   sliding_window=8, **GEMMA[name])
@@ -401,4 +401,9 @@ async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, mon
     for (_, g), (_, w) in zip(got, want):
         assert [i for i, _ in g] == [i for i, _ in w]
         np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-3)
+    if as_gpu:  # a decode step's down products take the GeGLU over (matvec_common.wgsl's prologue 3)
+        prog = gpu.resident.program(False)
+        plan = next(p for (t, n, *_), p in prog.plans.items() if t == n == 1)
+        kernels = [prog.disps[i].kernel for i in plan.at]
+        assert "elementwise:gelu_mul" not in kernels and 3 in plan.pre
     assert gpu.resident is not None  # no fault sent it to the CPU

@@ -68,10 +68,11 @@ class Dispatch:
 
 # the dispatches a matvec's prologue (shaders/matvec_common.wgsl, Params.pre) can take over, and the
 # matmul kinds that do it (webgpu.PROLOGUE_KINDS: the one-token ones, which compute it once per 4
-# rows of W; mm_kt's xt_k for swiglu: once per value); swiglu not on mv_rows: a CPU adapter would
-# compute each silu once per row
+# rows of W; mm_kt's xt_k for swiglu: once per value); swiglu and geglu not on mv_rows: a CPU adapter
+# would compute each silu or gelu once per row
 PROLOGUES = {"norm:rms_norm": (1, PROLOGUE_KINDS),
-             "elementwise:silu_mul": (2, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_kt"))}
+             "elementwise:silu_mul": (2, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_kt")),
+             "elementwise:gelu_mul": (3, tuple(k for k in PROLOGUE_KINDS if k != "mv_rows"))}
 
 
 def f32_word(v: float) -> int:
@@ -230,7 +231,7 @@ class Recorder:
         return out
 
     def gelu_mul(self, gate: DTensor, up: DTensor) -> DTensor:
-        """Gemma's GeGLU (no matvec prologue takes it over: its own dispatch)."""
+        """Gemma's GeGLU (a decode step's down product takes it over, as silu_mul)."""
         return self.silu_mul(gate, up, "elementwise:gelu_mul")
 
     def scale(self, x: DTensor, s: float) -> DTensor:
