@@ -283,13 +283,16 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     return weights
 
 
-def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict) -> Path:
+def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, qtype: T = T.BF16,
+                     llama_cpp: bool = False) -> Path:
     """A Gemma 2 or 3 GGUF of an HF directory (write_tiny_hf's weights, its config.json as a dict),
     as llama.cpp's convert_hf_to_gguf.py writes one (Gemma2Model, Gemma3Model): the keys those
     write, every norm weight + 1 (HF computes x * (1 + w)), q/k rows as HF holds them (llama.cpp
-    rotates Gemma's head halves), no lm_head (tied), matrices BF16 (the directory's own values when
-    it holds bf16) and norms F32; a byte-level BPE vocabulary (write_tiny_llama's) where a Gemma
-    holds its SentencePiece one."""
+    rotates Gemma's head halves), no lm_head (tied), matrices in qtype (BF16: the directory's own
+    values when it holds bf16; or F32) and norms F32; a byte-level BPE vocabulary (write_tiny_llama's)
+    where a Gemma holds its SentencePiece one. llama_cpp: loadable by llama.cpp too, which refuses a
+    BPE vocabulary without merges: one more token, "ĠĠ" merged from two "Ġ", its embedding row
+    random."""
     c = config
     arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[c["model_type"]]
     w = GGUFWriter(str(path), arch)
@@ -313,12 +316,13 @@ def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict) -
         if c.get("rope_scaling") is not None:  # linear, the global layers' only
             w.add_rope_scaling_type(RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
-    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    merged = ["\u0120\u0120"] if llama_cpp else []
+    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + merged
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 3])
-    w.add_token_merges([])
+    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * len(merged))
+    w.add_token_merges(["\u0120 \u0120"] if llama_cpp else [])
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)
     w.add_add_bos_token(False)
@@ -334,10 +338,12 @@ def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict) -
         if hf not in weights:  # (Gemma 2 has no q/k norms)
             continue
         x = weights[hf].astype(np.float32)
+        if name == "token_embd.weight" and llama_cpp:  # the merged token's row
+            x = np.concatenate([x, np.random.default_rng(0).normal(0, 1, (1, x.shape[1])).astype(np.float32)])
         if name.endswith("norm.weight"):
             w.add_tensor(name, x + np.float32(1))
         else:
-            w.add_tensor(name, quants.quantize(x, T.BF16), raw_dtype=T.BF16)
+            w.add_tensor(name, quants.quantize(x, qtype), raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
