@@ -133,7 +133,7 @@ class Planning:
         chunks = self.decode_chunks(n, keys) if t == n else 1
         plan = prog.plans.get((t, n, stages, chunks))
         if plan is None:
-            c = choose_kernels(self, prog.disps, t, n, chunks)
+            c = choose_kernels(self, prog.disps, t, n)
             fuse_prologues(prog.disps, c, t, n)
             fuse_split_sums(prog.disps, c)
             chunk_attention(self, c, t, chunks)
@@ -183,19 +183,19 @@ class Choices:
     chunks: np.ndarray  # each attend_rows' or attend_decode's chunks of positions (Op.flags)
 
 
-def choose_kernels(r, disps: list[Dispatch], t: int, n: int, decode_chunks: int = 1) -> Choices:
+def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
     """Each product's matmul kind (kernel_for) and k slices for a tiled product short of
     workgroups (splits_for; then its add_splits runs), on f16 GPUs a prompt's tiled products in
-    mm_kt (after xt_k and wt_k: GEMM_PARTS); attend_rows for one sequence's many rows (a prompt),
-    and for one stream's decode step in chunks (a long context: a workgroup reads each key and
-    value once for all the query heads of its kv head)."""
+    mm_kt (after xt_k and wt_k: GEMM_PARTS); attend_rows for one sequence's many rows (a prompt;
+    not for one stream's decode step: a workgroup of its rows with one live row ran TinyLlama's
+    step after 4,000 tokens at half attend_decode's speed in chunks, docs/h200/)."""
     gpu = r.gpu
     rows = [n if d.rows == "s" else t for d in disps]
     kinds = [(gpu.kernel or gpu.kernel_for(k, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
              for d, k in zip(disps, rows)]
     splits = np.ones(len(disps), np.uint32)
     for i, d in enumerate(disps):
-        if d.kernel == "attention:attend" and r.attend_rows and (n == 1 < t or t == 1 and decode_chunks > 1):
+        if d.kernel == "attention:attend" and n == 1 < t and r.attend_rows:  # a prompt
             kinds[i] = "attention:attend_rows"
         if d.kernel == "mm" and i + 1 < len(disps) and disps[i + 1].optional and not gpu.kernel:
             splits[i] = gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
@@ -222,7 +222,7 @@ def fuse_prologues(disps: list[Dispatch], c: Choices, t: int, n: int) -> None:
             c.pre[i], c.fused[i] = PROLOGUES[d.pre.kernel][0], True
             if c.kinds[i] == "mm_kt" and sums_before(disps, c.splits, i):
                 c.xs[i], c.fused[i - 1] = c.splits[i - 3], True  # and xt_k sums gate|up's slices
-        elif d.kernel == "attention:attend" and t == n and c.kinds[i] == d.kernel:  # one row a sequence: a decode step
+        elif d.kernel == "attention:attend" and t == n:  # one row a sequence: a decode step
             c.kinds[i], c.fused[i] = "attention:attend_decode", True
 
 
@@ -241,7 +241,7 @@ def chunk_attention(r, c: Choices, t: int, decode_chunks: int) -> None:
     decode_chunks (decode_chunks)."""
     for i, kind in enumerate(c.kinds):
         if kind == "attention:attend_rows":
-            c.chunks[i] = decode_chunks if t == 1 else r.att_chunks(t)
+            c.chunks[i] = r.att_chunks(t)
         elif kind == "attention:attend_decode" and decode_chunks > 1:
             c.chunks[i] = decode_chunks
 

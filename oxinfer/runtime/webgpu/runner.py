@@ -52,8 +52,9 @@ ATT_MAX_CHUNKS = 8
 # a decode step's attend_decode in chunks of at least DECODE_CHUNK_KEYS positions (then
 # attend_merge, one more dispatch a layer), at most DECODE_MAX_CHUNKS, while its workgroups fill
 # fewer than DECODE_WORKGROUPS
-# (TinyLlama's one stream after 4,000 tokens on the H200: 486 tok/s in 8 chunks of 512 or more,
-# 505 in up to 32 of 256, against 179 in one; benchmarks/decode_chunks_sweep.py, docs/h200/)
+# (one stream after 4,000 tokens on the H200, benchmarks/decode_chunks_sweep.py, docs/h200/: TinyLlama
+# 486 tok/s in 8 chunks of 512 or more, 476-505 in up to 16-32 of 256, against 179 in one;
+# SmolLM2 433 in 8 chunks, 502 in up to 32, against 138)
 DECODE_CHUNK_KEYS = 256
 DECODE_MAX_CHUNKS = 32
 DECODE_WORKGROUPS = 2048
@@ -228,9 +229,7 @@ class ResidentRunner(Planning, Submitting):
         if self.gpu.cpu_adapter:
             return 1
         room = ATT_MAX_CHUNKS * self.max_rows // n  # att_parts() holds this many of n rows' chunks
-        # one stream's in attend_rows where it runs (a workgroup a kv head), else a workgroup a query head
-        heads = self.cfg.n_kv_heads if n == 1 and self.attend_rows else self.cfg.n_heads
-        return max(1, min(DECODE_MAX_CHUNKS, room, keys // DECODE_CHUNK_KEYS, DECODE_WORKGROUPS // (heads * n)))
+        return max(1, min(DECODE_MAX_CHUNKS, room, keys // DECODE_CHUNK_KEYS, DECODE_WORKGROUPS // (self.cfg.n_heads * n)))
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> Program:
