@@ -49,9 +49,9 @@ AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded 
 # workgroups, at most ATT_MAX_CHUNKS (GPUs only: a CPU adapter's few cores are busy without them)
 ATT_WORKGROUPS = 512
 ATT_MAX_CHUNKS = 8
-# a decode step's attend_decode in chunks of at least DECODE_CHUNK_KEYS positions (then
-# attend_merge, one more dispatch a layer), at most DECODE_MAX_CHUNKS, while its workgroups fill
-# fewer than DECODE_WORKGROUPS
+# a decode step's attend_decode in chunks of at most DECODE_CHUNK_KEYS positions (then
+# attend_merge, one more dispatch a layer) from twice that many on, at most DECODE_MAX_CHUNKS,
+# while its workgroups fill fewer than DECODE_WORKGROUPS
 # (one stream after 4,000 tokens on the H200, benchmarks/decode_chunks_sweep.py, docs/h200/: TinyLlama
 # 486 tok/s in 8 chunks of 512 or more, 476-505 in up to 16-32 of 256, against 179 in one;
 # SmolLM2 433 in 8 chunks, 502 in up to 32, against 138)
@@ -226,10 +226,11 @@ class ResidentRunner(Planning, Submitting):
         """Chunks of positions a decode step of n sequences walks in parallel, its longest row
         seeing `keys`: one workgroup a query head walked them alone (TinyLlama's one stream after
         4,000 tokens: 32 workgroups on 132 cores, decode at 30% of its speed at 128)."""
-        if self.gpu.cpu_adapter:
+        if self.gpu.cpu_adapter or keys < 2 * DECODE_CHUNK_KEYS:
             return 1
         room = ATT_MAX_CHUNKS * self.max_rows // n  # att_parts() holds this many of n rows' chunks
-        return max(1, min(DECODE_MAX_CHUNKS, room, keys // DECODE_CHUNK_KEYS, DECODE_WORKGROUPS // (self.cfg.n_heads * n)))
+        # chunks of at most DECODE_CHUNK_KEYS positions: one tile of attend_decode's 256 each
+        return max(1, min(DECODE_MAX_CHUNKS, room, -(-keys // DECODE_CHUNK_KEYS), DECODE_WORKGROUPS // (self.cfg.n_heads * n)))
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> Program:
