@@ -31,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
     run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
+    run.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply (default: the model's context)")
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")
@@ -46,7 +47,7 @@ async def _run(args) -> None:
     from oxinfer.events import Finished
     from oxinfer.sampling import SamplingParams
 
-    engine = await Engine.load(args.model, backend=args.backend)
+    engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     generated = 0

@@ -296,3 +296,31 @@ async def test_loop_never_stalls_while_eight_streams_generate(engine, monkeypatc
     assert len(gaps) > 20
     assert threads and loop_thread not in threads
     assert max(gaps) < 0.050, f"the loop's thread worked {max(gaps) * 1e3:.1f} ms between two ticks"
+
+
+async def test_a_shorter_context_bounds_requests_and_the_rope_tables(tmp_path):
+    """Engine.load(context_length=N) (`--ctx-size`): the model's 256 positions cut to 48; a
+    request must fit them (else ContextOverflowError naming 48), greedy tokens are the full
+    context's, the CPU's and the GPU's rope tables hold 48 rows; a longer context than the
+    model's, or none, is refused by name."""
+    from oxinfer.runtime.webgpu import WebGpuBackend, available
+    from oxinfer.testing import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=5, context=256)
+    full = await Engine.load(path, cpu_int8=False)
+    short = await Engine.load(path, cpu_int8=False, context_length=48)
+    assert (full.config.context_length, short.config.context_length) == (256, 48)
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    prompt = list(range(30, 60))
+    assert (await tokens_of(short, prompt, params))[0] == (await tokens_of(full, prompt, params))[0]
+    with pytest.raises(ContextOverflowError, match=r"context length \(48\)"):
+        short.stream(prompt, SamplingParams(max_tokens=20))
+    assert short.model.ops.rot.shape[0] == 48
+    for bad, why in ((257, "exceeds the model's context of 256"), (0, "positive integer")):
+        with pytest.raises(ValueError, match=why):
+            await Engine.load(path, context_length=bad)
+    if available(allow_cpu_adapter=True):
+        gpu = await Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False,
+                                context_length=48)
+        assert gpu.resident is not None and gpu.resident.rope.size == 48 * gpu.config.rope_dim // 2 * 8
+        assert (await tokens_of(gpu, prompt, params))[0] == (await tokens_of(full, prompt, params))[0]

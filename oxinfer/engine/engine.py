@@ -97,7 +97,7 @@ class Engine:
     @classmethod
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu=None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
-                   resident: bool = True, kv_bytes: int | None = None) -> Engine:
+                   resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None) -> Engine:
         """Open a GGUF or an HF directory (the default SmolLM2 when path is None) without blocking
         the event loop. path may be a hub name (formats/hub.py: org/repo, org/repo:Q4_K_M,
         org/repo/file.gguf, @revision), found in or downloaded into the Hugging Face cache.
@@ -113,10 +113,13 @@ class Engine:
         bytes per token, about half the speed). float32 weights always multiply as float32.
         resident: on a WebGPU device, run the whole forward there (runtime/webgpu/: one
         submission per step); False offloads only the big matmuls, each with its own round trip.
+        context_length: the longest sequence (prompt and answer) served, at most the model's own
+        (default): a shorter one keeps the rope tables small (Gemma 3's 131,072 positions of two
+        ropes would not fit a GPU's 128 MiB binding) and limits what one request may hold.
         """
         spec = path
         path, tokenizer, model, scheduler, device = await anyio.to_thread.run_sync(
-            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes)
+            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length)
         engine = cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
         if isinstance(spec, str) and hub.is_hub_name(spec):
             engine.name = spec  # the hub name, not the cache's snapshot folder

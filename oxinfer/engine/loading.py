@@ -19,7 +19,7 @@ log = structlog.get_logger("oxinfer.engine")
 
 
 def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,
-         resident: bool = True, kv_bytes: int | None = None):
+         resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None):
     """(path, tokenizer, model, scheduler, the device's executor or None), blocking."""
     path = hub.resolve(path) if path is not None else default_model_path()  # a path, or a hub name
     if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
@@ -29,6 +29,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
         f = GGUFFile(path)
         cfg, tokenizer = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
         f.drop_metadata()  # ~100 MiB of parsed vocabulary, before the kernels are built
+    cfg = cfg.limited(context_length)
     scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
     device = None

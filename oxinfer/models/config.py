@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,19 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if not self.attn_scale:
             object.__setattr__(self, "attn_scale", self.head_dim ** -0.5)
+
+    def limited(self, context_length: int | None) -> ModelConfig:
+        """This config with its context cut to context_length (llama.cpp's --ctx-size, vLLM's
+        max_model_len): the rope tables, the KV lanes and the prompt checks follow it. A longer
+        context than the model's is refused (no rope scaling is extrapolated)."""
+        if context_length is None or context_length == self.context_length:
+            return self
+        if not isinstance(context_length, int) or isinstance(context_length, bool) or context_length < 1:
+            raise ValueError(f"context_length must be a positive integer, got {context_length!r}")
+        if context_length > self.context_length:
+            raise ValueError(f"context_length {context_length} exceeds the model's context of {self.context_length} "
+                             "tokens (its rope is not extrapolated)")
+        return dataclasses.replace(self, context_length=context_length)
 
     def rope_row0(self, layer: int) -> int:
         """The first row of this layer's rope in the table runtime/ops.py's rope_table builds (the

@@ -22,7 +22,8 @@ class RayServeConfig:
 
     model: the absolute path of a .gguf or HF directory, the same on every node (replicas run in
     other directories, maybe on other machines); None: the default SmolLM2 of each node's install.
-    backend, max_concurrent, max_queue: each replica's `Engine.load` arguments. max_concurrent is
+    backend, max_concurrent, max_queue, kv_bytes, context_length: each replica's `Engine.load`
+    arguments. max_concurrent is
     also Serve's max_ongoing_requests (plus PROBE_SLOTS), so requests beyond it wait in Serve's
     router, where they can still go to any replica, instead of in one engine's queue.
     served_model_name, api_key, max_body_bytes: as for `oxinfer serve` (oxinfer/server/app.py).
@@ -38,6 +39,8 @@ class RayServeConfig:
     backend: str = "auto"
     max_concurrent: int = 16
     max_queue: int = 256
+    kv_bytes: int | None = None
+    context_length: int | None = None
     served_model_name: str | None = None
     api_key: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
@@ -55,6 +58,9 @@ class RayServeConfig:
             raise ValueError(f"max_concurrent must be >= 1, got {self.max_concurrent}")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        for name in ("kv_bytes", "context_length"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.replicas is not None and self.autoscaling is not None:

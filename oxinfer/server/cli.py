@@ -27,6 +27,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that (then 503)")
     p.add_argument("--kv-mib", type=int, help="KV cache memory; requests wait for room in it (default 1024, "
                                               "or one whole context if more)")
+    p.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply, of each model (default: "
+                                                "each model's context)")
     p.add_argument("--served-model-name", action="append",
                    help="the model id clients use (default: the file's stem or the hub name); once for each --model")
     p.add_argument("--memory-mib", type=int,
@@ -58,7 +60,8 @@ async def run_serve(args) -> None:
 
     async def load(source):
         return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
-                                 max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20)
+                                 max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20,
+                                 context_length=args.ctx_size)
 
     first = await load(sources[0])  # the default model loads now: a bad first model stops here
     models = [ServedModel(names[0] if names else first.model_name, sources[0], engine=first)]
