@@ -186,8 +186,14 @@ async def test_broken_directories_name_what_is_wrong(tmp_path):
     _edit_config(m, intermediate_size=128, model_type="mamba")
     with pytest.raises(UnsupportedModelError, match=r"config\.json.*model_type = 'mamba'"):
         good(m)
-    _edit_config(m, model_type="llama", rope_scaling={"rope_type": "longrope", "factor": 4.0})
-    with pytest.raises(UnsupportedModelError, match=r"rope_scaling of type 'longrope'"):
+    _edit_config(m, model_type="llama", rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    with pytest.raises(UnsupportedModelError, match=r"rope_scaling of type 'dynamic' is not supported"):
+        good(m)
+    _edit_config(m, rope_scaling={"rope_type": "longrope", "factor": 4.0})
+    with pytest.raises(ModelFormatError, match=r"rope_scaling of type 'longrope' lacks long_factor, short_factor"):
+        good(m)
+    _edit_config(m, rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 7})
+    with pytest.raises(ModelFormatError, match=r"longrope's long_factor must hold 8 factors .*got 7"):
         good(m)
     _edit_config(m, rope_scaling=None)
     shard = sorted(m.glob("*.safetensors"))[1]
@@ -245,7 +251,7 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
     refused = [
         (dict(rope_scaling_factor=4.0), r"key 'rope_scaling_factor' = 4\.0 is not supported"),
         (dict(quantization_config={"quant_method": "gptq", "bits": 4}), r"quantization_config \(gptq\)"),
-        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "longrope", "factor": 4.0}), r"rope_parameters of type 'longrope'"),
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "yarn", "beta": 4.0}), r"rope_parameters\.beta"),
         (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "default", "factor": 4.0}), r"rope_parameters\.factor"),
         (dict(rope_parameters={"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}),
          r"rope_parameters per layer type"),
@@ -279,8 +285,9 @@ def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
         (dict(hidden_activation="gelu"), r"hidden_activation = 'gelu' is not supported \(gelu_pytorch_tanh\)"),
         (dict(use_bidirectional_attention=True), r"use_bidirectional_attention = True"),
         (dict(rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e6},
-                               "sliding_attention": {"rope_type": "longrope", "rope_theta": 1e4}}),
-         r"rope_parameters\.sliding_attention of type 'longrope'"),
+                               "sliding_attention": {"rope_type": "longrope", "rope_theta": 1e4,
+                                                     "short_factor": [1.0] * 16, "long_factor": [2.0] * 16}}),
+         r"a longrope rope for the sliding_attention layers is not supported"),
         (dict(rope_local_base_freq=5e4), r"rope_local_base_freq = 50000\.0 disagrees with "
                                          r"rope_parameters\.sliding_attention\.rope_theta = 10000\.0"),
     ]

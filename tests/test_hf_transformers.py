@@ -70,6 +70,10 @@ SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtyp
          "qwen2_swa": {"seed": 11, "dtype": "BF16", "qkv_bias": True, "tied": True},
          # Phi-3: q|k|v and gate|up stored fused, with and without its sliding window
          "phi3": {"seed": 14, "dtype": "BF16", "fused": True}, "phi3_swa": {"seed": 15, "dtype": "BF16", "fused": True},
+         # Phi-3's longrope (the 128k models): a pretraining context of 8 (TOKENS run past it: its long factors),
+         # and of 16 (within it: the short ones; oxinfer chooses by the context served, so it is cut to 16: LOAD)
+         "phi3_longrope": {"seed": 30, "dtype": "BF16", "fused": True},
+         "phi3_longrope_short": {"seed": 31, "dtype": "BF16", "fused": True},
          # Gemma 2 (soft caps, every other layer sliding) and Gemma 3 text (q/k norms, heads 32 wide, linear rope
          # scaling on its global layers, its own rope base on the sliding ones: 5.x writes a rope per layer type)
          "gemma2": {"seed": 18, "dtype": "BF16", "gemma": True, "tied": True},
@@ -81,6 +85,8 @@ SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtyp
 for _name, _kw in SAVED.items():
     for _version in ("4.57", "5.24"):
         ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}
+# Engine.load's arguments for some directories
+LOAD = {f"phi3_longrope_short@{v}": {"context_length": 16} for v in ("4.57", "5.24")}
 
 TRANSFORMERS = """
 import os, sys
@@ -149,7 +155,7 @@ def reference(tmp_path_factory) -> dict[str, tuple]:
 @pytest.mark.parametrize("arch", ARCHS)
 async def test_a_tiny_hf_directory_gives_transformers_logits(reference, arch):
     path, ref = reference[arch]
-    e = await oxinfer.Engine.load(path, cpu_int8=False)  # float32 products: the same math
+    e = await oxinfer.Engine.load(path, cpu_int8=False, **LOAD.get(arch, {}))  # float32 products: the same math
     np.testing.assert_allclose(await e.all_logits(TOKENS), ref, rtol=0, atol=1e-3)
     assert np.abs(ref).max() > 1  # logits of a size where 1e-3 is a real bound
 
@@ -162,7 +168,8 @@ async def test_a_transformers_5_directory_on_the_gpu_gives_transformers_logits(r
     if not available(allow_cpu_adapter=True):
         pytest.skip("no WebGPU adapter (not even lavapipe)")
     path, ref = reference[arch]
-    e = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False)
+    e = await oxinfer.Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), cpu_int8=False,
+                                  **LOAD.get(arch, {}))
     assert e.resident is not None
     got = await e.all_logits(TOKENS)
     np.testing.assert_allclose(got, ref, rtol=0, atol=1e-3 * max(1.0, float(np.abs(ref).max())))

@@ -22,6 +22,7 @@ class Rope:
     base: float
     freq_factors: tuple[float, ...] | None = None  # as ModelConfig's rope_freq_factors
     attn_factor: float = 1.0
+    long: tuple[tuple[float, ...], int] | None = None  # as ModelConfig's rope_long
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,9 @@ class ModelConfig:
     # rope_freqs.weight); None: plain rope
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attn_factor: float = 1.0  # YaRN's scale of the rotated q and k (the rope table's magnitude)
+    # Phi-3's longrope: (long factors, the pretraining context); a context longer than that rotates
+    # by these instead of rope_freq_factors (the short ones): see global_rope
+    rope_long: tuple[tuple[float, ...], int] | None = None
     # per layer, the sliding window of its attention (a query sees its own position and the window - 1
     # before it), None for the whole context; None: no layer slides
     layer_windows: tuple[int | None, ...] | None = None
@@ -75,6 +79,18 @@ class ModelConfig:
             raise ValueError(f"context_length {context_length} exceeds the model's context of {self.context_length} "
                              "tokens (its rope is not extrapolated)")
         return dataclasses.replace(self, context_length=context_length)
+
+    @property
+    def global_rope(self) -> Rope:
+        """The rope of every layer but local_layers. Phi-3's longrope rotates by its long factors
+        when the context served is longer than its pretraining one, as llama.cpp chooses (by its
+        context size, for every position); transformers chooses by each forward's length, which
+        agrees for a forward past the pretraining context, and for any forward when the context is
+        cut to it (context_length: `--ctx-size`)."""
+        factors = self.rope_freq_factors
+        if self.rope_long is not None and self.context_length > self.rope_long[1]:
+            factors = self.rope_long[0]
+        return Rope(self.rope_base, factors, self.rope_attn_factor)
 
     def rope_row0(self, layer: int) -> int:
         """The first row of this layer's rope in the table runtime/ops.py's rope_table builds (the
@@ -144,6 +160,7 @@ class ModelConfig:
             rope_dim=head_dim,
             rope_freq_factors=rope.freq_factors,
             rope_attn_factor=rope.attn_factor,
+            rope_long=rope.long,
             head_dim=head_dim,
             layer_windows=windows,
             norm_offset=1.0 if gemma else 0.0,
@@ -245,7 +262,33 @@ def _rope(config: dict, where, layer_type: str | None, default_theta: float, dim
         return Rope(theta, _llama3_factors(scaling, theta, dim))
     if kind == "linear":  # positions divided by factor: every frequency is
         return Rope(theta, (float(scaling["factor"]),) * (dim // 2))
+    if kind == "longrope" and layer_type is None:  # (Phi-3's; a rope per layer type is Gemma 3's)
+        return _longrope(scaling, theta, dim, context, where)
+    if kind == "longrope":
+        raise UnsupportedModelError(f"{where}: a longrope rope for the {layer_type} layers is not supported")
     return Rope(theta)
+
+
+def _longrope(s: dict, base: float, dim: int, context: int, where) -> Rope:
+    """Phi-3's LongRoPE: per rotated pair, a factor its frequency is divided by, short_factor's
+    within the pretraining context (original_max_position_embeddings) and long_factor's past it;
+    q and k scaled by attention_factor, else sqrt(1 + ln(factor) / ln(original)), factor being the
+    context's ratio to the original unless given (as transformers 5 computes them)."""
+    import math
+
+    original = int(s.get("original_max_position_embeddings") or context)
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        v = s[key]
+        if not isinstance(v, (list, tuple)) or len(v) != dim // 2:
+            raise ModelFormatError(f"{where}: rope longrope's {key} must hold {dim // 2} factors (one a rotated pair), "
+                                   f"got {v if not isinstance(v, (list, tuple)) else len(v)}")
+        factors[key] = tuple(float(x) for x in v)
+    factor = float(s["factor"]) if s.get("factor") is not None else context / original
+    attn = s.get("attention_factor")
+    if attn is None:
+        attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return Rope(base, factors["short_factor"], float(attn), (factors["long_factor"], original))
 
 
 def _yarn(s: dict, base: float, dim: int, context: int) -> tuple[tuple[float, ...], float]:

@@ -62,8 +62,8 @@ HARMLESS = frozenset({
     # Gemma: the KV cache class transformers 4.x generated with; Gemma 2 and 3 read hidden_activation and
     # leave hidden_act (which Gemma 1 read, and their configs on the hub still hold) unread
     "cache_implementation",
-    # Phi-3's pretraining context: read by its longrope (refused), else it changes nothing; a
-    # llama3 or yarn rope takes it over its own key, as transformers 5 does (rope below)
+    # Phi-3's pretraining context: a llama3, yarn or longrope rope takes it over its own key, as
+    # transformers 5 does (rope below); else it changes nothing
     "original_max_position_embeddings",
 })
 
@@ -72,8 +72,13 @@ ROPE_KEYS = {"default": frozenset(), "llama3": frozenset({"factor", "low_freq_fa
                                                           "original_max_position_embeddings"}),
              "linear": frozenset({"factor"}),  # every frequency divided by factor (Gemma 3's global layers)
              "yarn": frozenset({"factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "mscale",
-                                "mscale_all_dim", "attention_factor", "truncate"})}
-ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"], "linear": ROPE_KEYS["linear"]}  # yarn: each of its keys has a default
+                                "mscale_all_dim", "attention_factor", "truncate"}),
+             # Phi-3's long context: short or long frequency factors by the context (config.py's _longrope)
+             "longrope": frozenset({"short_factor", "long_factor", "factor", "attention_factor",
+                                    "original_max_position_embeddings"})}
+# (yarn: each of its keys has a default)
+ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"], "linear": ROPE_KEYS["linear"],
+                 "longrope": frozenset({"short_factor", "long_factor"})}
 
 
 # keys only these model types read (APPLIED for them, refused by name elsewhere)
@@ -153,7 +158,7 @@ def rope(config: dict, where: Path, layer_type: str | None = None,
         if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
             raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
                                         f"for rope type {kind!r}")
-    if kind in ("llama3", "yarn") and config.get("original_max_position_embeddings") is not None:
+    if kind in ("llama3", "yarn", "longrope") and config.get("original_max_position_embeddings") is not None:
         scaling["original_max_position_embeddings"] = config["original_max_position_embeddings"]
     missing = ROPE_REQUIRED.get(kind, frozenset()) - set(scaling)
     if missing:

@@ -168,7 +168,7 @@ def rope_table(cfg: ModelConfig) -> np.ndarray:
     float64 (f32 pos * theta drifts by ~1e-3 rad at 8k positions); with a local rope (Gemma 3's
     sliding layers) its context rows follow (cfg.rope_row0 says where a layer's begin). The GPU
     reads the same table."""
-    tables = [_rope_rows(cfg, Rope(cfg.rope_base, cfg.rope_freq_factors, cfg.rope_attn_factor))]
+    tables = [_rope_rows(cfg, cfg.global_rope)]
     if cfg.local_rope is not None:
         tables.append(_rope_rows(cfg, cfg.local_rope))
     return np.concatenate(tables)
