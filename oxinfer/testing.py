@@ -283,39 +283,9 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     return weights
 
 
-def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, qtype: T = T.BF16,
-                     llama_cpp: bool = False) -> Path:
-    """A Gemma 2 or 3 GGUF of an HF directory (write_tiny_hf's weights, its config.json as a dict),
-    as llama.cpp's convert_hf_to_gguf.py writes one (Gemma2Model, Gemma3Model): the keys those
-    write, every norm weight + 1 (HF computes x * (1 + w)), q/k rows as HF holds them (llama.cpp
-    rotates Gemma's head halves), no lm_head (tied), matrices in qtype (BF16: the directory's own
-    values when it holds bf16; or F32) and norms F32; a byte-level BPE vocabulary (write_tiny_llama's)
-    where a Gemma holds its SentencePiece one. llama_cpp: loadable by llama.cpp too, which refuses a
-    BPE vocabulary without merges: one more token, "ĠĠ" merged from two "Ġ", its embedding row
-    random."""
-    c = config
-    arch = {"gemma2": "gemma2", "gemma3_text": "gemma3"}[c["model_type"]]
-    w = GGUFWriter(str(path), arch)
-    w.add_context_length(c["max_position_embeddings"])
-    w.add_embedding_length(c["hidden_size"])
-    w.add_block_count(c["num_hidden_layers"])
-    w.add_feed_forward_length(c["intermediate_size"])
-    w.add_head_count(c["num_attention_heads"])
-    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
-    w.add_key_length(c["head_dim"])
-    w.add_value_length(c["head_dim"])
-    if arch == "gemma2":
-        w.add_head_count_kv(c["num_key_value_heads"])
-        w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
-        w.add_final_logit_softcapping(c["final_logit_softcapping"])
-        w.add_sliding_window(c["sliding_window"])
-    else:
-        w.add_rope_freq_base(c.get("rope_theta", 1e6))  # the global layers'
-        w.add_sliding_window(c["sliding_window"])
-        w.add_head_count_kv(c["num_key_value_heads"])
-        if c.get("rope_scaling") is not None:  # linear, the global layers' only
-            w.add_rope_scaling_type(RopeScalingType.LINEAR)
-            w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
+def _add_tiny_vocab(w: GGUFWriter, llama_cpp: bool) -> None:
+    """write_tiny_hf's byte-level BPE vocabulary; llama_cpp: one more token, "ĠĠ", and its merge
+    (llama.cpp refuses a BPE vocabulary without merges, HF tokenizers a merge into no token)."""
     merged = ["\u0120\u0120"] if llama_cpp else []
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + merged
     w.add_tokenizer_model("gpt2")
@@ -326,29 +296,120 @@ def write_gemma_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, q
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)
     w.add_add_bos_token(False)
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+
+
+def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
+    """rope_freqs.weight of Llama 3's rope scaling in the converter's float32 arithmetic (torch
+    float32 there: these are its bytes, not a float64 rounding)."""
+    f32 = np.float32
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    freqs = f32(1) / (f32(rope["rope_theta"]) ** (np.arange(0, dim, 2, dtype=f32) / f32(dim)))
+    wavelen = f32(2 * np.pi) / freqs
+    smooth = (f32(old) / wavelen - f32(low)) / f32(high - low)
+    return np.where(wavelen < old / high, f32(1), np.where(
+        wavelen > old / low, f32(factor), f32(1) / ((f32(1) - smooth) / f32(factor) + smooth))).astype(f32)
+
+
+CONVERTED_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
+                   "gemma2": "gemma2", "gemma3_text": "gemma3"}  # config.json model_type -> GGUF architecture
+
+
+def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, qtype: T = T.BF16,
+                         llama_cpp: bool = False) -> Path:
+    """A GGUF of an HF directory (write_tiny_hf's weights, its config.json as a dict) as llama.cpp's
+    convert_hf_to_gguf.py writes one (LlamaModel, Qwen2Model, Qwen3Model, Phi3MiniModel, Gemma2Model,
+    Gemma3Model; tests/test_gguf_converted.py holds digests of its files): the `{arch}.*` keys those
+    write; a Llama's (and Mistral's) q/k rows paired for its adjacent-pair rope, Llama 3's rope
+    scaling as rope_freqs.weight, a sliding window on Mistral dropped (llama.cpp's llama has none);
+    Qwen's, Phi-3's and Gemma's q/k rows as HF holds them (llama.cpp rotates their head halves);
+    Phi-3's q|k|v and gate|up kept fused (attn_qkv, ffn_up); Gemma's every norm weight + 1 (HF
+    computes x * (1 + w)); no output.weight when tied. Matrices in qtype (BF16: the directory's own
+    values when it holds bf16; or F32), vectors F32. Llama-family configs in transformers 5's form
+    (rope_parameters), Gemma's in 4.x's. A byte-level BPE vocabulary (write_tiny_llama's) where a
+    Gemma or a Phi-3 holds its SentencePiece one; llama_cpp: loadable by llama.cpp too, which
+    refuses a BPE vocabulary without merges: one more token, "ĠĠ" merged from two "Ġ", its
+    embedding row random."""
+    c = config
+    arch = CONVERTED_ARCHS[c["model_type"]]
+    gemma = arch.startswith("gemma")
+    rope = c.get("rope_parameters") or {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 10000.0)}
+    if not gemma and rope.get("rope_type", "default") not in ("default", "llama3"):
+        raise ValueError(f"rope_type {rope['rope_type']!r}: write_converted_gguf writes the default rope and Llama 3's")
+    heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
+    hd = c.get("head_dim") or d // heads
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(c["num_hidden_layers"])
+    w.add_context_length(c["max_position_embeddings"])
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(c["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(c["rms_norm_eps"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(c["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(c["final_logit_softcapping"])
+    elif arch == "gemma3":
+        w.add_rope_freq_base(c.get("rope_theta", 1e6))  # the global layers'
+        w.add_rope_freq_base_swa(c.get("rope_local_base_freq", 10000.0))  # the sliding ones'
+        if c.get("rope_scaling") is not None:  # linear, the global layers' only
+            w.add_rope_scaling_type(RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(c["rope_scaling"]["factor"])
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(c.get("original_max_position_embeddings")
+                                        or rope["original_max_position_embeddings"])
+        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * d) // heads)
+    elif gemma or c.get("head_dim") is not None:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if gemma or arch == "phi3":
+        w.add_sliding_window(c.get("sliding_window") or 0)
+    if arch == "llama":
+        w.add_vocab_size(c["vocab_size"])
+        w.add_rope_dimension_count(hd)
+    _add_tiny_vocab(w, llama_cpp)
+
+    def pair(x: np.ndarray, n: int) -> np.ndarray:  # the converter's LlamaModel.permute
+        return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
     layer = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "post_attention_norm",
-             "pre_feedforward_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "post_feedforward_layernorm": "post_ffw_norm"}
+             "self_attn.v_proj": "attn_v", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "post_attention_layernorm": "post_attention_norm" if gemma else "ffn_norm",
+             "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for i in range(c["num_hidden_layers"]):
-        names |= {f"model.layers.{i}.{h}.weight": f"blk.{i}.{g}.weight" for h, g in layer.items()}
+        for h, g in layer.items():
+            names |= {f"model.layers.{i}.{h}.{kind}": f"blk.{i}.{g}.{kind}" for kind in ("weight", "bias")}
     for hf, name in names.items():
-        if hf not in weights:  # (Gemma 2 has no q/k norms)
+        if hf not in weights:  # (biases, q/k norms, lm_head: where the directory holds them)
             continue
         x = weights[hf].astype(np.float32)
+        kind = name.split(".")[-2]
         if name == "token_embd.weight" and llama_cpp:  # the merged token's row
             x = np.concatenate([x, np.random.default_rng(0).normal(0, 1, (1, x.shape[1])).astype(np.float32)])
-        if name.endswith("norm.weight"):
-            w.add_tensor(name, x + np.float32(1))
+        if arch == "llama" and kind in ("attn_q", "attn_k"):
+            x = pair(x, heads if kind == "attn_q" else kv)
+        if gemma and name.endswith("norm.weight"):
+            x = x + np.float32(1)
+        if x.ndim == 1:
+            w.add_tensor(name, x)
         else:
             w.add_tensor(name, quants.quantize(x, qtype), raw_dtype=qtype)
+    if arch == "llama" and rope.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, hd))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+write_gemma_gguf = write_converted_gguf  # (its name when it wrote Gemma's only)
 
 
 def _bf16_bits(a: np.ndarray) -> np.ndarray:

@@ -10,7 +10,7 @@ import numpy as np
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.models import hf_config
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")  # GGUF general.architecture
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGUF general.architecture
 # config.json model_type: Llama's skeleton, with switches (phi3: q|k|v and gate|up stored fused,
 # formats/hf_dir.py reads their rows; Gemma: the fields below from norm_offset on)
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
@@ -185,6 +185,9 @@ class ModelConfig:
             )
         a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
         _check_gguf_keys(f, arch)
+        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):  # Phi-3's 128k models (LongRoPE)
+            if f.has_tensor(name):
+                raise UnsupportedModelError(f"{arch}: tensor {name} (LongRoPE factors) is not supported in a GGUF")
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
         head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
@@ -344,7 +347,9 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
 # the `{arch}.*` GGUF keys from_gguf reads, and those whose values are harmless only as given here
 # (what llama.cpp computes for these architectures is the reference: it applies rope scaling, so a
 # scaled rope is refused, but for Gemma 3's linear one; it attends to the whole context for llama,
-# qwen2 and qwen3 whatever sliding_window says, and applies Gemma's)
+# qwen2 and qwen3 whatever sliding_window says, and for phi3, whose window llama.cpp turns off
+# (src/models/phi3.cpp: "Phi SWA is currently disabled"); applies Gemma's. Phi-3's original context
+# length only sizes a LongRoPE or YaRN rope, whose factor tensors from_gguf refuses)
 GGUF_APPLIED = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
@@ -354,7 +359,8 @@ GGUF_APPLIED_BY = {"gemma2": GGUF_APPLIED | {"attn_logit_softcapping", "final_lo
 GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "gemma3" and v == "linear"),
                  "rope.scaling.factor": lambda v, arch: float(v) == 1.0 or arch == "gemma3",
                  "expert_count": lambda v, arch: int(v) == 0, "expert_used_count": lambda v, arch: int(v) == 0,
-                 "attention.sliding_window": lambda v, arch: arch != "llama"}
+                 "attention.sliding_window": lambda v, arch: arch != "llama",
+                 "rope.scaling.original_context_length": lambda v, arch: arch == "phi3"}
 
 
 def _check_gguf_keys(f, arch: str) -> None:

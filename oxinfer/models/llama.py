@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oxinfer.errors import ModelFormatError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig
 from oxinfer.models.kv_cache import BLOCK, SLOT_TOKENS_MAX, KVCache, KVPool, PoolSize
@@ -39,7 +40,16 @@ class Block:
     post_ffn_norm: np.ndarray | None = None  # (d,) and of the MLP's
 
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3")  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
+NEOX_ARCHS = ("qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGUF architectures whose rope rotates (i, i + hd/2), not (2i, 2i + 1)
+
+
+def split_rows(m: QuantMatrix, names: Sequence[str], sizes: Sequence[int]) -> list[QuantMatrix]:
+    """Row views of a matrix a GGUF stores fused (Phi-3's attn_qkv, and its ffn_up holding gate|up,
+    as llama.cpp's converter writes them): back to back, so fusing them again copies nothing."""
+    if sum(sizes) != m.n_out:
+        raise ModelFormatError(f"tensor {m.name!r} has {m.n_out} rows, not {' + '.join(map(str, sizes))}")
+    starts = np.cumsum([0, *sizes])
+    return [QuantMatrix(n, m.qtype, k, m.n_in, m.data[r:r + k]) for n, r, k in zip(names, starts, sizes)]
 
 
 def pair_rope_rows(w, heads: int):
@@ -83,7 +93,12 @@ class Llama:
         blocks = []
         for i in range(cfg.n_layers):
             p = f"blk.{i}."
-            qkv = [f.matrix(p + f"attn_{n}.weight") for n in "qkv"]
+            if f.has_tensor(p + "attn_qkv.weight"):  # (Phi-3)
+                hd = cfg.head_dim
+                qkv = split_rows(f.matrix(p + "attn_qkv.weight"), [p + f"attn_{n}.weight" for n in "qkv"],
+                                 [cfg.n_heads * hd, cfg.n_kv_heads * hd, cfg.n_kv_heads * hd])
+            else:
+                qkv = [f.matrix(p + f"attn_{n}.weight") for n in "qkv"]
             bias = norms = None
             if f.has_tensor(p + "attn_q.bias"):
                 bias = [f.vector(p + f"attn_{n}.bias") for n in "qkv"]
@@ -96,7 +111,12 @@ class Llama:
                 if norms is not None:  # one head's weights, in the order its values now have
                     norms = [pair_rope_rows(w, 1) for w in norms]
             wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", qkv)
-            gate, up = QuantMatrix.fuse(p + "ffn_gate_up", [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")])
+            if f.has_tensor(p + "ffn_gate.weight"):
+                gate_up = [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")]
+            else:  # (Phi-3: gate's rows, then up's, as llama.cpp's fused SwiGLU reads them)
+                gate_up = split_rows(f.matrix(p + "ffn_up.weight"), [p + "ffn_gate.weight", p + "ffn_up.weight"],
+                                     [cfg.d_ff, cfg.d_ff])
+            gate, up = QuantMatrix.fuse(p + "ffn_gate_up", gate_up)
             blocks.append(Block(
                 attn_norm=norm(p + "attn_norm.weight"), wq=wq, wk=wk, wv=wv,
                 wo=f.matrix(p + "attn_output.weight"), ffn_norm=norm(p + "ffn_norm.weight"),
