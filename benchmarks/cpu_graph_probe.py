@@ -10,11 +10,12 @@ ideas): per layer SimplifiedLayerNormalization / SkipSimplifiedLayerNormalizatio
 the residual adds), MatMulNBits bits=4 block_size=32 accuracy_level=4 for the fused q|k|v, o,
 fused gate|up and down products (the weights are blockwise.int4_weights' exactly: the kernel's
 zero point 8, a Q4_1 block's minimum as the per-block offset term x_blocksums @ offsets, here
-Reshape + ReduceSum + MatMul + Add), GroupQueryAttention on the packed q|k|v with do_rotary=1,
+Reshape + ReduceSum + MatMul + Add; MatMulNBits' float zero_points, --zp, ran ~15x slower at
+one sequence and ~3x at 16: off the int8 path), GroupQueryAttention on the packed q|k|v with do_rotary=1,
 rotary_interleaved=1 (GGUF Llama's adjacent-pair rope, the same cos/sin table oxinfer uses) and
 past_key/past_value bound to the SAME memory as present_key/present_value (onnxruntime then
 writes the new position in place: past_present_share_buffer), SwiGLU as Split, Sigmoid, Mul,
-Mul; then the final norm and the tied Q8_0 head as MatMulNBits bits=8 (blockwise.int8_weights).
+Mul (onnxruntime fuses the first Mul into QuickGelu, alpha 1: SiLU); then the final norm and the tied Q8_0 head as MatMulNBits bits=8 (blockwise.int8_weights).
 The embedding lookup stays in numpy (16 rows). Every input and output is bound once with an
 IOBinding to numpy buffers, so a step is one `run_with_iobinding`.
 
@@ -56,7 +57,7 @@ SHARED_NOTE = ("the machine is shared (2 cores, other engineers' test suites run
 
 
 # --- the graph ------------------------------------------------------------------------------------
-def build_graph(model, layers: int, zp: bool = False, offsets: bool = True, form: str = "gemm",
+def build_graph(model, layers: int, zp: bool = False, offsets: bool = True, form: str = "reduce",
                 first: int = 0, head: bool = True, accuracy: int = 4) -> bytes:
     """The first `layers` decoder layers, the final norm and the head as one ONNX model.
     Inputs: x (B, 1, d) embeddings, seqlens_k (B,) int32 (each row's length before the new token,
@@ -64,9 +65,10 @@ def build_graph(model, layers: int, zp: bool = False, offsets: bool = True, form
     Outputs: logits (B, 1, vocab), present_key_l / present_value_l (bound to the past buffers).
     zp: a Q4_1 block's minimum as MatMulNBits' float zero_points instead of the offset term.
     offsets=False leaves the minimum out (wrong logits: only to time what the offset term costs).
-    form "gemm": activations (B, d) inside, and the offset term two nodes a product, the block sums
-    as a product with a (K, K/32) 0/1 matrix, then Gemm(sums, offsets, C=the MatMulNBits output);
-    "reduce": activations (B, 1, d), Reshape + ReduceSum + MatMul + Add (four nodes).
+    form "reduce": activations (B, 1, d), the offset term Reshape + ReduceSum + MatMul + Add (four
+    nodes a product); "gemm": activations (B, d) inside and two nodes a product, the block sums as a
+    product with a (K, K/32) 0/1 matrix, then Gemm(sums, offsets, C=the MatMulNBits output): no
+    faster (measured), "reduce" is the default.
     first, head: layers [first, layers) only; without the head the output is y (B, 1, d), the
     hidden state after the last of them (one graph a layer: a chain of sessions).
     accuracy: MatMulNBits' accuracy_level, 4 (int8 activations, what runs) or 1 (float32
@@ -403,7 +405,7 @@ async def worker(args) -> dict:
     own = new_step(nmax, own_bufs).astype(np.float64)
     res["check"]["graph_256lanes_eq_pool"] = bool(np.array_equal(own, new))
     extras = {}  # name -> (graph, its bindings on the 256 lanes): other ways to build the same step
-    wanted = {"graph, offsets as 4 nodes (reduce form)": dict(form="reduce")}
+    wanted = {"graph, offsets as MatMul + Gemm (2-D form)": dict(form="gemm")}
     if args.zp:
         wanted["graph, Q4_1 min as float zero_points"] = dict(zp=True)
     if args.no_offsets:  # what the Q4_1 offset term costs (wrong values: timing only)
