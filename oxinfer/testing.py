@@ -4,6 +4,7 @@ benchmarks on machines that hold no real model."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -321,8 +322,9 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
     convert_hf_to_gguf.py writes one (LlamaModel, Qwen2Model, Qwen3Model, Phi3MiniModel, Gemma2Model,
     Gemma3Model; tests/test_gguf_converted.py holds digests of its files): the `{arch}.*` keys those
     write; a Llama's (and Mistral's) q/k rows paired for its adjacent-pair rope, Llama 3's rope
-    scaling as rope_freqs.weight, a sliding window on Mistral dropped (llama.cpp's llama has none);
-    Qwen's, Phi-3's and Gemma's q/k rows as HF holds them (llama.cpp rotates their head halves);
+    scaling as rope_freqs.weight, Phi-3's LongRoPE factors as rope_factors_long/short.weight, the
+    sliding window of a Mistral or a Qwen2 dropped (the converter writes none for them); Qwen's,
+    Phi-3's and Gemma's q/k rows as HF holds them (llama.cpp rotates their head halves);
     Phi-3's q|k|v and gate|up kept fused (attn_qkv, ffn_up); Gemma's every norm weight + 1 (HF
     computes x * (1 + w)); no output.weight when tied. Matrices in qtype (BF16: the directory's own
     values when it holds bf16; or F32), vectors F32. Llama-family configs in transformers 5's form
@@ -334,8 +336,9 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
     arch = CONVERTED_ARCHS[c["model_type"]]
     gemma = arch.startswith("gemma")
     rope = c.get("rope_parameters") or {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 10000.0)}
-    if not gemma and rope.get("rope_type", "default") not in ("default", "llama3"):
-        raise ValueError(f"rope_type {rope['rope_type']!r}: write_converted_gguf writes the default rope and Llama 3's")
+    if not gemma and rope.get("rope_type", "default") not in ("default", "llama3", "longrope"):
+        raise ValueError(f"rope_type {rope['rope_type']!r}: write_converted_gguf writes the default rope, Llama 3's "
+                         "and Phi-3's LongRoPE")
     heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
     hd = c.get("head_dim") or d // heads
     w = GGUFWriter(str(path), arch)
@@ -358,9 +361,14 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
     else:
         w.add_rope_freq_base(rope["rope_theta"])
     if arch == "phi3":
-        w.add_rope_scaling_orig_ctx_len(c.get("original_max_position_embeddings")
-                                        or rope["original_max_position_embeddings"])
+        original = c.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+        w.add_rope_scaling_orig_ctx_len(original)
         w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * d) // heads)
+        if rope.get("rope_type") == "longrope":  # the converter's attention factor, and factors as tensors
+            scale = c["max_position_embeddings"] / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            for kind in ("long", "short"):
+                w.add_tensor(f"rope_factors_{kind}.weight", np.array(rope[f"{kind}_factor"], np.float32))
     elif gemma or c.get("head_dim") is not None:
         w.add_key_length(hd)
         w.add_value_length(hd)

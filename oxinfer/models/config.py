@@ -185,9 +185,6 @@ class ModelConfig:
             )
         a = lambda key, *default: f.get(f"{arch}.{key}", *default)  # noqa: E731
         _check_gguf_keys(f, arch)
-        for name in ("rope_factors_long.weight", "rope_factors_short.weight"):  # Phi-3's 128k models (LongRoPE)
-            if f.has_tensor(name):
-                raise UnsupportedModelError(f"{arch}: tensor {name} (LongRoPE factors) is not supported in a GGUF")
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
         head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
@@ -208,14 +205,30 @@ class ModelConfig:
             "rms_eps": float(a("attention.layer_norm_rms_epsilon", 1e-5)),
             "rope_base": float(a("rope.freq_base", 10000.0)),
             "rope_dim": rope_dim,
-            "rope_freq_factors": tuple(float(v) for v in f.vector("rope_freqs.weight"))
-            if f.has_tensor("rope_freqs.weight") else None,
+            "rope_freq_factors": _gguf_factors(f, "rope_freqs.weight") or _gguf_factors(f, "rope_factors_short.weight"),
+            **_gguf_longrope(f, arch),
             "head_dim": head_dim,
             **gemma,
         })
 
 
 GGUF_GEMMA = ("gemma2", "gemma3")
+
+
+def _gguf_factors(f, name: str) -> tuple[float, ...] | None:
+    return tuple(float(v) for v in f.vector(name)) if f.has_tensor(name) else None
+
+
+def _gguf_longrope(f, arch: str) -> dict:
+    """Phi-3's LongRoPE (its 128k models) as llama.cpp reads it (llama_model::get_rope_factors):
+    rope_factors_short.weight within rope.scaling.original_context_length, rope_factors_long.weight
+    when the context served is longer (ModelConfig.global_rope); q and k scaled by
+    rope.scaling.attn_factor either way."""
+    long = _gguf_factors(f, "rope_factors_long.weight")
+    out = {"rope_attn_factor": float(f.get(f"{arch}.rope.scaling.attn_factor", 1.0))}
+    if long is not None:
+        out["rope_long"] = (long, int(f.get(f"{arch}.rope.scaling.original_context_length")))
+    return out
 
 
 def _gguf_gemma(f, arch: str, n_layers: int, context: int, d_model: int, n_heads: int, head_dim: int,
@@ -348,19 +361,18 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
 # (what llama.cpp computes for these architectures is the reference: it applies rope scaling, so a
 # scaled rope is refused, but for Gemma 3's linear one; it attends to the whole context for llama,
 # qwen2 and qwen3 whatever sliding_window says, and for phi3, whose window llama.cpp turns off
-# (src/models/phi3.cpp: "Phi SWA is currently disabled"); applies Gemma's. Phi-3's original context
-# length only sizes a LongRoPE or YaRN rope, whose factor tensors from_gguf refuses)
+# (src/models/phi3.cpp: "Phi SWA is currently disabled"); applies Gemma's)
 GGUF_APPLIED = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
     "attention.key_length", "vocab_size"})
 GGUF_APPLIED_BY = {"gemma2": GGUF_APPLIED | {"attn_logit_softcapping", "final_logit_softcapping"},  # (_gguf_gemma)
-                   "gemma3": GGUF_APPLIED | {"attention.sliding_window_pattern", "rope.freq_base_swa"}}
+                   "gemma3": GGUF_APPLIED | {"attention.sliding_window_pattern", "rope.freq_base_swa"},
+                   "phi3": GGUF_APPLIED | {"rope.scaling.attn_factor", "rope.scaling.original_context_length"}}
 GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "gemma3" and v == "linear"),
                  "rope.scaling.factor": lambda v, arch: float(v) == 1.0 or arch == "gemma3",
                  "expert_count": lambda v, arch: int(v) == 0, "expert_used_count": lambda v, arch: int(v) == 0,
-                 "attention.sliding_window": lambda v, arch: arch != "llama",
-                 "rope.scaling.original_context_length": lambda v, arch: arch == "phi3"}
+                 "attention.sliding_window": lambda v, arch: arch != "llama"}
 
 
 def _check_gguf_keys(f, arch: str) -> None:
