@@ -8,8 +8,9 @@
 The environment says where and whether: `HF_HUB_CACHE` (or `HF_HOME`/hub) holds the cache,
 `HF_ENDPOINT` the hub, `HF_HUB_OFFLINE=1` forbids the network (the cache must hold the model), and
 `HF_TOKEN` authenticates. They are read at each call (huggingface_hub reads them once, at import).
-Downloads show huggingface_hub's progress bars on stderr where it detects a terminal (or with
-`TQDM_POSITION=-1` in huggingface_hub 2.x).
+Downloads draw huggingface_hub's progress bars on stderr ("Fetching 5 files: 100%|...", tested);
+`HF_HUB_DISABLE_PROGRESS_BARS=1` turns them off. (A pseudo-terminal that reports no width gets bars
+0 columns wide: nothing but line ends, which once looked like no bar at all.)
 """
 
 from __future__ import annotations
