@@ -217,3 +217,17 @@ if __name__ == "__main__":  # make the stored logits (needs the hf-check extra)
         np.savez_compressed(STORED, **logits, **{f"{a}_sha256": np.array(_digest(d)) for a, d in dirs.items()},
                             versions=np.array(f"transformers {transformers.__version__}, torch {torch.__version__}"))
     print(f"wrote {STORED}")
+
+
+@pytest.mark.parametrize("name", SAVED)
+def test_the_4_x_and_5_x_configs_of_a_model_give_one_model_config(name, tmp_path):
+    """The config.json transformers 4.57 and 5.24 wrote for the same model read as one ModelConfig,
+    field for field: what the GPU test above checks of the 5.x forms holds for the 4.x ones."""
+    from oxinfer.formats import HFDirectory
+    from oxinfer.models import ModelConfig
+
+    configs = []
+    for version in ("4.57", "5.24"):
+        write_tiny_hf(tmp_path / version, **ARCHS[f"{name}@{version}"])
+        configs.append(ModelConfig.from_hf(HFDirectory(tmp_path / version)))
+    assert configs[0] == configs[1]
