@@ -319,26 +319,21 @@ CONVERTED_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen
 def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, qtype: T = T.BF16,
                          llama_cpp: bool = False) -> Path:
     """A GGUF of an HF directory (write_tiny_hf's weights, its config.json as a dict) as llama.cpp's
-    convert_hf_to_gguf.py writes one (LlamaModel, Qwen2Model, Qwen3Model, Phi3MiniModel, Gemma2Model,
-    Gemma3Model; tests/test_gguf_converted.py holds digests of its files): the `{arch}.*` keys those
-    write; a Llama's (and Mistral's) q/k rows paired for its adjacent-pair rope, Llama 3's rope
-    scaling as rope_freqs.weight, Phi-3's LongRoPE factors as rope_factors_long/short.weight, the
-    sliding window of a Mistral or a Qwen2 dropped (the converter writes none for them); Qwen's,
-    Phi-3's and Gemma's q/k rows as HF holds them (llama.cpp rotates their head halves);
-    Phi-3's q|k|v and gate|up kept fused (attn_qkv, ffn_up); Gemma's every norm weight + 1 (HF
-    computes x * (1 + w)); no output.weight when tied. Matrices in qtype (BF16: the directory's own
-    values when it holds bf16; or F32), vectors F32. Llama-family configs in transformers 5's form
-    (rope_parameters), Gemma's in 4.x's. A byte-level BPE vocabulary (write_tiny_llama's) where a
-    Gemma or a Phi-3 holds its SentencePiece one; llama_cpp: loadable by llama.cpp too, which
-    refuses a BPE vocabulary without merges: one more token, "ĠĠ" merged from two "Ġ", its
-    embedding row random."""
+    convert_hf_to_gguf.py writes one (tests/test_gguf_converted.py holds digests of its files): the
+    `{arch}.*` keys it writes; a Llama's (and Mistral's) q/k rows paired for its adjacent-pair rope,
+    Llama 3's rope scaling as rope_freqs.weight, Phi-3's LongRoPE factors as rope_factors_*.weight,
+    YaRN's keys, no sliding window for a Mistral or a Qwen2; Qwen's, Phi-3's and Gemma's q/k rows as
+    HF holds them (llama.cpp rotates their head halves); Phi-3's q|k|v and gate|up kept fused
+    (attn_qkv, ffn_up); Gemma's every norm weight + 1 (HF computes x * (1 + w)); no output.weight
+    when tied. Matrices in qtype (BF16: the directory's own values when it holds bf16; or F32),
+    vectors F32. Llama-family configs in transformers 5's form, Gemma's in 4.x's. write_tiny_hf's
+    vocabulary (_add_tiny_vocab: llama_cpp for llama.cpp)."""
     c = config
     arch = CONVERTED_ARCHS[c["model_type"]]
     gemma = arch.startswith("gemma")
     rope = c.get("rope_parameters") or {**(c.get("rope_scaling") or {}), "rope_theta": c.get("rope_theta", 10000.0)}
-    if not gemma and rope.get("rope_type", "default") not in ("default", "llama3", "longrope"):
-        raise ValueError(f"rope_type {rope['rope_type']!r}: write_converted_gguf writes the default rope, Llama 3's "
-                         "and Phi-3's LongRoPE")
+    if not gemma and rope.get("rope_type", "default") not in ("default", "llama3", "longrope", "yarn"):
+        raise ValueError(f"rope_type {rope['rope_type']!r}: write_converted_gguf writes no such rope")
     heads, kv, d = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
     hd = c.get("head_dim") or d // heads
     w = GGUFWriter(str(path), arch)
@@ -377,6 +372,13 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
     if arch == "llama":
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(hd)
+    if rope.get("rope_type") == "yarn":  # (mscale and mscale_all_dim: none)
+        w.add_rope_scaling_type(RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for beta in ("beta_fast", "beta_slow"):
+            if beta in rope:
+                getattr(w, f"add_rope_scaling_yarn_{beta}")(rope[beta])
     _add_tiny_vocab(w, llama_cpp)
 
     def pair(x: np.ndarray, n: int) -> np.ndarray:  # the converter's LlamaModel.permute

@@ -1,7 +1,7 @@
 """GGUFs as llama.cpp's own convert_hf_to_gguf.py writes them, against llama.cpp itself.
 
 test_hf_transformers.py's tiny directories of Llama 3 (llama3 rope scaling), Qwen2 (with and without
-its sliding window), Qwen3, Mistral with a sliding window shorter than the prompt, Phi-3 (with and
+its sliding window, and with YaRN), Qwen3, Mistral with a sliding window shorter than the prompt, Phi-3 (with and
 without its window, and with LongRoPE past its pretraining context: its long factors), Gemma 2 and
 Gemma 3 were converted by llama.cpp's converter, float32 and bfloat16. oxinfer.testing writes the
 same files (write_converted_gguf): a digest of each file's `{arch}.*` keys and tensors
@@ -46,10 +46,12 @@ from test_gguf_gemma import LLAMA_CPP, _digest
 from test_hf_transformers import ARCHS, TOKENS
 
 import oxinfer
+from oxinfer.errors import UnsupportedModelError
 from oxinfer.testing import write_converted_gguf, write_tiny_hf
 
-CONVERTED = ("llama3@5.24", "qwen2@5.24", "qwen2_swa@5.24", "qwen3@5.24", "mistral_swa@5.24", "phi3@5.24",
-             "phi3_swa@5.24", "phi3_longrope@5.24", "gemma2_gguf", "gemma3_gguf")  # test_hf_transformers' directories
+CONVERTED = ("llama3@5.24", "qwen2@5.24", "qwen2_swa@5.24", "qwen2_yarn@5.24", "qwen3@5.24", "mistral_swa@5.24",
+             "phi3@5.24", "phi3_swa@5.24", "phi3_longrope@5.24", "gemma2_gguf", "gemma3_gguf")  # test_hf_transformers'
+REFUSED = ("llama_yarn@5.24",)  # converted, and refused by name (llama.cpp reads none of its YaRN betas)
 STORED = Path(__file__).parent / "data" / "converted_llama_cpp_logits.npz"
 HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                    "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
@@ -70,7 +72,7 @@ def stored():
 @pytest.mark.parametrize("arch", CONVERTED)
 async def test_a_converted_gguf_gives_llama_cpp_s_logits(tmp_path, stored, arch):
     """The float32 file is the converter's (its digest) and oxinfer gives llama.cpp's logits on the
-    CPU: within 5e-4 of their largest, as test_gguf_gemma (measured: 2.1e-7 to 4.1e-7, Gemma 6e-5
+    CPU: within 5e-4 of their largest, as test_gguf_gemma (measured: 1.4e-7 to 4.1e-7, Gemma 6e-5
     and 4e-5 for llama.cpp's float16 GELU table), argmax equal at every position."""
     path = _write(tmp_path, arch, "F32")
     assert str(stored[f"{arch}_F32_digest"]) == _digest(path), (
@@ -100,6 +102,16 @@ async def test_a_converted_bf16_gguf_on_the_gpu_gives_llama_cpp_s_logits(tmp_pat
     got = await e.all_logits(TOKENS)
     np.testing.assert_allclose(got, ref, rtol=0, atol=5e-4 * float(np.abs(ref).max()))
     assert (got.argmax(-1) == ref.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("arch", REFUSED)
+async def test_a_converted_gguf_that_llama_cpp_misreads_is_refused_by_name(tmp_path, stored, arch):
+    """YaRN with betas other than 32 and 1: the converter writes them, llama.cpp's llama reads none
+    (its logits are 2e-2 off transformers'), so oxinfer refuses the key rather than compute either."""
+    path = _write(tmp_path, arch, "F32")
+    assert str(stored[f"{arch}_F32_digest"]) == _digest(path), f"oxinfer.testing writes another {arch}"
+    with pytest.raises(UnsupportedModelError, match="rope.scaling.yarn_beta_fast = 16.0"):
+        await oxinfer.Engine.load(path, cpu_int8=False)
 
 
 CONVERT = """
@@ -132,7 +144,7 @@ if __name__ == "__main__":  # make the stored data: python tests/test_gguf_conve
     commit = sys.argv[3] if len(sys.argv) > 3 else "unknown"
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        for arch in CONVERTED:
+        for arch in CONVERTED + REFUSED:
             write_tiny_hf(root / arch, **ARCHS[arch])
             config = json.loads((root / arch / "config.json").read_text())
             config["architectures"] = [HF_ARCHITECTURE[config["model_type"]]]
@@ -140,7 +152,7 @@ if __name__ == "__main__":  # make the stored data: python tests/test_gguf_conve
             tokenizer = json.loads((root / arch / "tokenizer_config.json").read_text())
             tokenizer["tokenizer_class"] = "PreTrainedTokenizerFast"
             (root / arch / "tokenizer_config.json").write_text(json.dumps(tokenizer))
-        subprocess.run([sys.executable, "-c", CONVERT, str(llama_cpp), tmp, *(str(root / a) for a in CONVERTED)],
+        subprocess.run([sys.executable, "-c", CONVERT, str(llama_cpp), tmp, *(str(root / a) for a in CONVERTED + REFUSED)],
                        check=True, timeout=900, stdout=subprocess.DEVNULL)
         files = [root / f"{arch}.llama_cpp.gguf" for arch in CONVERTED]
         subprocess.run([llama_python, "-c", LLAMA_CPP, ",".join(map(str, TOKENS)), *map(str, files)],
@@ -150,5 +162,6 @@ if __name__ == "__main__":  # make the stored data: python tests/test_gguf_conve
         np.savez_compressed(
             STORED, **{arch: np.load(str(f) + ".npy") for arch, f in zip(CONVERTED, files)},
             **{f"{arch}_{q}_digest": np.array(_digest(root / f"{arch}.{q}.gguf")) for arch in CONVERTED for q in ("F32", "BF16")},
+            **{f"{arch}_F32_digest": np.array(_digest(root / f"{arch}.F32.gguf")) for arch in REFUSED},
             versions=np.array(f"llama.cpp {commit} convert_hf_to_gguf.py, llama-cpp-python {version}"))
     print(f"wrote {STORED}")

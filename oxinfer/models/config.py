@@ -207,6 +207,7 @@ class ModelConfig:
             "rope_dim": rope_dim,
             "rope_freq_factors": _gguf_factors(f, "rope_freqs.weight") or _gguf_factors(f, "rope_factors_short.weight"),
             **_gguf_longrope(f, arch),
+            **_gguf_yarn(f, arch, float(a("rope.freq_base", 10000.0)), rope_dim, context),
             "head_dim": head_dim,
             **gemma,
         })
@@ -229,6 +230,19 @@ def _gguf_longrope(f, arch: str) -> dict:
     if long is not None:
         out["rope_long"] = (long, int(f.get(f"{arch}.rope.scaling.original_context_length")))
     return out
+
+
+def _gguf_yarn(f, arch: str, base: float, dim: int, context: int) -> dict:
+    """YaRN (Qwen2.5's long-context GGUFs) as llama.cpp applies it to these architectures
+    (llama-context.cpp, ggml's rope_yarn): rope.scaling.factor over original_context_length (the
+    context when absent), betas 32 and 1 (it reads no other for them), q and k scaled by
+    0.1 ln(factor) + 1."""
+    scaling = lambda key, *default: f.get(f"{arch}.rope.scaling.{key}", *default)  # noqa: E731
+    if arch not in GGUF_YARN or scaling("type", None) != "yarn":
+        return {}
+    s = {"factor": scaling("factor"), "original_max_position_embeddings": scaling("original_context_length", None)}
+    factors, attn = _yarn(s, base, dim, context)
+    return {"rope_freq_factors": factors, "rope_attn_factor": attn}
 
 
 def _gguf_gemma(f, arch: str, n_layers: int, context: int, d_model: int, n_heads: int, head_dim: int,
@@ -359,8 +373,8 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
 
 # the `{arch}.*` GGUF keys from_gguf reads, and those whose values are harmless only as given here
 # (what llama.cpp computes for these architectures is the reference: it applies rope scaling, so a
-# scaled rope is refused, but for Gemma 3's linear one; it attends to the whole context for llama,
-# qwen2 and qwen3 whatever sliding_window says, and for phi3, whose window llama.cpp turns off
+# scaled rope is refused, but for Gemma 3's linear one and YaRN (GGUF_YARN); it attends to the whole
+# context for llama, qwen2 and qwen3 whatever sliding_window says, and for phi3, whose window llama.cpp turns off
 # (src/models/phi3.cpp: "Phi SWA is currently disabled"); applies Gemma's)
 GGUF_APPLIED = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
@@ -372,7 +386,11 @@ GGUF_APPLIED_BY = {"gemma2": GGUF_APPLIED | {"attn_logit_softcapping", "final_lo
 GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "gemma3" and v == "linear"),
                  "rope.scaling.factor": lambda v, arch: float(v) == 1.0 or arch == "gemma3",
                  "expert_count": lambda v, arch: int(v) == 0, "expert_used_count": lambda v, arch: int(v) == 0,
-                 "attention.sliding_window": lambda v, arch: arch != "llama"}
+                 "attention.sliding_window": lambda v, arch: arch != "llama",
+                 # the betas llama.cpp's YaRN takes for GGUF_YARN whatever the file says: harmless as those
+                 "rope.scaling.yarn_beta_fast": lambda v, arch: float(v) == 32.0,
+                 "rope.scaling.yarn_beta_slow": lambda v, arch: float(v) == 1.0}
+GGUF_YARN = ("llama", "qwen2", "qwen3")  # where rope.scaling.type yarn is applied (_gguf_yarn)
 
 
 def _check_gguf_keys(f, arch: str) -> None:
@@ -382,6 +400,9 @@ def _check_gguf_keys(f, arch: str) -> None:
             continue
         name, value = key[len(arch) + 1:], f.get(key)
         if name in GGUF_APPLIED_BY.get(arch, GGUF_APPLIED):
+            continue
+        if arch in GGUF_YARN and f.get(f"{arch}.rope.scaling.type", None) == "yarn" and name in (
+                "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length"):
             continue
         if name == "attention.value_length":  # v heads as wide as k heads: the one head_dim
             if int(value) != int(f.get(f"{arch}.attention.key_length", value)):
