@@ -2,7 +2,9 @@
 
 Built to give llama.cpp's ids for the same GGUF: the BPE vocab and merges come from
 `tokenizer.ggml.*`, the pre-tokenizer from the rules `tokenizer.ggml.pre` names, and control tokens
-(token_type 3) are special tokens that the text may spell out.
+(token_type 3) are special tokens that the text may spell out. SentencePiece vocabularies
+(`tokenizer.ggml.model` = "llama": Llama 2, Mistral, Gemma, Phi-3...) are tokenized by oxinfer/spm.py,
+llama.cpp's merge loop.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import codecs
 from dataclasses import dataclass
 from functools import lru_cache
 
+from oxinfer import spm as _spm
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
 _EOG_TEXTS = frozenset({
@@ -66,14 +69,16 @@ class SpecialIds:
     eos: int | None
     eog: frozenset[int]  # ids that end a generation
     add_bos: bool
+    add_eos: bool = False  # (read for SentencePiece vocabularies: tokenizer.ggml.add_eos_token)
 
 
 class Tokenizer:
     """Text <-> token ids for one model, plus its chat template."""
 
     def __init__(self, hf_tokenizer, tokens: list[str], token_types: list[int], special: SpecialIds,
-                 chat_template: str | None):
+                 chat_template: str | None, spm: _spm.SpmVocab | None = None):
         self._tk = hf_tokenizer
+        self._spm = spm
         self._tokens = tokens
         self._types = token_types
         self.special = special
@@ -86,8 +91,11 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         model = f.get("tokenizer.ggml.model")
+        if model == "llama":
+            return cls._from_gguf_spm(f)
         if model != "gpt2":
-            raise UnsupportedModelError(f"tokenizer.ggml.model = {model!r} is not supported (only BPE 'gpt2')")
+            raise UnsupportedModelError(f"tokenizer.ggml.model = {model!r} is not supported (only BPE 'gpt2' "
+                                        "and SentencePiece 'llama')")
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
         types: list[int] = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
         merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
@@ -107,6 +115,24 @@ class Tokenizer:
         eog |= {i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _EOG_TEXTS}
         special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", False)))
         return cls(tk, tokens, types, special, f.get("tokenizer.chat_template", None))
+
+    @classmethod
+    def _from_gguf_spm(cls, f) -> Tokenizer:
+        """A SentencePiece vocabulary as llama.cpp loads one (llama_vocab::impl::load): BOS added and
+        a space put before the text unless the file says otherwise; Phi-3's strip after specials."""
+        tokens: list[str] = list(f.get("tokenizer.ggml.tokens"))
+        scores = list(f.get("tokenizer.ggml.scores", [0.0] * len(tokens)))
+        types = list(f.get("tokenizer.ggml.token_type", [_spm.NORMAL] * len(tokens)))
+        name = str(f.get("general.name", "")).lower()
+        vocab = _spm.SpmVocab(tokens, scores, types, bool(f.get("tokenizer.ggml.add_space_prefix", True)),
+                              rstrip_specials="phi-3" in name or "phi3" in name)
+        bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
+        eog = {f.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")}
+        eog = {i for i in eog | {eos} if i is not None}
+        eog |= {i for i, t in enumerate(tokens) if vocab.types[i] == CONTROL and t in _EOG_TEXTS | _spm.EOG_TEXTS}
+        special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", True)),
+                             bool(f.get("tokenizer.ggml.add_eos_token", False)))
+        return cls(None, tokens, vocab.types, special, f.get("tokenizer.chat_template", None), spm=vocab)
 
     @classmethod
     def from_hf(cls, d) -> Tokenizer:
@@ -159,9 +185,16 @@ class Tokenizer:
         return len(self._tokens)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """llama.cpp's ids for `text`, special tokens parsed; BOS only if the model asks for it."""
-        ids = self._tk.encode(text, add_special_tokens=False).ids
-        if (self.special.add_bos if add_bos is None else add_bos) and self.special.bos is not None:
+        """llama.cpp's ids for `text`, special tokens parsed; BOS only if the model asks for it (and
+        a SentencePiece model's EOS, where add_eos_token asks for it, unless add_bos is False)."""
+        add = self.special.add_bos if add_bos is None else add_bos
+        if self._spm is not None:
+            ids = self._spm.encode(text)
+            if (add_bos is not False and self.special.add_eos) and self.special.eos is not None:
+                ids.append(self.special.eos)
+        else:
+            ids = self._tk.encode(text, add_special_tokens=False).ids
+        if add and self.special.bos is not None:
             ids = [self.special.bos, *ids]
         return ids
 
@@ -170,7 +203,9 @@ class Tokenizer:
         b = self._token_bytes[i]
         if b is None:
             t = self._tokens[i]
-            if self._types[i] in (CONTROL, USER_DEFINED):
+            if self._spm is not None:  # ▁ as a space, <0xXX> as its byte
+                b = self._spm.piece(i)
+            elif self._types[i] in (CONTROL, USER_DEFINED):
                 b = t.encode()
             else:
                 dec = _byte_decoder()
@@ -180,14 +215,23 @@ class Tokenizer:
 
     def hf_json(self) -> str:
         """The tokenizer as HF tokenizers' JSON (what llguidance reads: oxinfer/constraints.py)."""
+        if self._tk is None:  # a SentencePiece vocabulary's, built when first asked for (~seconds for 256k tokens)
+            self._tk = _spm_hf_tokenizer(self._spm)
         return self._tk.to_str()
 
     def is_control(self, i: int) -> bool:
-        return self._types[i] == CONTROL
+        """A token printed only when specials are (SentencePiece's unknown token too, as llama.cpp)."""
+        return self._spm.is_special(i) if self._spm is not None else self._types[i] == CONTROL
 
     def decode(self, ids, skip_special: bool = False) -> str:
-        data = b"".join(self.token_bytes(i) for i in ids if not (skip_special and self.is_control(i)))
-        return data.decode("utf-8", errors="replace")
+        """The text of `ids` as llama_detokenize gives it (remove_special false): with a
+        SentencePiece vocabulary that puts a space before the text, the first piece loses one
+        leading space, so that decode(encode(text)) is the text. (The Detokenizer does not: its
+        tokens follow a prompt.)"""
+        pieces = [b"" if skip_special and self.is_control(i) else self.token_bytes(i) for i in ids]
+        if self._spm is not None and self._spm.add_space_prefix and pieces and pieces[0][:1] == b" ":
+            pieces[0] = pieces[0][1:]
+        return b"".join(pieces).decode("utf-8", errors="replace")
 
     def detokenizer(self, skip_special: bool = True) -> Detokenizer:
         return Detokenizer(self, skip_special)
@@ -207,8 +251,36 @@ class Tokenizer:
                       bos_token=bos, eos_token=eos, **extra)
 
 
+def _spm_hf_tokenizer(vocab: _spm.SpmVocab):
+    """An HF tokenizer of a SentencePiece vocabulary, as transformers' LlamaConverter builds one (a BPE
+    with byte fallback, its merges from the scores; ▁ for spaces): what hf_json hands to llguidance,
+    which reads each token's bytes from it. encode does not use it (oxinfer/spm.py)."""
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers
+    from tokenizers import Tokenizer as HFTokenizer
+
+    ids, scores, tokens = vocab.ids, vocab.scores, vocab.tokens
+    merges = [(t[:k], t[k:], i) for i, t in enumerate(tokens) if vocab.types[i] == _spm.NORMAL
+              for k in range(1, len(t)) if t[:k] in ids and t[k:] in ids]
+    merges.sort(key=lambda m: (-scores[m[2]], ids[m[0]], ids[m[1]]))
+    unk = next((t for t, ty in zip(tokens, vocab.types) if ty == _spm.UNKNOWN), None)
+    tk = HFTokenizer(models.BPE(vocab=dict(ids), merges=[(a, b) for a, b, _ in merges], unk_token=unk,
+                                fuse_unk=True, byte_fallback=True))
+    prefix = [normalizers.Prepend(_spm.SPACE)] if vocab.add_space_prefix else []
+    tk.normalizer = normalizers.Sequence([*prefix, normalizers.Replace(Regex(" "), _spm.SPACE)])
+    strip = [decoders.Strip(" ", 1, 0)] if vocab.add_space_prefix else []
+    tk.decoder = decoders.Sequence([decoders.Replace(_spm.SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                    *strip])
+    tk.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, vocab.types) if ty in (CONTROL, _spm.UNKNOWN) and t])
+    tk.add_tokens([AddedToken(t, special=False, normalized=False)
+                   for t, ty in zip(tokens, vocab.types) if ty == USER_DEFINED and t])
+    return tk
+
+
 class Detokenizer:
-    """Incremental, UTF-8 safe: bytes of a character split across tokens wait for the rest."""
+    """Incremental, UTF-8 safe: bytes of a character split across tokens wait for the rest. Each
+    token adds its piece as llama.cpp's token_to_piece gives it (a SentencePiece token's leading
+    space kept: these tokens follow a prompt, as in llama.cpp's server)."""
 
     def __init__(self, tokenizer: Tokenizer, skip_special: bool = True):
         self._tok = tokenizer
