@@ -130,21 +130,20 @@ def test_a_model_that_fails_to_load_says_so_and_the_others_keep_serving(srv, cli
     assert loaded(srv)["broken"] is False
 
 
-def test_the_serve_command_takes_several_models(files, tmp_path):
+async def test_the_serve_command_takes_several_models(files, tmp_path):
+    """(On the test's own loop: anyio.run in the main thread of a worker left it without a current
+    event loop, which pytest-asyncio 1.0 and older then failed every later async test on.)"""
     from oxinfer.cli import _parser
     from oxinfer.server.cli import run_serve
 
     def args(*flags):
         return _parser().parse_args(["serve", *flags])
 
-    import anyio
-
     with pytest.raises(ValueError, match="--served-model-name"):
-        anyio.run(run_serve, args("--model", str(files["alpha"]), "--model", str(files["beta"]),
-                                  "--served-model-name", "a"))
+        await run_serve(args("--model", str(files["alpha"]), "--model", str(files["beta"]), "--served-model-name", "a"))
     with pytest.raises(ValueError, match="no-such.gguf"):
-        anyio.run(run_serve, args("--model", str(files["alpha"]), "--model", str(tmp_path / "no-such.gguf")))
+        await run_serve(args("--model", str(files["alpha"]), "--model", str(tmp_path / "no-such.gguf")))
     with pytest.raises(ValueError, match="unique"):
-        anyio.run(run_serve, args("--model", str(files["alpha"]), "--model", str(files["alpha"])))
+        await run_serve(args("--model", str(files["alpha"]), "--model", str(files["alpha"])))
     a = args("--model", "a", "--model", "b", "--memory-mib", "64")
     assert (a.model, a.memory_mib) == (["a", "b"], 64)
