@@ -250,6 +250,17 @@ class Tokenizer:
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=bos, eos_token=eos, **extra)
 
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+                    **variables) -> list[int]:
+        """The ids of the chat template's rendering, with one BOS: a template that writes bos_token
+        itself (Gemma's, Llama 2's, Mistral's) would otherwise begin with two where the model adds
+        one (transformers adds none to a rendering; llama.cpp warns of the doubled BOS)."""
+        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, tools, **variables))
+        bos = self.special.bos
+        if self.special.add_bos and bos is not None and ids[:2] == [bos, bos]:
+            ids = ids[1:]
+        return ids
+
 
 def _spm_hf_tokenizer(vocab: _spm.SpmVocab):
     """An HF tokenizer of a SentencePiece vocabulary, as transformers' LlamaConverter builds one (a BPE

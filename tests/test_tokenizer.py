@@ -68,3 +68,32 @@ def test_chat_template_rejects_bad_messages(tokenizer):
         tokenizer.apply_chat_template([{"role": "user"}])
     with pytest.raises(ValueError, match="empty"):
         tokenizer.apply_chat_template([])
+
+
+# Gemma 2's chat template (its tokenizer_config.json): it writes bos_token itself
+GEMMA_TEMPLATE = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+                  "{% endif %}{% for message in messages %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+                  "{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\\n' + "
+                  "message['content'] | trim + '<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                  "{{'<start_of_turn>model\\n'}}{% endif %}")
+
+
+@pytest.mark.parametrize("template_writes_bos", [True, False])
+@pytest.mark.parametrize("add_bos", [True, False])
+def test_a_chat_prompt_begins_with_one_bos(tmp_path, template_writes_bos, add_bos):
+    """encode_chat: a template that writes bos_token (Gemma's, Llama 2's) on a model that adds BOS
+    gives one BOS, as transformers' apply_chat_template does (it adds none to the rendering), not
+    two; a template that writes none gets the model's own."""
+    import dataclasses
+
+    from oxinfer.formats import GGUFFile
+    from oxinfer.testing import write_tiny_llama
+    from oxinfer.tokenizer import Tokenizer
+
+    tk = Tokenizer.from_gguf(GGUFFile(write_tiny_llama(tmp_path / "m.gguf")))
+    tk.special = dataclasses.replace(tk.special, add_bos=add_bos)
+    tk.chat_template = GEMMA_TEMPLATE if template_writes_bos else GEMMA_TEMPLATE.removeprefix("{{ bos_token }}")
+    ids = tk.encode_chat([{"role": "user", "content": " hi "}])
+    bos = tk.special.bos
+    assert ids.count(bos) == (1 if template_writes_bos or add_bos else 0) and (ids[0] == bos) == (ids.count(bos) == 1)
+    assert tk.decode(ids[ids.count(bos):]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"

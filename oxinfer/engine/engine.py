@@ -218,7 +218,7 @@ class Engine:
                 raise ValueError("the prompt is empty")
             ids = self.tokenizer.encode(prompt)
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.tokenizer.encode(self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True))
+            ids = self.tokenizer.encode_chat(list(prompt))
         elif isinstance(prompt, (Sequence, np.ndarray)) and all(
                 issubclass(t, (int, np.integer)) and not issubclass(t, bool) for t in set(map(type, prompt))):
             ids = list(map(int, prompt))  # (checked by type, not item by item: 0.3 ms of a 512-token prompt)

@@ -180,11 +180,10 @@ class _Server:
         tk = engine.tokenizer
         try:
             if req.messages is not None:
-                text = tk.apply_chat_template([m.as_engine_message() for m in req.messages],
-                                              add_generation_prompt=req.add_generation_prompt)
+                ids = tk.encode_chat([m.as_engine_message() for m in req.messages],
+                                     add_generation_prompt=req.add_generation_prompt)
             else:
-                text = req.prompt
-            ids = tk.encode(text)
+                ids = tk.encode(req.prompt)
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(str(e), param="messages" if req.messages is not None else "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.config.context_length})
