@@ -125,3 +125,22 @@ async def test_a_spm_model_loads_and_generates(files, tmp_path):
         want = [i async for i in engine.generate_ids(prompt, 6, stop_on_eog=False)]
     assert list(out.token_ids) == want
     assert out.text == b"".join(tk.token_bytes(i) for i in want if not tk.is_control(i)).decode(errors="replace")
+
+
+def test_a_logprob_entry_holds_the_token_s_own_text_and_bytes(tmp_path):
+    """The OpenAI logprobs of a SentencePiece token carry its leading space (▁): its own bytes, not
+    the decoding of a sequence that begins with it (which drops that space, as llama.cpp's does)."""
+    from oxinfer.events import Token
+    from oxinfer.formats import GGUFFile
+    from oxinfer.server.openai_format import Answer
+    from oxinfer.tokenizer import Tokenizer
+
+    tk = Tokenizer.from_gguf(GGUFFile(write_spm_llama(tmp_path / "m.gguf")))
+    ids = tk.encode(" world", add_bos=False)
+    spaced = next(i for i in ids if tk.token_bytes(i).startswith(b" "))
+    for chat in (True, False):
+        entry = Answer("id", "m", 0, chat, tk).logprobs(Token("x", spaced, -0.5, ((spaced, -0.5),)))
+        text = entry["token"] if chat else entry["tokens"][0]
+        assert text.startswith(" ") and text == tk.token_bytes(spaced).decode()
+        if chat:
+            assert bytes(entry["bytes"]) == tk.token_bytes(spaced) and entry["top_logprobs"][0]["token"] == text

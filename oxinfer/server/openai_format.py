@@ -40,14 +40,17 @@ class Answer:
         """The logprobs entry for one token, in this endpoint's format (None when not asked for)."""
         if tok.logprob is None:
             return None
-        piece = self.tokenizer.decode([tok.token_id])
+        # each token's own bytes (a SentencePiece token's leading space too, which decoding a
+        # sequence that begins with it drops, as llama.cpp's detokenize does)
+        raw = self.tokenizer.token_bytes
+        piece = raw(tok.token_id)
         top = tok.top_logprobs or ()
         if self.chat:
-            return {"token": piece, "logprob": tok.logprob, "bytes": list(piece.encode()),
-                    "top_logprobs": [{"token": (t := self.tokenizer.decode([i])), "logprob": lp,
-                                      "bytes": list(t.encode())} for i, lp in top]}
-        return {"tokens": [piece], "token_logprobs": [tok.logprob],
-                "top_logprobs": [{self.tokenizer.decode([i]): lp for i, lp in top}],
+            return {"token": piece.decode(errors="replace"), "logprob": tok.logprob, "bytes": list(piece),
+                    "top_logprobs": [{"token": raw(i).decode(errors="replace"), "logprob": lp, "bytes": list(raw(i))}
+                                     for i, lp in top]}
+        return {"tokens": [piece.decode(errors="replace")], "token_logprobs": [tok.logprob],
+                "top_logprobs": [{raw(i).decode(errors="replace"): lp for i, lp in top}],
                 "text_offset": [sum(map(len, self.text))]}
 
     def usage(self) -> dict | None:
