@@ -237,8 +237,8 @@ def fuse_split_sums(disps: list[Dispatch], c: Choices) -> None:
 
 
 def chunk_attention(r, c: Choices, t: int, decode_chunks: int) -> None:
-    """attend_rows in chunks of positions (then attend_merge): att_chunks; attend_decode in
-    decode_chunks (decode_chunks)."""
+    """attend_rows in chunks of positions (then attend_merge): att_chunks; attend_decode in the
+    step's decode_chunks (the runner's decode_chunks)."""
     for i, kind in enumerate(c.kinds):
         if kind == "attention:attend_rows":
             c.chunks[i] = r.att_chunks(t)

@@ -378,9 +378,11 @@ class ResidentRunner(Planning, Submitting):
             self._submit_forward(nxt.cost, caches, nxt.offsets)
         elif not self._aheads:
             nxt = first = self._next(caches, starts)
+            if nxt is None:  # no room in the pool or the context
+                return None
         else:
             return None
-        after = nxt and self._next(caches, [o + 1 for o in nxt.offsets])
+        after = self._next(caches, [o + 1 for o in nxt.offsets])
 
         def job():
             with self.gpu.lock:
@@ -388,7 +390,7 @@ class ResidentRunner(Planning, Submitting):
                     self._submit_ahead(first, caches, True)
                 if after is not None:
                     after.cost = self._encode_ahead(after.staging, after.offsets)
-        return job if nxt is not None else None
+        return job
 
     def _next(self, caches, starts) -> _Ahead | None:
         """A decode step of one row for each of caches at positions `starts`, queued ahead with its
