@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 
 import oxinfer
-from oxinfer.bench import SYNTHETIC, _ids
+from oxinfer.bench import SYNTHETIC, prompt_ids
 from oxinfer.testing import write_tiny_llama
 
 
@@ -28,7 +28,7 @@ async def probe(path: Path) -> None:
             ttfts, walls = [], []
             for k in range(4):
                 t0 = time.perf_counter()
-                res = await engine.generate(_ids(p, vocab, 100 * p + 10 * mt + k),
+                res = await engine.generate(prompt_ids(p, vocab, 100 * p + 10 * mt + k),
                                             oxinfer.SamplingParams(max_tokens=mt, temperature=0, ignore_eos=True))
                 walls.append((time.perf_counter() - t0) * 1e3)
                 ttfts.append(res.finished.ttft_s * 1e3)

@@ -4,8 +4,10 @@ and load time, for oxinfer and (with --compare llama.cpp) llama.cpp on the same 
 Each engine runs in its own fresh process per repeat (load time and peak RSS are the process's
 own), interleaved oxinfer, llama.cpp, oxinfer, llama.cpp...; the table gives medians, the spread
 (max - min over the repeats) and the ratios. llama.cpp runs through llama-cpp-python (this
-interpreter's, or .bench-venv's from `make bench-venv`, or --llama-python), which serves one
-sequence at a time: its aggregate for N streams is N sequences one after another.
+interpreter's, or .bench-venv's from `make bench-venv`, or --llama-python) in two modes
+(oxinfer/bench_llama.py): serial, llama-cpp-python's `Llama`, one sequence at a time, and batched,
+N sequences a llama_decode as llama-batched-bench does; with --llama-bin (or llama-batched-bench on
+PATH) that binary runs too. Each ratio is against llama.cpp's best figure and names its mode.
 
 Synthetic models (--synthetic 135m,1b,3b) are GGUFs of those shapes with random weights, written on
 demand (--qtype Q4_1, Q8_0 or BF16) and loadable by both engines.
@@ -13,7 +15,6 @@ demand (--qtype Q4_1, Q8_0 or BF16) and loadable by both engines.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import statistics
@@ -23,12 +24,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from oxinfer.bench_llama import (PROMPT, batched_bench_binary, llama_python, llama_runs, parse_batched_bench,
+                                 peak_rss_mib, prompt_ids)
+
 # name -> write_tiny_llama shape: SmolLM2-135M, TinyLlama-1.1B, Llama-3.2-3B (vocab 32000: the
 # embedding matters little to the speed and a lot to the file)
 SYNTHETIC = {"135m": dict(n_layers=30, d=576, d_ff=1536, n_heads=9, n_kv=3, extra_vocab=49152 - 259),
              "1b": dict(n_layers=22, d=2048, d_ff=5632, n_heads=32, n_kv=4, extra_vocab=32000 - 259),
              "3b": dict(n_layers=28, d=3072, d_ff=8192, n_heads=24, n_kv=8, extra_vocab=32000 - 259)}
-METRICS = ("load_s", "peak_rss_mib", "ttft_s", "decode_tps")  # plus prefill_tps@P and aggregate_tps@N
+METRICS = ("load_s", "peak_rss_mib", "ttft_s", "decode_tps")  # plus prefill_tps@P, aggregate_tps@N, tg_tps@N
 
 
 def add_bench_parser(sub) -> None:
@@ -44,17 +48,12 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--repeats", type=int, default=3, help="fresh processes per engine (medians, spread)")
     b.add_argument("--compare", choices=["llama.cpp"], help="run llama.cpp on the same GGUF, interleaved")
     b.add_argument("--llama-python", help="a Python with llama_cpp (default: this one, else .bench-venv)")
+    b.add_argument("--llama-bin", help="llama-batched-bench, run beside the Python's batched mode (default: on PATH)")
     b.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's CPU threads")
     b.add_argument("--json", dest="json_out", help="write the results here")
     b.add_argument("--plot", help="write PNG plots into this folder (matplotlib: oxinfer[bench])")
     b.add_argument("--from-json", nargs="+", metavar="FILE",
                    help="run nothing: print and plot the results these --json files hold, together")
-
-
-def _ids(n: int, vocab: int, salt: int = 0) -> list[int]:
-    """n ordinary token ids (no control tokens), different per salt."""
-    span = max(vocab - 600, 1)
-    return [500 + (i * 7919 + salt * 104729) % span for i in range(n)]
 
 
 # --- the workers (each in its own process) ------------------------------------------------------
@@ -67,19 +66,19 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
     engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc))
     out = {"load_s": time.perf_counter() - t0}
     vocab = engine.config.vocab_size
-    await engine.generate(_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    await engine.generate(prompt_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     one = oxinfer.SamplingParams(max_tokens=1, temperature=0)
     for p in prompts:  # a length's first prompt builds its plans and a GPU clocks up over a few:
-        await engine.generate(_ids(p, vocab, p + 1), one)  # one warm-up, then the median of 3
-        ttfts = [(await engine.generate(_ids(p, vocab, p + 2 + k), one)).finished.ttft_s for k in range(3)]
+        await engine.generate(prompt_ids(p, vocab, p + 1), one)  # one warm-up, then the median of 3
+        ttfts = [(await engine.generate(prompt_ids(p, vocab, p + 2 + k), one)).finished.ttft_s for k in range(3)]
         out[f"prefill_tps@{p}"] = p / statistics.median(ttfts)
     params = oxinfer.SamplingParams(max_tokens=gen, temperature=0, ignore_eos=True)
-    r = await engine.generate(_ids(128, vocab, 1), params)
+    r = await engine.generate(prompt_ids(PROMPT, vocab, 1), params)
     out["ttft_s"] = r.finished.ttft_s
     out["decode_tps"] = r.finished.generation_tps
     for n in conc:
         async def one(i: int) -> None:
-            await engine.generate(_ids(128, vocab, 10 + i), params)
+            await engine.generate(prompt_ids(PROMPT, vocab, 10 + i), params)
 
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
@@ -87,61 +86,6 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
                 tg.start_soon(one, i)
         out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
     return out
-
-
-def peak_rss_mib() -> float:
-    """This process's own peak resident set (Linux: VmHWM). A worker started by subprocess inherits
-    its parent's peak in ru_maxrss (kept across fork): both engines read the 711 MiB of the bench
-    that had just written a synthetic GGUF."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-# run by the llama.cpp Python (.bench-venv), which need not have oxinfer: peak_rss_mib goes along as source
-LLAMA_WORKER = inspect.getsource(peak_rss_mib) + r"""
-import json, sys, time
-from llama_cpp import Llama
-model, prompts, gen, conc, threads = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
-def ids(n, vocab, salt=0):
-    span = max(vocab - 600, 1)
-    return [500 + (i * 7919 + salt * 104729) % span for i in range(n)]
-t0 = time.perf_counter()
-llm = Llama(model_path=model, n_ctx=2048, n_batch=512, n_threads=threads, verbose=False)
-out = {"load_s": time.perf_counter() - t0}
-vocab = llm.n_vocab()
-def run(prompt, n_gen):
-    llm.reset()
-    t = time.perf_counter()
-    llm.eval(prompt)
-    tok = int(llm.scores[llm.n_tokens - 1].argmax())
-    ttft = time.perf_counter() - t
-    t1 = time.perf_counter()
-    for _ in range(n_gen - 1):
-        llm.eval([tok])
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
-    return ttft, time.perf_counter() - t1
-run(ids(16, vocab), 4)
-for p in prompts:
-    run(ids(p, vocab, p + 1), 1)
-    out[f"prefill_tps@{p}"] = p / sorted(run(ids(p, vocab, p + 2 + k), 1)[0] for k in range(3))[1]
-ttft, dec = run(ids(128, vocab, 1), gen)
-out["ttft_s"], out["decode_tps"] = ttft, (gen - 1) / dec
-for n in conc:
-    t0 = time.perf_counter()
-    for i in range(n):
-        run(ids(128, vocab, 10 + i), gen)
-    out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
-out["peak_rss_mib"] = peak_rss_mib()
-print(json.dumps(out))
-"""
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -157,26 +101,12 @@ def _worker_main(argv: list[str]) -> None:
     print(json.dumps(out))
 
 
-def _llama_python(given: str | None) -> str:
-    if given:
-        return given
-    try:
-        import llama_cpp  # noqa: F401
-
-        return sys.executable
-    except ImportError:
-        pass
-    venv = Path(__file__).resolve().parents[1] / ".bench-venv" / "bin" / "python"
-    if venv.exists():
-        return str(venv)
-    raise SystemExit("--compare llama.cpp needs llama-cpp-python: `pip install llama-cpp-python`, "
-                     "`make bench-venv`, or --llama-python PATH")
-
-
-def _run(cmd: list[str]) -> dict:
+def _run(cmd: list[str], mode: str | None) -> dict:
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode:
         raise SystemExit(f"{cmd[0]} {cmd[1] if len(cmd) > 1 else ''} failed:\n{out.stderr[-3000:]}")
+    if mode == "batched-bench":  # the binary's own JSON lines
+        return parse_batched_bench(out.stdout + out.stderr)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -232,47 +162,85 @@ def _models(args, tmp: Path) -> list[tuple[str, str]]:
 def run_bench(args) -> list[dict]:
     prompts = [int(v) for v in args.prompt_tokens.split(",")]
     conc = [int(v) for v in args.concurrency.split(",")]
-    llama_py = _llama_python(args.llama_python) if args.compare else None
+    llama_py = llama_python(args.llama_python) if args.compare else None
+    llama_bin = batched_bench_binary(args.llama_bin) if args.compare else None
     rows = []
     with tempfile.TemporaryDirectory(prefix="oxinfer-bench-") as tmp:
         models = _models(args, Path(tmp))
-        engines = ["oxinfer"] + (["llama.cpp"] if llama_py else [])
-        bar = _progress(len(models) * len(engines) * args.repeats)
+        bar = None
         for label, path in models:
-            runs: dict[str, list[dict]] = {e: [] for e in engines}
+            # (engine, mode) -> command; mode None for oxinfer, a bench_llama mode for llama.cpp
+            cmds = {("oxinfer", None): [sys.executable, "-m", "oxinfer.bench", "--worker", path, args.backend,
+                                        json.dumps(prompts), str(args.gen_tokens), json.dumps(conc)]}
+            if llama_py:
+                for mode, cmd in llama_runs(llama_py, llama_bin, path, prompts, args.gen_tokens, conc,
+                                            args.threads).items():
+                    cmds["llama.cpp", mode] = cmd
+            bar = bar or _progress(len(models) * len(cmds) * args.repeats)
+            runs: dict[tuple, list[dict]] = {e: [] for e in cmds}
             for r in range(args.repeats):
-                for e in engines:  # interleaved: A B A B
-                    bar.set_description(f"{label}: {e} run {r + 1}")
-                    if e == "oxinfer":
-                        cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", path, args.backend,
-                               json.dumps(prompts), str(args.gen_tokens), json.dumps(conc)]
-                    else:
-                        cmd = [llama_py, "-c", LLAMA_WORKER, path, json.dumps(prompts), str(args.gen_tokens),
-                               json.dumps(conc), str(args.threads)]
-                    runs[e].append(_run(cmd))
+                for (e, mode), cmd in cmds.items():  # interleaved: A B C A B C
+                    bar.set_description(f"{label}: {e}{' ' + mode if mode else ''} run {r + 1}")
+                    runs[e, mode].append(_run(cmd, mode))
                     bar.update(1)
-            for e in engines:
+            for (e, mode), done in runs.items():
                 rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu",
-                             "repeats": args.repeats, **_summary(runs[e])})
-        bar.close()
+                             **({"mode": mode} if mode else {}), "repeats": args.repeats, **_summary(done)})
+        if bar:
+            bar.close()
+    for r in rows:  # each oxinfer row carries its ratios, naming the llama.cpp figure each one used
+        vs = ratios(rows, r)
+        if vs:
+            r["vs_llama.cpp"] = vs
     return rows
 
 
+def _metrics(r: dict) -> list[str]:
+    return [k for k, v in r.items() if isinstance(v, dict) and "median" in v]
+
+
+def _label(r: dict) -> str:
+    return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''})"
+
+
+def ratios(rows: list[dict], ox: dict) -> dict[str, dict]:
+    """metric -> {"ratio", "against", "llama.cpp", "others"}: oxinfer's median over a llama.cpp row's
+    for that model. An aggregate is against llama.cpp's best (its highest tok/s: batched, as a rule,
+    past one stream); the rest against the serial run, llama-cpp-python's own load, prefill and
+    decode (the batched workers load another context: their load time and RSS are read, not
+    targeted). "against" names that row's mode (serial where a row has none: results saved before
+    the batched modes); "others" holds the ratios against the other modes."""
+    if ox["engine"] != "oxinfer":
+        return {}
+    out = {}
+    for k in _metrics(ox):
+        figs = {r.get("mode", "serial"): r[k]["median"] for r in rows
+                if r["model"] == ox["model"] and r["engine"] == "llama.cpp" and r.get(k, {}).get("median")}
+        if not figs:
+            continue
+        best = max(figs, key=figs.get) if k.startswith("aggregate_") or "serial" not in figs else "serial"
+        out[k] = {"ratio": ox[k]["median"] / figs[best], "against": best, "llama.cpp": figs[best],
+                  "others": {m: ox[k]["median"] / v for m, v in figs.items() if m != best}}
+    return out
+
+
 def print_table(rows: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r if isinstance(r[k], dict)))
+    keys = list(dict.fromkeys(k for r in rows for k in _metrics(r)))
     print("| model | engine | " + " | ".join(keys) + " |")
     print("|---|---|" + "---:|" * len(keys))
     for r in rows:
         cells = [f"{r[k]['median']:,.3g} ± {r[k]['spread']:,.2g}" if k in r else "-" for k in keys]
-        print(f"| {r['model']} | {r['engine']} ({r['backend']}) | " + " | ".join(cells) + " |")
-    by_model: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        by_model.setdefault(r["model"], {})[r["engine"]] = r
-    for model, rs in by_model.items():
-        if "llama.cpp" in rs:
-            ratios = ", ".join(f"{k} {rs['oxinfer'][k]['median'] / rs['llama.cpp'][k]['median']:.2f}x" for k in keys
-                               if k in rs["oxinfer"] and rs["llama.cpp"].get(k, {}).get("median"))
-            print(f"\n{model}, oxinfer / llama.cpp: {ratios}")
+        print(f"| {r['model']} | {_label(r)} | " + " | ".join(cells) + " |")
+    for ox in rows:
+        vs = ratios(rows, ox)
+        if not vs:
+            continue
+        parts = []
+        for k, v in vs.items():
+            named = k.startswith("aggregate_") or v["others"]  # which llama.cpp figure, when it matters
+            others = "".join(f"; {m} {x:.2f}x" for m, x in v["others"].items())
+            parts.append(f"{k} {v['ratio']:.2f}x" + (f" (vs {v['against']}{others})" if named else ""))
+        print(f"\n{ox['model']}, {_label(ox)} / llama.cpp: " + ", ".join(parts))
 
 
 def plot(rows: list[dict], folder: str) -> list[Path]:
@@ -293,7 +261,7 @@ def plot(rows: list[dict], folder: str) -> list[Path]:
             ns = sorted(int(k.split("@")[1]) for k in r if k.startswith("aggregate_tps@"))
             ax.errorbar(ns, [r[f"aggregate_tps@{n}"]["median"] for n in ns],
                         yerr=[r[f"aggregate_tps@{n}"]["spread"] / 2 for n in ns], marker="o",
-                        label=f"{r['engine']} ({r['backend']})")
+                        label=_label(r))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent streams")
         ax.set_ylabel("aggregate tok/s (128-token prompts + decode)")
@@ -304,7 +272,7 @@ def plot(rows: list[dict], folder: str) -> list[Path]:
     written.append(out_dir / "aggregate_vs_concurrency.png")
     fig.savefig(written[-1], dpi=110)
     plt.close(fig)
-    engines = list(dict.fromkeys((r["engine"], r["backend"]) for r in rows))
+    engines = list(dict.fromkeys(_label(r) for r in rows if "decode_tps" in r))  # not the batched modes
     def longest_prefill(r: dict) -> dict:
         return r[max((k for k in r if k.startswith("prefill_tps@")), key=lambda k: int(k.split("@")[1]))]
 
@@ -312,10 +280,10 @@ def plot(rows: list[dict], folder: str) -> list[Path]:
     for ax, pick, title in ((axes[0], longest_prefill, "prefill tok/s (longest prompt measured)"),
                             (axes[1], lambda r: r["decode_tps"], "decode tok/s (1 stream)")):
         width = 0.8 / len(engines)
-        for j, (e, b) in enumerate(engines):
-            vals = [next((pick(r)["median"] for r in rows if r["model"] == m and (r["engine"], r["backend"]) == (e, b)), 0)
+        for j, e in enumerate(engines):
+            vals = [next((pick(r)["median"] for r in rows if r["model"] == m and _label(r) == e), 0)
                     for m in models]
-            ax.bar([i + j * width for i in range(len(models))], vals, width, label=f"{e} ({b})")
+            ax.bar([i + j * width for i in range(len(models))], vals, width, label=e)
         ax.set_xticks([i + width * (len(engines) - 1) / 2 for i in range(len(models))], models, fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
