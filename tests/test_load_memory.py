@@ -42,9 +42,11 @@ async def test_an_hf_directory_s_bf16_pages_leave_once_int8_kernels_hold_the_wei
     write_tiny_hf(tmp_path / "m", d=256, d_ff=512, dtype="BF16")
     path = (tmp_path / "m" / "model.safetensors").resolve()
     async with await oxinfer.Engine.load(tmp_path / "m") as e:
-        assert {type(e.scheduler.cpu.upload(m)).__name__ for m in e.model.matrices()} == {"BlockwiseKernel"}
         assert e.model.blocks[0].w_down.qtype == "BF16"  # the model (and a GPU) still sees bf16
         assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
+        n = sum(m.n_out * m.n_in for m in {m.base or m: 0 for m in e.model.matrices()})
+        assert e.scheduler.cpu.graph.weight_bytes == n * (1 + 4 / 32)  # int8 blocks of 32, a float scale each
+        assert {type(e.scheduler.cpu.upload(m)).__name__ for m in e.model.matrices()} == {"BlockwiseKernel"}
         r = await e.generate("hello", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
         assert len(r.token_ids) == 4
 

@@ -567,7 +567,7 @@ def test_n_choices_compute_the_prompt_once(tiny_client, tiny_srv, tiny_http):
                                        temperature=1.0, max_tokens=4)
     assert r.usage.prompt_tokens > 96 and len(r.choices) == 3
     cached = metric(tiny_http, "oxinfer_prompt_tokens_cached_total") - before
-    assert cached == 2 * ((r.usage.prompt_tokens - 1) // 32 * 32)
+    assert cached == 2 * ((r.usage.prompt_tokens - 2) // 32 * 32)  # (the CPU pool computes two rows or more)
 
 
 async def test_a_dropped_stream_of_n_choices_ends_all_of_them(tiny_srv, tiny_http):

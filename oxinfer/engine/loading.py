@@ -43,7 +43,8 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
         release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as kernels copy them
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        scheduler.cpu.upload_all(model.matrices(), release)
+        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model):
+            scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them
     for m in model.matrices():

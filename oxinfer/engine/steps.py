@@ -16,7 +16,7 @@ import structlog
 from oxinfer.engine.admission import Admission, Request
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.batcher import Batcher, Ticket
-from oxinfer.runtime.executor import PREFILL_CHUNK
+from oxinfer.runtime.executor import prompt_chunks
 from oxinfer.sampling import Draw
 
 log = structlog.get_logger("oxinfer.engine")
@@ -53,8 +53,8 @@ class Steps:
         """The Draw (oxinfer/sampling.py) after the step's tokens: the prompt in chunks, or one
         token. None: the request was preempted (its cache is gone; it must wait in line again)."""
         out = None
-        for i in range(0, len(tokens), PREFILL_CHUNK):
-            out = await self.batcher.submit((np.asarray(tokens[i:i + PREFILL_CHUNK]), req), tag=req.id)
+        for part in prompt_chunks(len(tokens)):
+            out = await self.batcher.submit((np.asarray(tokens[part]), req), tag=req.id)
             if out is None:
                 return None
         return out

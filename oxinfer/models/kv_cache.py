@@ -111,11 +111,13 @@ class HeldTokens:
         del self.hashes[len(self.tokens) // BLOCK:]
 
 
-def prompt_blocks(prompt: Sequence[int]) -> HeldTokens:
+def prompt_blocks(prompt: Sequence[int], rest: int = 1) -> HeldTokens:
     """The full blocks of a prompt that another cache may have computed: those before its last
-    token, whose logits the new request must compute itself."""
+    `rest` tokens, which the new request computes itself (the last one's logits). The CPU's pool
+    leaves two: its graph attends for a lone row otherwise than for one among others (last bits
+    apart), and a hit must give what the whole prompt computed gives."""
     want = HeldTokens()
-    want.append(prompt[:max(len(prompt) - 1, 0) // BLOCK * BLOCK])
+    want.append(prompt[:max(len(prompt) - rest, 0) // BLOCK * BLOCK])
     return want
 
 
@@ -307,7 +309,7 @@ class KVPool:
             return self._open(prompt)
 
     def _open(self, prompt: Sequence[int]) -> KVCache | None:
-        want = prompt_blocks(prompt)
+        want = prompt_blocks(prompt, rest=2)
         best, n = self._longest(want.hashes)
         with self._lock:
             # a kept cache hands its slot over when the new sequence uses all its blocks, or when

@@ -73,6 +73,20 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def session_options() -> ort.SessionOptions:
+    """Every session's: onnxruntime's one global thread pool and one memory arena (set_up_threads)."""
+    opts = ort.SessionOptions()
+    if _threads["ort"] == "global":
+        opts.use_per_session_threads = False
+    else:
+        opts.intra_op_num_threads = _cores()
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.log_severity_level = 3  # errors only
+    if _threads["arena"] == "shared":
+        opts.add_session_config_entry("session.use_env_allocators", "1")
+    return opts
+
+
 def _trim() -> None:
     """Give the heap's free pages back to the OS. Building a kernel copies its weights through an
     ONNX proto (values, serialized model, onnxruntime's parse) and glibc keeps the freed copies:
@@ -178,16 +192,7 @@ class BlockwiseKernel:
         _initializer(model, "scales", TensorProto.FLOAT, scales.shape, scales)
         serialized = model.SerializeToString()
         del model, scales  # only the bytes live while onnxruntime copies them
-        opts = ort.SessionOptions()
-        if _threads["ort"] == "global":
-            opts.use_per_session_threads = False
-        else:
-            opts.intra_op_num_threads = _cores()
-            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        opts.log_severity_level = 3  # errors only
-        if _threads["arena"] == "shared":
-            opts.add_session_config_entry("session.use_env_allocators", "1")
-        self._session = ort.InferenceSession(serialized, opts, providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they
         # are the weights a second time (SmolLM2: 145 MiB of RSS held for nothing)

@@ -47,7 +47,8 @@ class CpuBackend:
     def __init__(self, int8: bool = True):
         self.int8 = int8
         self._kernels: dict[QuantMatrix, Kernel] = {}  # fused base (or plain matrix) -> its kernel
-        self._limiter = anyio.CapacityLimiter(1)  # the kernels already use every core
+        self.limiter = anyio.CapacityLimiter(1)  # the kernels already use every core
+        self.graph = None  # the whole step as one graph (runtime/cpu_graph.py), when built
         self._stats = BackendStats("cpu")
 
     def wants(self, n_out: int, n_in: int, t: int) -> bool:
@@ -60,6 +61,22 @@ class CpuBackend:
         if kernel is None:
             kernel = self._kernels[base] = self._int8_kernel(base) or F32Kernel(base)
         return kernel
+
+    def build_graph(self, model) -> bool:
+        """The model's whole step as one onnxruntime graph (runtime/cpu_graph.py), in place of a
+        kernel per matrix; False (and the reason logged) when it cannot run here."""
+        from oxinfer.runtime.cpu_graph import CpuGraph
+        from oxinfer.runtime.graph_ops import graph_refuses
+
+        reason = "int8 kernels off" if not self.int8 else graph_refuses(model)
+        if reason is None:
+            try:
+                self.graph = CpuGraph(model)
+            except Exception as e:  # noqa: BLE001 - an onnxruntime without these ops: a kernel per matrix
+                reason = repr(e)
+        if reason is not None:
+            log.info("cpu_graph_unavailable", reason=reason, action="a kernel per matrix, numpy between")
+        return self.graph is not None
 
     def upload_all(self, weights, built: Callable[[np.ndarray], None] | None = None) -> None:
         """Build the kernels of many matrices at once, in threads: building one is mostly
@@ -98,7 +115,7 @@ class CpuBackend:
         return sum(k.nbytes for k in self._kernels.values())
 
     async def matmul(self, x: np.ndarray, jobs: Sequence[Job]) -> bool:
-        await anyio.to_thread.run_sync(self.matmul_sync, x, jobs, limiter=self._limiter)
+        await anyio.to_thread.run_sync(self.matmul_sync, x, jobs, limiter=self.limiter)
         return True
 
     def matmul_sync(self, x: np.ndarray, jobs: Sequence[Job]) -> None:

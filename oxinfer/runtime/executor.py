@@ -27,6 +27,17 @@ PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
 SOLO_MAX_TOKENS = 4  # forwards this small run whole in a worker thread when nothing else runs
 
 
+def prompt_chunks(n: int, size: int = PREFILL_CHUNK) -> list[slice]:
+    """A prompt's n rows in forwards of at most `size`, the last never a lone row unless the
+    prompt is one. The CPU's graph attends for a lone row otherwise than for one among others
+    (onnxruntime's single-row path, last bits apart), and a prompt's rows must come out the same
+    however it was split: a prefix hit computes only its rest (two rows or more, prompt_blocks)."""
+    cuts = [*range(0, n, size), n]
+    if len(cuts) > 2 and cuts[-1] - cuts[-2] == 1:
+        cuts[-2] -= 1
+    return [slice(a, b) for a, b in zip(cuts, cuts[1:])]
+
+
 class Executor(Protocol):
     """One device's steps and KV pool."""
 
@@ -95,7 +106,10 @@ class CpuExecutor:
 
     async def step(self, seqs, caches, samplers, tag=None) -> list:
         t0 = time.perf_counter()
-        rows = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(seqs), tag=tag)
+        if (graph := self.scheduler.cpu.graph) is not None:
+            rows = await self.scheduler.run_whole(graph.run, seqs, caches)
+        else:
+            rows = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(seqs), tag=tag)
         draws = [s.pick(row) for s, row in zip(samplers, rows)]  # (numpy, on the loop: ~0.1-0.5 ms a row)
         self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0,
                      sum(not s.params.greedy for s in samplers))
@@ -107,13 +121,17 @@ class CpuExecutor:
         tokens = np.asarray(tokens)
         small = alone and len(tokens) <= SOLO_MAX_TOKENS
         outs = []
-        for i in range(0, len(tokens), PREFILL_CHUNK):
-            chunk = tokens[i:i + PREFILL_CHUNK]
-            if all_logits or i + PREFILL_CHUNK >= len(tokens):
+        for part in prompt_chunks(len(tokens)):
+            chunk = tokens[part]
+            if (graph := self.scheduler.cpu.graph) is not None and not all_logits:  # (the head of one row a chunk)
+                outs.append(await self.scheduler.run_whole(graph.run, [chunk], [cache]))
+            elif all_logits or part.stop == len(tokens):
                 outs.append(await self.scheduler.run(self.model.forward, chunk, cache, solo=small,
                                                      all_logits=all_logits, **kw))
             else:
                 await self.scheduler.run(self.model.hidden, [chunk], [cache], **kw)
+        if not all_logits:
+            return outs[-1]
         return outs[0] if len(outs) == 1 else np.concatenate(outs)
 
     async def adopt(self, held: Sequence[int], capacity: int) -> KVCache:

@@ -48,6 +48,7 @@ class SchedulerStats:
     coalesced_calls: int = 0  # calls that carried more than one job over one input
     stacked_calls: int = 0  # calls that stacked rows of more than one request
     solo_forwards: int = 0  # forwards run whole in a worker thread (alone)
+    graph_steps: int = 0  # steps run as the CPU's one graph (runtime/cpu_graph.py)
     gpu_calls: int = 0
     fallbacks: int = 0  # GPU calls rerun on the CPU
     queue_wait_s: float = 0.0
@@ -124,6 +125,17 @@ class MatmulScheduler:
         finally:
             self._forwards -= 1
             self._on_loop -= not solo
+
+    async def run_whole(self, step: Callable[..., Any], *args) -> Any:
+        """Await a step that is one blocking call (the CPU's whole-step graph) in a worker thread,
+        beside no product of another forward (the CPU backend's limiter); it counts as a forward
+        in progress, so no other goes solo beside it."""
+        self._forwards += 1
+        try:
+            self.counters.graph_steps += 1
+            return await anyio.to_thread.run_sync(step, *args, limiter=self.cpu.limiter)
+        finally:
+            self._forwards -= 1
 
     async def linear(self, x: np.ndarray, *weights: QuantMatrix, tag: Any = None) -> list[np.ndarray]:
         """x (t, n_in) @ w.T for each weight -> [(t, n_out) ...], computed in a batch."""

@@ -1,0 +1,119 @@
+"""The CPU's whole step as one onnxruntime graph: the model's forward traced once through
+runtime/graph_ops.py, then one `run_with_iobinding` a step, in place of ~121 session runs (one
+per matrix, runtime/blockwise.py) with numpy between them, each with its own call overhead and its
+own fan-out to the threads. Measured on the 2-core dev VM before it was built (SmolLM2-135M,
+docs/cpu_graph_probe.md): one sequence's decode step 16.6 -> 8.8 ms, 16 sequences' 52.5 -> 41.3.
+
+Keys and values stay in the KV pool (models/kv_cache.py): a layer's keys are (slots, KV, tokens,
+hd), so the lanes of consecutive slots are GroupQueryAttention's past buffer (B, KV, M, hd) as they
+are; it is bound as past and present at once, and the op writes the new positions in place. A step
+runs the decode rows of consecutive lanes together, and every other sequence (a prompt chunk, a
+private pool) alone: onnxruntime's CPU attention takes several rows of one sequence only alone.
+Rows do not mix: a sequence's logits are the same batched or alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+import numpy as np
+import onnxruntime as ort
+import structlog
+
+from oxinfer.runtime import blockwise
+from oxinfer.runtime.graph_ops import GraphOps
+
+log = structlog.get_logger("oxinfer.runtime")
+
+BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0.1 ms)
+
+
+class CpuGraph:
+    def __init__(self, model):
+        t0 = time.perf_counter()
+        blockwise.set_up_threads()
+        self.model, cfg = model, model.cfg
+        rec = GraphOps(cfg)
+        coro = model.forward_batch(None, None, ops=rec)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            logits = done.value
+        else:
+            coro.close()
+            raise RuntimeError("tracing: the forward awaited something other than an op")
+        self.embed, self.weight_bytes = rec.embed_table, rec.bytes
+        proto = rec.model_proto(logits, blockwise.IR_VERSION)
+        self._logits = proto.graph.output[0].name
+        del rec
+        serialized = proto.SerializeToString()
+        del proto  # only the bytes live while onnxruntime reads them
+        self.session = ort.InferenceSession(serialized, blockwise.session_options(), providers=["CPUExecutionProvider"])
+        vars(self.session).pop("_model_bytes", None)  # (blockwise.BlockwiseKernel says why)
+        del serialized
+        blockwise._trim()
+        self._bound: OrderedDict[tuple, object] = OrderedDict()
+        self.build_s = time.perf_counter() - t0
+        log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
+                 build_s=round(self.build_s, 3))
+
+    def run(self, seqs: list[np.ndarray], caches: list) -> np.ndarray:
+        """The logits after each sequence's last row (n_seqs, vocab); each cache holds its rows'
+        keys and values after. Blocking (a worker thread's)."""
+        ops = self.model.ops
+        step = ops.begin(seqs, caches)  # context overflow, every block of the step reserved
+        out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
+        for rows in _runs(seqs, caches):
+            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows])
+        ops.end(step)
+        return out
+
+    def _run(self, seqs: list[np.ndarray], caches: list) -> np.ndarray:
+        """B sequences of S rows each in consecutive lanes of one pool."""
+        B, S = len(seqs), len(seqs[0])
+        x = self.embed.dequantize(np.concatenate(seqs)).reshape(B, S, -1)
+        lens = np.array([c.offset + S - 1 for c in caches], np.int32)  # each one's length after, minus one
+        total = np.array(lens.max() + 1, np.int32)
+        logits = np.empty((B, 1, self.model.cfg.vocab_size), np.float32)
+        io = self._binding(caches[0].pool, caches[0].slot, B)
+        for name, a in (("x", x), ("seqlens_k", lens), ("total_seq", total)):
+            io.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+        io.bind_output(self._logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(io)
+        return logits[:, 0]
+
+    def _binding(self, pool, s0: int, B: int):
+        """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present."""
+        key = (id(pool), s0, B, pool.tokens)
+        io = self._bound.get(key) if not pool.growable else None  # (a private pool's arrays are replaced as it grows)
+        if io is not None:
+            self._bound.move_to_end(key)
+            return io
+        io = self.session.io_binding()
+        for layer in range(self.model.cfg.n_layers):
+            for kind, arrays in (("key", pool.keys), ("value", pool.values)):
+                a = arrays[layer][s0:s0 + B]
+                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+        if not pool.growable:
+            self._bound[key] = io
+            if len(self._bound) > BINDINGS:
+                self._bound.popitem(last=False)
+        return io
+
+
+def _runs(seqs: list[np.ndarray], caches: list) -> list[list[int]]:
+    """The step's sequences as graph runs: one-row sequences in consecutive lanes of a shared pool
+    together, every other sequence alone."""
+    decode = sorted((i for i, (s, c) in enumerate(zip(seqs, caches)) if len(s) == 1 and not c.pool.growable),
+                    key=lambda i: (id(caches[i].pool), caches[i].slot))
+    runs: list[list[int]] = []
+    for i in decode:
+        prev = caches[runs[-1][-1]] if runs else None
+        if prev is not None and prev.pool is caches[i].pool and prev.slot + 1 == caches[i].slot:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    alone = set(range(len(seqs))) - set(decode)
+    return runs + [[i] for i in sorted(alone)]

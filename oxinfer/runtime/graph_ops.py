@@ -1,0 +1,274 @@
+"""The ops API (runtime/ops.py) recording ONNX nodes instead of computing: tracing the model's forward
+through `GraphOps` yields one onnxruntime graph of a whole CPU step (runtime/cpu_graph.py runs it).
+
+Every activation is (B, S, columns): B sequences of S new rows each (a decode step: S = 1; a
+prompt chunk: B = 1). The nodes are onnxruntime's CPU contrib ops, wired the way onnxruntime-genai's
+model builder wires a Llama: MatMulNBits for the products (the blockwise kernels' own weights,
+runtime/blockwise.py: 4-bit types as 4 bits, a Q4_1 block's minimum as an offset term beside),
+SimplifiedLayerNormalization, and SkipSimplifiedLayerNormalization where a residual add feeds a norm;
+GroupQueryAttention with the rope applied inside (adjacent pairs, the same cos/sin table as the
+numpy ops) over past keys and values bound to the KV pool's lanes, written in place.
+
+A product over several row views of one fused matrix (q|k|v, gate|up) is one MatMulNBits whose
+output the views are column ranges of (`Sym.part`); a range becomes its own tensor (one Split for
+all of them) only where an op needs it alone: GroupQueryAttention reads a packed q|k|v as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime.backend import Job, fused_runs
+from oxinfer.runtime import blockwise
+from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, supports
+from oxinfer.runtime.ops import rope_table
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+@dataclass(frozen=True)
+class Sym:
+    """A traced activation: tensor `name`, (B, S, cols); or columns [col0, col0 + cols) of it."""
+
+    name: str
+    cols: int
+    col0: int = 0
+    width: int = 0  # the whole tensor's columns, when this is a part of it
+
+    @property
+    def part(self) -> bool:
+        return self.width != 0 and self.cols != self.width
+
+
+class GraphOps:
+    """Records one forward as ONNX nodes; `model_proto()` is the graph. Inputs: x (B, S, d) (the
+    embedding rows, looked up in numpy: `embed_table`), seqlens_k (B,) int32 (each sequence's length
+    after this step, minus one), total_seq () int32 (the longest such length), past_key_l and
+    past_value_l (B, KV, M, hd) for every layer. Outputs: logits, present_key_l, present_value_l
+    (the caller binds each present to its past's memory)."""
+
+    def __init__(self, cfg, accuracy: int | None = None):
+        self.cfg = cfg
+        self.accuracy = accuracy or blockwise.ACCURACY_INT8  # MatMulNBits' accuracy_level (1: float activations)
+        self.nodes: list = []
+        self.inits: list = []
+        self.inputs: list = []
+        self.outputs: list = []
+        self.embed_table: QuantMatrix | None = None
+        self._n = 0
+        self._made_by: dict[str, object] = {}  # tensor -> the Add node that made it (a norm may absorb it)
+        self._parts: dict[str, list[int]] = {}  # a product's output -> its parts' widths
+        self._splits: dict[str, dict[int, str]] = {}  # a product's output -> its parts' tensors, by first column
+        self._block_sums: dict[str, str] = {}  # an input -> its sums over blocks of 32 (Q4_1's offset terms)
+        self._weights: dict[int, tuple[str, bool]] = {}  # id(matrix) -> (initializer prefix, has offsets)
+        self._consts: dict[tuple, str] = {}
+        self._rope: dict[int, tuple[str, str]] = {}  # rope_row0 -> (cos, sin)
+        self.bytes = 0  # weights' bytes in the graph
+
+    # --- names and constants --------------------------------------------------------------------
+    def _name(self, stem: str) -> str:
+        self._n += 1
+        return f"{stem}{self._n}"
+
+    def _init(self, name: str, dtype: int, values: np.ndarray) -> str:
+        t = TensorProto()
+        t.name, t.data_type = name, dtype
+        t.dims.extend(values.shape)
+        t.raw_data = np.ascontiguousarray(values).tobytes()
+        self.inits.append(t)
+        return name
+
+    def _const(self, values, dtype=np.float32) -> str:
+        a = np.asarray(values, dtype)
+        key = (a.dtype.str, a.shape, a.tobytes())
+        if key not in self._consts:
+            self._consts[key] = self._init(self._name("c"), F32 if a.dtype == np.float32 else I64, a)
+        return self._consts[key]
+
+    def _node(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs) -> list[str]:
+        outs = [self._name(op.lower()[:6]) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, domain=domain, **attrs))
+        return outs
+
+    def _real(self, x: Sym) -> str:
+        """x as a tensor of its own: a part of a product's output gets one Split for every part."""
+        if not x.part:
+            return x.name
+        if x.name not in self._splits:
+            sizes = self._parts[x.name]
+            names = self._node("Split", [x.name, self._const(np.array(sizes, np.int64), np.int64)], len(sizes), axis=-1)
+            self._splits[x.name] = dict(zip(np.cumsum([0, *sizes[:-1]]).tolist(), names))
+        return self._splits[x.name][x.col0]
+
+    # --- step bracket (the caches are advanced by whoever runs the graph) -----------------------
+    def begin(self, seqs, caches):
+        return None
+
+    def end(self, step) -> None:
+        pass
+
+    # --- ops ------------------------------------------------------------------------------------
+    def embed(self, table: QuantMatrix, step) -> Sym:
+        self.embed_table = table
+        d = table.n_in
+        self.inputs += [helper.make_tensor_value_info("x", F32, ["B", "S", d]),
+                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+                        helper.make_tensor_value_info("total_seq", TensorProto.INT32, [])]
+        return Sym("x", d)
+
+    def scale(self, x: Sym, s: float) -> Sym:
+        return Sym(self._node("Mul", [self._real(x), self._const(np.float32(s))])[0], x.cols)
+
+    def rms_norm(self, x: Sym, w: np.ndarray, eps: float) -> Sym:
+        gamma = self._init(self._name("g"), F32, np.asarray(w, np.float32))
+        add = self._made_by.pop(x.name, None)
+        if add is not None:  # the residual add that made x and this norm: one op, x its 4th output
+            a, b = add.input
+            out = self._name("norm")
+            self.nodes[self.nodes.index(add)] = helper.make_node(
+                "SkipSimplifiedLayerNormalization", [a, b, gamma], [out, "", "", x.name], domain="com.microsoft",
+                epsilon=float(eps))
+            return Sym(out, x.cols)
+        return Sym(self._node("SimplifiedLayerNormalization", [self._real(x), gamma], axis=-1,
+                              epsilon=float(eps))[0], x.cols)
+
+    async def linear(self, x: Sym, *weights: QuantMatrix, tag=None) -> list[Sym]:
+        """x @ w.T for each weight; row views of one fused matrix share one product."""
+        outs = []
+        for run in fused_runs([Job(w) for w in weights]):
+            w0 = run[0].weight
+            base = w0.base or w0
+            y = self._product(self._real(x), base)
+            if len(run) == 1 and base is w0:
+                outs.append(Sym(y, base.n_out))
+                continue
+            bounds = [0, *[j.weight.row0 + j.weight.n_out for j in run]]
+            if run[0].weight.row0 or bounds[-1] != base.n_out:  # not the whole base: slice ours out
+                sizes = [run[0].weight.row0, *np.diff(bounds[1:]), base.n_out - bounds[-1]]
+            else:
+                sizes = list(np.diff(bounds))
+            self._parts[y] = [int(n) for n in sizes if n]
+            outs += [Sym(y, j.weight.n_out, j.weight.row0, base.n_out) for j in run]
+        return outs
+
+    def _product(self, x: str, w: QuantMatrix) -> str:
+        """x @ w.T through MatMulNBits, plus a Q4_1 block's minimum times x's block sums."""
+        prefix, has_offsets = self._weights.get(id(w)) or self._weight(w)
+        y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s"], domain="com.microsoft", K=w.n_in, N=w.n_out,
+                       bits=4 if w.codec.int4 else 8, block_size=BLOCK, accuracy_level=self.accuracy)[0]
+        if not has_offsets:
+            return y
+        sums = self._block_sums.get(x)
+        if sums is None:  # (B, S, K) -> (B, S, K/32, 32) -> (B, S, K/32)
+            blocks = self._node("Reshape", [x, self._const(np.array([0, 0, -1, BLOCK], np.int64), np.int64)])[0]
+            sums = self._block_sums[x] = self._node("ReduceSum", [blocks, self._const(np.array([3], np.int64), np.int64)],
+                                                    keepdims=0)[0]
+        off = self._node("MatMul", [sums, prefix + "o"])[0]
+        return self._node("Add", [y, off])[0]
+
+    def _weight(self, w: QuantMatrix) -> tuple[str, bool]:
+        """w's initializers, as the blockwise kernels take them: (their prefix, whether it has offsets)."""
+        prefix, offsets = self._name("w"), None
+        if w.codec.int4:
+            values, scales, offsets = int4_weights(w)  # (N, K/32, 16) u8, (N K/32,), (K/32, N) | None
+        else:
+            values, scales = int8_weights(w)
+            values = values.reshape(w.n_out, w.n_in // BLOCK, BLOCK)
+        for suffix, dtype, a in (("q", TensorProto.UINT8, values), ("s", F32, scales), ("o", F32, offsets)):
+            if a is not None:
+                self._init(prefix + suffix, dtype, a)
+                self.bytes += a.nbytes
+        self._weights[id(w)] = prefix, offsets is not None
+        return self._weights[id(w)]
+
+    def add_bias(self, xs, bias: np.ndarray) -> list[Sym]:
+        out, c = [], 0
+        for x in xs:
+            b = self._const(np.asarray(bias[c:c + x.cols], np.float32))
+            out.append(Sym(self._node("Add", [self._real(x), b])[0], x.cols))
+            c += x.cols
+        return out
+
+    def head_norm(self, x: Sym, w: np.ndarray, eps: float) -> Sym:
+        hd = len(w)
+        heads = self._node("Reshape", [self._real(x), self._const(np.array([0, 0, -1, hd], np.int64), np.int64)])[0]
+        gamma = self._init(self._name("g"), F32, np.asarray(w, np.float32))
+        normed = self._node("SimplifiedLayerNormalization", [heads, gamma], axis=-1, epsilon=float(eps))[0]
+        return Sym(self._node("Reshape", [normed, self._const(np.array([0, 0, -1], np.int64), np.int64)])[0], x.cols)
+
+    def attention(self, layer: int, q: Sym, k: Sym, v: Sym, step) -> Sym:
+        c = self.cfg
+        packed = q.part and q.name == k.name == v.name and (q.col0, k.col0, v.col0) == (0, q.cols, q.cols + k.cols) \
+            and q.cols + k.cols + v.cols == q.width
+        qkv = [q.name, "", ""] if packed else [self._real(q), self._real(k), self._real(v)]
+        kv_in, kv_out = [f"past_key_{layer}", f"past_value_{layer}"], [f"present_key_{layer}", f"present_value_{layer}"]
+        for name in kv_in:
+            self.inputs.append(helper.make_tensor_value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+        for name in kv_out:
+            self.outputs.append(helper.make_tensor_value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+        cos, sin = self._rope_cache(c.rope_row0(layer))
+        # a row sees its own position and window - 1 before it: onnxruntime's local_window_size is
+        # the window itself (tests/test_cpu_graph.py: Gemma 2's window of 4 against the numpy ops)
+        window = c.layer_windows[layer] if c.layer_windows else None
+        out = self._name("att")
+        self.nodes.append(helper.make_node(
+            "GroupQueryAttention", [*qkv, *kv_in, "seqlens_k", "total_seq", cos, sin], [out, *kv_out],
+            domain="com.microsoft", num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.attn_scale),
+            do_rotary=1, rotary_interleaved=1, local_window_size=window if window else -1,
+            softcap=float(c.attn_softcap or 0.0)))
+        return Sym(out, c.n_heads * c.head_dim)
+
+    def _rope_cache(self, row0: int) -> tuple[str, str]:
+        """The cos and sin halves of the rope table's rows from row0 on (a local rope's after the
+        global one's), (context, rope_dim / 2)."""
+        if row0 not in self._rope:
+            rot = rope_table(self.cfg)[row0:row0 + self.cfg.context_length]
+            self._rope[row0] = (self._init(self._name("cos"), F32, rot.real.astype(np.float32)),
+                                self._init(self._name("sin"), F32, rot.imag.astype(np.float32)))
+        return self._rope[row0]
+
+    def silu_mul(self, gate: Sym, up: Sym) -> Sym:
+        g = self._real(gate)
+        sig = self._node("Sigmoid", [g])[0]
+        silu = self._node("Mul", [g, sig])[0]
+        return Sym(self._node("Mul", [silu, self._real(up)])[0], gate.cols)
+
+    def gelu_mul(self, gate: Sym, up: Sym) -> Sym:
+        g = self._node("Gelu", [self._real(gate)], approximate="tanh")[0]
+        return Sym(self._node("Mul", [g, self._real(up)])[0], gate.cols)
+
+    def softcap(self, x: Sym, cap: float) -> Sym:
+        t = self._node("Tanh", [self._node("Div", [self._real(x), self._const(np.float32(cap))])[0]])[0]
+        return Sym(self._node("Mul", [t, self._const(np.float32(cap))])[0], x.cols)
+
+    def add(self, x: Sym, y: Sym) -> Sym:
+        out = self._node("Add", [self._real(x), self._real(y)])[0]
+        self._made_by[out] = self.nodes[-1]
+        return Sym(out, x.cols)
+
+    def last_rows(self, x: Sym, seqs) -> Sym:
+        """Each sequence's last row: (B, 1, cols)."""
+        i64 = np.int64
+        return Sym(self._node("Slice", [self._real(x), self._const(np.array([-1], i64), i64),
+                                        self._const(np.array([np.iinfo(i64).max], i64), i64),
+                                        self._const(np.array([1], i64), i64)])[0], x.cols)
+
+    # --- the graph ------------------------------------------------------------------------------
+    def model_proto(self, logits: Sym, ir_version: int):
+        self.outputs.insert(0, helper.make_tensor_value_info(self._real(logits), F32, ["B", "R", logits.cols]))
+        graph = helper.make_graph(self.nodes, "oxinfer_step", self.inputs, self.outputs, initializer=self.inits)
+        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+        m.ir_version = ir_version
+        return m
+
+
+def graph_refuses(model) -> str | None:
+    """Why the whole-step graph cannot run this model (None: it can)."""
+    for w in model.matrices():
+        if not supports(w.base or w):
+            return f"{w.name}: no blockwise int8 kernel for {w.qtype}"
+    return None

@@ -1,0 +1,100 @@
+"""The CPU's whole step as one onnxruntime graph (runtime/cpu_graph.py) against the model's numpy
+forward (runtime/ops.py, a kernel per matrix): both with float activations (the kernels'
+accuracy_level 1), so that only the arithmetic is compared, on GGUFs of every family as llama.cpp's
+converter writes them (test_gguf_converted.py), and on Q4_1 (its offset terms); then how a step's
+rows are split: the same logits batched or alone, a prompt whole or in parts."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_gguf_converted import _write
+
+import oxinfer
+from oxinfer.runtime import blockwise
+from oxinfer.runtime.cpu_graph import CpuGraph
+from oxinfer.testing import write_tiny_llama
+
+TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150, 42, 17]
+FAMILIES = ("llama3@5.24", "qwen2@5.24", "qwen3@5.24", "mistral_swa@5.24", "phi3@5.24", "phi3_longrope@5.24",
+            "gemma2_gguf", "gemma3_gguf")
+
+
+async def _logits(engine, graph: bool) -> list[np.ndarray]:
+    """A prompt, then three decode steps of two sequences (one of them a step behind)."""
+    cpu = engine.steps.cpu
+    if not graph:
+        engine.scheduler.cpu.graph = None
+    a, b = cpu.new_cache(64), cpu.new_cache(64)
+    out = [await cpu.prefill(np.array(TOKENS), a), await cpu.prefill(np.array(TOKENS[:7]), b)]
+    for t in (5, 9, 11):
+        out.append(await engine.scheduler.run_whole(engine.scheduler.cpu.graph.run, [np.array([t])] * 2, [a, b])
+                   if graph else await engine.scheduler.run(engine.model.forward_batch, [np.array([t])] * 2, [a, b]))
+    return out
+
+
+@pytest.mark.parametrize("arch", [*FAMILIES, "q4_1"])
+async def test_the_graph_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
+    """Within 2e-5 of the logits' largest (float32 rounding in other orders), argmax equal: norms,
+    biases, q/k norms, both ropes (adjacent pairs, rotated halves reordered; scaled, YaRN, LongRoPE,
+    Gemma 3's local one), GQA over the cache and its windows, soft caps, SwiGLU and GeGLU."""
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations in both
+    if arch == "q4_1":
+        path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3)
+    else:
+        path = _write(tmp_path, arch, "BF16")
+    got = await _logits(await oxinfer.Engine.load(path), graph=True)
+    want = await _logits(await oxinfer.Engine.load(path), graph=False)
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 2e-5 * np.abs(w).max()
+        assert (g.argmax(-1) == w.argmax(-1)).all()
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    return await oxinfer.Engine.load(None)
+
+
+async def test_the_default_model_steps_as_one_graph(engine):
+    """Built at load (no kernel per matrix), and every step runs it."""
+    cpu = engine.scheduler.cpu
+    assert isinstance(cpu.graph, CpuGraph) and not cpu._kernels
+    steps = engine.scheduler.counters.graph_steps
+    r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(r.token_ids) == 3 and engine.scheduler.counters.graph_steps - steps == 3
+
+
+async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
+    """Decode rows of sequences of different lengths in consecutive lanes, in lanes with gaps
+    between (several runs), and one sequence alone: bit for bit."""
+    graph, model = engine.scheduler.cpu.graph, engine.model
+    rng = np.random.default_rng(0)
+    caches = [engine.steps.cpu.new_cache(256) for _ in range(6)]
+    for i, c in enumerate(caches):
+        graph.run([rng.integers(300, 40000, 20 + 7 * i)], [c])
+    step = [np.array([int(t)]) for t in rng.integers(300, 40000, 6)]
+    together = graph.run(step, caches)
+    for c in caches:
+        c.trim(1)
+    gaps = graph.run(step[::2], caches[::2])
+    for c in caches[::2]:
+        c.trim(1)
+    alone = [graph.run([s], [c]) for s, c in zip(step, caches)]
+    assert np.array_equal(together, np.concatenate(alone))
+    assert np.array_equal(gaps, together[::2])
+    assert len({c.slot for c in caches}) == 6 and model.kv_pool.keys[0][caches[0].slot, :, 20].any()
+
+
+@pytest.mark.parametrize("cut", [1, 2, 13, 32, 39])
+async def test_a_prompt_s_rows_are_the_same_whole_or_in_parts(engine, cut):
+    """A prompt of 41 tokens in one run, or in two (its rest never a lone row: prompt_chunks and
+    prompt_blocks see to it), gives the same keys, values and logits, bit for bit."""
+    graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool
+    prompt = np.random.default_rng(cut).integers(300, 40000, 41)
+    whole, parts = engine.steps.cpu.new_cache(64), engine.steps.cpu.new_cache(64)
+    a = graph.run([prompt], [whole])
+    graph.run([prompt[:cut]], [parts])
+    b = graph.run([prompt[cut:]], [parts])
+    assert np.array_equal(a, b)
+    for layer in (0, engine.config.n_layers - 1):
+        assert np.array_equal(pool.keys[layer][whole.slot, :, :41], pool.keys[layer][parts.slot, :, :41])
+        assert np.array_equal(pool.values[layer][whole.slot, :, :41], pool.values[layer][parts.slot, :, :41])
