@@ -1,7 +1,7 @@
 """A whole model on the GPU: prefill and decode tok/s per backend, side by side in one run.
 
     .venv/bin/python benchmarks/gpu_model.py [--model PATH | --synthetic 135m 1b] [--prompt-tokens 512]
-        [--concurrency 1 8 32] [--backends webgpu cpu]
+        [--concurrency 1 8 32] [--backends webgpu cpu] [--load-only]
 
 For machines that hold no real model (the lent H200 cannot take the 98 MB SmolLM2 file along), it
 writes random GGUFs of SmolLM2-135M's shape (30 layers, d 576, ff 1536, 9 heads, 3 kv heads, 49,152
@@ -9,6 +9,14 @@ vocab) and TinyLlama-1.1B's (22 layers, d 2048, ff 5632, 32 heads, 4 kv heads, 3
 a Q8_0 embedding: the speed of a forward does not depend on the weights' values. Reports, per
 backend: prefill of one 512-token prompt, decode of one stream, the aggregate decode of N
 concurrent streams, and for the GPU-resident forward the submissions and blocking waits per token.
+
+Then what loading cost, per model and backend (--load-only: that alone): `Engine.load`'s seconds and
+the first step's (pipelines; wgpu ran the weights' queued copies there, before uploads were run as
+they went), the host's peak RSS through both (/proc/self/status, its peak reset before the load)
+beside its RSS before and after, and the GPU memory the engine holds: the weights' buffers and the
+KV pool's. On a CPU adapter (lavapipe) the device's memory is host memory, in RSS too. Beside them
+the GGUF file's size, about its tensor bytes: what llama.cpp's model buffer holds with every layer
+offloaded (it uploads the tensors as stored; its KV cache is f16 where oxinfer's pool is f32).
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import argparse
 import dataclasses
 import gc
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +54,67 @@ SAMPLINGS = {"t=0.7": dict(temperature=0.7), "t=0.7 top_p=0.9": dict(temperature
              "json schema": dict(temperature=0.7, json_schema={"type": "object", "required": ["text"], "properties": {
                  "text": {"type": "string", "minLength": 4000}}})}
 ROUNDS = 3  # each figure the median of this many runs, greedy and the sampled ones in turns
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(peak, now) resident MiB of this process; (ru_maxrss, nan) where /proc/self/status is missing."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, float("nan")
+    kib = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines())
+           if k in ("VmHWM", "VmRSS")}
+    return kib["VmHWM"] / 1024, kib["VmRSS"] / 1024
+
+
+def _rss_kinds() -> str:
+    """RSS by kind: anonymous (the heap; a CPU adapter's device memory), file (the GGUF's map),
+    shared (mapped driver memory), and what nvidia-smi says the GPU holds, where there is one."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return ""
+    out = ", ".join(line.replace("\t", "").replace(" ", "") for line in status.splitlines()
+                    if line.startswith("Rss"))
+    if shutil.which("nvidia-smi"):
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        out += f"; nvidia-smi memory.used {smi.stdout.strip()}"
+    return out
+
+
+def _reset_peak() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux 4.0+)
+    except OSError:
+        pass
+
+
+async def load(path: Path, backend: str, max_concurrent: int):
+    """(engine, what loading it cost): seconds, host RSS, GPU memory (see the module docstring)."""
+    gpu = None
+    if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
+        from oxinfer.runtime.webgpu import WebGpuBackend
+        gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
+    gc.collect()
+    _reset_peak()
+    before = _rss_mib()[1]
+    t = time.perf_counter()
+    engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max_concurrent)
+    t1 = time.perf_counter()
+    after, kinds = _rss_mib()[1], _rss_kinds()
+    await engine.next_logits([1, 2, 3])
+    r = engine.resident
+    cost = {"load_s": t1 - t, "first_s": time.perf_counter() - t1, "before": before, "after": after}
+    cost["peak"], cost["after_step"] = _rss_mib()
+    cost["kinds"] = f"after load: {kinds}; after the first step: {_rss_kinds()}"
+    g = engine.scheduler.gpu
+    cost["weights"] = g.stats().extra.get("resident_bytes", 0) / 2**20 if g is not None else None
+    if r is not None:
+        from oxinfer.runtime.webgpu.kv import BS
+        cost["kv"], cost["kv_tokens"] = sum(b.size for b in r.kpool + r.vpool) / 2**20, r.kv.n_blocks * BS
+    return engine, cost
 
 
 def _waits(engine):
@@ -83,12 +154,10 @@ async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = Non
 
 
 async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concurrency: list[int],
-                  sampled: dict | None = None, contexts: tuple[int, ...] = ()) -> dict:
-    gpu = None
-    if backend == "webgpu":  # timestamp queries: the GPU time of each step's pass
-        from oxinfer.runtime.webgpu import WebGpuBackend
-        gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
-    engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max(concurrency))
+                  sampled: dict | None = None, contexts: tuple[int, ...] = (), load_only: bool = False) -> dict:
+    engine, cost = await load(path, backend, max(concurrency))
+    if load_only:
+        return {"load": cost}
     prompt = [int(i) for i in np.random.default_rng(0).integers(0, 256, n_prompt)]
     await engine.next_logits(prompt)  # warm up: pipelines, buffers, first-touch pages
     await crowd(engine, 2, 4)
@@ -97,7 +166,7 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
         t = time.perf_counter()
         await engine.next_logits(prompt)
         times.append(time.perf_counter() - t)
-    out = {"prefill": n_prompt / float(np.median(times[2:]))}
+    out = {"prefill": n_prompt / float(np.median(times[2:])), "load": cost}
     out["phases"] = ["prefill runs, ms: " + " ".join(f"{t * 1e3:.1f}" for t in times)]
     for n in concurrency:
         modes = {"": None, **{k: v for k, v in (sampled or {}).items() if k != "json schema" or n == 8}}
@@ -153,6 +222,7 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="*", default=[],
                     help="also one stream's decode after prompts of these many tokens (long contexts: 128 4000)")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
+    ap.add_argument("--load-only", action="store_true", help="only what loading costs: seconds, host RSS, GPU memory")
     a = ap.parse_args()
     sampled = {k: SAMPLINGS[k] for k in a.modes or SAMPLINGS} if a.sampled else {}
     oxinfer.configure_logging("WARNING")
@@ -166,29 +236,48 @@ def main() -> None:
             print(f"wrote {path.name}: {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t:.1f} s")
             models.append(path)
         cols = " | ".join(f"{n} streams tok/s" for n in a.concurrency)
-        print(f"| model | backend | prefill tok/s | {cols} | blocking waits/token at each | submissions/step |")
-        print("|---|---|---:|" + "---:|" * len(a.concurrency) + "---:|---:|")
+        if not a.load_only:
+            print(f"| model | backend | prefill tok/s | {cols} | blocking waits/token at each | submissions/step |")
+            print("|---|---|---:|" + "---:|" * len(a.concurrency) + "---:|---:|")
+        loads = []
         for backend in a.backends:  # the GPU's rows before any CPU engine has run (its threads, its garbage)
             for path in models:
                 gc.collect()
-                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, sampled, tuple(a.contexts))
-                c = a.concurrency[0]
-                vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
-                w = "/".join(f"{r[f'waits{n}']:.2f}" for n in a.concurrency if f"waits{n}" in r)
-                print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {w} | {r.get(f'steps{c}', 0):.2f} |",
-                      flush=True)
-                for name in sampled:  # tok/s (and the ratio to greedy's)
-                    vals = " | ".join(f"{r[f'{name}:{n}']:.0f} ({r[f'{name}:{n}'] / r[f'x{n}']:.0%})" if f"{name}:{n}" in r
-                                      else "" for n in a.concurrency)
-                    w = "/".join(f"{r[f'{name}:waits{n}']:.2f}" for n in a.concurrency if f"{name}:waits{n}" in r)
-                    print(f"| {path.stem} | {backend}, {name} | | {vals} | {w} | |", flush=True)
-                if a.contexts:
-                    c0 = a.contexts[0]
-                    print(f"| {path.stem} | {backend}, 1 stream after " + ", ".join(
-                        f"{c}: {r[f'ctx{c}']:.0f} tok/s ({r[f'ctx{c}'] / r[f'ctx{c0}']:.0%})" for c in a.contexts)
-                        + " | |" + " |" * len(a.concurrency) + " | |", flush=True)
-                for line in [*r["phases"], r["detail"]]:
-                    print(f"<!-- {line} -->", flush=True)
+                r = anyio.run(measure, path, backend, a.prompt_tokens, a.decode_tokens, a.concurrency, sampled,
+                              tuple(a.contexts), a.load_only)
+                loads.append((path, backend, r["load"]))
+                if not a.load_only:
+                    speed_rows(path, backend, r, a, sampled)
+        print("\n| model | backend | load s | first step s | host RSS MiB: before, peak, after load, after step "
+              "| GPU weights MiB | GPU KV pool MiB (tokens) | GGUF file MiB |")
+        print("|---|---|---:|---:|---|---:|---:|---:|")
+        for path, backend, c in loads:
+            mib = lambda v: "" if v is None else f"{v:.0f}"  # noqa: E731
+            kv = f"{c['kv']:.0f} ({c['kv_tokens']})" if c.get("kv") is not None else ""
+            print(f"| {path.stem} | {backend} | {c['load_s']:.2f} | {c['first_s']:.2f} | {c['before']:.0f}, "
+                  f"{c['peak']:.0f}, {c['after']:.0f}, {c['after_step']:.0f} | {mib(c['weights'])} | {kv} "
+                  f"| {path.stat().st_size / 2**20:.0f} |", flush=True)
+            print(f"<!-- {path.stem} {backend} {c['kinds']} -->", flush=True)
+
+
+def speed_rows(path: Path, backend: str, r: dict, a, sampled: dict) -> None:
+    c = a.concurrency[0]
+    vals = " | ".join(f"{r[f'x{n}']:.0f}" for n in a.concurrency)
+    w = "/".join(f"{r[f'waits{n}']:.2f}" for n in a.concurrency if f"waits{n}" in r)
+    print(f"| {path.stem} | {backend} | {r['prefill']:.0f} | {vals} | {w} | {r.get(f'steps{c}', 0):.2f} |",
+          flush=True)
+    for name in sampled:  # tok/s (and the ratio to greedy's)
+        vals = " | ".join(f"{r[f'{name}:{n}']:.0f} ({r[f'{name}:{n}'] / r[f'x{n}']:.0%})" if f"{name}:{n}" in r
+                          else "" for n in a.concurrency)
+        w = "/".join(f"{r[f'{name}:waits{n}']:.2f}" for n in a.concurrency if f"{name}:waits{n}" in r)
+        print(f"| {path.stem} | {backend}, {name} | | {vals} | {w} | |", flush=True)
+    if a.contexts:
+        c0 = a.contexts[0]
+        print(f"| {path.stem} | {backend}, 1 stream after " + ", ".join(
+            f"{c}: {r[f'ctx{c}']:.0f} tok/s ({r[f'ctx{c}'] / r[f'ctx{c0}']:.0%})" for c in a.contexts)
+            + " | |" + " |" * len(a.concurrency) + " | |", flush=True)
+    for line in [*r["phases"], r["detail"]]:
+        print(f"<!-- {line} -->", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,20 +33,22 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
     device = None
+    release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as a device or kernels copy them
     if resident:
         try:
             device = device_executor(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent),
-                                     kv_bytes=kv_bytes)
+                                     kv_bytes=kv_bytes, uploaded=release)
         except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
             log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
     if device is None:
-        release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as kernels copy them
         if release:
             release()  # the pages fusing q/k/v and gate/up read
         if scheduler.gpu is not None or not scheduler.cpu.build_graph(model):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them
+    elif release:
+        release()  # the header's and the vectors' pages too: the device holds the weights
     for m in model.matrices():
         scheduler.register(m, cpu=False)
     # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;

@@ -3,26 +3,66 @@ straddle a 4-byte word (WGSL reads u32s). Formats knowledge: the shaders' header
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
 
-_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}  # qtype -> where device_bytes inserts 2 bytes a block
+# qtype -> where the layout inserts 2 bytes a block
+_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}
+
+
+def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
+    """(n, block_bytes) GGUF blocks -> the kernels' bytes, flat (a view where nothing moves)."""
+    if qtype not in _WORD_ALIGN:
+        return blocks.reshape(-1)
+    # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
+    # Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
+    # Q6_K 210 -> 212 at the end
+    at = _WORD_ALIGN[qtype]
+    out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
+    out[:, :at] = blocks[:, :at]
+    out[:, at + 2:] = blocks[:, at:]
+    return out.reshape(-1)
+
+
+def _laid_bytes(w: QuantMatrix, nbytes: int) -> int:
+    return nbytes + (2 * nbytes // w.codec.block_bytes if w.qtype in _WORD_ALIGN else 0)
+
+
+def device_size(w: QuantMatrix) -> int:
+    """The bytes of w's device buffer: its laid-out blocks, padded to 4 bytes (Q4_0: a word more,
+    as word_at may read one word past a block)."""
+    n = _laid_bytes(w, w.nbytes)
+    return n + -n % 4 + (4 if w.qtype == "Q4_0" else 0)
+
+
+def device_chunks(w: QuantMatrix, chunk: int = 16 << 20) -> Iterator[np.ndarray]:
+    """The bytes the kernels read for w (see the header of shaders/decode_*.wgsl), in pieces of
+    about `chunk` bytes, each a whole number of 4-byte words, to write back to back from offset 0
+    into a zeroed buffer of `device_size(w)`. They are read from where w's parts lie (a file's map,
+    for a fused matrix the file keeps apart): only a re-laid piece is a copy, so an upload never
+    holds a whole matrix twice."""
+    c = w.codec
+    parts = w.parts
+    if any(_laid_bytes(w, p.nbytes) % 4 for p in parts[:-1]):  # a part would end inside a word (Q4_0's
+        parts = (w.data,)  # 18-byte blocks, an odd count of them): one stacked copy then
+    step = max(2, chunk // c.block_bytes // 2 * 2)  # blocks a piece: even, so that two 18-byte blocks end on a word
+    for p in parts:
+        blocks = np.ascontiguousarray(p).reshape(-1, c.block_bytes)
+        for i in range(0, len(blocks), step):
+            piece = _laid(w.qtype, blocks[i:i + step])
+            if piece.nbytes % 4:  # the last piece of all (see above): its word's tail zeroed
+                piece = np.concatenate([piece, np.zeros(-piece.nbytes % 4, np.uint8)])
+            yield piece
 
 
 def device_bytes(w: QuantMatrix) -> np.ndarray:
-    """The bytes the kernels read for w (see the header of shaders/decode_*.wgsl), padded to 4 bytes."""
-    data = np.ascontiguousarray(w.data).reshape(-1)
-    if w.qtype in _WORD_ALIGN:
-        # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
-        # Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
-        # Q6_K 210 -> 212 at the end
-        at = _WORD_ALIGN[w.qtype]
-        blocks = data.reshape(-1, w.codec.block_bytes)
-        out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
-        out[:, :at] = blocks[:, :at]
-        out[:, at + 2:] = blocks[:, at:]
-        data = out.reshape(-1)
-    pad = -data.nbytes % 4 + (4 if w.qtype == "Q4_0" else 0)  # Q4_0 word_at may read one word past a block
-    return np.concatenate([data, np.zeros(pad, np.uint8)]) if pad else data
-
+    """The whole buffer's bytes at once (tests; an upload writes `device_chunks`)."""
+    out = np.zeros(device_size(w), np.uint8)
+    at = 0
+    for piece in device_chunks(w):
+        out[at:at + piece.nbytes] = piece
+        at += piece.nbytes
+    return out

@@ -181,18 +181,54 @@ class QuantMatrix:
         data = self.data if rows is None else self.data[rows]
         return self.codec.dequantize(data, self.n_in)
 
+    @property
+    def parts(self) -> tuple[np.ndarray, ...]:
+        """Its bytes as arrays that lie back to back in order: `data` alone, unless fused apart."""
+        return (self.data,)
+
     @classmethod
     def fuse(cls, name: str, parts: list[QuantMatrix]) -> list[QuantMatrix]:
-        """Stack matrices that share n_in and qtype into one; return row views of it, in order."""
+        """Stack matrices that share n_in and qtype into one; return row views of it, in order.
+        The views keep their parts' bytes; the stack copies nothing (see `FusedMatrix`)."""
         if len({(p.qtype, p.n_in) for p in parts}) != 1:
             return parts  # mixed formats stay separate; the scheduler still coalesces them
         n_out = sum(p.n_out for p in parts)
         data = _back_to_back([p.data for p in parts])
-        base = cls(name, parts[0].qtype, n_out, parts[0].n_in,
-                   np.concatenate([p.data for p in parts]) if data is None else data.reshape(n_out, -1))
+        base = FusedMatrix(name, parts) if data is None else cls(name, parts[0].qtype, n_out, parts[0].n_in,
+                                                                 data.reshape(n_out, -1))
         views, r = [], 0
         for p in parts:
-            views.append(cls(p.name, p.qtype, p.n_out, p.n_in, base.data[r:r + p.n_out], base, r))
+            views.append(cls(p.name, p.qtype, p.n_out, p.n_in, p.data, base, r))
             r += p.n_out
         return views
 
+
+class FusedMatrix(QuantMatrix):
+    """Matrices stacked where a file keeps them apart (llama.cpp's converter writes a layer's
+    attn_k, attn_output, attn_q, attn_v in that order): the parts stay where they lie, in the
+    file's map, and `data` stacks their rows anew at each read (the CPU kernels read it once, when
+    built: after a device fault, or with no GPU) and keeps none. A GPU takes the parts one by one
+    into one buffer (formats/gpu_layout.py). Held stacked, an 8B model's q|k|v were ~0.5 GB of host
+    copies beside the GPU's."""
+
+    def __init__(self, name: str, parts: list[QuantMatrix]):
+        fields = dict(name=name, qtype=parts[0].qtype, n_out=sum(p.n_out for p in parts), n_in=parts[0].n_in,
+                      base=None, row0=0, _parts=tuple(p.data for p in parts))
+        for k, v in fields.items():
+            object.__setattr__(self, k, v)
+
+    @property
+    def parts(self) -> tuple[np.ndarray, ...]:
+        return self._parts
+
+    @property
+    def data(self) -> np.ndarray:
+        """(n_out, row_bytes) uint8: a copy, made at each read."""
+        return np.concatenate(self._parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self._parts)
+
+    def __repr__(self) -> str:
+        return f"FusedMatrix({self.name!r}, {self.qtype}, {self.n_out}x{self.n_in}, {len(self._parts)} parts)"

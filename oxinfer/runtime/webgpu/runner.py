@@ -90,7 +90,7 @@ class ResidentRunner(Planning, Submitting):
     (logits of each sequence's last row, or of every row) plus the tokens drawn on the device."""
 
     def __init__(self, gpu: WebGpuBackend, model, *, max_rows: int = 512, max_seqs: int = 64,
-                 kv_bytes: int | None = None):
+                 kv_bytes: int | None = None, uploaded=None):
         self.gpu, self.model, self.cfg = gpu, model, model.cfg
         self.device = gpu.device
         self.max_rows, self.max_seqs = max_rows, max_seqs
@@ -107,6 +107,8 @@ class ResidentRunner(Planning, Submitting):
         self.last: StepRecord | None = None
         for m in [*model.matrices(), model.embed]:
             self.weight(m)
+            if uploaded is not None:  # (a fused view's base went up with the first view; each view's part leaves)
+                uploaded(m.data)
         BU = wgpu.BufferUsage
         self.tokens = self._buffer(max(max_rows, max_seqs) * 4, BU.STORAGE | BU.COPY_DST)
         self.ids = self._buffer(max_seqs * 4, BU.STORAGE | BU.COPY_SRC)
@@ -161,6 +163,7 @@ class ResidentRunner(Planning, Submitting):
                         # attend_rows checks each key against a row's window only in a model that has
                         # one: the check in its inner loop cost TinyLlama's 512-row prompt ~2% on the H200
                         f"const WINDOWED: bool = {'true' if cfg.layer_windows else 'false'};\n")
+        gpu.flush_uploads()  # the vectors' and the rope table's staging copies, freed before the first step
         log.info("gpu_resident", kv_blocks=n_blocks, kv_tokens=n_blocks * BS, kv_bytes=2 * n_blocks * block_bytes *
                  cfg.n_layers, max_rows=max_rows, max_seqs=max_seqs)
 
