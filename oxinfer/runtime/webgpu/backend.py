@@ -209,9 +209,10 @@ class WebGpuBackend(KernelChoice):
     def flush_uploads(self) -> None:
         """Run the copies queued by write_buffer (or a buffer made with data) and wait for them:
         wgpu holds each one's host staging copy until a submission has run it. Uploaded with none
-        between them, a model's weights were all held twice until its first step (lavapipe, the
-        1.1B shape's 648 MiB: peak RSS 2.5 GiB at the first step, 1.3 GiB in pieces with the
-        file's pages released as they went; on a discrete GPU the staging is host memory)."""
+        between them, a model's weights were all held twice until its first step: the 8B shape's
+        4.7 GB of staging in the H200's memory (nvidia-smi 11.2 GB after load, 6.2 in pieces), the
+        1.1B shape's 648 MiB in host memory on lavapipe (peak RSS 2.5 GiB, 1.3 in pieces with the
+        file's pages released as they went; docs/benchmarks.md)."""
         self.device.queue.submit([])
         wait = getattr(self.device, "_poll_wait", None)  # wgpuDevicePoll(wait): not public in wgpu-py 0.32
         if wait is not None:
