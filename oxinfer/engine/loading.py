@@ -43,7 +43,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if device is None:
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model):
+        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them

@@ -16,6 +16,8 @@ all of them) only where an op needs it alone: GroupQueryAttention reads a packed
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +30,7 @@ from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, support
 from oxinfer.runtime.ops import rope_table
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+PAGE = max(mmap.ALLOCATIONGRANULARITY, 4096)  # onnxruntime maps an initializer at this alignment
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,12 @@ class GraphOps:
     past_value_l (B, KV, M, hd) for every layer. Outputs: logits, present_key_l, present_value_l
     (the caller binds each present to its past's memory)."""
 
-    def __init__(self, cfg, accuracy: int | None = None):
-        self.cfg = cfg
+    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, accuracy: int | None = None):
+        """data: a binary file, beside where the graph will be saved as a file, that holds the
+        initializers past a few KiB (onnxruntime maps it: no copy of them in the graph's protobuf,
+        nor in its own memory); weights: id(matrix) -> its blocks as `kernel_weights` makes them
+        (made now if missing), each dropped once written."""
+        self.cfg, self.data = cfg, data
         self.accuracy = accuracy or blockwise.ACCURACY_INT8  # MatMulNBits' accuracy_level (1: float activations)
         self.nodes: list = []
         self.inits: list = []
@@ -64,6 +71,7 @@ class GraphOps:
         self._parts: dict[str, list[int]] = {}  # a product's output -> its parts' widths
         self._splits: dict[str, dict[int, str]] = {}  # a product's output -> its parts' tensors, by first column
         self._block_sums: dict[str, str] = {}  # an input -> its sums over blocks of 32 (Q4_1's offset terms)
+        self._converted = weights or {}
         self._weights: dict[int, tuple[str, bool]] = {}  # id(matrix) -> (initializer prefix, has offsets)
         self._consts: dict[tuple, str] = {}
         self._rope: dict[int, tuple[str, str]] = {}  # rope_row0 -> (cos, sin)
@@ -75,10 +83,22 @@ class GraphOps:
         return f"{stem}{self._n}"
 
     def _init(self, name: str, dtype: int, values: np.ndarray) -> str:
+        """An initializer: past a few KiB, its bytes in the data file (at a page boundary)."""
         t = TensorProto()
         t.name, t.data_type = name, dtype
         t.dims.extend(values.shape)
-        t.raw_data = np.ascontiguousarray(values).tobytes()
+        values = np.ascontiguousarray(values)
+        if values.nbytes <= 4096:
+            t.raw_data = values.tobytes()
+        else:
+            at = -(-self.data.tell() // PAGE) * PAGE
+            self.data.seek(at)
+            self.data.write(memoryview(values).cast("B"))
+            t.data_location = TensorProto.EXTERNAL
+            for key, value in (("location", os.path.basename(self.data.name)), ("offset", str(at)),
+                               ("length", str(values.nbytes))):
+                entry = t.external_data.add()
+                entry.key, entry.value = key, value
         self.inits.append(t)
         return name
 
@@ -172,12 +192,8 @@ class GraphOps:
 
     def _weight(self, w: QuantMatrix) -> tuple[str, bool]:
         """w's initializers, as the blockwise kernels take them: (their prefix, whether it has offsets)."""
-        prefix, offsets = self._name("w"), None
-        if w.codec.int4:
-            values, scales, offsets = int4_weights(w)  # (N, K/32, 16) u8, (N K/32,), (K/32, N) | None
-        else:
-            values, scales = int8_weights(w)
-            values = values.reshape(w.n_out, w.n_in // BLOCK, BLOCK)
+        prefix = self._name("w")
+        values, scales, offsets = self._converted.pop(id(w), None) or kernel_weights(w)
         for suffix, dtype, a in (("q", TensorProto.UINT8, values), ("s", F32, scales), ("o", F32, offsets)):
             if a is not None:
                 self._init(prefix + suffix, dtype, a)
@@ -264,6 +280,16 @@ class GraphOps:
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
         m.ir_version = ir_version
         return m
+
+
+def kernel_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A matrix as MatMulNBits takes it: values (n_out, n_in / 32, 16 or 32) u8 (4-bit types keep
+    4 bits), scales (n_out * n_in / 32,) f32, and a Q4_1 block's offsets (n_in / 32, n_out) f32
+    or None."""
+    if w.codec.int4:
+        return int4_weights(w)
+    values, scales = int8_weights(w)
+    return values.reshape(w.n_out, w.n_in // BLOCK, BLOCK), scales, None
 
 
 def graph_refuses(model) -> str | None:
