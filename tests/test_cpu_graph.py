@@ -98,3 +98,22 @@ async def test_a_prompt_s_rows_are_the_same_whole_or_in_parts(engine, cut):
     for layer in (0, engine.config.n_layers - 1):
         assert np.array_equal(pool.keys[layer][whole.slot, :, :41], pool.keys[layer][parts.slot, :, :41])
         assert np.array_equal(pool.values[layer][whole.slot, :, :41], pool.values[layer][parts.slot, :, :41])
+
+
+async def test_first_prompts_run_together_as_they_run_alone(engine):
+    """Three first prompts of 5, 40 and 77 tokens in one run (padded to the longest), and each
+    alone: the same logits and keys, bit for bit; then their decode steps agree too."""
+    graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(300, 40000, n) for n in (5, 40, 77)]
+    together = [engine.steps.cpu.new_cache(128) for _ in prompts]
+    alone = [engine.steps.cpu.new_cache(128) for _ in prompts]
+    a = graph.run(prompts, together)
+    b = np.concatenate([graph.run([p], [c]) for p, c in zip(prompts, alone)])
+    assert np.array_equal(a, b)
+    for p, t, s in zip(prompts, together, alone):
+        for layer in (0, engine.config.n_layers - 1):
+            assert np.array_equal(pool.keys[layer][t.slot, :, :len(p)], pool.keys[layer][s.slot, :, :len(p)])
+            assert np.array_equal(pool.values[layer][t.slot, :, :len(p)], pool.values[layer][s.slot, :, :len(p)])
+    step = [np.array([11]), np.array([12]), np.array([13])]
+    assert np.array_equal(graph.run(step, together), np.concatenate([graph.run([s], [c]) for s, c in zip(step, alone)]))

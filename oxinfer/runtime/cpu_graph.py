@@ -32,6 +32,7 @@ from oxinfer.runtime.graph_ops import GraphOps, kernel_weights
 log = structlog.get_logger("oxinfer.runtime")
 
 BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0.1 ms)
+PROMPT_ROWS = 2048  # first prompts run together up to this many rows (padding included)
 
 
 class CpuGraph:
@@ -75,24 +76,50 @@ class CpuGraph:
         ops = self.model.ops
         step = ops.begin(seqs, caches)  # context overflow, every block of the step reserved
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
-        for rows in _runs(seqs, caches):
-            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows])
+        for rows, fresh in _runs(seqs, caches):
+            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], fresh)
         ops.end(step)
         return out
 
-    def _run(self, seqs: list[np.ndarray], caches: list) -> np.ndarray:
-        """B sequences of S rows each in consecutive lanes of one pool."""
-        B, S = len(seqs), len(seqs[0])
-        x = self.embed.dequantize(np.concatenate(seqs)).reshape(B, S, -1)
-        lens = np.array([c.offset + S - 1 for c in caches], np.int32)  # each one's length after, minus one
+    def _run(self, seqs: list[np.ndarray], caches: list, fresh: bool) -> np.ndarray:
+        """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
+        (fresh) first prompts, each padded to the longest, over keys and values of their own
+        that are then copied into their lanes."""
+        B, S = len(seqs), max(map(len, seqs))
+        d = self.embed.n_in
+        x = np.zeros((B, S, d), np.float32)
+        for b, s in enumerate(seqs):
+            x[b, :len(s)] = self.embed.dequantize(s)
+        lens = np.array([c.offset + len(s) - 1 for c, s in zip(caches, seqs)], np.int32)  # length after, minus one
         total = np.array(lens.max() + 1, np.int32)
+        last = np.repeat(np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None], d, axis=2)
         logits = np.empty((B, 1, self.model.cfg.vocab_size), np.float32)
-        io = self._binding(caches[0].pool, caches[0].slot, B)
-        for name, a in (("x", x), ("seqlens_k", lens), ("total_seq", total)):
+        if fresh:
+            io, scratch = self._scratch_binding(B, S)
+        else:
+            io = self._binding(caches[0].pool, caches[0].slot, B)
+        for name, a in (("x", x), ("seqlens_k", lens), ("total_seq", total), ("last", last)):
             io.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
         io.bind_output(self._logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(io)
+        for layer, (k, v) in enumerate(scratch if fresh else ()):
+            for b, (c, s) in enumerate(zip(caches, seqs)):
+                c.pool.keys[layer][c.slot, :, :len(s)] = k[b, :, :len(s)]
+                c.pool.values[layer][c.slot, :, :len(s)] = v[b, :, :len(s)]
         return logits[:, 0]
+
+    def _scratch_binding(self, B: int, S: int):
+        """Keys and values of B first prompts of S rows, bound as past and present: (binding, their
+        arrays a layer)."""
+        c = self.model.cfg
+        io, scratch = self.session.io_binding(), []
+        for layer in range(c.n_layers):
+            kv = (np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32), np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32))
+            for kind, a in zip(("key", "value"), kv):
+                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+            scratch.append(kv)
+        return io, scratch
 
     def _binding(self, pool, s0: int, B: int):
         """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present."""
@@ -129,17 +156,28 @@ def _converted(model, released) -> dict[int, tuple]:
         return {id(b): blocks for b, blocks in zip(bases, ex.map(convert, bases))}
 
 
-def _runs(seqs: list[np.ndarray], caches: list) -> list[list[int]]:
-    """The step's sequences as graph runs: one-row sequences in consecutive lanes of a shared pool
-    together, every other sequence alone."""
+def _runs(seqs: list[np.ndarray], caches: list) -> list[tuple[list[int], bool]]:
+    """The step's sequences as graph runs (their indices, whether first prompts): one-row
+    sequences in consecutive lanes of a shared pool together; first prompts together, up to
+    PROMPT_ROWS rows padded to the longest (onnxruntime's attention takes several rows of several
+    sequences only when none has keys before them); every other sequence alone."""
     decode = sorted((i for i, (s, c) in enumerate(zip(seqs, caches)) if len(s) == 1 and not c.pool.growable),
                     key=lambda i: (id(caches[i].pool), caches[i].slot))
-    runs: list[list[int]] = []
+    runs: list[tuple[list[int], bool]] = []
     for i in decode:
-        prev = caches[runs[-1][-1]] if runs else None
+        prev = caches[runs[-1][0][-1]] if runs else None
         if prev is not None and prev.pool is caches[i].pool and prev.slot + 1 == caches[i].slot:
-            runs[-1].append(i)
+            runs[-1][0].append(i)
         else:
-            runs.append([i])
-    alone = set(range(len(seqs))) - set(decode)
-    return runs + [[i] for i in sorted(alone)]
+            runs.append(([i], False))
+    rest = [i for i in range(len(seqs)) if i not in set(decode)]
+    first = sorted((i for i in rest if caches[i].offset == 0), key=lambda i: len(seqs[i]))
+    group: list[int] = []
+    for i in first:  # (shortest first: a group's padding stays small)
+        if group and (len(group) + 1) * len(seqs[i]) > PROMPT_ROWS:
+            runs.append((group, True))
+            group = []
+        group.append(i)
+    if group:
+        runs.append((group, True))
+    return runs + [([i], False) for i in rest if caches[i].offset]

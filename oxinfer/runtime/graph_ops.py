@@ -50,8 +50,8 @@ class Sym:
 class GraphOps:
     """Records one forward as ONNX nodes; `model_proto()` is the graph. Inputs: x (B, S, d) (the
     embedding rows, looked up in numpy: `embed_table`), seqlens_k (B,) int32 (each sequence's length
-    after this step, minus one), total_seq () int32 (the longest such length), past_key_l and
-    past_value_l (B, KV, M, hd) for every layer. Outputs: logits, present_key_l, present_value_l
+    after this step, minus one), total_seq () int32 (the longest such length), last (B, 1, d) int64
+    (each sequence's last row), past_key_l and past_value_l (B, KV, M, hd) for every layer. Outputs: logits, present_key_l, present_value_l
     (the caller binds each present to its past's memory)."""
 
     def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, accuracy: int | None = None):
@@ -267,11 +267,10 @@ class GraphOps:
         return Sym(out, x.cols)
 
     def last_rows(self, x: Sym, seqs) -> Sym:
-        """Each sequence's last row: (B, 1, cols)."""
-        i64 = np.int64
-        return Sym(self._node("Slice", [self._real(x), self._const(np.array([-1], i64), i64),
-                                        self._const(np.array([np.iinfo(i64).max], i64), i64),
-                                        self._const(np.array([1], i64), i64)])[0], x.cols)
+        """Each sequence's last row, (B, 1, cols): input `last` (B, 1, cols) int64 holds its index
+        (sequences of fewer rows than S are padded after theirs)."""
+        self.inputs.append(helper.make_tensor_value_info("last", I64, ["B", 1, x.cols]))
+        return Sym(self._node("GatherElements", [self._real(x), "last"], axis=1)[0], x.cols)
 
     # --- the graph ------------------------------------------------------------------------------
     def model_proto(self, logits: Sym, ir_version: int):
