@@ -117,3 +117,29 @@ async def test_first_prompts_run_together_as_they_run_alone(engine):
             assert np.array_equal(pool.values[layer][t.slot, :, :len(p)], pool.values[layer][s.slot, :, :len(p)])
     step = [np.array([11]), np.array([12]), np.array([13])]
     assert np.array_equal(graph.run(step, together), np.concatenate([graph.run([s], [c]) for s, c in zip(step, alone)]))
+
+
+def test_the_protobuf_written_is_onnx_s_own():
+    """runtime/onnx_proto.py's bytes are what onnx's helpers serialize, field for field: nodes with
+    int, float, string and ints attributes in a domain, tensors raw and external, value infos with
+    sizes and symbolic dimensions; and a whole model parses as onnx's ModelProto."""
+    from onnx import ModelProto, TensorProto, helper
+
+    from oxinfer.runtime import onnx_proto as op
+
+    attrs = dict(K=576, N=-1, epsilon=1e-5, approximate="tanh", axes=[0, -1, 3])
+    assert op.node("MatMulNBits", ["x", "", "w"], ["y", "z"], "com.microsoft", **attrs) == helper.make_node(
+        "MatMulNBits", ["x", "", "w"], ["y", "z"], domain="com.microsoft", **attrs).SerializeToString()
+    raw = np.arange(6, dtype=np.float32)
+    t = helper.make_tensor("t", TensorProto.FLOAT, [2, 3], raw.tobytes(), raw=True)
+    assert op.tensor("t", op.FLOAT, [2, 3], raw=raw.tobytes()) == t.SerializeToString()
+    ext = TensorProto(name="e", data_type=TensorProto.UINT8, dims=[4096, 2], data_location=TensorProto.EXTERNAL)
+    for k, v in (("location", "weights.bin"), ("offset", "8192"), ("length", "8192")):
+        ext.external_data.add(key=k, value=v)
+    assert op.tensor("e", op.UINT8, [4096, 2], external=("weights.bin", 8192, 8192)) == ext.SerializeToString()
+    vi = helper.make_tensor_value_info("x", TensorProto.INT64, ["B", 1, 576])
+    assert op.value_info("x", op.INT64, ["B", 1, 576]) == vi.SerializeToString()
+    m = ModelProto.FromString(op.model([op.node("Relu", ["x"], ["y"])], "g", [op.value_info("x", op.FLOAT, ["B"])],
+                                       [op.value_info("y", op.FLOAT, ["B"])], [], {"": 21, "com.microsoft": 1}, 10))
+    assert (m.ir_version, m.graph.name, m.graph.node[0].op_type, m.graph.output[0].name) == (10, "g", "Relu", "y")
+    assert {(o.domain, o.version) for o in m.opset_import} == {("", 21), ("com.microsoft", 1)}

@@ -31,9 +31,9 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 import threadpoolctl
-from onnx import TensorProto, helper
 
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime import onnx_proto
 
 BLOCK = 32  # MatMulNBits' block_size: codecs of 256-value super-blocks give 8 sub-blocks each
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
@@ -107,13 +107,6 @@ def _trim() -> None:
         libc.malloc_trim(0)
 
 
-def _initializer(model, name: str, dtype: int, shape, values: np.ndarray) -> None:
-    t = model.graph.initializer.add()
-    t.name, t.data_type = name, dtype
-    t.dims.extend(shape)
-    t.raw_data = values.tobytes()
-
-
 def supports(w: QuantMatrix) -> bool:
     """Block types of 32 or 256 values, and 16-bit floats (blocks of one) in rows of 32s."""
     c = w.codec
@@ -173,25 +166,20 @@ class BlockwiseKernel:
         if converted is not None:
             converted(w.data)
         self.nbytes = values.nbytes + scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
-        node = helper.make_node(
-            "MatMulNBits", ["x", "w", "scales"], ["y"], domain="com.microsoft",
-            K=w.n_in, N=w.n_out, bits=bits, block_size=BLOCK, accuracy_level=ACCURACY_INT8,
-        )
-        graph = helper.make_graph(
-            [node], w.name,
-            [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["t", w.n_in])],
-            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["t", w.n_out])],
-        )
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21),
-                                                        helper.make_opsetid("com.microsoft", 1)])
-        model.ir_version = IR_VERSION
-        # the weights go into the model last and once: numpy_helper's tensors are copied again
-        # into the graph, and the graph into the model (a 30 MiB head peaked 159 MiB above its start)
-        _initializer(model, "w", TensorProto.UINT8, shape, values)
+        # the weights go into the model once, as raw bytes (onnx_proto: no `import onnx`); only the
+        # serialized model lives while onnxruntime copies it (onnx's helpers copied a 30 MiB head
+        # into the graph, then the model: it peaked 159 MiB above its start)
+        weights = [onnx_proto.tensor("w", onnx_proto.UINT8, shape, raw=values.tobytes())]
         del values
-        _initializer(model, "scales", TensorProto.FLOAT, scales.shape, scales)
-        serialized = model.SerializeToString()
-        del model, scales  # only the bytes live while onnxruntime copies them
+        weights.append(onnx_proto.tensor("scales", onnx_proto.FLOAT, scales.shape, raw=scales.tobytes()))
+        del scales
+        serialized = onnx_proto.model(
+            [onnx_proto.node("MatMulNBits", ["x", "w", "scales"], ["y"], "com.microsoft", K=w.n_in, N=w.n_out, bits=bits,
+                             block_size=BLOCK, accuracy_level=ACCURACY_INT8)],
+            w.name, [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", w.n_in])],
+            [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", w.n_out])], weights, {"": 21, "com.microsoft": 1},
+            IR_VERSION)
+        del weights
         self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import structlog
 
@@ -57,11 +56,10 @@ class CpuGraph:
                     coro.close()
                     raise RuntimeError("tracing: the forward awaited something other than an op")
             self.embed, self.weight_bytes = rec.embed_table, rec.bytes
-            proto = rec.model_proto(logits, blockwise.IR_VERSION)
+            with open(os.path.join(folder, "model.onnx"), "wb") as f:
+                f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
+            self._logits = rec.logits
             del rec
-            self._logits = proto.graph.output[0].name
-            onnx.save(proto, os.path.join(folder, "model.onnx"))
-            del proto
             self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(),
                                                 providers=["CPUExecutionProvider"])
         blockwise._trim()

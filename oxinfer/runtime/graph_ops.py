@@ -21,15 +21,16 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from onnx import TensorProto, helper
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Job, fused_runs
-from oxinfer.runtime import blockwise
+from oxinfer.runtime import blockwise, onnx_proto
 from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, supports
+from oxinfer.runtime.onnx_proto import FLOAT as F32
+from oxinfer.runtime.onnx_proto import INT32, INT64, UINT8, node, tensor, value_info
 from oxinfer.runtime.ops import rope_table
 
-F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+I64 = INT64
 PAGE = max(mmap.ALLOCATIONGRANULARITY, 4096)  # onnxruntime maps an initializer at this alignment
 
 
@@ -84,22 +85,14 @@ class GraphOps:
 
     def _init(self, name: str, dtype: int, values: np.ndarray) -> str:
         """An initializer: past a few KiB, its bytes in the data file (at a page boundary)."""
-        t = TensorProto()
-        t.name, t.data_type = name, dtype
-        t.dims.extend(values.shape)
         values = np.ascontiguousarray(values)
         if values.nbytes <= 4096:
-            t.raw_data = values.tobytes()
+            self.inits.append(tensor(name, dtype, values.shape, raw=values.tobytes()))
         else:
             at = -(-self.data.tell() // PAGE) * PAGE
             self.data.seek(at)
             self.data.write(memoryview(values).cast("B"))
-            t.data_location = TensorProto.EXTERNAL
-            for key, value in (("location", os.path.basename(self.data.name)), ("offset", str(at)),
-                               ("length", str(values.nbytes))):
-                entry = t.external_data.add()
-                entry.key, entry.value = key, value
-        self.inits.append(t)
+            self.inits.append(tensor(name, dtype, values.shape, external=(os.path.basename(self.data.name), at, values.nbytes)))
         return name
 
     def _const(self, values, dtype=np.float32) -> str:
@@ -111,7 +104,7 @@ class GraphOps:
 
     def _node(self, op: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs) -> list[str]:
         outs = [self._name(op.lower()[:6]) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, domain=domain, **attrs))
+        self.nodes.append([op, inputs, outs, domain, attrs])
         return outs
 
     def _real(self, x: Sym) -> str:
@@ -135,9 +128,8 @@ class GraphOps:
     def embed(self, table: QuantMatrix, step) -> Sym:
         self.embed_table = table
         d = table.n_in
-        self.inputs += [helper.make_tensor_value_info("x", F32, ["B", "S", d]),
-                        helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
-                        helper.make_tensor_value_info("total_seq", TensorProto.INT32, [])]
+        self.inputs += [value_info("x", F32, ["B", "S", d]), value_info("seqlens_k", INT32, ["B"]),
+                        value_info("total_seq", INT32, [])]
         return Sym("x", d)
 
     def scale(self, x: Sym, s: float) -> Sym:
@@ -147,11 +139,10 @@ class GraphOps:
         gamma = self._init(self._name("g"), F32, np.asarray(w, np.float32))
         add = self._made_by.pop(x.name, None)
         if add is not None:  # the residual add that made x and this norm: one op, x its 4th output
-            a, b = add.input
+            a, b = add[1]
             out = self._name("norm")
-            self.nodes[self.nodes.index(add)] = helper.make_node(
-                "SkipSimplifiedLayerNormalization", [a, b, gamma], [out, "", "", x.name], domain="com.microsoft",
-                epsilon=float(eps))
+            add[:] = ["SkipSimplifiedLayerNormalization", [a, b, gamma], [out, "", "", x.name], "com.microsoft",
+                      {"epsilon": float(eps)}]
             return Sym(out, x.cols)
         return Sym(self._node("SimplifiedLayerNormalization", [self._real(x), gamma], axis=-1,
                               epsilon=float(eps))[0], x.cols)
@@ -194,7 +185,7 @@ class GraphOps:
         """w's initializers, as the blockwise kernels take them: (their prefix, whether it has offsets)."""
         prefix = self._name("w")
         values, scales, offsets = self._converted.pop(id(w), None) or kernel_weights(w)
-        for suffix, dtype, a in (("q", TensorProto.UINT8, values), ("s", F32, scales), ("o", F32, offsets)):
+        for suffix, dtype, a in (("q", UINT8, values), ("s", F32, scales), ("o", F32, offsets)):
             if a is not None:
                 self._init(prefix + suffix, dtype, a)
                 self.bytes += a.nbytes
@@ -223,19 +214,18 @@ class GraphOps:
         qkv = [q.name, "", ""] if packed else [self._real(q), self._real(k), self._real(v)]
         kv_in, kv_out = [f"past_key_{layer}", f"past_value_{layer}"], [f"present_key_{layer}", f"present_value_{layer}"]
         for name in kv_in:
-            self.inputs.append(helper.make_tensor_value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+            self.inputs.append(value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
         for name in kv_out:
-            self.outputs.append(helper.make_tensor_value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+            self.outputs.append(value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
         cos, sin = self._rope_cache(c.rope_row0(layer))
         # a row sees its own position and window - 1 before it: onnxruntime's local_window_size is
         # the window itself (tests/test_cpu_graph.py: Gemma 2's window of 4 against the numpy ops)
         window = c.layer_windows[layer] if c.layer_windows else None
         out = self._name("att")
-        self.nodes.append(helper.make_node(
-            "GroupQueryAttention", [*qkv, *kv_in, "seqlens_k", "total_seq", cos, sin], [out, *kv_out],
-            domain="com.microsoft", num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.attn_scale),
-            do_rotary=1, rotary_interleaved=1, local_window_size=window if window else -1,
-            softcap=float(c.attn_softcap or 0.0)))
+        self.nodes.append(["GroupQueryAttention", [*qkv, *kv_in, "seqlens_k", "total_seq", cos, sin], [out, *kv_out],
+                           "com.microsoft", dict(num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.attn_scale),
+                                                 do_rotary=1, rotary_interleaved=1, local_window_size=window or -1,
+                                                 softcap=float(c.attn_softcap or 0.0))])
         return Sym(out, c.n_heads * c.head_dim)
 
     def _rope_cache(self, row0: int) -> tuple[str, str]:
@@ -269,16 +259,16 @@ class GraphOps:
     def last_rows(self, x: Sym, seqs) -> Sym:
         """Each sequence's last row, (B, 1, cols): input `last` (B, 1, cols) int64 holds its index
         (sequences of fewer rows than S are padded after theirs)."""
-        self.inputs.append(helper.make_tensor_value_info("last", I64, ["B", 1, x.cols]))
+        self.inputs.append(value_info("last", I64, ["B", 1, x.cols]))
         return Sym(self._node("GatherElements", [self._real(x), "last"], axis=1)[0], x.cols)
 
     # --- the graph ------------------------------------------------------------------------------
-    def model_proto(self, logits: Sym, ir_version: int):
-        self.outputs.insert(0, helper.make_tensor_value_info(self._real(logits), F32, ["B", "R", logits.cols]))
-        graph = helper.make_graph(self.nodes, "oxinfer_step", self.inputs, self.outputs, initializer=self.inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
-        m.ir_version = ir_version
-        return m
+    def model_bytes(self, logits: Sym, ir_version: int) -> bytes:
+        """The serialized model; its first output (`self.logits`) the logits."""
+        self.logits = self._real(logits)
+        return onnx_proto.model([node(op, i, o, d, **a) for op, i, o, d, a in self.nodes], "oxinfer_step", self.inputs,
+                                [value_info(self.logits, F32, ["B", "R", logits.cols]), *self.outputs], self.inits,
+                                {"": 21, "com.microsoft": 1}, ir_version)
 
 
 def kernel_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
