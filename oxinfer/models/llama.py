@@ -154,6 +154,17 @@ class Llama:
         cache = pool.open(prompt) if capacity <= pool.tokens else None
         return cache or KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
 
+    def trace(self, ops, *, all_logits: bool = False):
+        """The forward once through ops that record instead of computing (the GPU's recorder, the
+        CPU's graph ops; they never suspend): what it returns, in their terms."""
+        coro = self.forward_batch(None, None, all_logits=all_logits, ops=ops)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value
+        coro.close()
+        raise RuntimeError("tracing: the forward awaited something other than an op")
+
     async def forward(self, tokens: np.ndarray, cache, *, all_logits: bool = False, tag=None) -> np.ndarray:
         """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""
         return await self.forward_batch([tokens], [cache], all_logits=all_logits, tag=tag)

@@ -47,14 +47,7 @@ class CpuGraph:
             # (the default model's load peaked at 436 MiB of RSS so, against 409 with the file)
             with open(os.path.join(folder, "weights.bin"), "wb") as data:
                 rec = GraphOps(cfg, data, _converted(model, released))
-                coro = model.forward_batch(None, None, ops=rec)
-                try:
-                    coro.send(None)
-                except StopIteration as done:
-                    logits = done.value
-                else:
-                    coro.close()
-                    raise RuntimeError("tracing: the forward awaited something other than an op")
+                logits = model.trace(rec)
             self.embed, self.weight_bytes = rec.embed_table, rec.bytes
             with open(os.path.join(folder, "model.onnx"), "wb") as f:
                 f.write(rec.model_bytes(logits, blockwise.IR_VERSION))

@@ -240,14 +240,7 @@ class ResidentRunner(Planning, Submitting):
         prog = self._programs.get(all_logits)
         if prog is None:
             rec = Recorder(self, self.max_seqs if all_logits else self.max_rows)
-            coro = self.model.forward_batch(None, None, all_logits=all_logits, ops=rec)
-            try:
-                coro.send(None)
-            except StopIteration as done:
-                logits = done.value
-            else:
-                coro.close()
-                raise RuntimeError("tracing: the forward awaited something other than an op")
+            logits = self.model.trace(rec, all_logits=all_logits)
             if not all_logits:
                 self.sampler.record(rec, logits)
             prog = self._programs[all_logits] = Program(self.device, rec.disps, logits)
