@@ -215,7 +215,8 @@ def ratios(rows: list[dict], ox: dict) -> dict[str, dict]:
     out = {}
     for k in _metrics(ox):
         figs = {r.get("mode", "serial"): r[k]["median"] for r in rows
-                if r["model"] == ox["model"] and r["engine"] == "llama.cpp" and r.get(k, {}).get("median")}
+                if r["model"] == ox["model"] and r["engine"] == "llama.cpp" and r.get("_run") == ox.get("_run")
+                and r.get(k, {}).get("median")}
         if not figs:
             continue
         best = max(figs, key=figs.get) if k.startswith("aggregate_") or "serial" not in figs else "serial"
@@ -298,7 +299,8 @@ def plot(rows: list[dict], folder: str) -> list[Path]:
 def bench_command(args) -> None:
     """The CLI entry (oxinfer/cli.py): run (or read --from-json), print the table, write JSON and plots."""
     if args.from_json:
-        rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())["rows"]]
+        # each row knows its file: a ratio pairs oxinfer with the llama.cpp rows of its own run
+        rows = [{**r, "_run": i} for i, f in enumerate(args.from_json) for r in json.loads(Path(f).read_text())["rows"]]
     else:
         rows = run_bench(args)
     print_table(rows)

@@ -77,6 +77,24 @@ def test_the_aggregate_ratio_is_against_llama_cpp_s_best_figure_and_names_it(cap
     assert "decode_tps 0.62x," in text and "peak_rss_mib 4.00x (vs serial; batched 3.67x)" in text
 
 
+def test_saved_runs_read_together_keep_their_own_ratios(tmp_path, capsys):
+    """Two --json files of one model (before and after the batched modes): each oxinfer row against
+    its own run's llama.cpp rows, not the other file's."""
+    old = [{"model": "s", "engine": "oxinfer", "backend": "cpu", "aggregate_tps@16": m(65.0)},
+           {"model": "s", "engine": "llama.cpp", "backend": "cpu", "aggregate_tps@16": m(37.0)}]
+    new = [{"model": "s", "engine": "oxinfer", "backend": "cpu", "aggregate_tps@16": m(160.0)},
+           {"model": "s", "engine": "llama.cpp", "backend": "cpu", "mode": "serial", "aggregate_tps@16": m(80.0)},
+           {"model": "s", "engine": "llama.cpp", "backend": "cpu", "mode": "batched", "aggregate_tps@16": m(128.0)}]
+    files = []
+    for name, rows in (("old", old), ("new", new)):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps({"rows": rows}))
+    bench_command(_parser().parse_args(["bench", "--from-json", *map(str, files)]))
+    text = capsys.readouterr().out
+    assert "aggregate_tps@16 1.76x (vs serial)" in text
+    assert "aggregate_tps@16 1.25x (vs batched; serial 2.00x)" in text
+
+
 def _script(path, text):
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
