@@ -7,9 +7,11 @@ docs/cpu_graph_probe.md): one sequence's decode step 16.6 -> 8.8 ms, 16 sequence
 Keys and values stay in the KV pool (models/kv_cache.py): a layer's keys are (slots, KV, tokens,
 hd), so the lanes of consecutive slots are GroupQueryAttention's past buffer (B, KV, M, hd) as they
 are; it is bound as past and present at once, and the op writes the new positions in place. A step
-runs the decode rows of consecutive lanes together, and every other sequence (a prompt chunk, a
-private pool) alone: onnxruntime's CPU attention takes several rows of one sequence only alone.
-Rows do not mix: a sequence's logits are the same batched or alone.
+runs the decode rows of consecutive lanes together, first prompts together (padded, over keys and
+values of their own, copied into their lanes after), and every other sequence (a prompt after
+cached keys, a private pool) alone: onnxruntime's CPU attention takes several rows of several
+sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
+batched or alone (tests/test_cpu_graph.py).
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ class CpuGraph:
         self.model, cfg = model, model.cfg
         with tempfile.TemporaryDirectory(prefix="oxinfer-graph-") as folder:
             # the weights go to a file onnxruntime maps (pages of the page cache, dropped once it
-            # has packed them): held in memory, they were copied twice more while it loaded them
-            # (the default model's load peaked at 436 MiB of RSS so, against 409 with the file)
+            # has packed them; a /tmp in memory holds them there until then): held in memory and
+            # handed over, they were copied again while it loaded them (the default model's load
+            # peaked at 436 MiB of RSS so, 348 with the file)
             with open(os.path.join(folder, "weights.bin"), "wb") as data:
                 rec = GraphOps(cfg, data, _converted(model, released))
                 logits = model.trace(rec)
@@ -103,14 +106,8 @@ class CpuGraph:
         """Keys and values of B first prompts of S rows, bound as past and present: (binding, their
         arrays a layer)."""
         c = self.model.cfg
-        io, scratch = self.session.io_binding(), []
-        for layer in range(c.n_layers):
-            kv = (np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32), np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32))
-            for kind, a in zip(("key", "value"), kv):
-                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
-                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
-            scratch.append(kv)
-        return io, scratch
+        scratch = [tuple(np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32) for _ in "kv") for _ in range(c.n_layers)]
+        return self._bind_kv(scratch), scratch
 
     def _binding(self, pool, s0: int, B: int):
         """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present."""
@@ -119,16 +116,20 @@ class CpuGraph:
         if io is not None:
             self._bound.move_to_end(key)
             return io
-        io = self.session.io_binding()
-        for layer in range(self.model.cfg.n_layers):
-            for kind, arrays in (("key", pool.keys), ("value", pool.values)):
-                a = arrays[layer][s0:s0 + B]
-                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
-                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+        io = self._bind_kv([(k[s0:s0 + B], v[s0:s0 + B]) for k, v in zip(pool.keys, pool.values)])
         if not pool.growable:
             self._bound[key] = io
             if len(self._bound) > BINDINGS:
                 self._bound.popitem(last=False)
+        return io
+
+    def _bind_kv(self, layers: list[tuple[np.ndarray, np.ndarray]]):
+        """A binding of each layer's (keys, values), (B, KV, M, hd) each, as its past and its present."""
+        io = self.session.io_binding()
+        for layer, pair in enumerate(layers):
+            for kind, a in zip(("key", "value"), pair):
+                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
         return io
 
 
