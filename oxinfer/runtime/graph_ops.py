@@ -23,14 +23,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime import blockwise, onnx_proto
+from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, supports
 from oxinfer.runtime.onnx_proto import FLOAT as F32
-from oxinfer.runtime.onnx_proto import INT32, INT64, UINT8, node, tensor, value_info
+from oxinfer.runtime.onnx_proto import INT32, UINT8, node, tensor, value_info
+from oxinfer.runtime.onnx_proto import INT64 as I64
 from oxinfer.runtime.ops import rope_table
 
-I64 = INT64
 PAGE = max(mmap.ALLOCATIONGRANULARITY, 4096)  # onnxruntime maps an initializer at this alignment
 
 
@@ -49,19 +49,19 @@ class Sym:
 
 
 class GraphOps:
-    """Records one forward as ONNX nodes; `model_proto()` is the graph. Inputs: x (B, S, d) (the
+    """Records one forward as ONNX nodes; `model_bytes()` is the graph. Inputs: x (B, S, d) (the
     embedding rows, looked up in numpy: `embed_table`), seqlens_k (B,) int32 (each sequence's length
     after this step, minus one), total_seq () int32 (the longest such length), last (B, 1, d) int64
-    (each sequence's last row), past_key_l and past_value_l (B, KV, M, hd) for every layer. Outputs: logits, present_key_l, present_value_l
-    (the caller binds each present to its past's memory)."""
+    (each sequence's last row), past_key_l and past_value_l (B, KV, M, hd) for every layer.
+    Outputs: logits, present_key_l and present_value_l (the caller binds each present to its
+    past's memory). The products' accuracy_level is blockwise.ACCURACY_INT8 (int8 activations)."""
 
-    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, accuracy: int | None = None):
+    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None):
         """data: a binary file, beside where the graph will be saved as a file, that holds the
         initializers past a few KiB (onnxruntime maps it: no copy of them in the graph's protobuf,
         nor in its own memory); weights: id(matrix) -> its blocks as `kernel_weights` makes them
         (made now if missing), each dropped once written."""
         self.cfg, self.data = cfg, data
-        self.accuracy = accuracy or blockwise.ACCURACY_INT8  # MatMulNBits' accuracy_level (1: float activations)
         self.nodes: list = []
         self.inits: list = []
         self.inputs: list = []
@@ -170,7 +170,7 @@ class GraphOps:
         """x @ w.T through MatMulNBits, plus a Q4_1 block's minimum times x's block sums."""
         prefix, has_offsets = self._weights.get(id(w)) or self._weight(w)
         y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s"], domain="com.microsoft", K=w.n_in, N=w.n_out,
-                       bits=4 if w.codec.int4 else 8, block_size=BLOCK, accuracy_level=self.accuracy)[0]
+                       bits=4 if w.codec.int4 else 8, block_size=BLOCK, accuracy_level=blockwise.ACCURACY_INT8)[0]
         if not has_offsets:
             return y
         sums = self._block_sums.get(x)
