@@ -1,0 +1,78 @@
+"""Where one decode step of the CPU graph goes, op type by op type (onnxruntime's own profiler),
+for one sequence and for B sequences, on the cores this process may use (pin with taskset).
+
+    taskset -c 0-3 python benchmarks/cpu_graph_profile.py [--synthetic 135m] [--batch 1,16] [--steps 20] [--profile]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+
+async def main(args) -> None:
+    import oxinfer
+    from oxinfer.bench import SYNTHETIC
+    from oxinfer.runtime import blockwise
+    from oxinfer.testing import write_tiny_llama
+
+    plain = blockwise.session_options
+
+    def profiled():
+        opts = plain()
+        opts.enable_profiling, opts.profile_file_prefix = True, os.path.join(tempfile.mkdtemp(), "graph")
+        return opts
+
+    if args.profile:
+        blockwise.session_options = profiled
+    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
+    write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
+    engine = await oxinfer.Engine.load(path, max_concurrent=64)
+    graph, cpu = engine.scheduler.cpu.graph, engine.steps.cpu
+    rng = np.random.default_rng(0)
+    batches = [int(b) for b in args.batch.split(",")]
+    caches = [cpu.new_cache(512) for _ in range(max(batches))]
+    graph.run([rng.integers(300, 20000, 128) for _ in caches], caches)
+    walls = {}
+    for B in batches:
+        step = [np.array([7])] * B
+        for _ in range(3):  # warm
+            graph.run(step, caches[:B])
+            [c.trim(1) for c in caches[:B]]
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            graph.run(step, caches[:B])
+            [c.trim(1) for c in caches[:B]]
+        walls[B] = (time.perf_counter() - t0) / args.steps
+    print(f"{os.cpu_count()} cpus, {len(os.sched_getaffinity(0))} usable; step ms"
+          f"{' (no profiler overhead removed)' if args.profile else ''}: "
+          + ", ".join(f"B={b}: {w * 1e3:.2f}" for b, w in walls.items()))
+    if not args.profile:
+        return
+    trace = json.loads(Path(graph.session.end_profiling()).read_text())
+    by_op = defaultdict(float)
+    runs = 0
+    for ev in trace:
+        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
+            by_op[ev["args"]["op_name"]] += ev["dur"]
+        elif ev.get("name") == "model_run":
+            runs += 1
+    total = sum(by_op.values())
+    print(f"ops over {runs} runs (all batches), ms a run: " + ", ".join(
+        f"{k} {v / runs / 1e3:.2f}" for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:12])
+        + f"; sum {total / runs / 1e3:.2f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--synthetic", default="135m")
+    p.add_argument("--batch", default="1")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--profile", action="store_true", help="onnxruntime's profiler: the ops' times")
+    asyncio.run(main(p.parse_args()))
