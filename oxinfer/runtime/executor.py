@@ -3,8 +3,9 @@
 An executor runs steps (one forward over the rows of several sequences) on one device and owns the
 KV pool of that device; a cache knows the executor it lives on (`cache.executor`), so the engine
 never asks what type a cache is. The GPU's executor (runtime/webgpu/executor.py) replays a traced
-program; this one runs the model's ops through numpy and onnxruntime, its products batched by the
-MatmulScheduler. A device fault swaps the executor a request runs on, not the code path.
+program; this one runs the CPU's traced graph (runtime/cpu_graph.py), or the model's ops through
+numpy and onnxruntime with its products batched by the MatmulScheduler. A device fault swaps the
+executor a request runs on, not the code path.
 """
 
 from __future__ import annotations
@@ -75,9 +76,10 @@ class Executor(Protocol):
 
 
 class CpuExecutor:
-    """The model's forward on the CPU: ops in numpy, products through the scheduler (stacked across
-    requests, offloaded to a GPU backend where it wants them). A step alone runs whole in a worker
-    thread: one thread round trip per step, not one per matmul."""
+    """The model's forward on the CPU: as one onnxruntime graph a step where the CPU backend built
+    one (all-position logits excepted); else ops in numpy, products through the scheduler (stacked
+    across requests, offloaded to a GPU backend where it wants them), a step alone run whole in a
+    worker thread: one thread round trip per step, not one per matmul."""
 
     name = "cpu"
     max_rows = sys.maxsize  # a CPU step stacks every row waiting (prompts come in PREFILL_CHUNK chunks)
