@@ -143,3 +143,17 @@ def test_the_protobuf_written_is_onnx_s_own():
                                        [op.value_info("y", op.FLOAT, ["B"])], [], {"": 21, "com.microsoft": 1}, 10))
     assert (m.ir_version, m.graph.name, m.graph.node[0].op_type, m.graph.output[0].name) == (10, "g", "Relu", "y")
     assert {(o.domain, o.version) for o in m.opset_import} == {("", 21), ("com.microsoft", 1)}
+
+
+async def test_a_private_pool_s_sequence_equals_a_lane_s(engine):
+    """A cache with a pool of its own (no lane free), grown as its tokens arrive (bound anew each
+    run), gives a lane's logits bit for bit: a prompt in two chunks, then decode steps."""
+    from oxinfer.models.kv_cache import KVCache
+
+    graph, c = engine.scheduler.cpu.graph, engine.config
+    prompt = np.random.default_rng(3).integers(300, 40000, 300)
+    lane = engine.steps.cpu.new_cache(600)
+    own = KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, 10, c.context_length)
+    for part in (prompt[:200], prompt[200:], [5], [6]):
+        assert np.array_equal(graph.run([np.asarray(part)], [lane]), graph.run([np.asarray(part)], [own]))
+    assert own.pool.growable and own.pool.tokens >= 302 and own.offset == lane.offset == 302
