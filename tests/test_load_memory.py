@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from structlog.testing import capture_logs
+from test_resident import lose_device_at
 
 import oxinfer
 from oxinfer.formats import gpu_layout, quants
@@ -154,15 +155,7 @@ async def test_q_k_v_kept_apart_in_the_file_stay_there_on_the_gpu_and_after_a_fa
     assert _mapped_rss_kib(path) * 1024 < path.stat().st_size / 10
     params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     want = await cpu.generate([5, 6, 7, 8], params)
-    real, calls = e.resident.step_sync, []
-
-    def flaky(*a, **kw):
-        calls.append(1)
-        if len(calls) == 4:
-            raise RuntimeError("injected device loss")
-        return real(*a, **kw)
-
-    e.resident.step_sync = flaky
+    lose_device_at(e, 4)
     with capture_logs() as logs:
         got = await e.generate([5, 6, 7, 8], params)
     assert got.token_ids == want.token_ids

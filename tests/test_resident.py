@@ -358,20 +358,25 @@ async def test_cancel_three_of_ten_leaves_no_device_slot_behind(pair):
     assert gpu.stats().running == 0 and gpu.stats().pending_jobs == 0
 
 
+def lose_device_at(engine, n: int) -> None:
+    """The engine's device fails its n-th step from now (a RuntimeError, as a lost device raises)."""
+    real, calls = engine.resident.step_sync, []
+
+    def flaky(*a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError("injected device loss")
+        return real(*a, **kw)
+
+    engine.resident.step_sync = flaky
+
+
 async def test_a_device_fault_mid_stream_finishes_on_the_cpu_with_the_same_tokens(tmp_path):
     path = write_tiny_llama(tmp_path / "m.gguf", seed=9, extra_vocab=40)
     cpu, gpu = await engines(path)
     params = oxinfer.SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     want = await cpu.generate([5, 6, 7, 8], params)
-    real, calls = gpu.resident.step_sync, []
-
-    def flaky(*a, **kw):
-        calls.append(1)
-        if len(calls) == 6:
-            raise RuntimeError("injected device loss")
-        return real(*a, **kw)
-
-    gpu.resident.step_sync = flaky
+    lose_device_at(gpu, 6)
     with capture_logs() as logs:
         got = await gpu.generate([5, 6, 7, 8], params)
     events = [e["event"] for e in logs]
