@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.errors import ModelFormatError
+from oxinfer.finish import finish
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig
 from oxinfer.models.kv_cache import BLOCK, SLOT_TOKENS_MAX, KVCache, KVPool, PoolSize
@@ -157,13 +158,8 @@ class Llama:
     def trace(self, ops, *, all_logits: bool = False):
         """The forward once through ops that record instead of computing (the GPU's recorder, the
         CPU's graph ops; they never suspend): what it returns, in their terms."""
-        coro = self.forward_batch(None, None, all_logits=all_logits, ops=ops)
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value
-        coro.close()
-        raise RuntimeError("tracing: the forward awaited something other than an op")
+        return finish(self.forward_batch(None, None, all_logits=all_logits, ops=ops),
+                      "tracing: the forward awaited something other than an op")
 
     async def forward(self, tokens: np.ndarray, cache, *, all_logits: bool = False, tag=None) -> np.ndarray:
         """Logits (t or 1, vocab) for `tokens` following what the cache holds; advances the cache."""

@@ -26,6 +26,7 @@ import anyio.to_thread
 import numpy as np
 import structlog
 
+from oxinfer.finish import finish
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime.backend import Backend, Job
 from oxinfer.runtime.batcher import Batcher, Ticket
@@ -255,10 +256,4 @@ class MatmulScheduler:
 def _drive(forward, args, kwargs, requests: int = 1):
     """Run a coroutine to completion in this (worker) thread; its linear() calls never suspend."""
     _solo_requests.set(requests)
-    coro = forward(*args, **kwargs)
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("a solo forward awaited something other than the scheduler")
+    return finish(forward(*args, **kwargs), "a solo forward awaited something other than the scheduler")
