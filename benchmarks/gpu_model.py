@@ -129,7 +129,9 @@ def _phase(a, b, wall: float, steps: int) -> str:
     n = b.steps - a.steps
     per = lambda f: (getattr(b, f) - getattr(a, f)) / n * 1e3  # noqa: E731
     return (f"step {wall / steps * 1e3:.2f} ms = in the GPU thread {per('seconds'):.2f} (encode {per('encode_s'):.2f}, "
-            f"submit {per('submit_s'):.2f}, wait {per('wait_s'):.2f}; GPU pass {per('kernel_s'):.2f}) + engine")
+            f"submit {per('submit_s'):.2f}, wait {per('wait_s'):.2f}; GPU pass {per('kernel_s'):.2f}) + engine; "
+            f"waits a step: {(b.blocking_waits - a.blocking_waits) / n:.2f} blocking, "
+            f"{(b.overlapped_waits - a.overlapped_waits) / n:.2f} with the next step running")
 
 
 async def crowd(engine, streams: int, n_decode: int, sampling: dict | None = None, context: int = 16) -> float:

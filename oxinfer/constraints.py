@@ -16,7 +16,7 @@ import json
 import re
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -195,7 +195,8 @@ class ConstraintError(OxinferError, ValueError):
 class Guide:
     """One request's matcher: `start()` computing the next token's mask in a worker thread (llguidance
     drops the GIL) while the forward runs, `words()` it as the device's bitmask, `apply()` it to a
-    logits row, `advance()` by the drawn token."""
+    logits row, `advance()` by the drawn token. A mask is computed once a position: it is kept
+    until the guide advances."""
 
     def __init__(self, constraint: Constraint, tokenizer, vocab: int):
         from llguidance import LLMatcher
@@ -204,7 +205,11 @@ class Guide:
         self._m = LLMatcher(_lltokenizer(tokenizer, vocab), constraint.grammar, log_level=0)
         if self._m.is_error():
             raise ValueError(f"{constraint.kind}: {self._m.get_error()}")
-        self._mask: Future | None = None
+        self._mask: Future | None = None  # this position's mask (computing, or computed)
+        self._ahead: tuple[int, ConstraintError | None] | None = None  # a token taken ahead, and its verdict
+        # whether it admits no more text, read when the matcher moves: a mask computing in a worker
+        # holds the matcher (llguidance's calls on it from another thread fail meanwhile)
+        self.done = self._m.is_stopped()
 
     def start(self) -> None:
         if self._mask is None:
@@ -215,7 +220,6 @@ class Guide:
         u32); ConstraintError if it allows none."""
         self.start()
         bits = np.frombuffer(self._mask.result(), np.uint32)
-        self._mask = None
         words = np.zeros(-(-self.vocab // 32), np.uint32)
         words[:min(len(bits), len(words))] = bits[:len(words)]
         if self.vocab % 32:
@@ -232,14 +236,43 @@ class Guide:
         x[len(allowed):] = -np.inf
 
     def advance(self, token: int) -> None:
-        if not self._m.consume_token(token):
-            raise ConstraintError(f"{self.kind}: the output cannot be completed after token {token} "
-                                  f"({self._m.get_error()}): does the grammar admit any finite text?")
+        """The request's next token; one already taken ahead (`take_ahead`) is not taken again."""
+        if self._ahead is not None:
+            (ahead, error), self._ahead = self._ahead, None
+            if ahead == token:
+                if error is not None:
+                    raise error
+                return
+            self._settle()
+            self._m.rollback(1)
+            self.done = self._m.is_stopped()
+        error = self._consume(token)
+        if error is not None:
+            raise error
 
-    @property
-    def done(self) -> bool:
-        """The constraint admits no more text (the output is complete)."""
-        return self._m.is_stopped()
+    def take_ahead(self, token: int) -> None:
+        """Advance by a token the device drew before the request has it, and start the next mask:
+        the GPU's chain with constraints submits the next step's sampler while its forward runs,
+        not after the engine has handled the token. The request's advance by the same token then
+        finds it taken (and raises the ConstraintError, if it could not be taken)."""
+        self._ahead = (token, self._consume(token))
+        if self._ahead[1] is None:
+            self.start()
+
+    def _consume(self, token: int) -> ConstraintError | None:
+        self._settle()
+        ok = self._m.consume_token(token)
+        self.done = self._m.is_stopped()
+        if not ok:
+            return ConstraintError(f"{self.kind}: the output cannot be completed after token {token} "
+                                   f"({self._m.get_error()}): does the grammar admit any finite text?")
+        return None
+
+    def _settle(self) -> None:
+        """Forget this position's mask, once no worker computes it (the matcher is not shared)."""
+        mask, self._mask = self._mask, None
+        if mask is not None:
+            wait([mask])
 
 
 _POOL = ThreadPoolExecutor(4, thread_name_prefix="oxinfer-guide")

@@ -70,6 +70,28 @@ async def test_a_dead_end_mid_answer_is_a_constraint_error_naming_it(engine):
         guide.advance(engine.tokenizer.encode("zzz")[0])
 
 
+async def test_a_token_taken_ahead_is_taken_once(engine):
+    """The GPU's chain with constraints advances a guide by the drawn token before the request has
+    it (take_ahead); the request's own advance by that token is then no second step, and a token
+    the constraint refuses is the request's ConstraintError, raised by its advance."""
+    from oxinfer.constraints import ConstraintError, Guide
+
+    c, tok = SamplingParams(regex="[a-f]{4}").constraint, engine.tokenizer
+    a = tok.encode("a")[0]
+    ahead, plain = (Guide(c, tok, engine.config.vocab_size) for _ in range(2))
+    for _ in range(4):
+        ahead.take_ahead(a)
+        mask = ahead.words()  # the next position's mask, made before the advance
+        ahead.advance(a)
+        plain.advance(a)
+        assert (mask == plain.words()).all() and (ahead.words() == mask).all()
+    assert ahead.done and plain.done
+    bad = Guide(c, tok, engine.config.vocab_size)
+    bad.take_ahead(tok.encode("zzz")[0])
+    with pytest.raises(ConstraintError, match="regex: the output cannot be completed after token"):
+        bad.advance(tok.encode("zzz")[0])
+
+
 async def test_logit_bias_bans_and_forces_tokens(engine):
     prompt = "The capital of France is"
     greedy = await engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0))

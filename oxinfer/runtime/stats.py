@@ -26,7 +26,10 @@ class StepRecord:
     submit_s: float = 0.0
     wait_s: float = 0.0
     kernel_s: float | None = None  # device time of the pass (timestamp queries), when measured
-    waited: bool = False  # the host waited for the device (a blocking wait)
+    # the host waited for the device with nothing of the next step submitted behind this one (a
+    # blocking wait: the device idles from then until the host submits again, a round trip)
+    waited: bool = False
+    overlapped_wait: bool = False  # the host waited while the next step was submitted (the device stayed busy)
     ahead: bool = False  # the step had been submitted by the one before (run-ahead)
     sampled: int = 0  # sequences whose token was drawn at a temperature (the others: greedy)
 
@@ -38,6 +41,7 @@ class StepStats:
     steps: int = 0
     submissions: int = 0
     blocking_waits: int = 0
+    overlapped_waits: int = 0
     ahead_steps: int = 0  # steps found already submitted (run-ahead hits)
     wasted_steps: int = 0  # steps submitted ahead and not asked for
     sampled_steps: int = 0  # steps that drew a token at a temperature for some sequence (the rest: greedy)
@@ -55,6 +59,7 @@ class StepStats:
     def add(self, r: StepRecord) -> None:
         self.steps += 1
         self.blocking_waits += r.waited
+        self.overlapped_waits += r.overlapped_wait
         self.ahead_steps += r.ahead
         self.sampled_steps += r.sampled > 0
         self.seconds += r.step_s
@@ -78,7 +83,8 @@ class StepStats:
         per = lambda v: v / self.steps * 1e3 if self.steps else 0.0  # noqa: E731
         return (f"{self.submissions} submissions, {self.gflop:.2f} GFLOP in {self.seconds:.3f} s = "
                 f"{self.gflops:.1f} GFLOP/s incl. host round trips; "
-                f"{self.blocking_waits / max(tokens, 1):.2f} blocking waits per token, {self.steps} steps, "
+                f"{self.blocking_waits / max(tokens, 1):.2f} blocking waits per token "
+                f"({self.overlapped_waits / max(tokens, 1):.2f} more with the next step running), {self.steps} steps, "
                 f"{self.dispatches / max(self.steps, 1):.0f} dispatches a step; "
                 f"encode {per(self.encode_s):.2f} ms, wait {per(self.wait_s):.2f} ms a step")
 

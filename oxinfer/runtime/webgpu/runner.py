@@ -25,6 +25,7 @@ import anyio.to_thread
 import numpy as np
 import structlog
 
+from oxinfer.constraints import ConstraintError
 from oxinfer.errors import WebGpuUnavailable
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.kv_cache import KVPoolFull
@@ -320,15 +321,19 @@ class ResidentRunner(Planning, Submitting):
         elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
+        behind = bool(self._aheads) and self._aheads[0].submitted  # the device has the next step meanwhile
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
         t4 = time.perf_counter()
         if self._aheads:
             self._aheads[0].tokens = [d.token for d in ids]  # the input of the next step, which this one's draws fed
+            if masked:
+                self._mask_next(samplers, ids)
         for c, s in zip(caches, seqs):
             c.append(s)
         up, down, encode_s, submit_s, dispatches, submissions, gflop = cost
         self._record(t, n, dispatches, up, down, encode_s, submit_s, t4 - t3, kernel_s,
-                     time.perf_counter() - t0, waited, ahead is not None, submissions, gflop,
+                     time.perf_counter() - t0, waited and not behind, waited and behind, ahead is not None,
+                     submissions, gflop,
                      sum(s is not None and not s.params.greedy for s in samplers))
         return ids, out
 
@@ -388,6 +393,28 @@ class ResidentRunner(Planning, Submitting):
                     after.cost = self._encode_ahead(after.staging, after.offsets)
         return job
 
+    def _mask_next(self, samplers, draws) -> None:
+        """A chain with constraints, its next step's forward running: each guide takes the token just
+        drawn (the request's own advance later finds it taken), and the next step's sampler is
+        submitted once their masks are in, while that forward runs. Left to the next step_sync (as
+        for the chain's first step) where a guide is done or its mask cannot be made: that step
+        will not be asked for, or will name the error."""
+        self._join()  # (the chain's first step: its forward is submitted by the background)
+        with self.gpu.lock:
+            nxt = self._aheads[0] if self._aheads else None
+            if nxt is None or not isinstance(nxt.cost, Half) or nxt.cost.forward is not None:
+                return
+            guides = [s.guide for s in samplers if s is not None and s.guide is not None]
+            for s, d in zip(samplers, draws):
+                if s is not None and s.guide is not None:
+                    s.guide.take_ahead(d.token)
+            if any(g.done for g in guides):
+                return
+            try:
+                nxt.cost = self._finish(nxt.cost, samplers)
+            except ConstraintError:
+                pass
+
     def _next(self, caches, starts) -> _Ahead | None:
         """A decode step of one row for each of caches at positions `starts`, queued ahead with its
         blocks reserved and its staging buffer (None where the pool or the context has no room);
@@ -419,10 +446,10 @@ class ResidentRunner(Planning, Submitting):
         return np.concatenate(outs)
 
     def _record(self, rows, seqs, dispatches, up, down, encode_s, submit_s, wait_s, kernel_s, total_s,
-                waited, ahead, submissions, gflop, sampled) -> None:
+                waited, overlapped, ahead, submissions, gflop, sampled) -> None:
         self._ids += 1
         rec = StepRecord(self._ids, "webgpu", rows, seqs, gflop, total_s, dispatches, submissions, up, down,
-                         encode_s, submit_s, wait_s, kernel_s, waited, ahead, sampled)
+                         encode_s, submit_s, wait_s, kernel_s, waited, overlapped, ahead, sampled)
         self.last = rec
         self.stats.add(rec)
         log.debug("step", **rec.__dict__)
