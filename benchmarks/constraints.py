@@ -57,7 +57,7 @@ async def main() -> None:
     ids = engine.tokenizer.encode("[1,22,333,4,55,666,7,88,999,1,22,333,4,55,666,7,88,999")
     for tok in ids:
         t = time.perf_counter()
-        guide.compute()
+        guide.words()
         times.append(time.perf_counter() - t)
         guide.apply(np.zeros(vocab, np.float32))  # as the sampler does, into its own row
         guide.advance(tok)

@@ -327,7 +327,7 @@ class ResidentRunner(Planning, Submitting):
         if self._aheads:
             self._aheads[0].tokens = [d.token for d in ids]  # the input of the next step, which this one's draws fed
             if masked:
-                self._mask_next(samplers, ids)
+                self._mask_next(caches, samplers, ids)
         for c, s in zip(caches, seqs):
             c.append(s)
         up, down, encode_s, submit_s, dispatches, submissions, gflop = cost
@@ -369,21 +369,22 @@ class ResidentRunner(Planning, Submitting):
 
     def _masked_next(self, caches, starts):
         """The steps after this one in a chain with constraints (each one's masks need the token the
-        one before draws, so its sampler waits for the host): the next one's forward submitted now,
-        right behind this step's sampler, where it was encoded ahead (else in the background), and
-        the one after that encoded in the background while this step is read. The background's
-        job, or None."""
+        one before draws, so its sampler waits for the host): the next one's forward submitted,
+        right behind this step's sampler (now where it was encoded ahead, in the background where it
+        was not queued), and the one after that encoded in the background while this step is read.
+        The background's job, or None."""
         first = None
-        if self._aheads and not self._aheads[0].submitted:
-            nxt = self._aheads[0]
-            self._submit_forward(nxt.cost, caches, nxt.offsets)
-        elif not self._aheads:
+        if not self._aheads:
             nxt = first = self._next(caches, starts)
             if nxt is None:  # no room in the pool or the context
                 return None
         else:
+            nxt = self._aheads[0]
+            if not nxt.submitted:
+                self._submit_forward(nxt.cost, caches, nxt.offsets)
+        after = self._next(caches, [o + 1 for o in nxt.offsets]) if len(self._aheads) == 1 else None
+        if first is None and after is None:
             return None
-        after = self._next(caches, [o + 1 for o in nxt.offsets])
 
         def job():
             with self.gpu.lock:
@@ -393,27 +394,35 @@ class ResidentRunner(Planning, Submitting):
                     after.cost = self._encode_ahead(after.staging, after.offsets)
         return job
 
-    def _mask_next(self, samplers, draws) -> None:
-        """A chain with constraints, its next step's forward running: each guide takes the token just
-        drawn (the request's own advance later finds it taken), and the next step's sampler is
-        submitted once their masks are in, while that forward runs. Left to the next step_sync (as
-        for the chain's first step) where a guide is done or its mask cannot be made: that step
-        will not be asked for, or will name the error."""
-        self._join()  # (the chain's first step: its forward is submitted by the background)
-        with self.gpu.lock:
-            nxt = self._aheads[0] if self._aheads else None
-            if nxt is None or not isinstance(nxt.cost, Half) or nxt.cost.forward is not None:
-                return
-            guides = [s.guide for s in samplers if s is not None and s.guide is not None]
-            for s, d in zip(samplers, draws):
-                if s is not None and s.guide is not None:
-                    s.guide.take_ahead(d.token)
-            if any(g.done for g in guides):
-                return
-            try:
-                nxt.cost = self._finish(nxt.cost, samplers)
-            except ConstraintError:
-                pass
+    def _mask_next(self, caches, samplers, draws) -> None:
+        """A chain with constraints, its next step's forward running or about to: each guide takes
+        the token just drawn (the request's own advance later finds it taken) and starts the next
+        mask; the background, once its work queued before is done, submits the next step's sampler
+        as the masks come in, and the forward of the step after it, while the caller handles this
+        step's tokens. Left to the next step_sync where a guide is done: that step will not be
+        asked for."""
+        guides = [(s.guide, d.token) for s, d in zip(samplers, draws) if s is not None and s.guide is not None]
+        for g, token in guides:
+            g.take_ahead(token)
+        if any(g.done for g, _ in guides):
+            return
+        before = self._pending  # (the chain's first step: its forward is submitted by the background)
+
+        def finish():
+            if before is not None:
+                before.result()
+            with self.gpu.lock:
+                nxt = self._aheads[0] if self._aheads else None
+                if nxt is None or not isinstance(nxt.cost, Half) or nxt.cost.forward is not None:
+                    return
+                try:
+                    nxt.cost = self._finish(nxt.cost, samplers)
+                except ConstraintError:  # (no token can continue: the next step_sync names it)
+                    return
+                after = self._aheads[1] if len(self._aheads) > 1 else None
+                if after is not None and isinstance(after.cost, Half) and after.cost.forward is not None:
+                    self._submit_forward(after.cost, caches, after.offsets)
+        self._pending = self._background.submit(finish)
 
     def _next(self, caches, starts) -> _Ahead | None:
         """A decode step of one row for each of caches at positions `starts`, queued ahead with its
