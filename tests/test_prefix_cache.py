@@ -145,6 +145,7 @@ async def test_the_device_pool_shares_blocks_in_place(model):
     cpu = await oxinfer.Engine.load(model, cpu_int8=False)
     assert second.token_ids == (await cpu.generate(system + [2, 3], GREEDY)).token_ids
     np.testing.assert_allclose(second.logprobs, (await cpu.generate(system + [2, 3], GREEDY)).logprobs, atol=1e-3)
+    gpu.resident.settle()  # (a step submitted ahead in the background holds its caches until it is)
     assert kv.used == 0 and len(kv.blocks.cached) >= 3 and len(kv.free_slots) == kv.n_slots
 
 
@@ -170,3 +171,24 @@ def test_device_blocks_are_counted_cached_and_evicted_least_recently_used():
     assert d.offset == 0  # its first block was evicted: nothing to share
     with pytest.raises(KVPoolFull):
         d.reserve(2 * BLOCK)
+
+
+async def test_kept_blocks_stay_within_keep_and_the_lanes_pages_within_held_blocks(model):
+    """Ended requests keep at most `keep` bytes of blocks (least recently kept go first), and the
+    pages lanes have written stay within the blocks caches hold, running or kept: a pool of 1 GiB
+    holds what its caches hold, not the most it ever held. A kept prefix within `keep` still hits."""
+    engine = await oxinfer.Engine.load(model, max_concurrent=4)
+    m = engine.model
+    per_block = BLOCK * m.kv_bytes_per_token
+    m.kv_size, m._pool = PoolSize(slots=8, bytes=1 << 30, keep=3 * per_block), None
+    pool = m.kv_pool
+    prompts = [ids(70, 40 + i) for i in range(4)]  # 70 + 6 tokens: 2 full blocks kept each
+    for p in prompts:
+        await engine.generate(p, GREEDY)
+        gc.collect()
+        assert len(pool.alloc.cached) <= 3 and sum(pool._written) <= pool.held
+    assert len(pool.kept) == 1 and pool.evictions >= 3
+    assert (await engine.generate(prompts[-1] + [1], GREEDY)).finished.cached_tokens == 2 * BLOCK
+    assert (await engine.generate(prompts[0] + [1], GREEDY)).finished.cached_tokens == 0
+    gc.collect()
+    assert sum(pool._written) <= pool.held
