@@ -32,7 +32,7 @@ def blocks(tokens: int) -> int:
 async def test_a_cache_takes_blocks_as_tokens_arrive_and_gives_them_back(model):
     engine = await oxinfer.Engine.load(model)
     m = engine.model
-    m.kv_size, m._pool = PoolSize(slots=2, bytes=5 * BLOCK * m.cfg.kv_bytes_per_token), None
+    m.kv_size, m._pool = PoolSize(slots=2, bytes=5 * BLOCK * m.kv_bytes_per_token), None
     pool = m.kv_pool
     assert pool.n_blocks == 5 and pool.held == 0
     a = m.new_cache()
@@ -92,7 +92,7 @@ async def test_a_full_pool_admits_by_memory_and_preempts_the_youngest(model):
     prompts = [ids(40, 200 + i) for i in range(10)]
     want = [await solo.generate(p, params) for p in prompts]
     engine = await oxinfer.Engine.load(model, max_concurrent=10,
-                                       kv_bytes=n_blocks * BLOCK * solo.config.kv_bytes_per_token)
+                                       kv_bytes=n_blocks * BLOCK * solo.model.kv_bytes_per_token)
     assert engine.model.kv_pool.n_blocks == n_blocks
     got, running = [None] * len(prompts), []
 
@@ -125,7 +125,7 @@ async def test_a_full_pool_admits_by_memory_and_preempts_the_youngest(model):
 
 
 async def test_a_request_that_cannot_fit_the_pool_is_refused_at_once(model):
-    per_block = BLOCK * (await oxinfer.Engine.load(model)).config.kv_bytes_per_token
+    per_block = BLOCK * (await oxinfer.Engine.load(model)).model.kv_bytes_per_token
     engine = await oxinfer.Engine.load(model, kv_bytes=4 * per_block)  # 128 positions
     with pytest.raises(oxinfer.ContextOverflowError, match="KV memory"):
         engine.stream(ids(100, 1), oxinfer.SamplingParams(max_tokens=40))

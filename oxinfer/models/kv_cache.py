@@ -12,8 +12,10 @@ Lanes are address space only (anonymous mmap, pages committed as they are writte
 the pool's `blocks`. A cache takes blocks as its tokens arrive (`reserve`: KVPoolFull when
 neither a free block nor a kept cache's is left), nothing up front, and gives them back when it
 is dropped; the engine admits requests by the blocks free (engine/admission.py). The pages lanes have
-written stay within the same number of blocks: past it, those no cache holds go back to the OS
-(MADV_DONTNEED). The block table of a sequence is its lane: the kernel's page table maps the
+written stay within the blocks caches hold, running or kept: the others go back to the OS
+(MADV_DONTNEED) as soon as a lane grows or a cache is kept, so the pool's memory is what its
+caches hold, not the most it ever held (`oxinfer bench`'s 16 streams after four 512-token prompts,
+float32: 242 -> 135 MiB). The block table of a sequence is its lane: the kernel's page table maps the
 lane's blocks to memory. (Reading blocks scattered over the pool would need a gather per decode
 step: measured, the attention of 16 streams of 256 tokens took 1.5-2.5x as long, for a fifth of
 a step.)
@@ -22,8 +24,8 @@ Prompt prefixes are computed once: every cache knows the token ids it holds and 
 each full block of BLOCK of them (`HeldTokens`; a block's hash stands for every token up to its
 end, as vLLM keys its blocks). A new sequence reuses the longest run of its prompt's leading
 blocks that a cache of the pool holds, running or kept after its request ended (kept blocks stay
-until their memory or slot is wanted, least recently used first), and computes only the rest. It
-takes over a kept cache's lane when it uses all of that cache's blocks (no copy); otherwise the
+until their memory or slot is wanted, least recently used first; they hold at most `keep` blocks
+and give way before the pool's memory grows), and computes only the rest. It takes over a kept cache's lane when it uses all of that cache's blocks (no copy); otherwise the
 run is copied into its own lane: the copy-on-write happens when the second sequence starts, as
 each writes its own positions after the shared ones. (The device pool shares blocks in place,
 runtime/webgpu/kv.py; here attention reads each sequence's positions as one view of its lane.)
@@ -56,16 +58,17 @@ class KVPoolFull(OxinferError):
     """A KV pool has no free block (or slot) for a sequence's next tokens."""
 
 
-def _lazy_zeros(shape: tuple[int, ...]) -> tuple[np.ndarray, mmap.mmap]:
-    """float32 zeros whose pages the kernel commits only when written (no huge pages: one 2 MB page
+def lazy_zeros(shape: tuple[int, ...], dtype=np.float32) -> tuple[np.ndarray, mmap.mmap]:
+    """Zeros whose pages the kernel commits only when written (no huge pages: one 2 MB page
     per (slot, head) row would commit 40x what a 200-token sequence needs), and their map: private,
     for MADV_DONTNEED frees a private page (a shared one stays in memory, only unmapped)."""
-    n = int(np.prod(shape)) * 4
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape)) * dtype.itemsize
     private = {"flags": mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS} if hasattr(mmap, "MAP_PRIVATE") else {}
     buf = mmap.mmap(-1, max(n, 1), **private)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         buf.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(buf, np.float32, count=n // 4).reshape(shape), buf
+    return np.frombuffer(buf, dtype, count=n // dtype.itemsize).reshape(shape), buf
 
 
 def block_hash(prev: bytes, block: Sequence[int]) -> bytes:
@@ -121,13 +124,21 @@ def prompt_blocks(prompt: Sequence[int], rest: int = 1) -> HeldTokens:
     return want
 
 
+KEEP_BYTES = 16 << 20  # ended requests' blocks kept for later prompts, at most (PoolSize.keep's default)
+
+
 @dataclass(frozen=True)
 class PoolSize:
     """A model's shared KV pool: `slots` sequences at once (lanes of address space) in `bytes` of
-    memory (None: every lane full)."""
+    memory (None: every lane full), of which ended requests' blocks keep at most `keep` for later
+    prompts (None: all of it). Kept blocks are memory no request is using, as llama-server bounds
+    its prompt cache (--cache-ram): 16 MiB hold ~730 tokens of SmolLM2's float16 keys and values
+    (a conversation's history, a few system prompts); 32 MiB made `oxinfer bench`'s peak RSS
+    ~16 MiB higher, the whole pool (1 GiB) ~100 MiB."""
 
     slots: int = 16
     bytes: int | None = None
+    keep: int | None = KEEP_BYTES
 
 
 @dataclass
@@ -145,26 +156,30 @@ class _Lease:
 
 class KVPool:
     """Keys and values of up to `slots` sequences: per layer, (slots, n_kv_heads, tokens, head_dim),
-    in at most `blocks` blocks of memory (`n_blocks`; default: every lane full).
+    in at most `blocks` blocks of memory (`n_blocks`; default: every lane full), `keep` of them at
+    most (default: all) held by kept caches.
 
     A shared pool never reallocates, so forwards in different threads (a decode batch in a worker,
     a prefill on the event loop) write their own lanes without a lock; only a private pool, which
     one sequence owns, grows (in chunks, its memory its own: `blocks` does not apply)."""
 
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, slots: int, tokens: int,
-                 blocks: int | None = None, growable: bool = False):
+                 blocks: int | None = None, growable: bool = False, keep: int | None = None, dtype=np.float32):
         self.n_layers, self.n_kv_heads, self.head_dim = n_layers, n_kv_heads, head_dim
         self.slots, self.tokens, self.growable = slots, tokens, growable
+        self.dtype = np.dtype(dtype)
         self.n_blocks = blocks if blocks is not None else slots * -(-tokens // BLOCK)
+        self.keep_blocks = self.n_blocks if keep is None else keep
+        self._busiest = 0  # the most blocks running sequences have held at once
         shape = (slots, n_kv_heads, tokens, head_dim)
         self._maps: list[mmap.mmap] = []
         self.keys, self.values = [], []
         for arrays in (self.keys, self.values):
             for _ in range(n_layers):
                 if growable:
-                    arrays.append(np.zeros(shape, np.float32))
+                    arrays.append(np.zeros(shape, self.dtype))
                 else:
-                    a, buf = _lazy_zeros(shape)
+                    a, buf = lazy_zeros(shape, self.dtype)
                     arrays.append(a)
                     self._maps.append(buf)
         self._free = list(range(slots - 1, -1, -1))  # pop() hands out the lowest slot first
@@ -196,8 +211,10 @@ class KVPool:
 
     def reserve(self, lease: _Lease, tokens: int) -> None:
         """Blocks for positions [0, tokens) of a lease's lane; kept caches give theirs up, least
-        recently used first, when too few are free. KVPoolFull (and nothing taken) when even that
-        is not enough."""
+        recently used first, when too few are free, and before the blocks held would pass both
+        `keep` and the most that running sequences have held at once: kept blocks use memory the
+        pool has needed, never make it grow (the bench's 16 streams after four 512-token prompts:
+        16 MiB lower). KVPoolFull (and nothing taken) when even that is not enough."""
         need = -(-tokens // BLOCK) - lease.blocks
         if need <= 0:
             return
@@ -205,7 +222,10 @@ class KVPool:
             if need > self.alloc.available:
                 raise KVPoolFull(f"the KV pool is full ({self.n_blocks} blocks of {BLOCK} positions, "
                                  f"{self.held} held): {need} more wanted")
+            while self.alloc.cached and self.held + need > max(self.keep_blocks, self._busiest):
+                self.alloc.evict_oldest()  # (a whole kept cache)
             lease.ids += self.alloc.take(need)
+            self._busiest = max(self._busiest, self.alloc.used)
             if lease.blocks > self._written[lease.slot]:
                 self._written[lease.slot] = lease.blocks
                 self._fit_pages()
@@ -240,11 +260,12 @@ class KVPool:
         self._free.sort(reverse=True)
 
     def _fit_pages(self) -> None:
-        """Keep the pages lanes have written within the pool's memory: past it, the OS gets back
-        those of free lanes (the longest first), then the tails past what each lane holds. (Giving
-        every page back at once made each new sequence fault its pages in again: 15-24 ms for 512
-        tokens of SmolLM2 against 3 ms written warm, ~1% of the prompt's time, measured.)"""
-        excess = sum(self._written) - self.n_blocks
+        """Keep the pages lanes have written within the blocks caches hold: past them, the OS gets
+        back those of free lanes (the longest first), then the tails past what each lane holds. A
+        new sequence then faults its lane's pages in (15-24 ms for 512 tokens of SmolLM2 against
+        3 ms written warm, measured: ~2% of the prompt's time), where keeping every page written
+        up to the pool's memory (1 GiB by default) held the process's largest burst for good."""
+        excess = sum(self._written) - self.held
         if excess <= 0:
             return
         holds = {c.lease.slot: c.lease.blocks for c in list(self.live)}
@@ -261,9 +282,10 @@ class KVPool:
     def _release_pages(self, slot: int, first: int) -> None:
         """Return to the OS the pages of a lane's positions from `first` on (they read as zeros
         and are committed again when written): the pages wholly inside, never a neighbour's."""
-        row = self.tokens * self.head_dim * 4  # bytes of one (slot, head)
+        item = self.dtype.itemsize
+        row = self.tokens * self.head_dim * item  # bytes of one (slot, head)
         runs = [(slot * self.n_kv_heads * row, (slot + 1) * self.n_kv_heads * row)] if not first else [
-            ((slot * self.n_kv_heads + h) * row + first * self.head_dim * 4, (slot * self.n_kv_heads + h + 1) * row)
+            ((slot * self.n_kv_heads + h) * row + first * self.head_dim * item, (slot * self.n_kv_heads + h + 1) * row)
             for h in range(self.n_kv_heads)]
         for buf in self._maps if hasattr(mmap, "MADV_DONTNEED") else ():
             for start, end in runs:
@@ -299,6 +321,9 @@ class KVPool:
             self.alloc.release(cache.lease.ids, keep=True)  # cached: evicted least recently kept first
             self._kept_of.update(dict.fromkeys(cache.lease.ids, cache))
             self.kept[id(cache)] = cache
+            while len(self.alloc.cached) > self.keep_blocks:  # past `keep`: the least recently kept go
+                self.alloc.evict_oldest()
+            self._fit_pages()
 
     def open(self, prompt: Sequence[int] = ()) -> KVCache | None:
         """A cache in a slot of this pool, holding the longest run of the prompt's leading blocks
@@ -366,7 +391,7 @@ class KVPool:
             raise ValueError(f"KV cache full: {tokens} tokens > limit {min(limit, self.tokens)}")
         for arrays in (self.keys, self.values):
             for i, old in enumerate(arrays):
-                arrays[i] = np.zeros((*old.shape[:2], new, old.shape[3]), np.float32)
+                arrays[i] = np.zeros((*old.shape[:2], new, old.shape[3]), self.dtype)
                 arrays[i][:, :, :self.tokens] = old
         self.tokens = new
 
@@ -383,7 +408,7 @@ class KVPool:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * 4
+        return 2 * self.n_layers * self.n_kv_heads * self.head_dim * self.dtype.itemsize
 
 
 class KVCache(HeldTokens):
@@ -405,9 +430,10 @@ class KVCache(HeldTokens):
         return self.lease.slot
 
     @classmethod
-    def private(cls, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, max_tokens: int) -> KVCache:
+    def private(cls, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, max_tokens: int,
+                dtype=np.float32) -> KVCache:
         """A cache with a pool of its own, grown in chunks as tokens arrive."""
-        pool = KVPool(n_layers, n_kv_heads, head_dim, 1, 0, growable=True)
+        pool = KVPool(n_layers, n_kv_heads, head_dim, 1, 0, growable=True, dtype=dtype)
         cache = cls(pool, _Lease(pool._take_slot()), max_tokens)
         cache.reserve(min(max(capacity, 1), max_tokens))
         return cache

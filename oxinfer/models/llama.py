@@ -73,6 +73,7 @@ class Llama:
         self.head = head  # (vocab, d); the embedding itself when tied
         self.ops = ops  # the CPU's (runtime/ops.py); a forward may be given others
         self.kv_size = PoolSize()  # the shared KV pool's (the engine sets it before the first cache)
+        self.kv_dtype = np.dtype(np.float32)  # its keys' and values' (the CPU graph's may be float16)
         self._pool: KVPool | None = None
 
     @classmethod
@@ -136,15 +137,23 @@ class Llama:
         return [*ms, self.head]
 
     @property
+    def kv_bytes_per_token(self) -> int:
+        """The shared pool's keys and values of one position, every layer (the config's are float32's)."""
+        return self.cfg.kv_bytes_per_token * self.kv_dtype.itemsize // 4
+
+    @property
     def kv_pool(self) -> KVPool:
         """The shared KV pool (made at the first use, as `kv_size` says)."""
         if self._pool is None:
             c, size = self.cfg, self.kv_size
-            blocks = None if size.bytes is None else size.bytes // (BLOCK * c.kv_bytes_per_token)
+            per_block = BLOCK * self.kv_bytes_per_token
+            blocks = None if size.bytes is None else size.bytes // per_block
             tokens = min(c.context_length, SLOT_TOKENS_MAX)
             if blocks is not None:  # a lane never holds more than the memory
                 tokens = max(BLOCK, min(tokens, blocks * BLOCK))
-            self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, size.slots, tokens, blocks)
+            keep = None if size.keep is None else size.keep // per_block
+            self._pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, size.slots, tokens, blocks, keep=keep,
+                                dtype=self.kv_dtype)
         return self._pool
 
     def new_cache(self, capacity: int = 0, prompt: Sequence[int] = ()) -> KVCache:
@@ -153,7 +162,7 @@ class Llama:
         much); else a cache with a pool of its own."""
         c, pool = self.cfg, self.kv_pool
         cache = pool.open(prompt) if capacity <= pool.tokens else None
-        return cache or KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length)
+        return cache or KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, capacity, c.context_length, self.kv_dtype)
 
     def trace(self, ops, *, all_logits: bool = False):
         """The forward once through ops that record instead of computing (the GPU's recorder, the

@@ -87,11 +87,8 @@ def session_options() -> ort.SessionOptions:
     return opts
 
 
-def _trim() -> None:
-    """Give the heap's free pages back to the OS. Building a kernel copies its weights through an
-    ONNX proto (values, serialized model, onnxruntime's parse) and glibc keeps the freed copies:
-    a kernel for 18 MB of int8 weights left RSS 120 MiB higher, 50 after a trim; the default
-    model's load peaked at 906 MiB (measured on the dev VM)."""
+def _libc():
+    """glibc through ctypes (malloc_trim, madvise), or False elsewhere."""
     libc = _threads.get("libc")
     if libc is None:
         import ctypes
@@ -100,11 +97,33 @@ def _trim() -> None:
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
             libc.malloc_trim  # noqa: B018 - glibc only
+            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         except (OSError, AttributeError):
             libc = False
         _threads["libc"] = libc
-    if libc:
+    return libc
+
+
+def _trim() -> None:
+    """Give the heap's free pages back to the OS. Building a kernel copies its weights through an
+    ONNX proto (values, serialized model, onnxruntime's parse) and glibc keeps the freed copies:
+    a kernel for 18 MB of int8 weights left RSS 120 MiB higher, 50 after a trim; the default
+    model's load peaked at 906 MiB (measured on the dev VM)."""
+    if libc := _libc():
         libc.malloc_trim(0)
+
+
+def drop_mapped(path: str) -> None:
+    """Drop the resident pages of every map of the file at `path` that this process holds (Linux:
+    /proc/self/maps); they stay readable, faulted in again from the page cache when read."""
+    libc = _libc()
+    if not libc or not os.path.exists("/proc/self/maps"):
+        return
+    with open("/proc/self/maps") as f:
+        spans = [line.split()[0] for line in f if line.rstrip().endswith(" " + path)]
+    for span in spans:
+        start, end = (int(a, 16) for a in span.split("-"))
+        libc.madvise(start, end - start, 4)  # MADV_DONTNEED
 
 
 def supports(w: QuantMatrix) -> bool:

@@ -12,6 +12,18 @@ values of their own, copied into their lanes after), and every other sequence (a
 cached keys, a private pool) alone: onnxruntime's CPU attention takes several rows of several
 sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
 batched or alone (tests/test_cpu_graph.py).
+
+Keys and values are float16 (KV_DTYPE), llama.cpp's default cache type: half the KV memory, and
+onnxruntime's attention takes float16 q, k, v and rope table then (one type for all), so a step
+differs from float32 keys' by llama.cpp's own noise (tests/test_cpu_graph.py bounds it). On the
+2-core dev VM a decode step took as long (one sequence at 512 tokens: 9.96 against 10.1 ms) and
+16 sequences' ~10% longer (39.5 against 35.6 ms), medians of 6 in turns.
+
+Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`, its peak RSS
+838 -> 334 MiB with the KV pool's changes, models/kv_cache.py): after a prompt's run the arena
+gives back its activations, the embedding rows' file pages go once looked up, onnxruntime's map
+of the weights file lets go of the pages it packed, and first prompts' scratch keys and values
+are a map of their own.
 """
 
 from __future__ import annotations
@@ -27,13 +39,18 @@ import numpy as np
 import onnxruntime as ort
 import structlog
 
+from oxinfer.models.kv_cache import lazy_zeros
 from oxinfer.runtime import blockwise
 from oxinfer.runtime.graph_ops import GraphOps, kernel_weights
 
 log = structlog.get_logger("oxinfer.runtime")
 
 BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0.1 ms)
-PROMPT_ROWS = 2048  # first prompts run together up to this many rows (padding included)
+# first prompts run together up to this many rows (padding included): llama.cpp's n_batch. Their
+# keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
+# more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
+PROMPT_ROWS = 512
+KV_DTYPE = np.float16  # the KV pool's keys and values while the graph runs the steps (see CpuGraph)
 
 
 class CpuGraph:
@@ -43,23 +60,39 @@ class CpuGraph:
         t0 = time.perf_counter()
         blockwise.set_up_threads()
         self.model, cfg = model, model.cfg
+        self._released = released
+        self.kv_dtype = np.dtype(KV_DTYPE)
         with tempfile.TemporaryDirectory(prefix="oxinfer-graph-") as folder:
             # the weights go to a file onnxruntime maps (pages of the page cache, dropped once it
             # has packed them; a /tmp in memory holds them there until then): held in memory and
             # handed over, they were copied again while it loaded them (the default model's load
             # peaked at 436 MiB of RSS so, 348 with the file)
             with open(os.path.join(folder, "weights.bin"), "wb") as data:
-                rec = GraphOps(cfg, data, _converted(model, released))
+                rec = GraphOps(cfg, data, _converted(model, released), self.kv_dtype)
                 logits = model.trace(rec)
             self.embed, self.weight_bytes = rec.embed_table, rec.bytes
             with open(os.path.join(folder, "model.onnx"), "wb") as f:
                 f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
             self._logits = rec.logits
             del rec
-            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(),
+            blockwise._trim()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
+            opts = blockwise.session_options()
+            # no memory pattern: onnxruntime then sized one block a run's shapes for every tensor
+            # of the run, which the arena kept (the bench's peak 37 MiB higher; steps as fast)
+            opts.enable_mem_pattern = False
+            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
                                                 providers=["CPUExecutionProvider"])
+            # what onnxruntime packed it holds in its own memory; of the weights file a step then
+            # reads ~0.2 MiB (norms, rope rows), but the 16 MiB of the Q4_1 offsets it packed too
+            # stayed resident in its map
+            blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
         blockwise._trim()
+        model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, object] = OrderedDict()
+        # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
+        # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
+        self._shrink = ort.RunOptions()
+        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
                  build_s=round(self.build_s, 3))
@@ -84,6 +117,8 @@ class CpuGraph:
         x = np.zeros((B, S, d), np.float32)
         for b, s in enumerate(seqs):
             x[b, :len(s)] = self.embed.dequantize(s)
+        if self._released is not None:  # the rows' file pages, and the ~16 around each that a fault
+            self._released(self.embed.data)  # maps: a whole 30 MiB embedding after a few prompts
         lens = np.array([c.offset + len(s) - 1 for c, s in zip(caches, seqs)], np.int32)  # length after, minus one
         total = np.array(lens.max() + 1, np.int32)
         last = np.repeat(np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None], d, axis=2)
@@ -95,7 +130,9 @@ class CpuGraph:
         for name, a in (("x", x), ("seqlens_k", lens), ("total_seq", total), ("last", last)):
             io.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
         io.bind_output(self._logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self.session.run_with_iobinding(io)
+        self.session.run_with_iobinding(io, self._shrink if S > 1 else None)
+        if S > 1:
+            blockwise._trim()
         for layer, (k, v) in enumerate(scratch if fresh else ()):
             for b, (c, s) in enumerate(zip(caches, seqs)):
                 c.pool.keys[layer][c.slot, :, :len(s)] = k[b, :, :len(s)]
@@ -104,13 +141,16 @@ class CpuGraph:
 
     def _scratch_binding(self, B: int, S: int):
         """Keys and values of B first prompts of S rows, bound as past and present: (binding, their
-        arrays a layer)."""
+        arrays a layer). One anonymous map, unmapped when they go (np.empty's pages stayed in the
+        heap: 94 MiB after 16 prompts of 128 tokens)."""
         c = self.model.cfg
-        scratch = [tuple(np.empty((B, c.n_kv_heads, S, c.head_dim), np.float32) for _ in "kv") for _ in range(c.n_layers)]
-        return self._bind_kv(scratch), scratch
+        kv, _ = lazy_zeros((c.n_layers, 2, B, c.n_kv_heads, S, c.head_dim), self.kv_dtype)
+        return self._bind_kv(list(kv)), list(kv)
 
     def _binding(self, pool, s0: int, B: int):
         """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present."""
+        if pool.dtype != self.kv_dtype:
+            raise TypeError(f"a KV pool of {pool.dtype} keys and values: this graph reads and writes {self.kv_dtype}")
         key = (id(pool), s0, B, pool.tokens)
         io = self._bound.get(key) if not pool.growable else None  # (a private pool's arrays are replaced as it grows)
         if io is not None:
@@ -128,8 +168,8 @@ class CpuGraph:
         io = self.session.io_binding()
         for layer, pair in enumerate(layers):
             for kind, a in zip(("key", "value"), pair):
-                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
-                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, np.float32, list(a.shape), a.ctypes.data)
+                io.bind_input(f"past_{kind}_{layer}", "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+                io.bind_output(f"present_{kind}_{layer}", "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
         return io
 
 

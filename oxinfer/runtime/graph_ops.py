@@ -27,7 +27,7 @@ from oxinfer.runtime import blockwise, onnx_proto
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, supports
 from oxinfer.runtime.onnx_proto import FLOAT as F32
-from oxinfer.runtime.onnx_proto import INT32, UINT8, node, tensor, value_info
+from oxinfer.runtime.onnx_proto import DTYPES, INT32, UINT8, node, tensor, value_info
 from oxinfer.runtime.onnx_proto import INT64 as I64
 from oxinfer.runtime.ops import rope_table
 
@@ -56,12 +56,14 @@ class GraphOps:
     Outputs: logits, present_key_l and present_value_l (the caller binds each present to its
     past's memory). The products' accuracy_level is blockwise.ACCURACY_INT8 (int8 activations)."""
 
-    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None):
+    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, kv_dtype=np.float32):
         """data: a binary file, beside where the graph will be saved as a file, that holds the
         initializers past a few KiB (onnxruntime maps it: no copy of them in the graph's protobuf,
         nor in its own memory); weights: id(matrix) -> its blocks as `kernel_weights` makes them
-        (made now if missing), each dropped once written."""
+        (made now if missing), each dropped once written; kv_dtype: the keys' and values' (float16:
+        attention's q, k, v and rope table in float16 too, onnxruntime's kernel takes one type)."""
         self.cfg, self.data = cfg, data
+        self.kv_dtype = np.dtype(kv_dtype)
         self.nodes: list = []
         self.inits: list = []
         self.inputs: list = []
@@ -212,11 +214,14 @@ class GraphOps:
         packed = q.part and q.name == k.name == v.name and (q.col0, k.col0, v.col0) == (0, q.cols, q.cols + k.cols) \
             and q.cols + k.cols + v.cols == q.width
         qkv = [q.name, "", ""] if packed else [self._real(q), self._real(k), self._real(v)]
+        kv = DTYPES[self.kv_dtype]
+        if kv != F32:
+            qkv = [n and self._node("Cast", [n], to=kv)[0] for n in qkv]
         kv_in, kv_out = [f"past_key_{layer}", f"past_value_{layer}"], [f"present_key_{layer}", f"present_value_{layer}"]
         for name in kv_in:
-            self.inputs.append(value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+            self.inputs.append(value_info(name, kv, ["B", c.n_kv_heads, "M", c.head_dim]))
         for name in kv_out:
-            self.outputs.append(value_info(name, F32, ["B", c.n_kv_heads, "M", c.head_dim]))
+            self.outputs.append(value_info(name, kv, ["B", c.n_kv_heads, "M", c.head_dim]))
         cos, sin = self._rope_cache(c.rope_row0(layer))
         # a row sees its own position and window - 1 before it: onnxruntime's local_window_size is
         # the window itself (tests/test_cpu_graph.py: Gemma 2's window of 4 against the numpy ops)
@@ -226,6 +231,8 @@ class GraphOps:
                            "com.microsoft", dict(num_heads=c.n_heads, kv_num_heads=c.n_kv_heads, scale=float(c.attn_scale),
                                                  do_rotary=1, rotary_interleaved=1, local_window_size=window or -1,
                                                  softcap=float(c.attn_softcap or 0.0))])
+        if kv != F32:
+            out = self._node("Cast", [out], to=F32)[0]
         return Sym(out, c.n_heads * c.head_dim)
 
     def _rope_cache(self, row0: int) -> tuple[str, str]:
@@ -233,8 +240,9 @@ class GraphOps:
         global one's), (context, rope_dim / 2)."""
         if row0 not in self._rope:
             rot = rope_table(self.cfg)[row0:row0 + self.cfg.context_length]
-            self._rope[row0] = (self._init(self._name("cos"), F32, rot.real.astype(np.float32)),
-                                self._init(self._name("sin"), F32, rot.imag.astype(np.float32)))
+            kv = DTYPES[self.kv_dtype]
+            self._rope[row0] = (self._init(self._name("cos"), kv, rot.real.astype(self.kv_dtype)),
+                                self._init(self._name("sin"), kv, rot.imag.astype(self.kv_dtype)))
         return self._rope[row0]
 
     def silu_mul(self, gate: Sym, up: Sym) -> Sym:

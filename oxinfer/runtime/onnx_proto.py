@@ -14,8 +14,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-FLOAT, UINT8, INT32, INT64 = 1, 2, 6, 7  # TensorProto.DataType
-DTYPES = {np.dtype(np.float32): FLOAT, np.dtype(np.uint8): UINT8, np.dtype(np.int32): INT32, np.dtype(np.int64): INT64}
+FLOAT, UINT8, INT32, INT64, FLOAT16 = 1, 2, 6, 7, 10  # TensorProto.DataType
+DTYPES = {np.dtype(np.float32): FLOAT, np.dtype(np.uint8): UINT8, np.dtype(np.int32): INT32, np.dtype(np.int64): INT64,
+          np.dtype(np.float16): FLOAT16}
 _ATTR_FLOAT, _ATTR_INT, _ATTR_STRING, _ATTR_INTS = 1, 2, 3, 7  # AttributeProto.AttributeType
 
 
