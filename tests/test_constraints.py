@@ -5,6 +5,7 @@ import json
 
 import anyio
 import jsonschema
+import numpy as np
 import pytest
 from json_schemas import SCHEMAS
 
@@ -151,3 +152,19 @@ async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
     batched = await run_all(gpu_engine, params, "x")
     for p, r, want in zip(params, batched, [*await run_all(cpu_engine, params[:4], "x"), None]):
         assert r.token_ids == (want or await gpu_engine.generate("x", p)).token_ids
+
+
+async def test_a_constrained_prompt_longer_than_a_step_follows_its_constraint_on_the_gpu(tmp_path):
+    """A prompt of more rows than a step takes runs in chunks; only the last chunk's draw is the
+    request's (its constraint advances by it alone): greedy under a schema equals the CPU's."""
+    try:
+        gpu = WebGpuBackend.create(allow_cpu_adapter=True)
+    except WebGpuUnavailable as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=5, context=1024)
+    cpu_engine = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu_engine = await oxinfer.Engine.load(path, gpu=gpu, cpu_int8=False)
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, 250, 700)]  # two chunks of a step
+    p = SamplingParams(json_schema=SCHEMAS[0], max_tokens=30, temperature=0)
+    a, b = await cpu_engine.generate(prompt, p), await gpu_engine.generate(prompt, p)
+    assert b.token_ids == a.token_ids and b.finished.reason == a.finished.reason

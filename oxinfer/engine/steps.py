@@ -8,6 +8,8 @@ executor (`Steps.executor`), not the code path.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import anyio
 import anyio.to_thread
 import numpy as np
@@ -17,9 +19,18 @@ from oxinfer.engine.admission import Admission, Request
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.executor import prompt_chunks
-from oxinfer.sampling import Draw
+from oxinfer.sampling import Draw, Sampler
 
 log = structlog.get_logger("oxinfer.engine")
+
+
+class Rows(NamedTuple):
+    """A request's rows in a step: a prompt's chunk or its last token, and the sampler that draws
+    the token after them (None for a prompt's chunk before its last)."""
+
+    tokens: np.ndarray
+    req: Request
+    sampler: Sampler | None
 
 
 class Steps:
@@ -54,7 +65,8 @@ class Steps:
         token. None: the request was preempted (its cache is gone; it must wait in line again)."""
         out = None
         for part in prompt_chunks(len(tokens)):
-            out = await self.batcher.submit((np.asarray(tokens[part]), req), tag=req.id)
+            last = part.stop == len(tokens)  # (an earlier chunk's token is no one's: the argmax, drawn by no sampler)
+            out = await self.batcher.submit(Rows(np.asarray(tokens[part]), req, req.sampler if last else None), tag=req.id)
             if out is None:
                 return None
         return out
@@ -79,21 +91,21 @@ class Steps:
         batch = await self._grant(batch)
         for executor in self.executors:  # the device's first; then the CPU's, with whatever a fault left
             if executor is self.cpu:
-                mine = [t for t in batch if not t.done and t.payload[1].cache is not None]
+                mine = [t for t in batch if not t.done and t.payload.req.cache is not None]
                 for t in mine:
-                    if t.payload[1].cache.executor not in (self.cpu, None):  # its device failed
-                        await self._move_to_cpu(t.payload[1])
-                mine = [t for t in mine if t.payload[1].cache is not None]  # (cancelled while it moved)
+                    if t.payload.req.cache.executor not in (self.cpu, None):  # its device failed
+                        await self._move_to_cpu(t.payload.req)
+                mine = [t for t in mine if t.payload.req.cache is not None]  # (cancelled while it moved)
             elif id(executor) in self.dead:
                 continue
             else:
-                mine = [t for t in batch if not t.done and t.payload[1].cache is not None
-                        and t.payload[1].cache.executor is executor]
+                mine = [t for t in batch if not t.done and t.payload.req.cache is not None
+                        and t.payload.req.cache.executor is executor]
             for group in self._groups(executor, mine):
-                reqs = [t.payload[1] for t in group]
+                reqs = [t.payload.req for t in group]
                 try:
-                    draws = await executor.step([t.payload[0] for t in group], [r.cache for r in reqs],
-                                                [r.sampler for r in reqs], tag=",".join(str(t.tag) for t in group))
+                    draws = await executor.step([t.payload.tokens for t in group], [r.cache for r in reqs],
+                                                [t.payload.sampler for t in group], tag=",".join(str(t.tag) for t in group))
                 except Exception as e:  # noqa: BLE001 - a device fault must never lose a request
                     if executor is self.cpu:
                         raise
@@ -111,7 +123,7 @@ class Steps:
         concurrent prompt chunks can add up to more)."""
         groups, rows = [[]], 0
         for t in tickets:
-            n = len(t.payload[0])
+            n = len(t.payload.tokens)
             if groups[-1] and (rows + n > executor.max_rows or len(groups[-1]) == executor.max_seqs):
                 groups.append([])
                 rows = 0
@@ -127,10 +139,10 @@ class Steps:
         its full blocks stay kept, so it computes again only the tokens after them, as a prompt:
         their logits may differ from the first computation's in the last bits.) One running alone
         fails only if memory stays held outside the running requests."""
-        pending = sorted(tickets, key=lambda t: t.payload[1].arrived)
+        pending = sorted(tickets, key=lambda t: t.payload.req.arrived)
         granted, settled = [], False
         while pending:
-            tokens, req = pending[0].payload
+            tokens, req, _ = pending[0].payload
             if req.cache is None:  # cancelled while its ticket waited (or while a request was preempted)
                 pending.pop(0).out = None
                 continue
@@ -153,7 +165,7 @@ class Steps:
             executor.settle()
 
     async def _preempt(self, ticket: Ticket) -> None:
-        req = ticket.payload[1]
+        req = ticket.payload.req
         log.info("request_preempted", request_id=req.id, tokens=req.cache.offset, reason="the KV pool is full",
                  action="its blocks go back; it waits in line to be computed again")
         cache, req.cache = req.cache, None

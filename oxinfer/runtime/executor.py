@@ -21,6 +21,7 @@ import structlog
 
 from oxinfer.models.kv_cache import KVCache
 from oxinfer.runtime.stats import StepRecord, StepStats
+from oxinfer.sampling import Draw
 
 log = structlog.get_logger("oxinfer.executor")
 
@@ -60,7 +61,8 @@ class Executor(Protocol):
 
     async def step(self, seqs: list[np.ndarray], caches: list, samplers: list, tag=None) -> list:
         """One forward, and the token each sequence's sampler (oxinfer/sampling.py) draws after its
-        last row: a Draw each. Caches advance. tag: the requests' ids, for the logs."""
+        last row (None: the argmax, for a prompt's chunk before its last): a Draw each. Caches
+        advance. tag: the requests' ids, for the logs."""
 
     async def prefill(self, tokens: np.ndarray, cache, *, all_logits: bool = False, alone: bool = False) -> np.ndarray:
         """Logits of the last token (or of every token) after `tokens`, in chunks a step takes."""
@@ -112,9 +114,10 @@ class CpuExecutor:
             rows = await self.scheduler.run_whole(graph.run, seqs, caches)
         else:
             rows = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(seqs), tag=tag)
-        draws = [s.pick(row) for s, row in zip(samplers, rows)]  # (numpy, on the loop: ~0.1-0.5 ms a row)
+        # (numpy, on the loop: ~0.1-0.5 ms a row; no sampler: the argmax)
+        draws = [Draw(int(np.argmax(row))) if s is None else s.pick(row) for s, row in zip(samplers, rows)]
         self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0,
-                     sum(not s.params.greedy for s in samplers))
+                     sum(s is not None and not s.params.greedy for s in samplers))
         return draws
 
     async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
