@@ -36,10 +36,8 @@ async def _logits(engine, graph: bool) -> list[np.ndarray]:
 async def test_the_graph_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
     """Within 2e-5 of the logits' largest (float32 rounding in other orders), argmax equal: norms,
     biases, q/k norms, both ropes (adjacent pairs, rotated halves reordered; scaled, YaRN, LongRoPE,
-    Gemma 3's local one), GQA over the cache and its windows, soft caps, SwiGLU and GeGLU. With
-    float32 keys and values (the default float16's rounding: test_float16_keys_and_values_...)."""
+    Gemma 3's local one), GQA over the cache and its windows, soft caps, SwiGLU and GeGLU."""
     monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations in both
-    monkeypatch.setattr(cpu_graph, "KV_DTYPE", np.float32)
     if arch == "q4_1":
         path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3)
     else:
@@ -162,23 +160,23 @@ async def test_a_private_pool_s_sequence_equals_a_lane_s(engine):
 
 
 async def test_float16_keys_and_values_stay_within_llama_cpp_s_own_noise(engine, monkeypatch):
-    """The graph keeps keys and values in float16 (llama.cpp's default cache type; attention's q,
-    k, v and rope table are float16 then, onnxruntime's kernel takes one type): half the bytes a
-    token. Against float32 ones, a 170-token text and three decode steps: each row's logits, less
-    their mean, within 1.0 (llama.cpp's own batch vs token-by-token noise, tests/golden_checks.py;
-    measured 0.35-0.52), the top five's logprobs within 0.5 (0.17-0.20), and the same argmax where
-    float32's top two are 1.0 apart."""
-    assert engine.scheduler.cpu.graph.kv_dtype == np.float16 and engine.model.kv_pool.dtype == np.float16
-    assert engine.model.kv_bytes_per_token * 2 == engine.config.kv_bytes_per_token
-    monkeypatch.setattr(cpu_graph, "KV_DTYPE", np.float32)
-    f32 = await oxinfer.Engine.load(None)
+    """With KV_DTYPE float16 (llama.cpp's default cache type; attention's q, k, v and rope table
+    are float16 then, onnxruntime's kernel takes one type) the pool holds half the bytes a token.
+    Against the default float32 keys, a 170-token text and three decode steps: each row's logits,
+    less their mean, within 1.0 (llama.cpp's own batch vs token-by-token noise,
+    tests/golden_checks.py; measured 0.35-0.52), the top five's logprobs within 0.5 (0.17-0.20),
+    and the same argmax where float32's top two are 1.0 apart."""
+    monkeypatch.setattr(cpu_graph, "KV_DTYPE", np.float16)
+    f16 = await oxinfer.Engine.load(None)
+    assert f16.scheduler.cpu.graph.kv_dtype == np.float16 and f16.model.kv_pool.dtype == np.float16
+    assert f16.model.kv_bytes_per_token * 2 == engine.model.kv_bytes_per_token == engine.config.kv_bytes_per_token
     text = ("The history of the bicycle begins in the early nineteenth century, when inventors in Germany and "
             "France built two-wheeled machines that riders pushed along with their feet. Over the following "
             "decades, pedals, chains and pneumatic tyres turned this curiosity into the most efficient means "
             "of transport ever devised, and by the end of the century millions of people rode to work. ") * 2
     prompt, steps = np.array(engine.tokenizer.encode(text)), engine.tokenizer.encode(" The first")
     got, want = [], []
-    for e, out in ((engine, got), (f32, want)):
+    for e, out in ((f16, got), (engine, want)):
         cache, run = e.steps.cpu.new_cache(256), e.scheduler.cpu.graph.run
         out.append(run([prompt], [cache])[0])
         out += [run([np.array([t])], [cache])[0] for t in steps]

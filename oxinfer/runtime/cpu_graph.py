@@ -13,17 +13,18 @@ cached keys, a private pool) alone: onnxruntime's CPU attention takes several ro
 sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
 batched or alone (tests/test_cpu_graph.py).
 
-Keys and values are float16 (KV_DTYPE), llama.cpp's default cache type: half the KV memory, and
-onnxruntime's attention takes float16 q, k, v and rope table then (one type for all), so a step
-differs from float32 keys' by llama.cpp's own noise (tests/test_cpu_graph.py bounds it). On the
-2-core dev VM a decode step took as long (one sequence at 512 tokens: 9.96 against 10.1 ms) and
-16 sequences' ~10% longer (39.5 against 35.6 ms), medians of 6 in turns.
+Keys and values are float32 (KV_DTYPE). float16 ones (KV_DTYPE = np.float16 before the load:
+llama.cpp's default cache type) halve the KV memory, and onnxruntime's attention then takes
+float16 q, k, v and rope table (one type for all), a step within llama.cpp's own noise of float32
+keys' (tests/test_cpu_graph.py bounds it); but its CPU kernel converts each head's keys and
+values back to float32 every step: one sequence's decode step 10-14% longer on the 2-core VM
+(9.34 -> 10.66 ms, 64 steps in turns, medians of 12), so they are not the default.
 
-Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`, its peak RSS
-838 -> 334 MiB with the KV pool's changes, models/kv_cache.py): after a prompt's run the arena
-gives back its activations, the embedding rows' file pages go once looked up, onnxruntime's map
-of the weights file lets go of the pages it packed, and first prompts' scratch keys and values
-are a map of their own.
+Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`: its peak RSS
+812 -> ~408 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
+a prompt's run the arena gives back its activations, the embedding rows' file pages go once
+looked up, onnxruntime's map of the weights file lets go of the pages it packed, and first
+prompts' scratch keys and values are a map of their own.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
-KV_DTYPE = np.float16  # the KV pool's keys and values while the graph runs the steps (see CpuGraph)
+KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
 
 
 class CpuGraph:
