@@ -21,7 +21,7 @@ values back to float32 every step: one sequence's decode step 10-14% longer on t
 (9.34 -> 10.66 ms, 64 steps in turns, medians of 12), so they are not the default.
 
 Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`: its peak RSS
-812 -> ~408 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
+812 -> ~390-400 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
 a prompt's run the arena gives back its activations, the embedding rows' file pages go once
 looked up, onnxruntime's map of the weights file lets go of the pages it packed, and first
 prompts' scratch keys and values are a map of their own.
@@ -77,11 +77,7 @@ class CpuGraph:
             self._logits = rec.logits
             del rec
             blockwise._trim()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
-            opts = blockwise.session_options()
-            # no memory pattern: onnxruntime then sized one block a run's shapes for every tensor
-            # of the run, which the arena kept (the bench's peak 37 MiB higher; steps as fast)
-            opts.enable_mem_pattern = False
-            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), opts,
+            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(),
                                                 providers=["CPUExecutionProvider"])
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows), but the 16 MiB of the Q4_1 offsets it packed too
