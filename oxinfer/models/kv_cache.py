@@ -132,9 +132,9 @@ class PoolSize:
     """A model's shared KV pool: `slots` sequences at once (lanes of address space) in `bytes` of
     memory (None: every lane full), of which ended requests' blocks keep at most `keep` for later
     prompts (None: all of it). Kept blocks are memory no request is using, as llama-server bounds
-    its prompt cache (--cache-ram): 16 MiB hold ~730 tokens of SmolLM2's float16 keys and values
-    (a conversation's history, a few system prompts); 32 MiB made `oxinfer bench`'s peak RSS
-    ~16 MiB higher, the whole pool (1 GiB) ~100 MiB."""
+    its prompt cache (--cache-ram): 16 MiB hold ~360 tokens of SmolLM2's float32 keys and values
+    (~730 float16: a conversation's history, a few system prompts); 32 MiB made `oxinfer bench`'s
+    peak RSS ~16 MiB higher, the whole pool (1 GiB) ~100 MiB."""
 
     slots: int = 16
     bytes: int | None = None
