@@ -49,9 +49,9 @@ def set_up_threads() -> None:
     if _threads:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
-    cores = _cores()
+    n = cores()
     try:
-        ort.set_global_thread_pool_sizes(cores, 1)
+        ort.set_global_thread_pool_sizes(n, 1)
         _threads["ort"] = "global"
     except Exception as e:  # noqa: BLE001 - someone made onnxruntime's environment first
         _threads["ort"] = "per-session"
@@ -64,11 +64,11 @@ def set_up_threads() -> None:
     except Exception as e:  # noqa: BLE001 - registered already, or an onnxruntime without it
         _threads["arena"] = "per-session"
         log.info("ort_arena", arenas="per session", reason=repr(e))
-    log.info("cpu_threads", blas=1, onnxruntime=cores, onnxruntime_pools=_threads["ort"],
+    log.info("cpu_threads", blas=1, onnxruntime=n, onnxruntime_pools=_threads["ort"],
              reason="the blockwise int8 kernels use every core; spinning BLAS workers slowed them by a quarter")
 
 
-def _cores() -> int:
+def cores() -> int:
     """The cores this process may use (the affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
@@ -79,7 +79,7 @@ def session_options() -> ort.SessionOptions:
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
     else:
-        opts.intra_op_num_threads = _cores()
+        opts.intra_op_num_threads = cores()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # errors only
     if _threads["arena"] == "shared":
@@ -104,7 +104,7 @@ def _libc():
     return libc
 
 
-def _trim() -> None:
+def trim_heap() -> None:
     """Give the heap's free pages back to the OS. Building a kernel copies its weights through an
     ONNX proto (values, serialized model, onnxruntime's parse) and glibc keeps the freed copies:
     a kernel for 18 MB of int8 weights left RSS 120 MiB higher, 50 after a trim; the default
@@ -205,7 +205,7 @@ class BlockwiseKernel:
         # are the weights a second time (SmolLM2: 145 MiB of RSS held for nothing)
         vars(self._session).pop("_model_bytes", None)
         del serialized
-        _trim()
+        trim_heap()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, np.float32)

@@ -76,14 +76,14 @@ class CpuGraph:
                 f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
             self._logits = rec.logits
             del rec
-            blockwise._trim()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
+            blockwise.trim_heap()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
             self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(),
                                                 providers=["CPUExecutionProvider"])
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows), but the 16 MiB of the Q4_1 offsets it packed too
             # stayed resident in its map
             blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
-        blockwise._trim()
+        blockwise.trim_heap()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, object] = OrderedDict()
         # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
@@ -129,7 +129,7 @@ class CpuGraph:
         io.bind_output(self._logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
         self.session.run_with_iobinding(io, self._shrink if S > 1 else None)
         if S > 1:
-            blockwise._trim()
+            blockwise.trim_heap()
         for layer, (k, v) in enumerate(scratch if fresh else ()):
             for b, (c, s) in enumerate(zip(caches, seqs)):
                 c.pool.keys[layer][c.slot, :, :len(s)] = k[b, :, :len(s)]
@@ -181,7 +181,7 @@ def _converted(model, released) -> dict[int, tuple]:
             released(b.data)
         return blocks
 
-    with ThreadPoolExecutor(min(len(bases), blockwise._cores(), 8), thread_name_prefix="oxinfer-graph") as ex:
+    with ThreadPoolExecutor(min(len(bases), blockwise.cores(), 8), thread_name_prefix="oxinfer-graph") as ex:
         return {id(b): blocks for b, blocks in zip(bases, ex.map(convert, bases))}
 
 
