@@ -413,14 +413,14 @@ class ResidentRunner(Planning, Submitting):
                 before.result()
             with self.gpu.lock:
                 nxt = self._aheads[0] if self._aheads else None
-                if nxt is None or not isinstance(nxt.cost, Half) or nxt.cost.forward is not None:
+                if nxt is None or not (isinstance(nxt.cost, Half) and nxt.submitted):  # (its sampler waits)
                     return
                 try:
                     nxt.cost = self._finish(nxt.cost, samplers)
                 except ConstraintError:  # (no token can continue: the next step_sync names it)
                     return
                 after = self._aheads[1] if len(self._aheads) > 1 else None
-                if after is not None and isinstance(after.cost, Half) and after.cost.forward is not None:
+                if after is not None and not after.submitted:  # (encoded ahead)
                     self._submit_forward(after.cost, caches, after.offsets)
         self._pending = self._background.submit(finish)
 
