@@ -123,17 +123,24 @@ async def test_bad_constraints_are_refused_by_name_and_the_engine_keeps_serving(
     assert r.finished.completion_tokens == 2
 
 
-async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
-    """A tiny random model (byte-level vocabulary) on whatever WebGPU adapter runs the tests: the
-    masks go to the device, and a greedy answer equals the CPU's token for token."""
+async def cpu_and_gpu(tmp_path, seed: int, context: int):
+    """A CPU engine and a whole-forward GPU engine (whatever WebGPU adapter runs the tests) of one
+    tiny random model with a byte-level vocabulary; the test skips where no adapter exists."""
     try:
         gpu = WebGpuBackend.create(allow_cpu_adapter=True)
     except WebGpuUnavailable as e:
         pytest.skip(f"no WebGPU adapter: {e}")
-    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=3, context=256)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=seed, context=context)
     cpu_engine = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu_engine = await oxinfer.Engine.load(path, gpu=gpu, cpu_int8=False)
     assert gpu_engine.resident is not None
+    return cpu_engine, gpu_engine
+
+
+async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
+    """A tiny random model (byte-level vocabulary) on whatever WebGPU adapter runs the tests: the
+    masks go to the device, and a greedy answer equals the CPU's token for token."""
+    cpu_engine, gpu_engine = await cpu_and_gpu(tmp_path, seed=3, context=256)
     schema = SCHEMAS[0]
     answers = []
     for p in (SamplingParams(json_schema=schema, max_tokens=40, temperature=0),
@@ -157,13 +164,7 @@ async def test_constraints_on_the_gpu_equal_the_cpu(tmp_path):
 async def test_a_constrained_prompt_longer_than_a_step_follows_its_constraint_on_the_gpu(tmp_path):
     """A prompt of more rows than a step takes runs in chunks; only the last chunk's draw is the
     request's (its constraint advances by it alone): greedy under a schema equals the CPU's."""
-    try:
-        gpu = WebGpuBackend.create(allow_cpu_adapter=True)
-    except WebGpuUnavailable as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
-    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=5, context=1024)
-    cpu_engine = await oxinfer.Engine.load(path, cpu_int8=False)
-    gpu_engine = await oxinfer.Engine.load(path, gpu=gpu, cpu_int8=False)
+    cpu_engine, gpu_engine = await cpu_and_gpu(tmp_path, seed=5, context=1024)
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, 250, 700)]  # two chunks of a step
     p = SamplingParams(json_schema=SCHEMAS[0], max_tokens=30, temperature=0)
     a, b = await cpu_engine.generate(prompt, p), await gpu_engine.generate(prompt, p)
