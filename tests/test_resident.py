@@ -100,16 +100,18 @@ async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
     assert gpu.resident.stats.steps == steps + 1  # 43 rows <= 64: one step, one submission
 
 
-@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_tok"])
+@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_tok", "mv_blk"])
 async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel):
     """Every product run as one matvec kind. The one-token kinds' prologue does the rms_norm before
     the q|k|v and gate|up products and the swiglu before the down product, in place of their
     dispatches (mv_rows: the norms only; mv_tok: neither): logits within 1e-4 of numpy's, and per
     layer 6 dispatches instead of 9, 5 in decode steps (attend_decode takes rope_kv's place)."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
-    if kernel.startswith("mv_subgroup") and "subgroup" not in gpu_backend.features:
+    if not gpu_backend.can_run(kernel):
         pytest.skip(f"the adapter has no subgroups ({gpu_backend.adapter.summary})")
-    path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=7, extra_vocab=40)
+    # mv_blk reads Q4_1 alone: the tied head (token_embd, Q8_0 otherwise) too
+    path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=7, extra_vocab=40,
+                            mix={"token_embd": T.Q4_1} if kernel == "mv_blk" else None)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=gpu_backend, cpu_int8=False)
     tokens = list(np.random.default_rng(2).integers(0, 256, size=11))

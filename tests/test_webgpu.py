@@ -22,6 +22,7 @@ from oxinfer.formats.gpu_layout import device_bytes
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available
+from oxinfer.runtime.webgpu.kernels import MV_BLK_FORMATS
 from oxinfer.testing import random_matrix, write_tiny_llama
 
 pytestmark = [
@@ -44,10 +45,12 @@ def gpu() -> WebGpuBackend:
     return WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0, timestamps=True)
 
 
-def kernels(gpu: WebGpuBackend) -> list[str | None]:
-    """None (the automatic choice) and every kernel this adapter can run, forced."""
+def kernels(gpu: WebGpuBackend, qtype: str = "") -> list[str | None]:
+    """None (the automatic choice) and every kernel this adapter can run for qtype, forced."""
     ks = [None, "mv_rows", "mv_wg", "mv_tok", "mm_tiled", "mm_tiled64"]
-    return ks + ["mv_subgroup", "mv_subgroup256"] if "subgroup" in gpu.features else ks
+    if "subgroup" in gpu.features:
+        ks += ["mv_subgroup", "mv_subgroup256"] + (["mv_blk"] if qtype in MV_BLK_FORMATS else [])
+    return ks
 
 
 # --- kernels against numpy --------------------------------------------------------------------
@@ -56,6 +59,7 @@ def kernels(gpu: WebGpuBackend) -> list[str | None]:
 # lavapipe) at one shape each: 96 weights a row, or one k-quant super-block
 SHAPES = [(q, 200, 96) for q in FORMATS if CODECS[q].block_size == 32]
 SHAPES += [(q, 256, 256) for q in FORMATS[:4]] + [(q, 200, 256) for q in FORMATS if CODECS[q].block_size == 256]
+SHAPES += [(q, 76, 4160) for q in MV_BLK_FORMATS]  # mv_blk's invocations over 130 blocks a row: 3 turns, the last ragged
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in", SHAPES)
@@ -67,7 +71,7 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
     for t in ROWS:
         x = rng.standard_normal((t, n_in), dtype=np.float32)
         ref = x @ wf.T
-        for kernel in kernels(gpu):
+        for kernel in kernels(gpu, qtype):
             if t > 17 and kernel is not None and not kernel.startswith("mm_"):
                 continue  # a matvec's rows are independent workgroups: 17 (mv_tok: 8 a group, ragged) says it
             job = Job(w)

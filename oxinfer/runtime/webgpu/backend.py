@@ -350,7 +350,7 @@ class WebGpuBackend(KernelChoice):
         cp = enc.begin_compute_pass(timestamp_writes=tsw)
         for i, d in enumerate(dispatches):
             n_out, n_in = d.weight.n_out, d.weight.n_in
-            kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in), n_out, n_in)
+            kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in, d.weight.qtype), n_out, n_in)
             x = {"buffer": xbuf, "offset": 0, "size": x_bytes}
             roles = {"x": x, "y": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
                      "w": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}}

@@ -191,7 +191,7 @@ def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
     step after 4,000 tokens at half attend_decode's speed in chunks, docs/h200/)."""
     gpu = r.gpu
     rows = [n if d.rows == "s" else t for d in disps]
-    kinds = [(gpu.kernel or gpu.kernel_for(k, *map(int, d.params[:2]))) if d.kernel == "mm" else d.kernel
+    kinds = [(gpu.kernel or gpu.kernel_for(k, *map(int, d.params[:2]), d.qtype)) if d.kernel == "mm" else d.kernel
              for d, k in zip(disps, rows)]
     splits = np.ones(len(disps), np.uint32)
     for i, d in enumerate(disps):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oxinfer.errors import WebGpuUnavailable
+from oxinfer.runtime.webgpu.kernels import MV_BLK_ROWS
 
 
 def shader_dir() -> Path:
@@ -29,7 +30,8 @@ DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0",
 _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
                      "IQ4_XS": ("iq4_levels",)}
 # kernel file -> the shared files it is appended to (after common + decoder)
-_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "gemm_f16": ("matmul",)}
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common",),
+             "gemm_f16": ("matmul",)}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
 _ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
@@ -39,6 +41,7 @@ KERNELS = {
     "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
     "mv_subgroup256": ("matvec_subgroup", "mv_subgroup256"),
     "mv_tok": ("matvec", "mv_tok"),
+    "mv_blk": ("matvec_block", "mv_blk"),
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
     "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product in f16 from the operands wt_k and xt_k made (needs shader-f16)
@@ -85,5 +88,5 @@ def shader_source(qtype: str, kind: str) -> str:
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = shader_dir()
     code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
-    return unroll(code, {"ROWS": MM_ROWS})
+    return unroll(code, {"ROWS": MM_ROWS, "BLK_ROWS": MV_BLK_ROWS})
 
