@@ -78,9 +78,18 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 
 
 def _pack4(qs: np.ndarray) -> np.ndarray:
-    """GGML's nibble order (byte j: values j and j + 16) -> pairs (byte j: values 2j and 2j + 1)."""
-    v = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=1)  # (n_blocks, 32)
-    return v[:, 0::2] | (v[:, 1::2] << np.uint8(4))
+    """GGML's nibble order (byte j: values j and j + 16) -> pairs (byte j: values 2j and 2j + 1).
+    Eight bytes at a time: byte k of the low half takes the low nibbles of bytes 2k and 2k + 1, of
+    the high half their high nibbles (little-endian words; 2x faster than nibbles unpacked, and
+    most of the default model's conversion at load)."""
+    n = qs.shape[0]
+    x = np.ascontiguousarray(qs).view("<u8")  # (n_blocks, 2)
+    nib, pair = np.uint64(0x0F0F0F0F0F0F0F0F), np.uint64(0x00FF00FF00FF00FF)
+    out = np.empty((n, 16), np.uint8)
+    for half, v in enumerate((x & nib, (x >> np.uint64(4)) & nib)):
+        v = (v | (v >> np.uint64(4))) & pair  # each 16-bit lane: its two nibbles in its low byte
+        out[:, 8 * half:8 * half + 8] = v.view(np.uint8).reshape(n, 16)[:, 0::2]
+    return out
 
 
 def codec(qtype: str, tensor: str = "?") -> type[Codec]:
