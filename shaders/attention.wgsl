@@ -21,6 +21,11 @@
 // chunk): each workgroup walks its share of the row's positions and leaves its partial softmax in
 // `parts` for attend_merge, so a long context keeps every core busy (one workgroup a query head
 // walked 4,000 positions alone: TinyLlama's decode there ran at 30% of its speed at 128).
+//
+// attend_decode_kv: attend_decode with one workgroup per (kv head, row, chunk) serving all GQ query
+// heads of the kv head, so that each key and value is read from memory once, not once per query
+// head; keys and values staged in workgroup memory a tile of TP positions at a time (the next
+// tile's loaded into registers while this one is scored), then merged by attend_merge_kv.
 
 @group(0) @binding(1) var<storage, read> rows_info: array<u32>;
 @group(0) @binding(2) var<storage, read> src: array<f32>;     // q|k|v (t, (H+2KV)*HD); attend: q (t, H*HD)
@@ -290,4 +295,220 @@ fn attend_merge(@builtin(global_invocation_id) gid: vec3<u32>) {
     out[o + 1u] = a.y / l;
     out[o + 2u] = a.z / l;
     out[o + 3u] = a.w / l;
+}
+
+// attend_decode_kv ---------------------------------------------------------------------------
+// The host prepends GQ (query heads a kv head) and TP (positions a tile; fewer where workgroup
+// memory is small), and runs it only where GQ * DG <= WG. A tile: every invocation loads LOADS
+// vec4s of its keys and values (coalesced: consecutive invocations, consecutive vec4s of one
+// position's row) into workgroup memory; then invocation (position, head) scores one position for
+// one query head from there; then invocation (head, 4 dims, lane) folds the tile's scores into its
+// online softmax, lane l taking the tile's positions l, l + KL, ... The lanes are merged at the end.
+// (attend_decode's workgroup a query head reads each key and value GQ times, a lane walking its
+// positions one load after the other: on the H200, TinyLlama's step after 4,000 tokens spent 34 us
+// a layer in its attention there, in 16 chunks, and 25 here in 32, its merge included; after 1,000
+// 22 and 13.)
+const TS: u32 = DG + 1u;                         // qg's row stride: 8 heads' vec4 reads at once hit distinct banks
+const ITEMS: u32 = GQ * DG;                      // (query head, 4 dims) pairs
+const KL: u32 = WG / ITEMS;                      // lanes per pair
+const LOADS: u32 = (TP * DG + WG - 1u) / WG;     // vec4s of a tile's keys (and values) an invocation loads
+var<workgroup> ktile: array<vec4<f32>, TP * DG>;
+var<workgroup> vtile: array<vec4<f32>, TP * DG>;
+var<workgroup> qg: array<vec4<f32>, GQ * TS>;
+var<workgroup> sg: array<f32, GQ * TP>;
+
+@compute @workgroup_size(256)
+fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let kvh = wid.x;
+    let r = wid.y;
+    let chunk = wid.z;
+    if (r >= P.t) {
+        return;
+    }
+    let slot = rows_info[ROW_SLOT + r];
+    let pos = rows_info[ROW_POS + r];
+    let n = pos + 1u;   // causal: positions 0 .. own
+    let row = r * (P.n + 2u * P.k) * HD;
+    for (var i = lid; i < ITEMS; i += WG) {
+        qg[(i / DG) * TS + i % DG] = rotated4(row + (kvh * GQ + i / DG) * HD, i % DG, pos, true) * P.scale;
+    }
+    if (lid < DG) {
+        kown[lid] = rotated4(row + (P.n + kvh) * HD, lid, pos, true);
+        vown[lid] = rotated4(row + (P.n + P.k + kvh) * HD, lid, pos, false);
+        if (chunk == 0u) {   // the kv head's first chunk appends them for the steps after
+            let at = (((table[slot * MAXB + pos / BS] * P.k + kvh) * BS + pos % BS) * HD) / 4u + lid;
+            kpool[at] = kown[lid];
+            vpool[at] = vown[lid];
+        }
+    }
+    // a sliding window: the positions from w0 on (0: the whole context); this workgroup's chunk of them
+    let w0 = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);
+    let chunks = max(P.flags, 1u);
+    let span = ((n - w0 + chunks - 1u) / chunks + TP - 1u) / TP * TP;   // whole tiles (the last chunks can be empty)
+    let c0 = min(n, w0 + chunk * span);
+    let c1 = min(n, c0 + span);
+    let item = lid % ITEMS;
+    let lane = lid / ITEMS;
+    let h = item / DG;
+    let g = item % DG;
+    var m = -3.0e38;   // below any score
+    var l = 0.0;
+    var acc = vec4<f32>(0.0);
+    var kr: array<vec4<f32>, LOADS>;
+    var vr: array<vec4<f32>, LOADS>;
+    for (var u = 0u; u < LOADS; u++) {   // the first tile's keys and values (the own position's: after the barrier)
+        let i = lid + u * WG;
+        let p = c0 + i / DG;
+        if (i < TP * DG && p < c1 && p != pos) {
+            let b = kv_row(slot, kvh, p) + i % DG;
+            kr[u] = kpool[b];
+            vr[u] = vpool[b];
+        }
+    }
+    workgroupBarrier();   // qg, kown, vown
+    for (var t0 = c0; t0 < c1; t0 += TP) {
+        for (var u = 0u; u < LOADS; u++) {
+            let i = lid + u * WG;
+            if (i < TP * DG) {
+                let own = t0 + i / DG == pos;
+                ktile[i] = select(kr[u], kown[i % DG], own);
+                vtile[i] = select(vr[u], vown[i % DG], own);
+            }
+        }
+        workgroupBarrier();
+        let t1 = t0 + TP;   // the next tile's, into registers while this one is scored
+        for (var u = 0u; u < LOADS; u++) {
+            let i = lid + u * WG;
+            let p = t1 + i / DG;
+            if (i < TP * DG && p < c1 && p != pos) {
+                let b = kv_row(slot, kvh, p) + i % DG;
+                kr[u] = kpool[b];
+                vr[u] = vpool[b];
+            }
+        }
+        let cnt = min(TP, c1 - t0);
+        for (var i = lid; i < GQ * TP; i += WG) {   // position i / GQ, query head i % GQ
+            let p = i / GQ;
+            let hh = i % GQ;
+            var s = -3.0e38;
+            if (p < cnt) {
+                var s4 = vec4<f32>(0.0);
+                for (var d = 0u; d < DG; d++) {
+                    s4 += qg[hh * TS + d] * ktile[p * DG + d];
+                }
+                s = s4.x + s4.y + s4.z + s4.w;
+                if (P.cap > 0.0) {
+                    s = soft_cap(s, P.cap);
+                }
+            }
+            sg[hh * TP + p] = s;
+        }
+        workgroupBarrier();
+        if (lane < KL) {
+            for (var jj = 0u; jj < (TP + KL - 1u) / KL; jj++) {   // a constant count: unrolled, the reads ahead
+                let j = lane + jj * KL;
+                if (j < cnt) {
+                    let s = sg[h * TP + j];
+                    if (s > m) {   // the running max grows: rescale (0 on a lane's first position)
+                        let c = exp(m - s);
+                        l *= c;
+                        acc *= c;
+                        m = s;
+                    }
+                    let pj = exp(s - m);
+                    l += pj;
+                    acc += pj * vtile[j * DG + g];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    part_m[lid] = m;
+    part_l[lid] = l;
+    part_a[lid] = acc;
+    workgroupBarrier();
+    if (lane == 0u) {
+        var mm = -3.0e38;
+        for (var i = 0u; i < KL; i++) {
+            mm = max(mm, part_m[i * ITEMS + item]);
+        }
+        var ll = 0.0;
+        var aa = vec4<f32>(0.0);
+        for (var i = 0u; i < KL; i++) {
+            let w = exp(part_m[i * ITEMS + item] - mm);
+            ll += w * part_l[i * ITEMS + item];
+            aa += w * part_a[i * ITEMS + item];
+        }
+        let hq = kvh * GQ + h;
+        if (chunks > 1u) {   // this chunk's part: a, max, sum (a chunk with no position: -3e38, 0)
+            let po = ((chunk * P.t + r) * P.n + hq) * (HD + 2u);
+            parts[po + 4u * g] = aa.x;
+            parts[po + 4u * g + 1u] = aa.y;
+            parts[po + 4u * g + 2u] = aa.z;
+            parts[po + 4u * g + 3u] = aa.w;
+            if (g == 0u) {
+                parts[po + HD] = mm;
+                parts[po + HD + 1u] = ll;
+            }
+            return;
+        }
+        let o = (r * P.n + hq) * HD + 4u * g;
+        let v = aa / ll;
+        out[o] = v.x;
+        out[o + 1u] = v.y;
+        out[o + 2u] = v.z;
+        out[o + 3u] = v.w;
+    }
+}
+
+// attend_decode_kv's P.flags chunks of each query summed: a workgroup per (query head, row); invocation
+// (4 dims, lane) folds the chunks lane, lane + ML, ... (a decode step's chunks can be many: one
+// invocation walking them all was a chain of dependent reads), then the lanes are merged.
+const ML: u32 = WG / DG;
+
+@compute @workgroup_size(256)
+fn attend_merge_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let h = wid.x;
+    let r = wid.y;
+    if (r >= P.t) {
+        return;
+    }
+    let g = lid % DG;
+    let lane = lid / DG;
+    var m = -3.0e38;
+    var l = 0.0;
+    var a = vec4<f32>(0.0);
+    for (var c = lane; c < P.flags; c += ML) {
+        let o = ((c * P.t + r) * P.n + h) * (HD + 2u);
+        let mc = parts[o + HD];
+        let mn = max(m, mc);
+        let x = exp(m - mn);
+        let y = exp(mc - mn);
+        l = l * x + parts[o + HD + 1u] * y;
+        a = a * x + vec4<f32>(parts[o + 4u * g], parts[o + 4u * g + 1u], parts[o + 4u * g + 2u], parts[o + 4u * g + 3u]) * y;
+        m = mn;
+    }
+    part_m[lid] = m;
+    part_l[lid] = l;
+    part_a[lid] = a;
+    workgroupBarrier();
+    if (lane == 0u) {
+        var mm = -3.0e38;
+        for (var i = 0u; i < ML; i++) {
+            mm = max(mm, part_m[i * DG + g]);
+        }
+        var ll = 0.0;
+        var aa = vec4<f32>(0.0);
+        for (var i = 0u; i < ML; i++) {
+            let w = exp(part_m[i * DG + g] - mm);
+            ll += w * part_l[i * DG + g];
+            aa += w * part_a[i * DG + g];
+        }
+        let o = (r * P.n + h) * HD + 4u * g;
+        let v = aa / ll;
+        out[o] = v.x;
+        out[o + 1u] = v.y;
+        out[o + 2u] = v.z;
+        out[o + 3u] = v.w;
+    }
 }

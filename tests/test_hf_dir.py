@@ -12,7 +12,7 @@ import oxinfer
 from oxinfer.engine.loading import load as load_model  # blocking, as Engine.load runs it
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.runtime.webgpu import WebGpuBackend, available
-from oxinfer.runtime.webgpu import runner as webgpu_runner
+from oxinfer.runtime.webgpu import attention as webgpu_attention
 from oxinfer.testing import write_tiny_hf
 
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150]
@@ -346,9 +346,10 @@ async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
 async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, monkeypatch, d, n_heads, n_kv, as_gpu):
     """The GPU's attention kernels take a layer's window (Op.window): a prompt past the window (in
     attend_rows' chunks where the device has subgroups, else attend) and decode steps after it
-    (planned as on a GPU: attend_decode in chunks of the window's positions) give the CPU's logits
+    (planned as on a GPU: attend_decode_kv in chunks of the window's positions) give the CPU's logits
     and greedy tokens."""
-    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 4)
+    monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 4)
+    monkeypatch.setattr(webgpu_attention, "KV_TILE", 4)
     write_tiny_hf(tmp_path / "w", seed=13, dtype="BF16", model_type="mistral", sliding_window=8, d=d, n_heads=n_heads,
                   n_kv=n_kv)
     cpu = await oxinfer.Engine.load(tmp_path / "w", cpu_int8=False)
@@ -382,8 +383,9 @@ async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, mon
     after it (attend_decode) give the CPU's logits and greedy tokens (the CPU's prompt is checked
     against transformers in test_hf_transformers.py); planned as on a GPU too: the down products
     (1,024 weights a row) split in k slices before the norm after them, attend_rows in chunks,
-    attend_decode in chunks (of 16 positions here), the GeGLU in the down product's prologue."""
-    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 16)
+    attend_decode_kv in chunks (of 16 positions here), the GeGLU in the down product's prologue."""
+    monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 16)
+    monkeypatch.setattr(webgpu_attention, "KV_TILE", 16)
     write_tiny_hf(tmp_path / "g", seed=20, dtype="BF16", gemma=True, tied=True, d=128, n_heads=8, n_kv=2, d_ff=1024,
                   sliding_window=8, **GEMMA[name])
     cpu = await oxinfer.Engine.load(tmp_path / "g", cpu_int8=False)

@@ -16,10 +16,10 @@ from structlog.testing import capture_logs
 import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
-from oxinfer.runtime.webgpu import runner as webgpu_runner
+from oxinfer.runtime.webgpu import attention as webgpu_attention
 from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
-from oxinfer.runtime.webgpu.plan import FLAGS_WORD, SLICES_WORD, XS_WORD
+from oxinfer.runtime.webgpu.plan import FLAGS_WORD, MERGES, SLICES_WORD, XS_WORD
 from oxinfer.runtime.webgpu.runner import AHEAD
 from oxinfer.testing import write_tiny_llama
 
@@ -179,18 +179,24 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv", [(64, 4, 2), (128, 8, 2)])
-async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch, d, n_heads, n_kv):
-    """Planned as on a GPU with chunks of 8 positions (DECODE_CHUNK_KEYS; 256 on a real one), a
-    decode step's attention walks each row's positions in chunks (flash-decoding: attend_decode
-    with workgroup z a chunk, then attend_merge), with 1 and 4 query heads a kv head: two streams
-    of different lengths (so a row's last chunks can be empty), then one alone, each step's token
-    and its 5 best logprobs as on the CPU."""
+@pytest.mark.parametrize("kernel", ["attention:attend_decode_kv", "attention:attend_decode"])
+async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch, d, n_heads, n_kv,
+                                                                           kernel):
+    """Planned as on a GPU with chunks of 8 positions (attend_decode_kv's tiles of KV_TILE, attend_decode's
+    DECODE_CHUNK_KEYS; 32 and 256 on a real one), a decode step's attention walks each row's positions
+    in chunks (flash-decoding: attend_decode_kv with workgroup x a kv head, or attend_decode with x a
+    query head, z a chunk, then their merge), with 2 and 4 query heads a kv head: two streams of different lengths (so a
+    row's last chunks can be empty), then one alone, each step's token and its 5 best logprobs as
+    on the CPU."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(webgpu_runner, "DECODE_CHUNK_KEYS", 8)
+    monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 8)
+    monkeypatch.setattr(webgpu_attention, "KV_TILE", 8)
     path = write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=128, seed=12, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    assert gpu.resident.attend_kv
+    gpu.resident.attend_kv = kernel == "attention:attend_decode_kv"
     rng = np.random.default_rng(7)
     prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (20, 45)]
     params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
@@ -211,14 +217,60 @@ async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_p
             assert [j for j, _ in g] == [j for j, _ in w]
             np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
     r = gpu.resident
-    assert r.decode_chunks(2, 15) == 1 and r.decode_chunks(2, 30) == 4 and r.decode_chunks(2, 57) == 8  # at most 8 positions a chunk
-    assert r.decode_chunks(1, 4000) == webgpu_runner.DECODE_MAX_CHUNKS
+    # at most 8 positions a chunk (attend_decode_kv: one tile a chunk from 2 tiles on; attend_decode from 16 positions)
+    assert r.decode_chunks(2, 15) == (2 if r.attend_kv else 1) and r.decode_chunks(2, 30) == 4 and r.decode_chunks(2, 57) == 8
+    if r.attend_kv:  # chunks of whole tiles, at most KV_MAX_TILES
+        chunks = r.decode_chunks(1, 4000)
+        assert 1 < chunks <= webgpu_attention.KV_MAX_CHUNKS and -(-4000 // 8 // chunks) <= webgpu_attention.KV_MAX_TILES
+    else:
+        assert r.decode_chunks(1, 4000) == webgpu_attention.DECODE_MAX_CHUNKS
     prog = r.program(False)
-    merge = r.pipelines["attention:attend_merge"]
+    merge = r.pipelines[MERGES[kernel]]
     chunked = {n: p for (t, n, _, chunks), p in prog.plans.items() if t == n and chunks > 1}
     assert set(chunked) == {1, 2} and all([c[0] for c in p.calls].count(merge) == n_layers(gpu) for p in chunked.values())
-    decode = r.pipelines["attention:attend_decode"]
+    decode = r.pipelines[kernel]
     assert all([c[0] for c in p.calls].count(decode) == n_layers(gpu) for p in chunked.values())
+    assert gpu.resident is r  # no fault sent it to the CPU
+
+
+@pytest.mark.parametrize("n_heads,n_kv", [(8, 2), (9, 3)])
+@pytest.mark.parametrize("as_gpu", [True, False])
+async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_heads, n_kv, as_gpu):
+    """A 330-token prompt, then decode steps over it with head dim 64 and 4 or 3 query heads a kv
+    head: attend_decode_kv walks the row's positions in tiles (KV_TILE) in one workgroup a kv head
+    (as lavapipe plans it) or, planned as on a GPU aiming at 4 workgroups a kv head, in 4 chunks of
+    whole tiles (3 tiles, the last chunk's last one partial) merged by attend_merge_kv; each step's
+    token and its 5 best logprobs as on the CPU."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    backend.cpu_adapter = backend.cpu_adapter and not as_gpu
+    monkeypatch.setattr(webgpu_attention, "KV_WORKGROUPS", 4 * n_kv)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64 * n_heads, n_heads=n_heads, n_kv=n_kv, d_ff=256, seed=5,
+                            extra_vocab=40, context=512)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    r = gpu.resident
+    assert r.attend_kv and r.kv_tile > 1
+    prompt = [int(t) for t in np.random.default_rng(8).integers(0, 256, 330)]
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+
+    async def decode(e):
+        return [(t.token_id, t.top_logprobs) async for t in e.stream(prompt, params) if isinstance(t, oxinfer.Token)]
+
+    got, want = await decode(gpu), await decode(cpu)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert [j for j, _ in g] == [j for j, _ in w]
+        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
+    chunks = r.decode_chunks(1, len(prompt))
+    assert chunks == (4 if as_gpu else 1)
+    if as_gpu:  # up to 256 positions attend_decode's workgroups a query head, unless the kv heads fill the GPU
+        assert not r.decode_kv(1, r.decode_chunks(1, 200)) and r.decode_kv(4, r.decode_chunks(4, 200))
+    assert -(-len(prompt) // chunks) > 2 * r.kv_tile  # each chunk several tiles
+    prog = r.program(False)
+    decode_kv, merge = r.pipelines["attention:attend_decode_kv"], r.pipelines["attention:attend_merge_kv"]
+    plans = [p for (t, n, _, c), p in prog.plans.items() if t == n == 1 and c == chunks]
+    assert plans and all([c[0] for c in p.calls].count(decode_kv) == n_layers(gpu) for p in plans)
+    assert all([c[0] for c in p.calls].count(merge) == (n_layers(gpu) if as_gpu else 0) for p in plans)
     assert gpu.resident is r  # no fault sent it to the CPU
 
 

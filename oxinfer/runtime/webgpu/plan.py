@@ -18,6 +18,10 @@ from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
 
 PRE_WORD, SPLITS_WORD, XS_WORD = 5, 7, 8  # Params.pre, .splits and .xs (common.wgsl) in a matmul's uniform slot
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
+# a chunked attention kernel -> the kernel that merges its chunks
+MERGES = {"attention:attend_rows": "attention:attend_merge", "attention:attend_decode": "attention:attend_merge",
+          "attention:attend_decode_kv": "attention:attend_merge_kv"}
+DECODES = ("attention:attend_decode", "attention:attend_decode_kv")  # a decode step's attention (and rope_kv)
 FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' and attend_decode's chunks
 
 
@@ -93,16 +97,16 @@ class Planning:
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
             else:
-                if kind == "attention:attend_decode":
+                if kind in DECODES:
                     entries[2] = d.pre.entries[2]  # the q|k|v product rope_kv would have read
-                if kind in ("attention:attend", "attention:attend_decode"):
+                if kind in ("attention:attend", *DECODES):
                     entries[11] = self.att_parts()  # (a decode step's chunks leave their parts there)
                 if kind == "attention:rope_kv" and sums:
                     entries[2] = prog.disps[i - 1].entries[2]  # the q|k|v product's slices
                 if kind == "attention:attend_rows":
                     del entries[4]  # q comes rotated: no rope table
                     entries[11] = self.att_parts()
-                if kind == "attention:attend_merge":
+                if kind in MERGES.values():
                     entries = {10: entries[10], 11: self.att_parts()}
                 if kind == "norm:add_rms_norm":  # x read and written; the slices add_splits would sum
                     entries = {3: entries[3], 4: entries[4], 6: prog.disps[i - 1].entries[2], 7: entries[2]}
@@ -158,7 +162,7 @@ class Planning:
             if c.kinds[i] == "mm_kt":
                 parts = GEMM_PARTS  # its operands first
             elif c.chunks[i] > 1:
-                parts = (c.kinds[i], "attention:attend_merge")
+                parts = (c.kinds[i], MERGES[c.kinds[i]])
             for kind in parts:
                 pipe, bg = self._bind(prog, i, disps[i], kind, int(c.pre[i]), bool(c.splits[i] > 1), bool(c.xs[i] > 1))
                 x, y, z = disps[i].grid(kind, c.rows[i])
@@ -238,12 +242,20 @@ def fuse_split_sums(disps: list[Dispatch], c: Choices) -> None:
 
 def chunk_attention(r, c: Choices, t: int, decode_chunks: int) -> None:
     """attend_rows in chunks of positions (then attend_merge): att_chunks; attend_decode in the
-    step's decode_chunks (the runner's decode_chunks)."""
+    step's decode_chunks (the runner's decode_chunks), as attend_decode_kv where the runner's
+    decode_kv says (then attend_merge_kv). Every decode kernel is compiled with the first decode
+    step's plan: a context growing past a chunk's size would compile one mid-stream (~50 ms)."""
     for i, kind in enumerate(c.kinds):
         if kind == "attention:attend_rows":
             c.chunks[i] = r.att_chunks(t)
-        elif kind == "attention:attend_decode" and decode_chunks > 1:
-            c.chunks[i] = decode_chunks
+        elif kind == "attention:attend_decode":
+            for k in DECODES if r.attend_kv else DECODES[:1]:
+                r.op_pipeline(k)
+                r.op_pipeline(MERGES[k])
+            if r.decode_kv(t, decode_chunks):  # (t rows, one a sequence)
+                c.kinds[i] = "attention:attend_decode_kv"
+            if decode_chunks > 1:
+                c.chunks[i] = decode_chunks
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

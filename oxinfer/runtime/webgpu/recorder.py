@@ -191,7 +191,8 @@ class Recorder:
         rope_kv = self.disps[-1]
         rq = self.r.att_rows
         grids = {"attention:attend_rows": lambda t: (-(-t // rq), KV, 1),
-                 "attention:attend_merge": lambda t: (-(-H * hd // 4 // 64), t, 1)}  # (head, 4 dims) an invocation
+                 "attention:attend_merge": lambda t: (-(-H * hd // 4 // 64), t, 1),  # (head, 4 dims) an invocation
+                 "attention:attend_decode_kv": lambda t: (KV, t, 1), "attention:attend_merge_kv": lambda t: (H, t, 1)}
         window = (cfg.layer_windows[layer] if cfg.layer_windows else None) or 0  # Op.window (0: all positions)
         attend = self._record("attention:attend", {1: self.r.meta, 2: qr.buf, 3: self.r.table, 4: self.r.rope,
                                                    6: kp, 7: vp, 10: out.buf},

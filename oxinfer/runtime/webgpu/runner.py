@@ -31,6 +31,7 @@ from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
+from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile
 from oxinfer.runtime.webgpu.device import ALIGN, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
@@ -46,19 +47,6 @@ log = structlog.get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
-# a prompt's attend_rows in chunks of positions (then attend_merge), enough for ~ATT_WORKGROUPS
-# workgroups, at most ATT_MAX_CHUNKS (GPUs only: a CPU adapter's few cores are busy without them)
-ATT_WORKGROUPS = 512
-ATT_MAX_CHUNKS = 8
-# a decode step's attend_decode in chunks of at most DECODE_CHUNK_KEYS positions (then
-# attend_merge, one more dispatch a layer) from twice that many on, at most DECODE_MAX_CHUNKS,
-# while its workgroups fill fewer than DECODE_WORKGROUPS
-# (one stream after 4,000 tokens on the H200, benchmarks/decode_chunks_sweep.py, docs/h200/: TinyLlama
-# 486 tok/s in 8 chunks of 512 or more, 476-505 in up to 16-32 of 256, against 179 in one;
-# SmolLM2 433 in 8 chunks, 502 in up to 32, against 138)
-DECODE_CHUNK_KEYS = 256
-DECODE_MAX_CHUNKS = 32
-DECODE_WORKGROUPS = 2048
 
 
 @dataclass(eq=False)
@@ -86,7 +74,7 @@ class _Ahead:
                 and all(len(s) == 1 and s[0] == tok for s, tok in zip(seqs, self.tokens)))
 
 
-class ResidentRunner(Planning, Submitting):
+class ResidentRunner(Planning, Submitting, AttentionChunks):
     """A model whose every op runs on one WebGPU device. `forward_batch` has the model's contract
     (logits of each sequence's last row, or of every row) plus the tokens drawn on the device."""
 
@@ -158,7 +146,12 @@ class ResidentRunner(Planning, Submitting):
         lanes = 4 * group // self.att_heads  # invocations a row
         self.att_rows = max(1, min(64, 128 // lanes))
         att_threads = -(-self.att_rows * lanes // 32) * 32
+        # a decode step's attention by attend_decode_kv where a workgroup's 256 invocations hold
+        # every (query head, 4 dims) of a kv head and its tile fits in workgroup memory
+        self.kv_tile = kv_tile(gpu.device.limits["max-compute-workgroup-storage-size"], group, cfg.head_dim)
+        self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
+                        f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n"
                         # attend_rows checks each key against a row's window only in a model that has
@@ -209,32 +202,6 @@ class ResidentRunner(Planning, Submitting):
             pipe = self.pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})
         return pipe
-
-    def att_parts(self):
-        """attend_rows' partial softmax of each chunk, row and head (shaders/attention.wgsl)."""
-        cfg = self.cfg
-        return self.scratch("attparts", ATT_MAX_CHUNKS * self.max_rows * cfg.n_heads * (cfg.head_dim + 2) * 4)
-
-    def att_chunks(self, t: int) -> int:
-        """Chunks of positions a prompt's attend_rows walks in parallel: on the H200 TinyLlama's
-        512-row prompt ran 128 workgroups of 4 warps on 132 cores, the last rows' walking all 512
-        positions alone."""
-        if self.gpu.cpu_adapter:
-            return 1
-        groups = -(-t // self.att_rows) * self.cfg.n_kv_heads
-        return max(1, min(ATT_MAX_CHUNKS, ATT_WORKGROUPS // groups))
-
-
-
-    def decode_chunks(self, n: int, keys: int) -> int:
-        """Chunks of positions a decode step of n sequences walks in parallel, its longest row
-        seeing `keys`: one workgroup a query head walked them alone (TinyLlama's one stream after
-        4,000 tokens: 32 workgroups on 132 cores, decode at 30% of its speed at 128)."""
-        if self.gpu.cpu_adapter or keys < 2 * DECODE_CHUNK_KEYS:
-            return 1
-        room = ATT_MAX_CHUNKS * self.max_rows // n  # att_parts() holds this many of n rows' chunks
-        # chunks of at most DECODE_CHUNK_KEYS positions: one tile of attend_decode's 256 each
-        return max(1, min(DECODE_MAX_CHUNKS, room, -(-keys // DECODE_CHUNK_KEYS), DECODE_WORKGROUPS // (self.cfg.n_heads * n)))
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> Program:
