@@ -40,6 +40,8 @@ from oxinfer.bench import SYNTHETIC as BENCH_SHAPES
 from oxinfer.testing import write_tiny_llama
 
 SYNTHETIC = {**BENCH_SHAPES, "tiny": dict(n_layers=2, d=256, d_ff=512, n_heads=4, n_kv=2, extra_vocab=1000),
+             # Llama-3.2-3B's shape
+             "3b": dict(n_layers=28, d=3072, d_ff=8192, n_heads=24, n_kv=8, extra_vocab=128256 - 259),
              # Llama-3-8B's shape (reference/h200's 8B rows)
              "8b": dict(n_layers=32, d=4096, d_ff=14336, n_heads=32, n_kv=8, extra_vocab=128256 - 259)}
 # --sampled: what users send (chat UIs: temperature 0.7 and top_p 0.9; OpenAI clients: logprobs,

@@ -1,19 +1,27 @@
-// mv_blk: one token's product for the formats whose decoder has blk_dot (a whole 32-weight block's
-// dot product): BLK_ROWS rows a workgroup of 64 invocations, each invocation one block of every row
-// at a time. A block's words are read together, and the block's x (with its prologue: the norm
-// weight's loads, swiglu's exp) serves all BLK_ROWS rows; its sum gives an offset format's
-// m * sum(x) once a block. On the H200 this read the 8B shape's products faster than mv_subgroup256
-// (kernels.py: MV_BLK_MIN). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
+// mv_blk_i8: one token's product for the formats whose decoder has blk_dot_i8: BLK_ROWS rows a
+// workgroup of 64 invocations, each invocation one whole 32-weight block of every row at a time.
+// The block's x (after the prologue: the norm, swiglu) is read once for the BLK_ROWS rows and
+// quantized to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
+// MatMulNBits accuracy_level 4, and llama.cpp's q8_1), then the weights' integers times x's go four
+// at a time through dot4I8Packed: a 4-bit block's 32 products in 8 instructions where floats took
+// ~100 (nibbles converted, multiplied, summed). x moves by at most half its scale, ~0.4% of the
+// block's largest value. kernels.py (MV_BLK_MIN) says where it runs and what it measured.
+// Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
 
 const BLK_ROWS: u32 = 8u;   // kernels.py's MV_BLK_ROWS (the unrolled lines repeat as many times)
 
 var<workgroup> bpart: array<f32, 512>;   // [subgroup][row] (64 subgroups of one invocation at most)
 var<workgroup> bpart_ss: array<f32, 64>;
 
+// 4 values of x as 4 signed bytes of x * inv, rounded
+fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
+    return pack4xI8Clamp(vec4<i32>(round(v * inv)));
+}
+
 @compute @workgroup_size(64)
-fn mv_blk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) lid: u32,
-          @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
+fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32,
+             @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
     let row0 = (wid.x + wid.y * nwg.x) * BLK_ROWS;
     let tok = wid.z;
     let last = P.n_out - 1u;
@@ -26,7 +34,19 @@ fn mv_blk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let xd = x8(tok, 4u * blk + 3u);
         ss += xa.ss + xb.ss + xc.ss + xd.ss;
         let xsum = dot(xa.a + xa.b + xb.a + xb.b + xc.a + xc.b + xd.a + xd.b, vec4<f32>(1.0));
-        a{d} += blk_dot(min(row0 + {d}u, last), blk, xa.a, xa.b, xb.a, xb.b, xc.a, xc.b, xd.a, xd.b, xsum);   // unroll d < BLK_ROWS
+        let am = max(max(max(abs(xa.a), abs(xa.b)), max(abs(xb.a), abs(xb.b))),
+                     max(max(abs(xc.a), abs(xc.b)), max(abs(xd.a), abs(xd.b))));
+        let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
+        let inv = select(0.0, 1.0 / xs, xs > 0.0);
+        let q0 = q8x4(xa.a, inv);
+        let q1 = q8x4(xa.b, inv);
+        let q2 = q8x4(xb.a, inv);
+        let q3 = q8x4(xb.b, inv);
+        let q4 = q8x4(xc.a, inv);
+        let q5 = q8x4(xc.b, inv);
+        let q6 = q8x4(xd.a, inv);
+        let q7 = q8x4(xd.b, inv);
+        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, q0, q1, q2, q3, q4, q5, q6, q7, xs, xsum);   // unroll d < BLK_ROWS
     }
     let sg = lid / sg_size;
     let s{d} = subgroupAdd(a{d});   // unroll d < BLK_ROWS

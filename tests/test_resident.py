@@ -30,6 +30,9 @@ pytestmark = [
 ]
 
 TOL = 1e-4  # max abs error / max abs reference, as the matmul kernels
+# x in int8 per block of 32 (mv_blk_i8, and the CPU graph's own products): the tiny models' logits
+# moved 0.7-1.4% (CPU graph) and 1.3-2.8% (every product in mv_blk_i8) of their largest
+I8_TOL = 5e-2
 F16_TOL = 4e-3  # products in f16 (mm_kt): x and W rounded to f16, each quant block summed in f16
 
 
@@ -100,23 +103,25 @@ async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
     assert gpu.resident.stats.steps == steps + 1  # 43 rows <= 64: one step, one submission
 
 
-@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_tok", "mv_blk"])
+@pytest.mark.parametrize("kernel", ["mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_tok", "mv_blk_i8"])
 async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel):
     """Every product run as one matvec kind. The one-token kinds' prologue does the rms_norm before
     the q|k|v and gate|up products and the swiglu before the down product, in place of their
     dispatches (mv_rows: the norms only; mv_tok: neither): logits within 1e-4 of numpy's, and per
-    layer 6 dispatches instead of 9, 5 in decode steps (attend_decode takes rope_kv's place)."""
+    layer 6 dispatches instead of 9, 5 in decode steps (attend_decode takes rope_kv's place).
+    mv_blk_i8 takes x in int8 (as the CPU graph does): within I8_TOL, the same greedy tokens."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
     if not gpu_backend.can_run(kernel):
         pytest.skip(f"the adapter has no subgroups ({gpu_backend.adapter.summary})")
-    # mv_blk reads Q4_1 alone: the tied head (token_embd, Q8_0 otherwise) too
+    # mv_blk_i8 reads Q4_1 alone: the tied head (token_embd, Q8_0 otherwise) too
     path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=7, extra_vocab=40,
-                            mix={"token_embd": T.Q4_1} if kernel == "mv_blk" else None)
+                            mix={"token_embd": T.Q4_1} if kernel == "mv_blk_i8" else None)
+    tol = I8_TOL if kernel == "mv_blk_i8" else TOL
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=gpu_backend, cpu_int8=False)
     tokens = list(np.random.default_rng(2).integers(0, 256, size=11))
-    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
-    assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= tol
+    assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= tol
     layers = gpu.model.cfg.n_layers
     per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
     # embed, the layers, the final norm (of gathered rows: never fused), the head, the argmax (2)

@@ -45,12 +45,10 @@ def gpu() -> WebGpuBackend:
     return WebGpuBackend.create(allow_cpu_adapter=True, min_t=1, min_flop=0, timestamps=True)
 
 
-def kernels(gpu: WebGpuBackend, qtype: str = "") -> list[str | None]:
-    """None (the automatic choice) and every kernel this adapter can run for qtype, forced."""
+def kernels(gpu: WebGpuBackend) -> list[str | None]:
+    """None (the automatic choice) and every kernel this adapter can run in floats, forced."""
     ks = [None, "mv_rows", "mv_wg", "mv_tok", "mm_tiled", "mm_tiled64"]
-    if "subgroup" in gpu.features:
-        ks += ["mv_subgroup", "mv_subgroup256"] + (["mv_blk"] if qtype in MV_BLK_FORMATS else [])
-    return ks
+    return ks + ["mv_subgroup", "mv_subgroup256"] if "subgroup" in gpu.features else ks
 
 
 # --- kernels against numpy --------------------------------------------------------------------
@@ -59,7 +57,6 @@ def kernels(gpu: WebGpuBackend, qtype: str = "") -> list[str | None]:
 # lavapipe) at one shape each: 96 weights a row, or one k-quant super-block
 SHAPES = [(q, 200, 96) for q in FORMATS if CODECS[q].block_size == 32]
 SHAPES += [(q, 256, 256) for q in FORMATS[:4]] + [(q, 200, 256) for q in FORMATS if CODECS[q].block_size == 256]
-SHAPES += [(q, 76, 4160) for q in MV_BLK_FORMATS]  # mv_blk's invocations over 130 blocks a row: 3 turns, the last ragged
 
 
 @pytest.mark.parametrize("qtype,n_out,n_in", SHAPES)
@@ -71,13 +68,44 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
     for t in ROWS:
         x = rng.standard_normal((t, n_in), dtype=np.float32)
         ref = x @ wf.T
-        for kernel in kernels(gpu, qtype):
+        for kernel in kernels(gpu):
             if t > 17 and kernel is not None and not kernel.startswith("mm_"):
                 continue  # a matvec's rows are independent workgroups: 17 (mv_tok: 8 a group, ragged) says it
             job = Job(w)
             assert gpu.matmul_sync(x, [job], kernel=kernel), (t, kernel)
             assert job.out.shape == (t, n_out)
             assert rel_err(job.out, ref) <= TOL, (t, kernel, rel_err(job.out, ref))
+
+
+def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    """numpy's version of mv_blk_i8's arithmetic (Q4_1): x rounded to int8 per 32-block (absmax /
+    127, half to even) times d * q, in float64, plus each block's minimum m times the sum of x as it was."""
+    raw = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
+    m = raw[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(w.n_out, -1)
+    dq = w.dequantize().astype(np.float64) - np.repeat(m, 32, axis=1)  # d * q
+    xb = x.reshape(len(x), -1, 32).astype(np.float64)
+    sx = np.abs(xb).max(axis=2, keepdims=True) / 127
+    xq = np.rint(np.divide(xb, sx, out=np.zeros_like(xb), where=sx > 0)) * sx
+    return xq.reshape(len(x), -1) @ dq.T + xb.sum(axis=2) @ m.T
+
+
+# 130 blocks a row: three turns of the invocations' loop over blocks, the last ragged; 76 rows: the
+# last workgroup's 8 rows ragged
+@pytest.mark.parametrize("qtype,n_out,n_in", [(q, 76, 4160) for q in MV_BLK_FORMATS] + [(q, 200, 96) for q in MV_BLK_FORMATS])
+def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
+    """mv_blk_i8 computes what its int8 arithmetic says to float rounding (int8_x_oracle), and stays
+    within a percent of the exact product."""
+    if not gpu.can_run("mv_blk_i8"):
+        pytest.skip(f"the adapter has no subgroups ({gpu.adapter.summary})")
+    rng = np.random.default_rng(n_in)
+    w = random_matrix(qtype, n_out, n_in, rng)
+    assert gpu.upload(w) is not None
+    for t in (1, 3):
+        x = rng.standard_normal((t, n_in), dtype=np.float32)
+        job = Job(w)
+        assert gpu.matmul_sync(x, [job], kernel="mv_blk_i8")
+        assert rel_err(job.out, int8_x_oracle(x, w)) <= 1e-6
+        assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
 
 
 # mm_kt rounds x and W to f16 (2^-12 relative each) and sums each quant block's 32 products in f16

@@ -37,12 +37,15 @@ MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
 MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 64
 # the kinds that take x through a prologue (shaders/matvec_common.wgsl: a fused rms_norm or swiglu),
 # which binds the norm weight at binding 4
-PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk")
-# mv_blk (shaders/matvec_block.wgsl: a whole quant block an invocation, 8 rows a workgroup of 64) for
-# the formats whose decoder has blk_dot, on products at least this big both ways: on the H200 the
-# 8B shape's one-stream step took 4.75 ms against mv_subgroup256's 5.19 (198 -> 216 tok/s); 4 rows a
-# workgroup 6.2-6.9 ms, 2 rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9. At TinyLlama's sizes it
-# lost (all its products: GPU pass 1.40 against 1.28 ms; its 2048 x 5632 alone: 1.36)
+PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i8")
+# mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, 8 rows a workgroup of 64,
+# x in int8 per block as the CPU graph's products take it) for the formats whose decoder has
+# blk_dot_i8, on one-token products at least this big both ways. On the H200, the 8B shape's
+# one-stream step (benchmarks/h200_final.sh, two machines): mv_subgroup256 5.19 ms a step (198
+# tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms, 216 tok/s; in int8 230 tok/s against
+# f32's 171 on a slower machine (4.42 ms a step). Swept in f32: 4 rows a workgroup 6.2-6.9 ms, 2 rows
+# 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; at TinyLlama's sizes f32 blocks lost (1.40 against
+# 1.28 ms; int8 there unmeasured), so smaller products keep mv_subgroup256 and their exact floats
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
 MV_BLK_ROWS = 8  # BLK_ROWS of matvec_block.wgsl
@@ -70,7 +73,7 @@ class KernelChoice:
         if "subgroup" not in self.features:
             return "mv_wg"
         if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN:
-            return "mv_blk"
+            return "mv_blk_i8"
         return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
 
 
@@ -113,7 +116,7 @@ class KernelChoice:
 
     def can_run(self, kind: str) -> bool:
         """Has this device the features the kernel kind needs?"""
-        if kind.startswith("mv_subgroup") or kind == "mv_blk":
+        if kind.startswith("mv_subgroup") or kind == "mv_blk_i8":
             return "subgroup" in self.features
         return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
 
@@ -133,6 +136,6 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":
         t, n_out = -(-t // MV_TOK), -(-n_out // 2)  # 8 rows a workgroup: half the row groups
-    groups = -(-n_out // (MV_BLK_ROWS if kind == "mv_blk" else MV_ROWS))  # mv_wg, mv_subgroup, mv_blk: row groups spread over x and y
+    groups = -(-n_out // (MV_BLK_ROWS if kind == "mv_blk_i8" else MV_ROWS))  # mv_wg, mv_subgroup, mv_blk_i8: row groups spread over x and y
     gx = min(groups, MAX_GROUPS)
     return gx, -(-groups // gx), t

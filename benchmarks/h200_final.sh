@@ -1,0 +1,33 @@
+#!/bin/bash
+# On the lent H200 (the device tool; carry [".gl", ".whl"]): a session's closing GPU table, issue 28's
+# rows: benchmarks/gpu_model.py, WebGPU, greedy, prefill 512 and 1/8/32 streams, one stream after
+# 128 and 4,000 tokens of context, for the 135M, 1.1B and 8B shapes (synthetic Q4_1 files written
+# once, the same method as reference/h200). AB="name:ENV=VAL,..." first runs the 8B one-stream step
+# under each such setting, and the table takes the fastest (its name printed). Outputs in $OUT.
+for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
+[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 - ${SHAPES:-135m 1b 8b} <<'PY'
+import sys
+from pathlib import Path
+from oxinfer.testing import write_tiny_llama
+sys.path.insert(0, "benchmarks")
+from gpu_model import SYNTHETIC
+for s in sys.argv[1:]:
+    write_tiny_llama(Path(f"/tmp/s-{s}.gguf"), fast=True, context=4096, **SYNTHETIC[s])
+PY
+best=""; best_tps=0
+for v in $AB; do
+  name=${v%%:*}; envs=${v#*:}
+  tps=$(env ${envs//,/ } timeout 60 python3 benchmarks/gpu_model.py --model /tmp/s-8b.gguf --backends webgpu --concurrency 1 \
+        --prompt-tokens 64 --decode-tokens 64 2>/dev/null | grep "^| s-8b | webgpu | [0-9]" | head -1 | cut -d'|' -f5 | tr -d ' ')
+  echo "A/B $name ($envs): 8B one stream ${tps:-failed} tok/s" | tee -a $OUT/table.txt
+  if [ -n "$tps" ] && [ "$tps" -gt "$best_tps" ]; then best_tps=$tps; best=$envs; fi
+done
+[ -n "$best" ] && echo "table under: $best" | tee -a $OUT/table.txt && export ${best//,/ }
+for s in ${SHAPES:-135m 1b 8b}; do
+  timeout ${RUN_S:-120} python3 benchmarks/gpu_model.py --model /tmp/s-$s.gguf --backends webgpu --contexts 128 4000 2>&1 \
+    | grep -v "^20" | tee -a $OUT/table.txt
+done
