@@ -231,36 +231,48 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
     part_a[lid] = acc;
     workgroupBarrier();
     if (lane == 0u) {
-        var mm = -3.0e38;
-        for (var i = 0u; i < LANES; i++) {
-            mm = max(mm, part_m[i * DG + g]);
-        }
-        var ll = 0.0;
-        var aa = vec4<f32>(0.0);
-        for (var i = 0u; i < LANES; i++) {
-            let w = exp(part_m[i * DG + g] - mm);
-            ll += w * part_l[i * DG + g];
-            aa += w * part_a[i * DG + g];
-        }
-        if (chunks > 1u) {   // this chunk's part: a, max, sum (a chunk with no position: -3e38, 0)
-            let po = ((chunk * P.t + r) * P.n + h) * (HD + 2u);
-            parts[po + 4u * g] = aa.x;
-            parts[po + 4u * g + 1u] = aa.y;
-            parts[po + 4u * g + 2u] = aa.z;
-            parts[po + 4u * g + 3u] = aa.w;
-            if (g == 0u) {
-                parts[po + HD] = mm;
-                parts[po + HD + 1u] = ll;
-            }
-            return;
-        }
-        let o = (r * P.n + h) * HD + 4u * g;
-        let v = aa / ll;
-        out[o] = v.x;
-        out[o + 1u] = v.y;
-        out[o + 2u] = v.z;
-        out[o + 3u] = v.w;
+        merge_lanes(g, DG, LANES, r, h, g, chunk, chunks);
     }
+}
+
+// the online softmaxes `lanes` invocations left in part_m, part_l, part_a (lane i's at first +
+// i * stride) as one, then finish_head
+fn merge_lanes(first: u32, stride: u32, lanes: u32, r: u32, h: u32, g: u32, chunk: u32, chunks: u32) {
+    var mm = -3.0e38;
+    for (var i = 0u; i < lanes; i++) {
+        mm = max(mm, part_m[first + i * stride]);
+    }
+    var ll = 0.0;
+    var aa = vec4<f32>(0.0);
+    for (var i = 0u; i < lanes; i++) {
+        let w = exp(part_m[first + i * stride] - mm);
+        ll += w * part_l[first + i * stride];
+        aa += w * part_a[first + i * stride];
+    }
+    finish_head(r, h, g, chunk, chunks, aa, mm, ll);
+}
+
+// dims 4g .. 4g + 3 of head h of row r after its chunk of positions: where the row is in chunks,
+// the chunk's part (a, max, sum; a chunk with no position: -3e38, 0) for the merge, else a / sum
+fn finish_head(r: u32, h: u32, g: u32, chunk: u32, chunks: u32, aa: vec4<f32>, mm: f32, ll: f32) {
+    if (chunks > 1u) {
+        let po = ((chunk * P.t + r) * P.n + h) * (HD + 2u);
+        parts[po + 4u * g] = aa.x;
+        parts[po + 4u * g + 1u] = aa.y;
+        parts[po + 4u * g + 2u] = aa.z;
+        parts[po + 4u * g + 3u] = aa.w;
+        if (g == 0u) {
+            parts[po + HD] = mm;
+            parts[po + HD + 1u] = ll;
+        }
+        return;
+    }
+    let o = (r * P.n + h) * HD + 4u * g;
+    let v = aa / ll;
+    out[o] = v.x;
+    out[o + 1u] = v.y;
+    out[o + 2u] = v.z;
+    out[o + 3u] = v.w;
 }
 
 // attend_rows (a prompt's attention) is in attention_rows.wgsl, appended to this file where the
@@ -428,36 +440,7 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     part_a[lid] = acc;
     workgroupBarrier();
     if (lane == 0u) {
-        var mm = -3.0e38;
-        for (var i = 0u; i < KL; i++) {
-            mm = max(mm, part_m[i * ITEMS + item]);
-        }
-        var ll = 0.0;
-        var aa = vec4<f32>(0.0);
-        for (var i = 0u; i < KL; i++) {
-            let w = exp(part_m[i * ITEMS + item] - mm);
-            ll += w * part_l[i * ITEMS + item];
-            aa += w * part_a[i * ITEMS + item];
-        }
-        let hq = kvh * GQ + h;
-        if (chunks > 1u) {   // this chunk's part: a, max, sum (a chunk with no position: -3e38, 0)
-            let po = ((chunk * P.t + r) * P.n + hq) * (HD + 2u);
-            parts[po + 4u * g] = aa.x;
-            parts[po + 4u * g + 1u] = aa.y;
-            parts[po + 4u * g + 2u] = aa.z;
-            parts[po + 4u * g + 3u] = aa.w;
-            if (g == 0u) {
-                parts[po + HD] = mm;
-                parts[po + HD + 1u] = ll;
-            }
-            return;
-        }
-        let o = (r * P.n + hq) * HD + 4u * g;
-        let v = aa / ll;
-        out[o] = v.x;
-        out[o + 1u] = v.y;
-        out[o + 2u] = v.z;
-        out[o + 3u] = v.w;
+        merge_lanes(item, ITEMS, KL, r, kvh * GQ + h, g, chunk, chunks);
     }
 }
 

@@ -1,4 +1,5 @@
-"""llama.cpp's golden answers as assertions, shared by the CPU and GPU golden tests.
+"""Assertions shared by test files: llama.cpp's golden answers (the CPU and GPU golden tests), and
+two engines' decodes of one prompt compared (assert_same_decode).
 
 Tolerances from tests/data/GOLDEN_README.md: llama.cpp's own noise moves its logits by up to ~0.6
 between batch and token-by-token runs, so top-5 logits must agree within 1.0 and argmaxes only
@@ -27,3 +28,19 @@ def assert_teacher_forced(logits: np.ndarray, prompt: dict) -> None:
             assert int(np.argmax(logits[n - 1 + i])) == prompt["greedy_ids"][i], f"step {i}"
             checked += 1
     assert checked >= 5
+
+
+async def assert_same_decode(gpu, cpu, prompt: list[int], params, atol: float) -> None:
+    """Both engines stream the same tokens from prompt, each step's best logprobs (params.logprobs
+    of them) the same ids within atol."""
+    import oxinfer
+
+    async def decode(e):
+        return [(t.token_id, t.top_logprobs) async for t in e.stream(prompt, params) if isinstance(t, oxinfer.Token)]
+
+    got, want = await decode(gpu), await decode(cpu)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert [i for i, _ in g] == [i for i, _ in w]
+        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=atol)
+

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden_checks import assert_same_decode
 
 import oxinfer
 from oxinfer.engine.loading import load as load_model  # blocking, as Engine.load runs it
@@ -401,15 +402,8 @@ async def test_gemma_on_the_gpu_prefills_and_decodes_as_on_the_cpu(tmp_path, mon
         plan = next(p for (t, *_), p in prog.plans.items() if t == len(prompt))
         assert any(prog.disps[i].optional for i in plan.at) and gpu.resident.att_chunks(len(prompt)) > 1
     params = oxinfer.SamplingParams(temperature=0, max_tokens=10, ignore_eos=True, logprobs=8)
-
-    async def decode(e):  # each step's token and its 8 best (id, logprob): the runners-up show the soft caps
-        return [(t.token_id, t.top_logprobs) async for t in e.stream(prompt, params) if isinstance(t, oxinfer.Token)]
-
-    got, want = await decode(gpu), await decode(cpu)
-    assert [t for t, _ in got] == [t for t, _ in want]
-    for (_, g), (_, w) in zip(got, want):
-        assert [i for i, _ in g] == [i for i, _ in w]
-        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-3)
+    # each step's token and its 8 best (id, logprob): the runners-up show the soft caps
+    await assert_same_decode(gpu, cpu, prompt, params, atol=1e-3)
     if as_gpu:  # a decode step's down products take the GeGLU over (matvec_common.wgsl's prologue 3)
         prog = gpu.resident.program(False)
         plan = next(p for (t, n, *_), p in prog.plans.items() if t == n == 1)

@@ -11,6 +11,7 @@ import anyio
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from golden_checks import assert_same_decode
 from structlog.testing import capture_logs
 
 import oxinfer
@@ -257,15 +258,7 @@ async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_hea
     assert r.attend_kv and r.kv_tile > 1
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, 256, 330)]
     params = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
-
-    async def decode(e):
-        return [(t.token_id, t.top_logprobs) async for t in e.stream(prompt, params) if isinstance(t, oxinfer.Token)]
-
-    got, want = await decode(gpu), await decode(cpu)
-    assert [t for t, _ in got] == [t for t, _ in want]
-    for (_, g), (_, w) in zip(got, want):
-        assert [j for j, _ in g] == [j for j, _ in w]
-        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
+    await assert_same_decode(gpu, cpu, prompt, params, atol=1e-4)
     chunks = r.decode_chunks(1, len(prompt))
     assert chunks == (4 if as_gpu else 1)
     if as_gpu:  # up to 256 positions attend_decode's workgroups a query head, unless the kv heads fill the GPU
