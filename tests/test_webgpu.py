@@ -22,6 +22,7 @@ from oxinfer.formats.gpu_layout import device_bytes
 from oxinfer.formats.quants import CODECS, QuantMatrix
 from oxinfer.runtime.backend import Job
 from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable, available
+from oxinfer.runtime.webgpu.device import has_int8_dot
 from oxinfer.runtime.webgpu.kernels import MV_BLK_FORMATS
 from oxinfer.testing import random_matrix, write_tiny_llama
 
@@ -106,6 +107,25 @@ def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
         assert gpu.matmul_sync(x, [job], kernel="mv_blk_i8")
         assert rel_err(job.out, int8_x_oracle(x, w)) <= 1e-6
         assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
+
+
+def test_int8_products_only_where_the_device_compiles_them(gpu):
+    """mv_blk_i8 takes the big one-token Q4_1 products of a GPU whose WGSL compiles the packed int8
+    built-ins (has_int8_dot: a shader compiler that refuses them says so); elsewhere they stay in
+    floats."""
+    class Refuses:
+        def create_shader_module(self, code):
+            raise RuntimeError("unknown identifier: dot4I8Packed")
+
+    assert has_int8_dot(gpu.device) and not has_int8_dot(Refuses())
+    as_gpu = WebGpuBackend(gpu.adapter, gpu.device)
+    as_gpu.cpu_adapter = False
+    if "subgroup" not in as_gpu.features:
+        pytest.skip(f"the adapter has no subgroups ({gpu.adapter.summary})")
+    assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_blk_i8"
+    assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q8_0") == "mv_subgroup256"
+    as_gpu.int8_dot = False
+    assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_subgroup256" and not as_gpu.can_run("mv_blk_i8")
 
 
 # mm_kt rounds x and W to f16 (2^-12 relative each) and sums each quant block's 32 products in f16

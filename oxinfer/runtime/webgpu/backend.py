@@ -28,6 +28,7 @@ from oxinfer.runtime.webgpu.device import (
     PARAMS_BYTES,
     BufferPool,
     best_adapter,
+    has_int8_dot,
     is_cpu_adapter,
     round_up,
     wgpu,
@@ -99,6 +100,7 @@ class WebGpuBackend(KernelChoice):
         self.min_t = min_t  # below this many rows a matmul stays on the CPU (the ~0.3-1 ms round trip)
         self.min_flop = min_flop  # and below this many FLOPs too (numpy does ~30-50 GFLOP/s)
         self.features = set(device.features)
+        self.int8_dot = has_int8_dot(device)  # mv_blk_i8's WGSL built-ins
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = is_cpu_adapter(adapter)
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call

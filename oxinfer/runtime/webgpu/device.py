@@ -37,6 +37,24 @@ SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), 
 POLL_S = {True: 5e-4, False: 5e-5}  # cpu_adapter -> seconds
 
 
+# WGSL's packed 4 x 8-bit integer built-ins (the packed_4x8_integer_dot_product language feature),
+# which mv_blk_i8 needs: naga writes them for every backend, as the API's instruction or in plain
+# integer operations; a device whose shader compiler refuses them keeps the float kernels
+_INT8_DOT_PROBE = """
+fn probe(a: u32, b: u32) -> i32 { return dot4I8Packed(a, b) + i32(pack4xI8Clamp(vec4<i32>(i32(a)))); }
+@compute @workgroup_size(1) fn main() {}
+"""
+
+
+def has_int8_dot(device) -> bool:
+    """Does the device's WGSL compile dot4I8Packed and pack4xI8Clamp?"""
+    try:
+        device.create_shader_module(code=_INT8_DOT_PROBE)
+    except Exception:  # noqa: BLE001 - wgpu's validation error: not on this device
+        return False
+    return True
+
+
 # --- adapters -------------------------------------------------------------------------------------
 
 def _adapter_rank(a) -> tuple[int, int]:

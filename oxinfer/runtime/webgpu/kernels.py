@@ -59,8 +59,8 @@ def pad128(n: int) -> int:
 
 
 class KernelChoice:
-    """The kernel choices of one device (its adapter kind, features, f16, max_binding; `kernel`
-    forces one kind): mixed into WebGpuBackend."""
+    """The kernel choices of one device (its adapter kind, features, f16, int8_dot, max_binding;
+    `kernel` forces one kind): mixed into WebGpuBackend."""
 
     def kernel_for(self, t: int, n_out: int = 4096, n_in: int = 1024, qtype: str | None = None) -> str:
         """The kernel kind for t rows of x times W (n_out, n_in) on this adapter."""
@@ -72,7 +72,7 @@ class KernelChoice:
             return "mv_tok"
         if "subgroup" not in self.features:
             return "mv_wg"
-        if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN:
+        if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN and self.int8_dot:
             return "mv_blk_i8"
         return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
 
@@ -117,7 +117,7 @@ class KernelChoice:
     def can_run(self, kind: str) -> bool:
         """Has this device the features the kernel kind needs?"""
         if kind.startswith("mv_subgroup") or kind == "mv_blk_i8":
-            return "subgroup" in self.features
+            return "subgroup" in self.features and (kind != "mv_blk_i8" or self.int8_dot)
         return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
 
 
