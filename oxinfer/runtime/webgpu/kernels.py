@@ -45,7 +45,9 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms, 216 tok/s; in int8 230 tok/s against
 # f32's 171 on a slower machine (4.42 ms a step). Swept in f32: 4 rows a workgroup 6.2-6.9 ms, 2 rows
 # 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; at TinyLlama's sizes f32 blocks lost (1.40 against
-# 1.28 ms; int8 there unmeasured), so smaller products keep mv_subgroup256 and their exact floats
+# 1.28 ms; int8 there unmeasured), so smaller products keep mv_subgroup256 and their exact floats.
+# Steps of 2+ rows (mv_tok) stay in floats: at these sizes a stream decoded alone and one decoded
+# beside others differ by x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
 MV_BLK_ROWS = 8  # BLK_ROWS of matvec_block.wgsl
@@ -116,8 +118,10 @@ class KernelChoice:
 
     def can_run(self, kind: str) -> bool:
         """Has this device the features the kernel kind needs?"""
-        if kind.startswith("mv_subgroup") or kind == "mv_blk_i8":
-            return "subgroup" in self.features and (kind != "mv_blk_i8" or self.int8_dot)
+        if kind == "mv_blk_i8":
+            return "subgroup" in self.features and self.int8_dot
+        if kind.startswith("mv_subgroup"):
+            return "subgroup" in self.features
         return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
 
 
