@@ -109,10 +109,10 @@ def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
         assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
 
 
-def test_int8_products_only_where_the_device_compiles_them(gpu):
+def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
     """mv_blk_i8 takes the big one-token Q4_1 products of a GPU whose WGSL compiles the packed int8
-    built-ins (has_int8_dot: a shader compiler that refuses them says so); elsewhere they stay in
-    floats."""
+    built-ins (has_int8_dot: a shader compiler that refuses them says so), unless
+    OXINFER_WEBGPU_INT8=0; elsewhere they stay in floats."""
     class Refuses:
         def create_shader_module(self, code):
             raise RuntimeError("unknown identifier: dot4I8Packed")
@@ -126,6 +126,8 @@ def test_int8_products_only_where_the_device_compiles_them(gpu):
     assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q8_0") == "mv_subgroup256"
     as_gpu.int8_dot = False
     assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_subgroup256" and not as_gpu.can_run("mv_blk_i8")
+    monkeypatch.setenv("OXINFER_WEBGPU_INT8", "0")  # the user's switch to floats
+    assert not WebGpuBackend(gpu.adapter, gpu.device).int8_dot
 
 
 # mm_kt rounds x and W to f16 (2^-12 relative each) and sums each quant block's 32 products in f16

@@ -100,7 +100,6 @@ class WebGpuBackend(KernelChoice):
         self.min_t = min_t  # below this many rows a matmul stays on the CPU (the ~0.3-1 ms round trip)
         self.min_flop = min_flop  # and below this many FLOPs too (numpy does ~30-50 GFLOP/s)
         self.features = set(device.features)
-        self.int8_dot = has_int8_dot(device)  # mv_blk_i8's WGSL built-ins
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = is_cpu_adapter(adapter)
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call
@@ -109,6 +108,9 @@ class WebGpuBackend(KernelChoice):
         if f16 is None:
             f16 = not self.cpu_adapter and os.environ.get("OXINFER_WEBGPU_F16", "1") != "0"
         self.f16 = f16 and "shader-f16" in self.features
+        # big one-token products on x in int8 (mv_blk_i8: ~1% of a logit's scale, as the CPU graph's)
+        # where the device compiles the packed int8 built-ins, unless OXINFER_WEBGPU_INT8=0
+        self.int8_dot = os.environ.get("OXINFER_WEBGPU_INT8", "1") != "0" and has_int8_dot(device)
         self.last: SubmissionRecord | None = None
         limits = device.limits
         self.max_binding = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
