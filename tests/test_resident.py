@@ -113,7 +113,7 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     mv_blk_i8 takes x in int8 (as the CPU graph does): within I8_TOL, the same greedy tokens."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
     if not gpu_backend.can_run(kernel):
-        pytest.skip(f"the adapter has no subgroups ({gpu_backend.adapter.summary})")
+        pytest.skip(f"the adapter cannot run {kernel}: no subgroups, or no packed int8 built-ins ({gpu_backend.adapter.summary})")
     # mv_blk_i8 reads Q4_1 alone: the tied head (token_embd, Q8_0 otherwise) too
     path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=7, extra_vocab=40,
                             mix={"token_embd": T.Q4_1} if kernel == "mv_blk_i8" else None)
