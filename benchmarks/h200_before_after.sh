@@ -5,10 +5,8 @@
 # each, so that both meet the same machine; then the GPU's closing line of `oxinfer run` and the
 # prompt kernels checked against the CPU (benchmarks/h200_gpu_model.sh's check). Outputs in $OUT.
 N=${N:-4}  # ORDER="after before" runs the new code first in each pair (a check of order bias)
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+. benchmarks/h200_setup.sh || exit 1
 export PYTHONUNBUFFERED=1
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 lscpu | grep -E "Model name"; grep -o -w -E "avx2|avx512f|avx512_vnni|amx_int8" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 for i in $(seq $N); do

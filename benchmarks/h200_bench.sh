@@ -16,10 +16,8 @@
 # llama_vocab::impl::load tokenizes "\n") on any GGUF. The flag keeps the static copy's symbols local
 # to libllama.so. llama-bench, an executable with one copy, was never affected.
 # BENCH_S: the time limit of the WebGPU + llama.cpp run (default 380 s).
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .lcp/w/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+H200_WHEELS=".lcp/w/*.whl"; . benchmarks/h200_setup.sh || exit 1
+export PYTHONPATH=/tmp/site:$PWD
 lscpu | grep -E "Model name|^CPU\(s\)|Flags" | sed 's/Flags:.*\(avx512_vnni\|avx512f\|avx2\).*/Flags: ... (avx2: &)/' | cut -c1-200
 grep -o -w -E "avx2|avx512f|avx512_vnni|avx512_bf16|amx_int8" /proc/cpuinfo | sort -u | tr '\n' ' '; echo
 python3 -c "import numpy, jinja2; print('numpy', numpy.__version__, 'jinja2', jinja2.__version__)"

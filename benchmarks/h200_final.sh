@@ -4,20 +4,10 @@
 # 128 and 4,000 tokens of context, for the 135M, 1.1B and 8B shapes (synthetic Q4_1 files written
 # once, the same method as reference/h200). AB="name:ENV=VAL,..." first runs the 8B one-stream step
 # under each such setting, and the table takes the fastest (its name printed). Outputs in $OUT.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. benchmarks/h200_setup.sh || exit 1
+export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-python3 - ${SHAPES:-135m 1b 8b} <<'PY'
-import sys
-from pathlib import Path
-from oxinfer.testing import write_tiny_llama
-sys.path.insert(0, "benchmarks")
-from gpu_model import SYNTHETIC
-for s in sys.argv[1:]:
-    write_tiny_llama(Path(f"/tmp/s-{s}.gguf"), fast=True, context=4096, **SYNTHETIC[s])
-PY
+write_shapes ${SHAPES:-135m 1b 8b}
 best=""; best_tps=0
 for v in $AB; do
   name=${v%%:*}; envs=${v#*:}

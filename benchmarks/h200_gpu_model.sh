@@ -4,10 +4,8 @@
 # model at 512, 300 and 130 rows: logits within ~6e-4, same argmax), TinyLlama's prompt step profiled
 # by kernel family, then the README's H200 table (benchmarks/gpu_model.py, both backends, one run).
 # ~90 s of device time with a cold start. Outputs in $OUT.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. benchmarks/h200_setup.sh || exit 1
+export PYTHONPATH=/tmp/site:$PWD
 timeout 120 python3 - <<'PY'
 import anyio, numpy as np, oxinfer
 from pathlib import Path

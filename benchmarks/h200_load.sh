@@ -4,10 +4,7 @@
 # .after/ (made the same way; else the working tree), in turns, on one synthetic GGUF written once:
 # benchmarks/gpu_model.py --load-only (load s, host RSS, the GPU's weights and KV pool). Then the
 # same logits from both (the 1B shape), and the 1B and 3B shapes after. Outputs in $OUT.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. benchmarks/h200_setup.sh || exit 1
 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
 after=$PWD/.after; [ -d .after ] || after=$PWD
 export PYTHONPATH=/tmp/site:$after SHAPE=${SHAPE:-8b}

@@ -2,10 +2,8 @@
 # On the lent H200 (the device tool; carry [".gl", ".whl"]): benchmarks/gpu_model.py --sampled on the
 # GPU (every sampling mode beside greedy, 1/8/32 streams, the 135M and 1.1B shapes), then `oxinfer run
 # --temperature 0.8 --seed 1` twice with its GPU line. Outputs in $OUT.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. benchmarks/h200_setup.sh || exit 1
+export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 timeout ${BENCH_S:-420} python3 benchmarks/gpu_model.py --backends webgpu --sampled --synthetic ${SHAPES:-135m 1b} 2>&1 \
   | grep -v "^20" | tee $OUT/sampled.txt

@@ -3,10 +3,7 @@
 # (`git archive <commit> oxinfer shaders | tar -x -C .base`) against .after/ (made the same way; else
 # the working tree), in turns, through this tree's benchmarks/gpu_model.py: ARGS (default: the json schema row at 8 streams beside greedy),
 # TURNS pairs, before-first and after-first alternately. Outputs in $OUT/turn-<i>-<before|after>.txt.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONUNBUFFERED=1
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. benchmarks/h200_setup.sh || exit 1
 eval "set -- ${ARGS:---sampled --modes \"json schema\" --concurrency 8 --synthetic 135m}"
 for i in $(seq 1 ${TURNS:-2}); do
   order="before after"; [ $((i % 2)) = 0 ] && order="after before"

@@ -61,8 +61,6 @@ class AttentionChunks:
         groups = -(-t // self.att_rows) * self.cfg.n_kv_heads
         return max(1, min(ATT_MAX_CHUNKS, ATT_WORKGROUPS // groups))
 
-
-
     def decode_chunks(self, n: int, keys: int) -> int:
         """Chunks of positions a decode step of n sequences walks in parallel, its longest row
         seeing `keys`: one workgroup a query head walked them alone (TinyLlama's one stream after
