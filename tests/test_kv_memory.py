@@ -50,6 +50,23 @@ async def test_a_cache_takes_blocks_as_tokens_arrive_and_gives_them_back(model):
     assert pool.held == 0 and pool.available == 5
 
 
+async def test_a_kept_cache_with_no_full_block_gives_its_blocks_back_at_once(model):
+    """A sequence that ended cleanly with fewer than BLOCK tokens has nothing to keep for later
+    prompts: its slot and block go back when it is kept, even while something still refers to it."""
+    engine = await oxinfer.Engine.load(model)
+    m = engine.model
+    m.kv_size, m._pool = PoolSize(slots=2, bytes=5 * BLOCK * m.kv_bytes_per_token), None
+    pool = m.kv_pool
+    a, b = m.new_cache(), m.new_cache()
+    await m.forward(np.arange(BLOCK - 4), a)
+    await m.forward(np.arange(BLOCK + 4), b)
+    assert pool.held == 3
+    pool.keep(a)  # `a` is still referenced here
+    assert pool.alloc.used == 2 and pool.available == 3
+    pool.keep(b)  # its full block stays cached, its partial one goes back
+    assert pool.alloc.block_counts()[:2] == (0, 1) and pool.available == 5
+
+
 async def test_32_requests_hold_the_blocks_of_their_real_lengths(model):
     """32 concurrent requests with no shared prefix, of 20 to 330 prompt tokens: the blocks in use
     never pass those of their real lengths, far below what reserving prompt + max_tokens (the chat

@@ -310,7 +310,10 @@ class KVPool:
         """Hold the cache of a sequence that ended with no forward in flight (its slot may be handed
         over: nothing may write into it any more) for its prefix blocks; evicted when a slot or
         blocks are wanted. Its partial last block goes back at once."""
-        if cache.pool is not self or not cache.hashes:
+        if cache.pool is not self:
+            return
+        if not cache.hashes:  # no full block to keep: its slot and blocks go back now, not when the
+            cache.release()   # last reference to it (a finished step's batch, say) is collected
             return
         with self._lock:
             for other in list(self.kept.values()):  # kept blocks this cache holds as well
