@@ -42,7 +42,7 @@ def _family(runner, d, rows: int) -> str:
     if d.kernel != "mm":
         return d.kernel
     n_out, n_in = int(d.params[0]), int(d.params[1])
-    kind = runner.gpu.kernel_for(rows, n_out, n_in)
+    kind = runner.gpu.kernel_for(rows, n_out, n_in, d.qtype)
     slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
     if slices > 1:
         kind = runner.gpu.split_kind(kind, rows)

@@ -136,15 +136,18 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4 - head_norm
 
 
-@pytest.mark.parametrize("d,n_heads,n_kv", [(96, 2, 1), (128, 8, 2)])
-async def test_a_long_prompt_s_attention_over_several_tiles(tmp_path, d, n_heads, n_kv):
+@pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])
+async def test_a_long_prompt_s_attention_over_several_tiles(tmp_path, d, n_heads, n_kv, heads_rows):
     """300 positions of one prompt: attend with head_dim 48 (12 groups of 4 dims: 256 invocations
     hold 21 lanes and 4 idle ones; two tiles of 256), and attend_rows with 4 query heads a kv
     head (head_dim 16: a quarter of each query's dims an invocation, one vec4, for all 4 heads;
-    32 rows a workgroup, key/value tiles of 32). Logits of every position within 1e-4 of numpy's."""
+    32 rows a workgroup, key/value tiles of 32; head_dim 128, Llama-3-8B's: 2 heads an invocation,
+    8 vec4s of each, 16 rows a workgroup). Logits of every position within 1e-4 of numpy's."""
     cpu, gpu = await engines(write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=160,
                                               seed=4, extra_vocab=40, context=512))
-    assert gpu.resident.attend_rows == (n_heads // n_kv >= 4)
+    assert gpu.resident.attend_rows == (heads_rows is not None)
+    if heads_rows:
+        assert (gpu.resident.att_heads, gpu.resident.att_rows) == heads_rows
     tokens = list(np.random.default_rng(3).integers(0, 256, size=300))
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= TOL

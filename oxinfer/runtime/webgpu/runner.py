@@ -132,17 +132,21 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         self._pending: Future | None = None  # the background submission of the furthest step ahead
         self._chain = (frozenset(), False, False)  # the sampler's stages, logprobs, masks of the steps run ahead
         group = cfg.n_heads // cfg.n_kv_heads
-        # a prompt's attention by attend_rows (registers for HD <= 64; subgroups sum a score's 4
-        # parts): with 4+ query heads a kv head (TinyLlama's 8: 0.13 ms a layer with its merge,
-        # against attend's 0.55, 512 rows on the H200); with SmolLM2's 3 it was slower than attend
-        # (0.20 against 0.17 ms at 16-21 rows a workgroup, when an invocation held a whole query)
-        self.attend_rows = (cfg.head_dim <= 64 and cfg.head_dim % 16 == 0 and group >= 4
+        # a prompt's attention by attend_rows (subgroups sum a score's 4 parts): with 4+ query heads
+        # a kv head (TinyLlama's 8: 0.13 ms a layer with its merge, against attend's 0.55, 512 rows on
+        # the H200); with SmolLM2's 3 it was slower than attend (0.20 against 0.17 ms at 16-21 rows a
+        # workgroup, when an invocation held a whole query); Llama-3-8B's head_dim 128 (4 heads a kv
+        # head, 2 an invocation): its 512-token prefill 228 -> 210 ms against attend, 4,000 tokens
+        # 3.17 -> 2.08 s (1 head an invocation: 214.6 ms at 512). Its key and value tiles (32
+        # positions) must fit in workgroup memory: head_dim up to 128 on every adapter seen
+        wg_bytes = gpu.device.limits["max-compute-workgroup-storage-size"]
+        self.attend_rows = (cfg.head_dim % 16 == 0 and 2 * 32 * cfg.head_dim * 4 <= wg_bytes and group >= 4
                             and "subgroup" in gpu.features)
-        # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row;
-        # a workgroup takes att_rows rows, all their query heads of one kv head: ~128 queries
-        # (TinyLlama's 512-row prompt on the H200: 16 rows x 8 heads 0.19 ms a layer, 32 x 8 0.27,
-        # 8 x 8 0.22, when an invocation held a whole query)
-        self.att_heads = next(h for h in (4, 2, 1) if group % h == 0)
+        # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row
+        # (at most 64 floats of queries, as many of sums: registers); a workgroup takes att_rows rows,
+        # all their query heads of one kv head: ~128 queries (TinyLlama's 512-row prompt on the H200:
+        # 16 rows x 8 heads 0.19 ms a layer, 32 x 8 0.27, 8 x 8 0.22, when an invocation held a whole query)
+        self.att_heads = next((h for h in (4, 2, 1) if group % h == 0 and h * cfg.head_dim <= 256), 1)
         lanes = 4 * group // self.att_heads  # invocations a row
         self.att_rows = max(1, min(64, 128 // lanes))
         att_threads = -(-self.att_rows * lanes // 32) * 32
