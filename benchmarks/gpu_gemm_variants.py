@@ -180,14 +180,17 @@ _SNIPPETS = {  # mm_kt's lines (shaders/gemm_f16.wgsl), expanded by webgpu.unrol
     "STORES": "    store_row8(wid.z, m0 + 8u * ty + {d}u, n0 + 8u * tx, c{d}a, c{d}b);   // unroll d < ROWS",
 }
 
-# TinyLlama-1.1B's products: (name, n_out, n_in, k slices webgpu/plan.py gives them at 512 rows)
-SHAPES = [("q|k|v", 2560, 2048, 3), ("o", 2048, 2048, 4), ("gate|up", 11264, 2048, 3), ("down", 2048, 5632, 4)]
+# TinyLlama-1.1B's products (--model 1b) and Llama-3-8B's (8b): (name, n_out, n_in, k slices
+# webgpu/plan.py gives them at 512 rows)
+MODELS = {"1b": [("q|k|v", 2560, 2048, 3), ("o", 2048, 2048, 4), ("gate|up", 11264, 2048, 3), ("down", 2048, 5632, 4)],
+          "8b": [("q|k|v", 6144, 4096, 4), ("o", 4096, 4096, 2), ("gate|up", 28672, 4096, 1), ("down", 4096, 14336, 2)]}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--allow-cpu", action="store_true")
     ap.add_argument("--t", type=int, default=512)
+    ap.add_argument("--model", choices=list(MODELS), default="1b", help="whose products")
     ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
     ap.add_argument("--sweep", default="", help="kernels timed at 1..4 k slices, e.g. mm_kt,mm_m32")
     ap.add_argument("--wt", default="", help="forms of wt_k timed (and checked through mm_kt), e.g. wt_k8")
@@ -210,7 +213,7 @@ def main() -> None:
             modules[src] = dev.create_shader_module(code=src)
         return dev.create_compute_pipeline(layout="auto", compute={"module": modules[src], "entry_point": entry or kind})
 
-    shapes = SHAPES if a.shapes == "all" else [s for s in SHAPES if s[0] in a.shapes.split(",")]
+    shapes = [s for s in MODELS[a.model] if a.shapes == "all" or s[0] in a.shapes.split(",")]
     print(f"\n| product (t={t}) | slices | mm_tiled ms | mm_kt ms | wt_k ms | xt_k ms | TFLOP/s tiled / kt (+ prep) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     def run_shape(name: str, n_out: int, n_in: int, slices: int) -> None:

@@ -22,6 +22,7 @@ from gpu_model import SYNTHETIC
 
 import oxinfer
 from oxinfer.runtime.webgpu import kernels as webgpu
+from oxinfer.runtime.webgpu.kernels import GEMM_PARTS
 from oxinfer.runtime.webgpu.device import call_args as _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
@@ -77,6 +78,9 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
         for call, i in zip(plan.calls, plan.at):
             d = prog.disps[i]
             name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
+            if d.kernel == "mm" and name.startswith("mm_kt+"):  # its operands' kernels timed apart
+                part = next(k for k in GEMM_PARTS if call[0] is r.gpu.pipeline(d.qtype, k)[0])
+                name = name.replace("mm_kt+xt_k+wt_k", part)
             if d.kernel == "attention:attend" and t == m:
                 name = "attention:attend_decode (+rope_kv)"
             kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline

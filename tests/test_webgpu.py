@@ -472,5 +472,10 @@ def test_split_products_fill_the_h200_s_workgroup_rounds(gpu):
         # a prompt's slices run in 128-row tiles, a few rows' in 64-row ones (not 8x the rows)
         assert (gpu.split_kind("mm_tiled64", 512), gpu.split_kind("mm_tiled64", 32)) == ("mm_tiled", "mm_tiled64")
         assert gpu.splits_for("mm_tiled64", 32, 2048, 2048) == 4
+        # mm_kt's 64 x 128 tiles fill 528 slots: TinyLlama's products as measured best, and Llama-3-8B's
+        # o and down, whose 2 or 4 slices fill alike, in 4 (faster)
+        tiny = [gpu.splits_for("mm_kt", 512, *s) for s in ((2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632))]
+        big = [gpu.splits_for("mm_kt", 512, *s) for s in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))]
+        assert (tiny, big) == ([3, 4, 3, 4], [4, 4, 1, 4])
     finally:
         gpu.cpu_adapter = real

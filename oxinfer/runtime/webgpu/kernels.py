@@ -88,7 +88,9 @@ class KernelChoice:
         11264 x 2048 (352 tiles) 1.07 ms whole, 0.92 in 3 slices (1,056 workgroups, 4 full
         rounds), 0.95 in 4, 1.01 in 2; 2560 x 2048 (80 tiles) 0.24 ms in 3, 0.28 in 4, 0.34 in 2;
         2048 x 5632 and 2048 x 2048 (64 tiles) fastest in 4. Summing the slices costs
-        add_splits ~25-60 us."""
+        add_splits ~25-60 us. mm_kt's ties go to more slices: Llama-3-8B's down (256 tiles: 2 or
+        4 slices fill 97%) ran 1.61 ms in 2, 1.51 in 4; its q|k|v 0.674 in 2, 0.661 in 4
+        (benchmarks/gpu_gemm_variants.py --model 8b)."""
         tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE)}.get(self.split_kind(kind, t), (MM_TILE, MM_TILE))
         tiles = -(-t // tile_m) * -(-n_out // tile_n)
         slots = MM_KT_SLOTS if kind == "mm_kt" else MM_SLOTS
@@ -99,7 +101,7 @@ class KernelChoice:
             return round(tiles * s / (slots * -(-tiles * s // slots)), 3)
 
         options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
-        return max(options, key=lambda s: (fill(s), -s))
+        return max(options, key=lambda s: (fill(s), s if kind == "mm_kt" else -s))
 
 
     def gemm_kind(self, kind: str, n_out: int, n_in: int) -> str:
