@@ -47,9 +47,17 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms, 216 tok/s; in int8 230 tok/s against
 # f32's 171 on a slower machine (4.42 ms a step). Swept in f32: 4 rows a workgroup 6.2-6.9 ms, 2 rows
 # 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; at TinyLlama's sizes f32 blocks lost (1.40 against
-# 1.28 ms; int8 there unmeasured), so smaller products keep mv_subgroup256 and their exact floats.
+# 1.28 ms; int8 there below), so smaller products keep mv_subgroup256 and their exact floats. In
+# int8, 16 rows a workgroup ran the 8B step in 4.35 ms against 8 rows' 4.36, 32 rows 4.56.
 # Steps of 2+ rows (mv_tok) stay in floats: at these sizes a stream decoded alone and one decoded
-# beside others differ by x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels
+# beside others differ by x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels.
+# Measured and not kept (H200, one machine, 64 tokens a stream): mv_tok_i8 (8 tokens x 8 rows a
+# workgroup of 64, each token's x block quantized in registers as here, the rows' blocks unpacked
+# once) in the 8B shape's batched steps: 8 streams 584 -> 434 tok/s, 32 streams 746 -> 559; and
+# int8 at TinyLlama's sizes (MV_BLK_MIN 2048): 1 stream 756 -> 707, 8 streams 2,421 -> 1,961. Even
+# with the same integers for the same x, int8 does not make alone and beside others agree: a norm
+# computed apart and one in a prologue differ by an ulp, enough to flip some rounding (a tiny
+# all-Q4_1 model: ~0.5% of its largest logit)
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
 MV_BLK_ROWS = 8  # BLK_ROWS of matvec_block.wgsl
