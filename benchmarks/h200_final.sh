@@ -3,7 +3,8 @@
 # rows: benchmarks/gpu_model.py, WebGPU, greedy, prefill 512 and 1/8/32 streams, one stream after
 # 128 and 4,000 tokens of context, for the 135M, 1.1B and 8B shapes (synthetic Q4_1 files written
 # once, the same method as reference/h200). AB="name:ENV=VAL,..." first runs the 8B one-stream step
-# under each such setting, and the table takes the fastest (its name printed). Outputs in $OUT.
+# under each such setting, and the table takes the fastest (its name printed). FLAGS: more options of
+# gpu_model.py (--sampled: every sampling mode beside greedy). Outputs in $OUT.
 . benchmarks/h200_setup.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -18,6 +19,6 @@ for v in $AB; do
 done
 [ -n "$best" ] && echo "table under: $best" | tee -a $OUT/table.txt && export ${best//,/ }
 for s in ${SHAPES:-135m 1b 8b}; do
-  timeout ${RUN_S:-120} python3 benchmarks/gpu_model.py --model /tmp/s-$s.gguf --backends webgpu --contexts 128 4000 2>&1 \
+  timeout ${RUN_S:-120} python3 benchmarks/gpu_model.py --model /tmp/s-$s.gguf --backends webgpu --contexts 128 4000 $FLAGS 2>&1 \
     | grep -v "^20" | tee -a $OUT/table.txt
 done
