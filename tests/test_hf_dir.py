@@ -342,8 +342,10 @@ async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
 
 
 @pytest.mark.skipif(not available(allow_cpu_adapter=True), reason="no WebGPU adapter (not even lavapipe)")
-# attend / attend_decode; attend_rows (4 heads a kv head); attend_rows in chunks of positions, planned as on a GPU
-@pytest.mark.parametrize("d,n_heads,n_kv,as_gpu", [(64, 4, 2, False), (128, 8, 2, False), (128, 8, 2, True), (512, 4, 1, True)])
+# attend / attend_decode; attend_rows (4 heads a kv head); attend_rows in chunks of positions, planned as on a GPU;
+# the last: head_dim 128, 2 heads an attend_rows invocation
+@pytest.mark.parametrize("d,n_heads,n_kv,as_gpu", [(64, 4, 2, False), (128, 8, 2, False), (128, 8, 2, True),
+                                                     (512, 4, 1, True)])
 async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, monkeypatch, d, n_heads, n_kv, as_gpu):
     """The GPU's attention kernels take a layer's window (Op.window): a prompt past the window (in
     attend_rows' chunks where the device has subgroups, else attend) and decode steps after it
