@@ -31,6 +31,14 @@ KV_MAX_TILES = 8
 KV_MAX_CHUNKS = 128
 
 
+ROWS_TILE = 32  # positions of attend_rows' key and value tiles (KT of shaders/attention_rows.wgsl)
+
+
+def rows_tile_bytes(head_dim: int) -> int:
+    """attend_rows' workgroup memory: a tile of keys and one of values, float32."""
+    return 2 * ROWS_TILE * head_dim * 4
+
+
 def kv_tile_bytes(tp: int, group: int, head_dim: int) -> int:
     """attend_decode_kv's workgroup memory, tiles of tp positions: keys, values, queries (padded
     rows), scores, the own key and value, 256 invocations' partial softmax (shaders/attention.wgsl)."""

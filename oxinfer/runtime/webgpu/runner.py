@@ -31,7 +31,7 @@ from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
-from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile
+from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile, rows_tile_bytes
 from oxinfer.runtime.webgpu.device import ALIGN, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
@@ -140,7 +140,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         # 3.17 -> 2.08 s (1 head an invocation: 214.6 ms at 512). Its key and value tiles (32
         # positions) must fit in workgroup memory: head_dim up to 128 on every adapter seen
         wg_bytes = gpu.device.limits["max-compute-workgroup-storage-size"]
-        self.attend_rows = (cfg.head_dim % 16 == 0 and 2 * 32 * cfg.head_dim * 4 <= wg_bytes and group >= 4
+        self.attend_rows = (cfg.head_dim % 16 == 0 and rows_tile_bytes(cfg.head_dim) <= wg_bytes and group >= 4
                             and "subgroup" in gpu.features)
         # an attend_rows invocation holds a quarter of the dims of att_heads query heads of one row
         # (at most 64 floats of queries, as many of sums: registers); a workgroup takes att_rows rows,
@@ -152,7 +152,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         att_threads = -(-self.att_rows * lanes // 32) * 32
         # a decode step's attention by attend_decode_kv where a workgroup's 256 invocations hold
         # every (query head, 4 dims) of a kv head and its tile fits in workgroup memory
-        self.kv_tile = kv_tile(gpu.device.limits["max-compute-workgroup-storage-size"], group, cfg.head_dim)
+        self.kv_tile = kv_tile(wg_bytes, group, cfg.head_dim)
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
