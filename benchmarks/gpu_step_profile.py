@@ -81,6 +81,8 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
             if d.kernel == "mm" and name.startswith("mm_kt+"):  # its operands' kernels timed apart
                 part = next(k for k in GEMM_PARTS if call[0] is r.gpu.pipeline(d.qtype, k)[0])
                 name = name.replace("mm_kt+xt_k+wt_k", part)
+            if "mv_blk_i8" in name and call[0] is r.gpu.pipeline(d.qtype, "xq_k")[0]:  # its x's int8 blocks, timed apart
+                name = name.replace("mv_blk_i8", "xq_k")
             if d.kernel == "attention:attend" and t == m:
                 name = "attention:attend_decode (+rope_kv)"
             kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline

@@ -1,21 +1,52 @@
-// mv_blk_i8: one token's product for the formats whose decoder has blk_dot_i8: BLK_ROWS rows a
-// workgroup of 64 invocations, each invocation one whole 32-weight block of every row at a time.
-// The block's x (after the prologue: the norm, swiglu) is read once for the BLK_ROWS rows and
-// quantized to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
-// MatMulNBits accuracy_level 4, and llama.cpp's q8_1), then the weights' integers times x's go four
-// at a time through dot4I8Packed: a 4-bit block's 32 products in 8 instructions where floats took
-// ~100 (nibbles converted, multiplied, summed). x moves by at most half its scale, ~0.4% of the
-// block's largest value. kernels.py (MV_BLK_MIN) says where it runs and what it measured.
-// Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
+// mv_blk_i8: one token's product for the formats whose decoder has blk_dot_i8, in two kernels.
+// xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
+// block to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
+// MatMulNBits accuracy_level 4, and llama.cpp's q8_1), with the block's sum and (the norm's) sum of
+// squares beside. mv_blk_i8 then runs BLK_ROWS rows a workgroup of 64 invocations, each invocation
+// one whole 32-weight block of every row at a time: the weights' integers times x's go four at a
+// time through dot4I8Packed, a 4-bit block's 32 products in 8 instructions where floats took ~100.
+// x moves by at most half its scale, ~0.4% of the block's largest value. Quantized in the product
+// itself, by every workgroup again, x cost the 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN
+// says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
 
-const BLK_ROWS: u32 = 8u;   // kernels.py's MV_BLK_ROWS (the unrolled lines repeat as many times)
+const BLK_ROWS: u32 = 16u;   // kernels.py's MV_BLK_ROWS (the unrolled lines repeat as many times)
 
-var<workgroup> bpart: array<f32, 512>;   // [subgroup][row] (64 subgroups of one invocation at most)
+var<workgroup> bpart: array<f32, 1024>;   // [subgroup][row] (64 subgroups of one invocation at most)
 var<workgroup> bpart_ss: array<f32, 64>;
 
 // 4 values of x as 4 signed bytes of x * inv, rounded
 fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
     return pack4xI8Clamp(vec4<i32>(round(v * inv)));
+}
+
+// x's blocks as xq_k writes them: 3 vec4 a block of a row, (t, n_in / 32) blocks
+@group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
+
+// one invocation a block of x (after the prologue): its 32 values as 8 words of 4 signed bytes
+// (x ~ xs * q), then xs, the block's sum of x and (pre 1) of the un-normalized x's squares
+@compute @workgroup_size(64)
+fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let blk = gid.x;
+    let tok = gid.z;
+    let nb = P.n_in >> 5u;
+    if (blk >= nb) {
+        return;
+    }
+    let xa = x8(tok, 4u * blk);
+    let xb = x8(tok, 4u * blk + 1u);
+    let xc = x8(tok, 4u * blk + 2u);
+    let xd = x8(tok, 4u * blk + 3u);
+    let ss = xa.ss + xb.ss + xc.ss + xd.ss;
+    let xsum = dot(xa.a + xa.b + xb.a + xb.b + xc.a + xc.b + xd.a + xd.b, vec4<f32>(1.0));
+    let am = max(max(max(abs(xa.a), abs(xa.b)), max(abs(xb.a), abs(xb.b))),
+                 max(max(abs(xc.a), abs(xc.b)), max(abs(xd.a), abs(xd.b))));
+    let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
+    let inv = select(0.0, 1.0 / xs, xs > 0.0);
+    let o = 3u * (tok * nb + blk);
+    xq_out[o] = vec4<u32>(q8x4(xa.a, inv), q8x4(xa.b, inv), q8x4(xb.a, inv), q8x4(xb.b, inv));
+    xq_out[o + 1u] = vec4<u32>(q8x4(xc.a, inv), q8x4(xc.b, inv), q8x4(xd.a, inv), q8x4(xd.b, inv));
+    xq_out[o + 2u] = vec4<u32>(bitcast<u32>(xs), bitcast<u32>(xsum), bitcast<u32>(ss), 0u);
 }
 
 @compute @workgroup_size(64)
@@ -25,28 +56,18 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let row0 = (wid.x + wid.y * nwg.x) * BLK_ROWS;
     let tok = wid.z;
     let last = P.n_out - 1u;
+    let nb = P.n_in >> 5u;
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
-    for (var blk = lid; blk < (P.n_in >> 5u); blk += 64u) {
-        let xa = x8(tok, 4u * blk);
-        let xb = x8(tok, 4u * blk + 1u);
-        let xc = x8(tok, 4u * blk + 2u);
-        let xd = x8(tok, 4u * blk + 3u);
-        ss += xa.ss + xb.ss + xc.ss + xd.ss;
-        let xsum = dot(xa.a + xa.b + xb.a + xb.b + xc.a + xc.b + xd.a + xd.b, vec4<f32>(1.0));
-        let am = max(max(max(abs(xa.a), abs(xa.b)), max(abs(xb.a), abs(xb.b))),
-                     max(max(abs(xc.a), abs(xc.b)), max(abs(xd.a), abs(xd.b))));
-        let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
-        let inv = select(0.0, 1.0 / xs, xs > 0.0);
-        let q0 = q8x4(xa.a, inv);
-        let q1 = q8x4(xa.b, inv);
-        let q2 = q8x4(xb.a, inv);
-        let q3 = q8x4(xb.b, inv);
-        let q4 = q8x4(xc.a, inv);
-        let q5 = q8x4(xc.b, inv);
-        let q6 = q8x4(xd.a, inv);
-        let q7 = q8x4(xd.b, inv);
-        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, q0, q1, q2, q3, q4, q5, q6, q7, xs, xsum);   // unroll d < BLK_ROWS
+    for (var blk = lid; blk < nb; blk += 64u) {
+        let o = 3u * (tok * nb + blk);
+        let qa = xq[o];
+        let qb = xq[o + 1u];
+        let sc = xq[o + 2u];
+        let xs = bitcast<f32>(sc.x);
+        let xsum = bitcast<f32>(sc.y);
+        ss += bitcast<f32>(sc.z);
+        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w, xs, xsum);   // unroll d < BLK_ROWS
     }
     let sg = lid / sg_size;
     let s{d} = subgroupAdd(a{d});   // unroll d < BLK_ROWS

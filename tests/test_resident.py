@@ -125,15 +125,16 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= tol
     layers = gpu.model.cfg.n_layers
     per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
+    xq = 4 if kernel == "mv_blk_i8" else 0  # its products' x made int8 blocks first (xq_k): 4 a layer, the head's
     # embed, the layers, the final norm (of gathered rows: never fused), the head, the argmax (2)
-    assert gpu.resident.last.dispatches == 1 + per_layer * layers + 4
+    assert gpu.resident.last.dispatches == 1 + (per_layer + xq) * layers + 4 + xq // 4
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
     # decode steps (one row a sequence): attend_decode does rope_kv's work too, and the head's
     # prologue the final norm (its gathered rows are all the rows) where it does the others'
     head_norm = 0 if kernel == "mv_tok" else 1
     assert gpu.resident.last.rows == 1
-    assert gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4 - head_norm
+    assert gpu.resident.last.dispatches == 1 + (per_layer - 1 + xq) * layers + 4 - head_norm + xq // 4
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])

@@ -34,12 +34,13 @@ from oxinfer.runtime.webgpu.device import (
     wgpu,
 )
 from oxinfer.runtime.webgpu.kernels import (
-    GEMM_BINDINGS,
-    GEMM_PARTS,
+    PART_BINDINGS,
+    PARTS,
     PROLOGUE_KINDS,
     KernelChoice,
     grid,
     pad128,
+    xq_bytes,
 )
 from oxinfer.runtime.webgpu.shaders import DECODERS, KERNELS, shader_source
 
@@ -359,11 +360,15 @@ class WebGpuBackend(KernelChoice):
             roles = {"x": x, "y": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
                      "w": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}}
             runs = [(kind, {1: "x", 2: "y", 3: "w"} | ({4: "x"} if kind in PROLOGUE_KINDS else {}))]  # 4: nw, unread (pre 0)
-            if kind == "mm_kt":  # x and W made f16 operands first (gemm_f16.wgsl), in scratch of this call
-                roles["xt"] = {"buffer": self._pool.take(pad128(t) * n_in * 2, wgpu.BufferUsage.STORAGE)}
-                roles["wt"] = {"buffer": self._pool.take(pad128(n_out) * n_in * 2, wgpu.BufferUsage.STORAGE)}
-                scratch += [roles["xt"]["buffer"], roles["wt"]["buffer"]]
-                runs = [(k, GEMM_BINDINGS[k]) for k in GEMM_PARTS]
+            if kind in PARTS:  # its operands made first, in scratch of this call: mm_kt's x and W in f16
+                # (gemm_f16.wgsl), mv_blk_i8's x in int8 (matvec_block.wgsl)
+                sizes = {"xt": pad128(t) * n_in * 2, "wt": pad128(n_out) * n_in * 2} if kind == "mm_kt" else \
+                        {"xq": xq_bytes(t, n_in)}
+                for role, size in sizes.items():
+                    roles[role] = {"buffer": self._pool.take(size, wgpu.BufferUsage.STORAGE)}
+                    scratch.append(roles[role]["buffer"])
+                roles["nw"] = x  # (unread: pre 0)
+                runs = [(k, PART_BINDINGS[k]) for k in PARTS[kind]]
             for k, bindings in runs:
                 pipe, bgl = self.pipeline(d.weight.qtype, k)
                 cp.set_pipeline(pipe)

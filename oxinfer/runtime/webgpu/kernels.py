@@ -28,10 +28,20 @@ GEMM_MAX_WT_BYTES = 256 << 20
 # mm_kt's 64 x 128 tiles of 128 invocations an H200 runs at once: what splits_for fills for it (its
 # k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
 MM_KT_SLOTS = 528
-# a product in mm_kt: x and W made f16 operands by xt_k and wt_k, then the product; the buffers each
-# binds by role (x, W, y and the operands xt, wt): the uploaded matrix's own product binds 1, 2, 3
-GEMM_PARTS = ("xt_k", "wt_k", "mm_kt")
-GEMM_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"}}
+# the products that run as several kernels, their operands made first: mm_kt's x and W as f16
+# operands (xt_k, wt_k), mv_blk_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
+# binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
+# kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
+PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mv_blk_i8": ("xq_k", "mv_blk_i8")}
+GEMM_PARTS = PARTS["mm_kt"]
+PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
+                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"}}
+XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
+
+
+def xq_bytes(t: int, n_in: int) -> int:
+    """xq_k's output for t rows of n_in values."""
+    return t * (n_in // 32) * XQ_BLOCK_BYTES
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
@@ -40,15 +50,21 @@ MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 
 # the kinds that take x through a prologue (shaders/matvec_common.wgsl: a fused rms_norm or swiglu),
 # which binds the norm weight at binding 4
 PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i8")
-# mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, 8 rows a workgroup of 64,
-# x in int8 per block as the CPU graph's products take it) for the formats whose decoder has
-# blk_dot_i8, on one-token products at least this big both ways. On the H200, the 8B shape's
-# one-stream step (benchmarks/h200_final.sh, two machines): mv_subgroup256 5.19 ms a step (198
-# tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms, 216 tok/s; in int8 230 tok/s against
-# f32's 171 on a slower machine (4.42 ms a step). Swept in f32: 4 rows a workgroup 6.2-6.9 ms, 2 rows
-# 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; at TinyLlama's sizes f32 blocks lost (1.40 against
-# 1.28 ms; int8 there below), so smaller products keep mv_subgroup256 and their exact floats. In
-# int8, 16 rows a workgroup ran the 8B step in 4.35 ms against 8 rows' 4.36, 32 rows 4.56.
+# mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, 16 rows a workgroup of
+# 64, x in int8 per block as the CPU graph's products take it, made once by xq_k before the product)
+# for the formats whose decoder has blk_dot_i8, on one-token products at least this big both ways.
+# On the H200, the 8B shape's one-stream step (benchmarks/gpu_model.py, 64 + 64 tokens):
+# mv_subgroup256 5.19 ms a step (198 tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms;
+# int8 with x quantized inside the product, by every workgroup again, 4.42 ms (227-231 tok/s). x's
+# handling, not the weights, bounded that: the same product reading x as if quantized already (a
+# timing trial, wrong values) ran the step in 3.69 ms. With xq_k apart (one more dispatch a product,
+# ~3.8 us each): 8 rows a workgroup 4.26 ms (241-245 tok/s), 16 rows 3.80 ms (270-277), 32 rows
+# 4.49 (one machine, turns). Before xq_k, 16 rows had gained nothing (4.35 against 4.36 ms). At
+# TinyLlama's sizes (MV_BLK_MIN 2048) int8 still loses, the extra dispatches with it: GPU pass
+# 1.28 -> 1.56 ms (8 rows), 1.45 (16 rows), so smaller products keep mv_subgroup256 and exact floats.
+# Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2 rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes
+# 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks (16-byte loads of the nibbles, a timing
+# trial) 4.36 against 4.42 ms: the blocks stay GGUF's, byte for byte.
 # Steps of 2+ rows (mv_tok) stay in floats: at these sizes a stream decoded alone and one decoded
 # beside others differ by x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels.
 # Measured and not kept (H200, one machine, 64 tokens a stream): mv_tok_i8 (8 tokens x 8 rows a
@@ -60,7 +76,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # all-Q4_1 model: ~0.5% of its largest logit)
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
-MV_BLK_ROWS = 8  # BLK_ROWS of matvec_block.wgsl
+MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 
 
@@ -142,6 +158,8 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
     """Workgroups for one dispatch (see each kernel's header for what one workgroup computes)."""
     if kind in ("xt_k", "wt_k"):  # a 128 x 32 tile of x's rows or W's, one quant block of k
         return pad128(t if kind == "xt_k" else n_out) // MM_TILE, n_in // 32, 1
+    if kind == "xq_k":  # a block of x an invocation
+        return -(-n_in // 32 // 64), 1, t
     if kind == "mm_tiled":
         return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
     if kind == "mm_tiled64":

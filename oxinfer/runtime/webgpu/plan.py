@@ -9,10 +9,11 @@ import numpy as np
 
 from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES, call_args, wgpu
 from oxinfer.runtime.webgpu.kernels import (
-    GEMM_BINDINGS,
-    GEMM_PARTS,
+    PART_BINDINGS,
+    PARTS,
     PROLOGUE_KINDS,
     pad128,
+    xq_bytes,
 )
 from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
 
@@ -88,12 +89,12 @@ class Planning:
                 pipe, layout = self.gpu.pipeline(d.qtype, kind)
                 if split:
                     entries[2] = prog.disps[i + 1].entries[2]
-                if kind in GEMM_PARTS:  # x and W as f16 operands (shaders/gemm_f16.wgsl)
-                    xt, wt = self._gemm_operands(prog)
+                if kind in PART_BINDINGS:  # a product of several kernels: its operands' scratch (PARTS)
                     roles = {"x": prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1],
-                             "w": entries[3], "y": entries[2], "xt": xt, "wt": wt}
-                    entries = {b: roles[r] for b, r in GEMM_BINDINGS[kind].items()}
-                if kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
+                             "nw": d.pre.entries[3] if pre == 1 else d.entries[1],
+                             "w": entries[3], "y": entries[2], **self._operands(prog)}
+                    entries = {b: roles[r] for b, r in PART_BINDINGS[kind].items()}
+                elif kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
             else:
@@ -119,13 +120,16 @@ class Planning:
         return got
 
 
-    def _gemm_operands(self, prog: Program):
-        """The scratch buffers of mm_kt's operands: x and the widest W it takes, in f16."""
+    def _operands(self, prog: Program) -> dict:
+        """The scratch buffers of the products' operands (kernels.PARTS), by role: mm_kt's x and the
+        widest W it takes in f16 (xt, wt), mv_blk_i8's x in int8 blocks (xq)."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
         wt = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
                   if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
-        xt = pad128(max(self.max_rows, self.max_seqs)) * max(int(d.params[1]) for d in mm) * 2
-        return self.scratch(f"gemm:xt{xt}", xt), self.scratch(f"gemm:wt{wt}", wt)
+        rows, n_in = max(self.max_rows, self.max_seqs), max(int(d.params[1]) for d in mm)
+        xt, xq = pad128(rows) * n_in * 2, xq_bytes(rows, n_in)
+        return {"xt": self.scratch(f"gemm:xt{xt}", xt), "wt": self.scratch(f"gemm:wt{wt}", wt),
+                "xq": self.scratch(f"mv:xq{xq}", xq)}
 
 
     def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset(), keys: int = 0) -> Plan:
@@ -159,8 +163,8 @@ class Planning:
         calls, at = [], []
         for i in live:
             parts = (c.kinds[i],)
-            if c.kinds[i] == "mm_kt":
-                parts = GEMM_PARTS  # its operands first
+            if c.kinds[i] in PARTS:
+                parts = PARTS[c.kinds[i]]  # its operands first
             elif c.chunks[i] > 1:
                 parts = (c.kinds[i], MERGES[c.kinds[i]])
             for kind in parts:
@@ -190,7 +194,7 @@ class Choices:
 def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
     """Each product's matmul kind (kernel_for) and k slices for a tiled product short of
     workgroups (splits_for; then its add_splits runs), on f16 GPUs a prompt's tiled products in
-    mm_kt (after xt_k and wt_k: GEMM_PARTS); attend_rows for one sequence's many rows (a prompt;
+    mm_kt (after xt_k and wt_k: kernels.PARTS); attend_rows for one sequence's many rows (a prompt;
     not for one stream's decode step: a workgroup of its rows with one live row ran TinyLlama's
     step after 4,000 tokens at half attend_decode's speed in chunks, docs/h200/)."""
     gpu = r.gpu
