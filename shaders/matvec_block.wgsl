@@ -1,8 +1,10 @@
-// mv_blk_i8: one token's product for the formats whose decoder has blk_dot_i8, in two kernels.
+// mv_blk_i8: the product of a few rows of x (a decode step's) for the formats whose decoder has
+// blk_dot_i8, in two kernels.
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
 // block to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
 // MatMulNBits accuracy_level 4, and llama.cpp's q8_1), with the block's sum and (the norm's) sum of
-// squares beside. mv_blk_i8 then runs BLK_ROWS rows a workgroup of 64 invocations, each invocation
+// squares beside. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of 64 invocations (the
+// tokens of a row group side by side in the grid: W's rows come from the cache), each invocation
 // one whole 32-weight block of every row at a time: the weights' integers times x's go four at a
 // time through dot4I8Packed, a 4-bit block's 32 products in 8 instructions where floats took ~100.
 // x moves by at most half its scale, ~0.4% of the block's largest value. Quantized in the product
@@ -53,8 +55,8 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
 fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32,
              @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.x + wid.y * nwg.x) * BLK_ROWS;
-    let tok = wid.z;
+    let row0 = (wid.y + wid.z * nwg.y) * BLK_ROWS;   // (the tokens side by side read W's rows from the cache)
+    let tok = wid.x;
     let last = P.n_out - 1u;
     let nb = P.n_in >> 5u;
     var ss = 0.0;

@@ -52,28 +52,26 @@ MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 
 PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i8")
 # mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, 16 rows a workgroup of
 # 64, x in int8 per block as the CPU graph's products take it, made once by xq_k before the product)
-# for the formats whose decoder has blk_dot_i8, on one-token products at least this big both ways.
-# On the H200, the 8B shape's one-stream step (benchmarks/gpu_model.py, 64 + 64 tokens):
-# mv_subgroup256 5.19 ms a step (198 tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms;
-# int8 with x quantized inside the product, by every workgroup again, 4.42 ms (227-231 tok/s). x's
-# handling, not the weights, bounded that: the same product reading x as if quantized already (a
-# timing trial, wrong values) ran the step in 3.69 ms. With xq_k apart (one more dispatch a product,
-# ~3.8 us each): 8 rows a workgroup 4.26 ms (241-245 tok/s), 16 rows 3.80 ms (270-277), 32 rows
-# 4.49 (one machine, turns). Before xq_k, 16 rows had gained nothing (4.35 against 4.36 ms). At
-# TinyLlama's sizes (MV_BLK_MIN 2048) int8 still loses, the extra dispatches with it: GPU pass
-# 1.28 -> 1.56 ms (8 rows), 1.45 (16 rows), so smaller products keep mv_subgroup256 and exact floats.
-# Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2 rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes
-# 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks (16-byte loads of the nibbles, a timing
-# trial) 4.36 against 4.42 ms: the blocks stay GGUF's, byte for byte.
-# Steps of 2+ rows (mv_tok) stay in floats: at these sizes a stream decoded alone and one decoded
-# beside others differ by x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels.
-# Measured and not kept (H200, one machine, 64 tokens a stream): mv_tok_i8 (8 tokens x 8 rows a
-# workgroup of 64, each token's x block quantized in registers as here, the rows' blocks unpacked
-# once) in the 8B shape's batched steps: 8 streams 584 -> 434 tok/s, 32 streams 746 -> 559; and
-# int8 at TinyLlama's sizes (MV_BLK_MIN 2048): 1 stream 756 -> 707, 8 streams 2,421 -> 1,961. Even
-# with the same integers for the same x, int8 does not make alone and beside others agree: a norm
-# computed apart and one in a prologue differ by an ulp, enough to flip some rounding (a tiny
-# all-Q4_1 model: ~0.5% of its largest logit)
+# for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
+# rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
+# side by side in the grid, so that they read each weight row from the cache; each row computed as
+# in a step of its own, so a stream decodes the same beside others as alone).
+# On the H200, the 8B shape (benchmarks/gpu_model.py, 64 + 64 tokens), one stream: mv_subgroup256
+# 5.19 ms a step (198 tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms; int8 with x
+# quantized inside the product, by every workgroup again, 4.42 ms (227-231 tok/s). x's handling, not
+# the weights, bounded that: the same product reading x as if quantized already (a timing trial,
+# wrong values) ran the step in 3.69 ms. With xq_k apart (one more dispatch a product, ~3.8 us
+# each): 8 rows a workgroup 4.26 ms (241-245 tok/s), 16 rows 3.80 ms (270-277), 32 rows 4.49; 128
+# or 256 invocations a workgroup 4.64 / 4.48 (one machine, turns). Before xq_k, 16 rows had gained
+# nothing (4.35 against 4.36 ms). Batched steps, which mv_tok ran in floats: 8 streams 584-600 ->
+# 1,054-1,068 tok/s (GPU pass 14.5 -> 8.7 ms), 32 streams 751-786 -> 1,434-1,474 (43.2 -> 24.1 ms).
+# Before xq_k an int8 mv_tok (mv_tok_i8: 8 tokens x 8 rows a workgroup, each token's x quantized in
+# registers) had lost there: 8 streams 584 -> 434, 32 streams 746 -> 559.
+# At TinyLlama's sizes (MV_BLK_MIN 2048) int8 still loses, the extra dispatches with it: one
+# stream's GPU pass 1.28 -> 1.56 ms (8 rows), 1.45 (16 rows), so smaller products keep
+# mv_subgroup256 / mv_tok and exact floats. Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2
+# rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks
+# (16-byte loads of the nibbles, a timing trial) 4.36 against 4.42 ms: the blocks stay GGUF's.
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
 MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
@@ -96,12 +94,12 @@ class KernelChoice:
             return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
+        if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN and self.int8_dot and "subgroup" in self.features:
+            return "mv_blk_i8"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
         if "subgroup" not in self.features:
             return "mv_wg"
-        if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN and self.int8_dot:
-            return "mv_blk_i8"
         return "mv_subgroup256" if n_in >= MV_WIDE_N_IN else "mv_subgroup"
 
 
@@ -170,6 +168,10 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":
         t, n_out = -(-t // MV_TOK), -(-n_out // 2)  # 8 rows a workgroup: half the row groups
-    groups = -(-n_out // (MV_BLK_ROWS if kind == "mv_blk_i8" else MV_ROWS))  # mv_wg, mv_subgroup, mv_blk_i8: row groups spread over x and y
+    if kind == "mv_blk_i8":  # the rows' tokens side by side (x), so that they read W's rows from the cache
+        groups = -(-n_out // MV_BLK_ROWS)
+        gy = min(groups, MAX_GROUPS)
+        return t, gy, -(-groups // gy)
+    groups = -(-n_out // MV_ROWS)  # mv_wg, mv_subgroup: row groups spread over x and y
     gx = min(groups, MAX_GROUPS)
     return gx, -(-groups // gx), t
