@@ -148,6 +148,7 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
         pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
     backend.cpu_adapter = False  # plan as on a GPU
     monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
     path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=5, extra_vocab=40,
                             qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)

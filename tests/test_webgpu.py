@@ -124,6 +124,10 @@ def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
         pytest.skip(f"the adapter has no subgroups ({gpu.adapter.summary})")
     assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_blk_i8"
     assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q8_0") == "mv_subgroup256"
+    # batched decode steps: int8 from TinyLlama's sizes on, floats for SmolLM2's and other formats
+    assert as_gpu.kernel_for(8, 2048, 5632, "Q4_1") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
+    assert as_gpu.kernel_for(8, 1536, 576, "Q4_1") == as_gpu.kernel_for(8, 4096, 4096, "Q8_0") == "mv_tok"
+    assert as_gpu.kernel_for(64, 4096, 4096, "Q4_1").startswith("mm_")  # a prompt's rows: tiled
     as_gpu.int8_dot = False
     assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_subgroup256" and not as_gpu.can_run("mv_blk_i8")
     monkeypatch.setenv("OXINFER_WEBGPU_INT8", "0")  # the user's switch to floats

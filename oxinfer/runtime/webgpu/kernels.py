@@ -55,7 +55,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
 # rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
 # side by side in the grid, so that they read each weight row from the cache; each row computed as
-# in a step of its own, so a stream decodes the same beside others as alone).
+# in a step of its own, so at these sizes a stream decodes the same beside others as alone).
 # On the H200, the 8B shape (benchmarks/gpu_model.py, 64 + 64 tokens), one stream: mv_subgroup256
 # 5.19 ms a step (198 tok/s); the same blocks in f32 (mv_blk, not kept) 4.75 ms; int8 with x
 # quantized inside the product, by every workgroup again, 4.42 ms (227-231 tok/s). x's handling, not
@@ -74,6 +74,12 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # (16-byte loads of the nibbles, a timing trial) 4.36 against 4.42 ms: the blocks stay GGUF's.
 MV_BLK_FORMATS = ("Q4_1",)
 MV_BLK_MIN = 4096
+# ... and in batched steps (2+ rows) from TinyLlama's size on: its 8 streams 2,419-2,526 -> 3,555-3,656
+# tok/s, 32 streams 3,862-3,927 -> 6,480-6,849 (GPU pass 8.2 -> 4.9 ms), where its one stream keeps
+# floats. There a stream beside others is computed in int8 and alone in floats: its logits differ by
+# x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels, and a seed's draws
+# may too. SmolLM2's sizes (576) keep floats in both: 32 streams gained 7-19%, host-bound already.
+MV_BLK_MIN_BATCH = 2048
 MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 
@@ -94,7 +100,8 @@ class KernelChoice:
             return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
-        if qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN and self.int8_dot and "subgroup" in self.features:
+        if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= (MV_BLK_MIN if t == 1 else MV_BLK_MIN_BATCH)
+                and self.int8_dot and "subgroup" in self.features):
             return "mv_blk_i8"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
