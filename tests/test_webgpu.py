@@ -78,21 +78,40 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
             assert rel_err(job.out, ref) <= TOL, (t, kernel, rel_err(job.out, ref))
 
 
-def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
-    """numpy's version of mv_blk_i8's arithmetic (Q4_1): x rounded to int8 per 32-block (absmax /
-    127, half to even) times d * q, in float64, plus each block's minimum m times the sum of x as it was."""
+def block_offsets(w: QuantMatrix) -> np.ndarray:
+    """Each 32-value block's constant term c (its values are a * q + c, q the stored integers):
+    Q4_1's minimum, Q4_0's -8 d, Q4_K's -dmin * min of the sub-block, Q8_0's 0; (n_out, n_in / 32)."""
     raw = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
-    m = raw[:, 2:4].copy().view(np.float16).astype(np.float64).reshape(w.n_out, -1)
-    dq = w.dequantize().astype(np.float64) - np.repeat(m, 32, axis=1)  # d * q
+    f16 = lambda a, i: a[:, i:i + 2].copy().view(np.float16).astype(np.float64)  # noqa: E731
+    if w.qtype == "Q4_1":
+        c = f16(raw, 2)
+    elif w.qtype == "Q4_0":
+        c = -8 * f16(raw, 0)
+    elif w.qtype == "Q8_0":
+        c = np.zeros((len(raw), 1))
+    elif w.qtype == "Q4_K":  # 8 sub-blocks a super-block, their 6-bit minimums (kquant_scales.wgsl)
+        b = raw.astype(np.uint32)
+        mins = [b[:, 8 + s] & 63 if s < 4 else (b[:, 8 + s] >> 4) | ((b[:, 4 + s] >> 6) << 4) for s in range(8)]
+        c = -f16(raw, 2) * np.stack(mins, axis=1)
+    return c.reshape(w.n_out, -1)
+
+
+def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
+    """numpy's version of mv_blk_i8's arithmetic: x rounded to int8 per 32-block (absmax / 127, half
+    to even) times each block's a * q, in float64, plus the block's constant c times the sum of x as
+    it was (block_offsets)."""
+    m = block_offsets(w)
+    dq = w.dequantize().astype(np.float64) - np.repeat(m, 32, axis=1)  # a * q
     xb = x.reshape(len(x), -1, 32).astype(np.float64)
     sx = np.abs(xb).max(axis=2, keepdims=True) / 127
     xq = np.rint(np.divide(xb, sx, out=np.zeros_like(xb), where=sx > 0)) * sx
     return xq.reshape(len(x), -1) @ dq.T + xb.sum(axis=2) @ m.T
 
 
-# 130 blocks a row: three turns of the invocations' loop over blocks, the last ragged; 76 rows: the
-# last workgroup's 8 rows ragged
-@pytest.mark.parametrize("qtype,n_out,n_in", [(q, 76, 4160) for q in MV_BLK_FORMATS] + [(q, 200, 96) for q in MV_BLK_FORMATS])
+# 130 blocks a row (136 for Q4_K's rows of 256): three turns of the invocations' loop over blocks, the
+# last ragged; 76 rows: the last workgroup's 16 rows ragged
+@pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
+                                              for n, k in ({"Q4_K": ((76, 4352), (200, 256))}.get(q, ((76, 4160), (200, 96))))])
 def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
     """mv_blk_i8 computes what its int8 arithmetic says to float rounding (int8_x_oracle), and stays
     within a percent of the exact product."""
@@ -122,11 +141,11 @@ def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
     as_gpu.cpu_adapter = False
     if "subgroup" not in as_gpu.features:
         pytest.skip(f"the adapter has no subgroups ({gpu.adapter.summary})")
-    assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_blk_i8"
-    assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q8_0") == "mv_subgroup256"
+    assert {as_gpu.kernel_for(1, 4096, 4096, q) for q in MV_BLK_FORMATS} == {"mv_blk_i8"}
+    assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q6_K") == "mv_subgroup256"
     # batched decode steps: int8 from TinyLlama's sizes on, floats for SmolLM2's and other formats
-    assert as_gpu.kernel_for(8, 2048, 5632, "Q4_1") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
-    assert as_gpu.kernel_for(8, 1536, 576, "Q4_1") == as_gpu.kernel_for(8, 4096, 4096, "Q8_0") == "mv_tok"
+    assert as_gpu.kernel_for(8, 2048, 5632, "Q4_K") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
+    assert as_gpu.kernel_for(8, 1536, 576, "Q4_1") == as_gpu.kernel_for(8, 4096, 4096, "Q6_K") == "mv_tok"
     assert as_gpu.kernel_for(64, 4096, 4096, "Q4_1").startswith("mm_")  # a prompt's rows: tiled
     as_gpu.int8_dot = False
     assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_subgroup256" and not as_gpu.can_run("mv_blk_i8")
