@@ -137,20 +137,26 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert gpu.resident.last.dispatches == 1 + (per_layer - 1 + xq) * layers + 4 - head_norm + xq // 4
 
 
-async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_path, monkeypatch):
-    """Planned as on a GPU with mv_blk_i8 for every Q4_1 product of fewer rows than the tiled kernels
-    take (MV_BLK_MIN lowered to this tiny model's sizes): a decode step of three streams runs each
-    row's products as a step of its own does (x in int8 blocks made by xq_k, the same reduction),
-    so the streams decoded together give each step's token and 5 best logprobs as decoded alone
-    (float products beside int8 ones would differ by x's rounding, ~1% of a logit)."""
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K"])
+async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_path, monkeypatch, qtype):
+    """Planned as on a GPU with mv_blk_i8 for every product of fewer rows than the tiled kernels take
+    (MV_BLK_MIN lowered to these tiny models' sizes; Q4_1 with a Q4_1 head, or Q4_K beside Q4_0
+    and a Q8_0 head, its Q6_K products in floats as in a Q4_K_M file): a decode step of three streams runs each row's
+    products as a step of its own does (x in int8 blocks made by xq_k, the same reduction), so the
+    streams decoded together give each step's token and 5 best logprobs as decoded alone (float
+    products beside int8 ones would differ by x's rounding, ~1% of a logit)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     if not backend.can_run("mv_blk_i8"):
         pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
     backend.cpu_adapter = False  # plan as on a GPU
     monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
     monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=5, extra_vocab=40,
-                            qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
+    if qtype == "Q4_1":
+        path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=5, extra_vocab=40,
+                                qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
+    else:
+        path = write_tiny_llama(tmp_path / "m.gguf", d=256, n_heads=4, n_kv=2, d_ff=512, seed=5, extra_vocab=40,
+                                qtype=T.Q4_K, mix={"ffn_down": T.Q6_K, "attn_v": T.Q6_K, "attn_k": T.Q4_0})
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
     rng = np.random.default_rng(3)
     prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (9, 14, 21)]
@@ -165,7 +171,7 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
     async with anyio.create_task_group() as tg:
         for i in range(3):
             tg.start_soon(decode, i, together)
-    blk = gpu.resident.gpu.pipeline("Q4_1", "mv_blk_i8")[0]
+    blk = gpu.resident.gpu.pipeline(qtype, "mv_blk_i8")[0]
     batched = [p for (t, n, _, _), p in gpu.resident.program(False).plans.items() if t == n == 3]
     assert batched and any(c[0] is blk for c in batched[0].calls)  # a 3-row decode step in int8
     for i in range(3):
