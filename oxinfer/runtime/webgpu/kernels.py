@@ -78,7 +78,9 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # head in int8 too 272 / 1,100 / 1,477 -> 276 / 1,083 / 1,466 (GPU pass 3.65 -> 3.56 ms at one).
 # Q6_K in int8 (two scales a block, its 6-bit values made signed bytes four at a time) was slower:
 # a Q4_K_M-like 1.1B (ffn_down and attn_v in Q6_K), 8 / 32 streams 1,735-1,747 / 3,438-3,456 ->
-# 1,679-1,686 / 3,200-3,249 tok/s; alone, its 4096 x 14336 read 428 GB/s against 455 in floats
+# 1,679-1,686 / 3,200-3,249 tok/s; alone, its 4096 x 14336 read 428 GB/s against 455 in floats.
+# Q5_K in int8 (nibble and fifth bit made one byte) gained nothing: a Q5_K_M-like 1.1B's GPU pass
+# at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8
 MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 MV_BLK_MIN = 4096
 # ... and in batched steps (2+ rows) from TinyLlama's size on: its 8 streams 2,419-2,526 -> 3,555-3,656
