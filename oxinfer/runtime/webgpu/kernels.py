@@ -72,7 +72,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # mv_subgroup256 / mv_tok and exact floats. Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2
 # rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks
 # (16-byte loads of the nibbles, a timing trial) 4.36 against 4.42 ms: the blocks stay GGUF's.
-# the formats whose decoder has blk_dot_i8. Synthetic 8B shapes of each on the H200 (gpu_model.py,
+# MV_BLK_FORMATS, the formats whose decoder has blk_dot_i8; synthetic 8B shapes of each on the H200 (gpu_model.py,
 # 64 + 64 tokens, one machine, 1 / 8 / 32 streams, against Q4_1's alone in int8): Q4_K 134 / 285 /
 # 364 -> 153 / 496 / 648 tok/s; Q8_0 214 / 601 / 767 -> 221 / 777 / 983; Q4_1's own with its Q8_0
 # head in int8 too 272 / 1,100 / 1,477 -> 276 / 1,083 / 1,466 (GPU pass 3.65 -> 3.56 ms at one).

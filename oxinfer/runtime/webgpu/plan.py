@@ -91,9 +91,8 @@ class Planning:
                     entries[2] = prog.disps[i + 1].entries[2]
                 if kind in PART_BINDINGS:  # a product of several kernels: its operands' scratch (PARTS)
                     roles = {"x": prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1],
-                             "nw": d.pre.entries[3] if pre == 1 else d.entries[1],
-                             "w": entries[3], "y": entries[2], **self._operands(prog)}
-                    entries = {b: roles[r] for b, r in PART_BINDINGS[kind].items()}
+                             "nw": d.pre.entries[3] if pre == 1 else d.entries[1], "w": entries[3], "y": entries[2]}
+                    entries = {b: roles[r] if r in roles else self._operand(prog, r) for b, r in PART_BINDINGS[kind].items()}
                 elif kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
                     entries[1] = d.pre.entries[2] if pre else d.entries[1]
                     entries[4] = d.pre.entries[3] if pre == 1 else d.entries[1]  # the norm's weight; else unread
@@ -120,16 +119,17 @@ class Planning:
         return got
 
 
-    def _operands(self, prog: Program) -> dict:
-        """The scratch buffers of the products' operands (kernels.PARTS), by role: mm_kt's x and the
-        widest W it takes in f16 (xt, wt), mv_blk_i8's x in int8 blocks (xq)."""
+    def _operand(self, prog: Program, role: str):
+        """The scratch buffer of a role of the products' operands (kernels.PARTS): mm_kt's x and
+        the widest W it takes in f16 (xt, wt), mv_blk_i8's x in int8 blocks (xq)."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
-        wt = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
-                  if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
         rows, n_in = max(self.max_rows, self.max_seqs), max(int(d.params[1]) for d in mm)
-        xt, xq = pad128(rows) * n_in * 2, xq_bytes(rows, n_in)
-        return {"xt": self.scratch(f"gemm:xt{xt}", xt), "wt": self.scratch(f"gemm:wt{wt}", wt),
-                "xq": self.scratch(f"mv:xq{xq}", xq)}
+        if role == "wt":
+            size = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
+                        if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
+        else:
+            size = pad128(rows) * n_in * 2 if role == "xt" else xq_bytes(rows, n_in)
+        return self.scratch(f"{role}{size}", size)
 
 
     def _plan(self, prog: Program, t: int, n: int, stages: frozenset = frozenset(), keys: int = 0) -> Plan:

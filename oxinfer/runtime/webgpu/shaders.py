@@ -41,7 +41,7 @@ KERNELS = {
     "mv_subgroup": ("matvec_subgroup", "mv_subgroup"),
     "mv_subgroup256": ("matvec_subgroup", "mv_subgroup256"),
     "mv_tok": ("matvec", "mv_tok"),
-    "mv_blk_i8": ("matvec_block", "mv_blk_i8"),  # one token's product on x in int8 (dot4I8Packed)
+    "mv_blk_i8": ("matvec_block", "mv_blk_i8"),  # a decode step's product on x in int8 (dot4I8Packed)
     "xq_k": ("matvec_block", "xq_k"),  # ... after x is made int8 blocks
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
