@@ -137,6 +137,26 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert gpu.resident.last.dispatches == 1 + (per_layer - 1 + xq) * layers + 4 - head_norm + xq // 4
 
 
+async def test_gemma_s_geglu_goes_into_the_int8_blocks(tmp_path):
+    """A Gemma 2 GGUF as llama.cpp's converter writes it, in Q8_0, every product in mv_blk_i8: xq_k
+    takes the GeGLU (the prologue's tanh form) and the norms before quantizing x, and the logits of
+    every position stay within I8_TOL of the CPU's floats, the greedy tokens the same."""
+    from test_gguf_converted import _write
+
+    backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel="mv_blk_i8")
+    if not backend.can_run("mv_blk_i8"):
+        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
+    path = _write(tmp_path, "gemma2_gguf", "Q8_0")
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    assert gpu.resident is not None
+    tokens = [2, 651, 6037, 8426, 25341, 1163, 573, 27894]
+    tokens = [t % gpu.model.cfg.vocab_size for t in tokens]
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= I8_TOL
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K"])
 async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_path, monkeypatch, qtype):
     """Planned as on a GPU with mv_blk_i8 for every product of fewer rows than the tiled kernels take
