@@ -22,7 +22,7 @@ from gpu_model import SYNTHETIC
 
 import oxinfer
 from oxinfer.runtime.webgpu import kernels as webgpu
-from oxinfer.runtime.webgpu.kernels import GEMM_PARTS
+from oxinfer.runtime.webgpu.kernels import PARTS
 from oxinfer.runtime.webgpu.device import call_args as _c_args
 from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.testing import write_tiny_llama
@@ -79,7 +79,7 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
             d = prog.disps[i]
             name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
             if d.kernel == "mm" and name.startswith("mm_kt+"):  # its operands' kernels timed apart
-                part = next(k for k in GEMM_PARTS if call[0] is r.gpu.pipeline(d.qtype, k)[0])
+                part = next(k for k in PARTS["mm_kt"] if call[0] is r.gpu.pipeline(d.qtype, k)[0])
                 name = name.replace("mm_kt+xt_k+wt_k", part)
             if "mv_blk_i8" in name and call[0] is r.gpu.pipeline(d.qtype, "xq_k")[0]:  # its x's int8 blocks, timed apart
                 name = name.replace("mv_blk_i8", "xq_k")

@@ -11,9 +11,8 @@
 // itself, by every workgroup again, x cost the 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN
 // says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
 
-const BLK_ROWS: u32 = 16u;   // kernels.py's MV_BLK_ROWS (the unrolled lines repeat as many times)
-
-var<workgroup> bpart: array<f32, 1024>;   // [subgroup][row] (64 subgroups of one invocation at most)
+// BLK_ROWS: kernels.py's MV_BLK_ROWS, declared by shaders.py (the unrolled lines repeat as many times)
+var<workgroup> bpart: array<f32, 64u * BLK_ROWS>;   // [subgroup][row] (64 subgroups of one invocation at most)
 var<workgroup> bpart_ss: array<f32, 64>;
 
 // 4 values of x as 4 signed bytes of x * inv, rounded

@@ -39,8 +39,7 @@ from oxinfer.runtime.webgpu.kernels import (
     PROLOGUE_KINDS,
     KernelChoice,
     grid,
-    pad128,
-    xq_bytes,
+    operand_bytes,
 )
 from oxinfer.runtime.webgpu.shaders import DECODERS, KERNELS, shader_source
 
@@ -362,13 +361,11 @@ class WebGpuBackend(KernelChoice):
             runs = [(kind, {1: "x", 2: "y", 3: "w"} | ({4: "x"} if kind in PROLOGUE_KINDS else {}))]  # 4: nw, unread (pre 0)
             if kind in PARTS:  # its operands made first, in scratch of this call: mm_kt's x and W in f16
                 # (gemm_f16.wgsl), mv_blk_i8's x in int8 (matvec_block.wgsl)
-                sizes = {"xt": pad128(t) * n_in * 2, "wt": pad128(n_out) * n_in * 2} if kind == "mm_kt" else \
-                        {"xq": xq_bytes(t, n_in)}
-                for role, size in sizes.items():
-                    roles[role] = {"buffer": self._pool.take(size, wgpu.BufferUsage.STORAGE)}
-                    scratch.append(roles[role]["buffer"])
                 roles["nw"] = x  # (unread: pre 0)
                 runs = [(k, PART_BINDINGS[k]) for k in PARTS[kind]]
+                for role in {r for _, bound in runs for r in bound.values()} - roles.keys():
+                    roles[role] = {"buffer": self._pool.take(operand_bytes(role, t, n_out, n_in), wgpu.BufferUsage.STORAGE)}
+                    scratch.append(roles[role]["buffer"])
             for k, bindings in runs:
                 pipe, bgl = self.pipeline(d.weight.qtype, k)
                 cp.set_pipeline(pipe)

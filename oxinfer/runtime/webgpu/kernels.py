@@ -33,15 +33,17 @@ MM_KT_SLOTS = 528
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
 PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mv_blk_i8": ("xq_k", "mv_blk_i8")}
-GEMM_PARTS = PARTS["mm_kt"]
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
                  "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"}}
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
 
 
-def xq_bytes(t: int, n_in: int) -> int:
-    """xq_k's output for t rows of n_in values."""
-    return t * (n_in // 32) * XQ_BLOCK_BYTES
+def operand_bytes(role: str, t: int, n_out: int, n_in: int) -> int:
+    """The scratch an operand of PARTS takes for t rows of x times W (n_out, n_in): x or W in f16,
+    k-major, padded to MM_TILE (xt, wt: gemm_f16.wgsl), or x's int8 blocks (xq: matvec_block.wgsl)."""
+    if role == "xq":
+        return t * (n_in // 32) * XQ_BLOCK_BYTES
+    return pad128(t if role == "xt" else n_out) * n_in * 2
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
 MV_TOK_MIN_T = 2  # from 2 rows on, mv_tok decodes W once per 8 tokens instead of once per token
@@ -110,7 +112,7 @@ class KernelChoice:
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= (MV_BLK_MIN if t == 1 else MV_BLK_MIN_BATCH)
-                and self.int8_dot and "subgroup" in self.features):
+                and self.can_run("mv_blk_i8")):
             return "mv_blk_i8"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"

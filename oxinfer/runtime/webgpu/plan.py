@@ -12,8 +12,7 @@ from oxinfer.runtime.webgpu.kernels import (
     PART_BINDINGS,
     PARTS,
     PROLOGUE_KINDS,
-    pad128,
-    xq_bytes,
+    operand_bytes,
 )
 from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
 
@@ -123,12 +122,11 @@ class Planning:
         """The scratch buffer of a role of the products' operands (kernels.PARTS): mm_kt's x and
         the widest W it takes in f16 (xt, wt), mv_blk_i8's x in int8 blocks (xq)."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
-        rows, n_in = max(self.max_rows, self.max_seqs), max(int(d.params[1]) for d in mm)
-        if role == "wt":
-            size = max((pad128(int(d.params[0])) * int(d.params[1]) * 2 for d in mm
+        if role == "wt":  # the widest W mm_kt takes
+            size = max((operand_bytes(role, 0, *map(int, d.params[:2])) for d in mm
                         if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
-        else:
-            size = pad128(rows) * n_in * 2 if role == "xt" else xq_bytes(rows, n_in)
+        else:  # x of the most rows and the longest
+            size = operand_bytes(role, max(self.max_rows, self.max_seqs), 0, max(int(d.params[1]) for d in mm))
         return self.scratch(f"{role}{size}", size)
 
 

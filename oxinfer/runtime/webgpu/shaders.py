@@ -32,6 +32,8 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common",),
              "gemm_f16": ("matmul",)}
+# kernel file -> the sizes kernels.py decides that its WGSL reads as constants
+_DECLARED = {"matvec_block": {"BLK_ROWS": MV_BLK_ROWS}}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
 _ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
@@ -84,10 +86,13 @@ def _unrolled(text: str, var: str, i: int) -> str:
 
 def shader_source(qtype: str, kind: str) -> str:
     """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
-    its kin) + kernel file, its unrolled lines expanded."""
+    its kin) + kernel file, its unrolled lines expanded; the sizes it shares with kernels.py
+    (_DECLARED) declared first."""
     file = KERNELS[kind][0]
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = shader_dir()
-    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [(d / f"{p}.wgsl").read_text() for p in parts])
+    declared = [f"const {name}: u32 = {n}u;" for name, n in _DECLARED.get(file, {}).items()]
+    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + declared
+                     + [(d / f"{p}.wgsl").read_text() for p in parts])
     return unroll(code, {"ROWS": MM_ROWS, "BLK_ROWS": MV_BLK_ROWS})
 
