@@ -33,6 +33,15 @@ fn put(i: u32, v: f32) {
 //   fn w8(row: u32, c: u32) -> array<vec4<f32>, 2>
 // = the 8 dequantized weights W[row0 + row, 8c .. 8c + 7], bit-exact with oxinfer/formats/quants.py
 // up to the rounding of one fused multiply-add.
+// and those whose values are d * q + m over each block of 32 with q a byte (MV_BLK_FORMATS) also
+//   fn blk_i8(row: u32, blk: u32) -> BlkI8
+// = block blk of the row as those bytes, for products on x in int8 (matvec_block.wgsl, gemm_i8.wgsl).
+struct BlkI8 {
+    lo: vec4<u32>,   // q of values 0..15, four bytes a word in order (signed, or 0..15 for nibbles)
+    hi: vec4<u32>,   // q of values 16..31
+    d: f32,
+    m: f32,
+};
 
 // 4 nibbles of q at byte lanes 0..3 (low nibbles, or high ones when hi = 4), as floats
 fn nib4(q: u32, hi: u32) -> vec4<f32> {

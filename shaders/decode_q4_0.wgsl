@@ -24,19 +24,10 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(d * (nib4(word_at(qo), hi) - 8.0), d * (nib4(word_at(qo + 4u), hi) - 8.0));
 }
 
-// one whole block's dot product with x quantized to int8 (mv_blk_i8, matvec_block.wgsl; see
-// decode_q4_1.wgsl's): d * xs * (q . q8) - 8 * d * sum(x)
-fn blk_dot_i8(row: u32, blk: u32, x0: u32, x1: u32, x2: u32, x3: u32, x4: u32, x5: u32, x6: u32,
-              x7: u32, xs: f32, xsum: f32) -> f32 {
+// block blk of the row as int8 (mv_blk_i8, mm_i8): the nibbles as they are, the -8 in m
+fn blk_i8(row: u32, blk: u32) -> BlkI8 {
     let o = ((P.row0 + row) * (P.n_in >> 5u) + blk) * 18u;   // byte offset of the block
     let d = unpack2x16float(W[o >> 2u] >> ((o & 2u) * 8u)).x;
-    let q0 = word_at(o + 2u);
-    let q1 = word_at(o + 6u);
-    let q2 = word_at(o + 10u);
-    let q3 = word_at(o + 14u);
-    let m = 0x0F0F0F0Fu;
-    let s = dot4I8Packed(q0 & m, x0) + dot4I8Packed(q1 & m, x1) + dot4I8Packed(q2 & m, x2) + dot4I8Packed(q3 & m, x3)
-          + dot4I8Packed((q0 >> 4u) & m, x4) + dot4I8Packed((q1 >> 4u) & m, x5) + dot4I8Packed((q2 >> 4u) & m, x6)
-          + dot4I8Packed((q3 >> 4u) & m, x7);
-    return d * (xs * f32(s) - 8.0 * xsum);
+    let q = vec4<u32>(word_at(o + 2u), word_at(o + 6u), word_at(o + 10u), word_at(o + 14u));
+    return BlkI8(q & vec4<u32>(0x0F0F0F0Fu), (q >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu), d, -8.0 * d);
 }

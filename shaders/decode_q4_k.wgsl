@@ -13,19 +13,15 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(dm.x * nib4(W[j], hi) - dm.y, dm.x * nib4(W[j + 1u], hi) - dm.y);
 }
 
-// one sub-block's dot product with x quantized to int8 (mv_blk_i8, matvec_block.wgsl; see
-// decode_q4_1.wgsl's): its 32 nibbles are one half of 32 consecutive bytes, in order
-fn blk_dot_i8(row: u32, blk: u32, x0: u32, x1: u32, x2: u32, x3: u32, x4: u32, x5: u32, x6: u32,
-              x7: u32, xs: f32, xsum: f32) -> f32 {
+// sub-block blk of the row as int8 (mv_blk_i8, mm_i8): its 32 nibbles are one half of 32
+// consecutive bytes, in order
+fn blk_i8(row: u32, blk: u32) -> BlkI8 {
     let b = ((P.row0 + row) * (P.n_in >> 8u) + (blk >> 3u)) * 36u;   // first word of the super-block
     let s = blk & 7u;
     let dm = k_scale_min(b, s);
     let j = b + 4u + (s >> 1u) * 8u;
-    let sh = (s & 1u) * 4u;
-    let m = 0x0F0F0F0Fu;
-    let acc = dot4I8Packed((W[j] >> sh) & m, x0) + dot4I8Packed((W[j + 1u] >> sh) & m, x1)
-            + dot4I8Packed((W[j + 2u] >> sh) & m, x2) + dot4I8Packed((W[j + 3u] >> sh) & m, x3)
-            + dot4I8Packed((W[j + 4u] >> sh) & m, x4) + dot4I8Packed((W[j + 5u] >> sh) & m, x5)
-            + dot4I8Packed((W[j + 6u] >> sh) & m, x6) + dot4I8Packed((W[j + 7u] >> sh) & m, x7);
-    return dm.x * xs * f32(acc) - dm.y * xsum;
+    let sh = vec4<u32>((s & 1u) * 4u);
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    return BlkI8((vec4<u32>(W[j], W[j + 1u], W[j + 2u], W[j + 3u]) >> sh) & m,
+                 (vec4<u32>(W[j + 4u], W[j + 5u], W[j + 6u], W[j + 7u]) >> sh) & m, dm.x, -dm.y);
 }

@@ -11,14 +11,9 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(d * i8x4(W[j]), d * i8x4(W[j + 1u]));
 }
 
-// one whole block's dot product with x quantized to int8 (mv_blk_i8, matvec_block.wgsl; see
-// decode_q4_1.wgsl's): d * xs * (q . q8)
-fn blk_dot_i8(row: u32, blk: u32, x0: u32, x1: u32, x2: u32, x3: u32, x4: u32, x5: u32, x6: u32,
-              x7: u32, xs: f32, xsum: f32) -> f32 {
+// block blk of the row as int8 (mv_blk_i8, mm_i8): its bytes as they are
+fn blk_i8(row: u32, blk: u32) -> BlkI8 {
     let b = ((P.row0 + row) * (P.n_in >> 5u) + blk) * 9u;
-    let d = unpack2x16float(W[b]).x;
-    let s = dot4I8Packed(W[b + 1u], x0) + dot4I8Packed(W[b + 2u], x1) + dot4I8Packed(W[b + 3u], x2)
-          + dot4I8Packed(W[b + 4u], x3) + dot4I8Packed(W[b + 5u], x4) + dot4I8Packed(W[b + 6u], x5)
-          + dot4I8Packed(W[b + 7u], x6) + dot4I8Packed(W[b + 8u], x7);
-    return d * xs * f32(s);
+    return BlkI8(vec4<u32>(W[b + 1u], W[b + 2u], W[b + 3u], W[b + 4u]),
+                 vec4<u32>(W[b + 5u], W[b + 6u], W[b + 7u], W[b + 8u]), unpack2x16float(W[b]).x, 0.0);
 }

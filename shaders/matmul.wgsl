@@ -24,20 +24,23 @@ const TK: u32 = 16u;     // k per step: half a quant block, the two halves of a 
 var<workgroup> xs: array<vec4<f32>, 512>;   // [k 0..15][m/4 0..31], component m % 4
 var<workgroup> ws: array<vec4<f32>, 512>;   // [k 0..15][n/4 0..31], component n % 4
 
-// y[m, n .. n + 3] = v, skipping rows past t and outputs past n_out (both tile kernels store this
-// way); slice z of a split product writes block z of y, as is
-fn store4(z: u32, m: u32, n: u32, v: vec4<f32>) {
-    if (m >= P.t) {
+// y[m, n] = v, skipping rows past t and outputs past n_out (every tile kernel stores this way);
+// slice z of a split product writes block z of y, as is
+fn store1(z: u32, m: u32, n: u32, v: f32) {
+    if (m >= P.t || n >= P.n_out) {
         return;
     }
+    if (P.splits > 1u) {
+        y[(z * P.t + m) * P.n_out + n] = v;
+    } else {
+        put(m * P.n_out + n, v);
+    }
+}
+
+// y[m, n .. n + 3] = v
+fn store4(z: u32, m: u32, n: u32, v: vec4<f32>) {
     for (var j = 0u; j < 4u; j++) {
-        if (n + j < P.n_out) {
-            if (P.splits > 1u) {
-                y[(z * P.t + m) * P.n_out + n + j] = v[j];
-            } else {
-                put(m * P.n_out + n + j, v[j]);
-            }
-        }
+        store1(z, m, n + j, v[j]);
     }
 }
 

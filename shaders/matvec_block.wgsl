@@ -20,6 +20,16 @@ fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
     return pack4xI8Clamp(vec4<i32>(round(v * inv)));
 }
 
+// one whole block of W's row times x's block in int8 (x ~ xs * q8: 8 words of 4 signed bytes in
+// order, xsum the sum of x as it was): each word of the weights' bytes is an integer dot product of
+// 4 (dot4I8Packed), a 4-bit block's 32 products in 8 instructions: d * xs * (q . q8) + m * xsum
+fn blk_dot_i8(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: f32, xsum: f32) -> f32 {
+    let w = blk_i8(row, blk);
+    let s = dot4I8Packed(w.lo.x, xa.x) + dot4I8Packed(w.lo.y, xa.y) + dot4I8Packed(w.lo.z, xa.z) + dot4I8Packed(w.lo.w, xa.w)
+          + dot4I8Packed(w.hi.x, xb.x) + dot4I8Packed(w.hi.y, xb.y) + dot4I8Packed(w.hi.z, xb.z) + dot4I8Packed(w.hi.w, xb.w);
+    return w.d * xs * f32(s) + w.m * xsum;
+}
+
 // x's blocks as xq_k writes them: 3 vec4 a block of a row, (t, n_in / 32) blocks
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
@@ -68,7 +78,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let xs = bitcast<f32>(sc.x);
         let xsum = bitcast<f32>(sc.y);
         ss += bitcast<f32>(sc.z);
-        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w, xs, xsum);   // unroll d < BLK_ROWS
+        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
     }
     let sg = lid / sg_size;
     let s{d} = subgroupAdd(a{d});   // unroll d < BLK_ROWS

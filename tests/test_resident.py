@@ -20,7 +20,7 @@ from oxinfer.runtime.webgpu import kernels as webgpu
 from oxinfer.runtime.webgpu import attention as webgpu_attention
 from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
-from oxinfer.runtime.webgpu.plan import FLAGS_WORD, MERGES, SLICES_WORD, XS_WORD
+from oxinfer.runtime.webgpu.plan import FLAGS_WORD, MERGES, SLICES_WORD, SPLITS_WORD, XS_WORD
 from oxinfer.runtime.webgpu.runner import AHEAD
 from oxinfer.testing import write_tiny_llama
 
@@ -229,6 +229,7 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     tokens."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
+    backend.int8_dot = False  # the float kernels (mm_i8: test_a_prompt_s_products_in_int8_match_the_cpu)
     path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=1, d_ff=d_ff, seed=8, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
@@ -264,6 +265,7 @@ async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_p
     on the CPU."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
+    backend.int8_dot = False  # prompts' products in floats, as the CPU's (mm_i8 would move logprobs ~1e-2)
     monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 8)
     monkeypatch.setattr(webgpu_attention, "KV_TILE", 8)
     path = write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=128, seed=12, extra_vocab=40)
@@ -317,6 +319,7 @@ async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_hea
     token and its 5 best logprobs as on the CPU."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = backend.cpu_adapter and not as_gpu
+    backend.int8_dot = False  # prompts' products in floats, as the CPU's (mm_i8 would move logprobs ~1e-2)
     monkeypatch.setattr(webgpu_attention, "KV_WORKGROUPS", 4 * n_kv)
     path = write_tiny_llama(tmp_path / "m.gguf", d=64 * n_heads, n_heads=n_heads, n_kv=n_kv, d_ff=256, seed=5,
                             extra_vocab=40, context=512)
@@ -356,6 +359,7 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     if not backend.f16:
         pytest.skip(f"{backend.adapter.summary} has no shader-f16")
     backend.cpu_adapter = False  # plan as on a GPU
+    backend.int8_dot = False  # (else mm_i8 takes Q4_1's products)
     monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (then mm_kt)
     path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
@@ -376,6 +380,35 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     assert len(rope) == layers and set(plan.values[np.isin(plan.where[0], rope) & (plan.where[1] == FLAGS_WORD)]) == {2}
     down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
     assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == XS_WORD)]) == {2}
+
+
+async def test_a_prompt_s_products_in_int8_match_the_cpu(tmp_path):
+    """A GPU that compiles the packed int8 built-ins (planned as one here) runs a prompt's Q4_1
+    products as mm_i8: x made int8 blocks by xq_k (the down product's taking over the swiglu, so
+    silu_mul does not run), then the product on W's blocks as they are, o and down in 2 k slices
+    (1,024 weights a row) summed by the norms after them. 130 rows: a partial tile of rows. Logits
+    within I8_TOL of numpy's float32 forward, the same greedy tokens."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    if not backend.can_run("mm_i8"):
+        pytest.skip(f"the adapter has no packed int8 built-ins ({backend.adapter.summary})")
+    backend.cpu_adapter = False  # plan as on a GPU
+    path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
+    got, want = await gpu.next_logits(tokens), await cpu.next_logits(tokens)
+    assert 1e-6 < rel_err(got, want) <= I8_TOL, rel_err(got, want)
+    r, layers = gpu.resident, gpu.model.cfg.n_layers
+    prog = r.program(False)
+    plan = prog.plans[(130, 1, frozenset(), 1)]
+    pipes = [c[0] for c in plan.calls]
+    assert pipes.count(backend.pipeline("Q4_1", "mm_i8")[0]) == 4 * layers  # q|k|v, o, gate|up, down
+    assert pipes.count(backend.pipeline("Q4_1", "xq_k")[0]) == 4 * layers
+    assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
+    down = [i for i in plan.at if prog.disps[i].kernel == "mm" and prog.disps[i].params[1] == 1024 and plan.pre[i] == 2]
+    assert len(set(down)) == layers and set(plan.values[(plan.where[0] == down[0]) & (plan.where[1] == SPLITS_WORD)]) == {2}
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
 
 
 async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):

@@ -130,6 +130,35 @@ def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
         assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
 
 
+# 70 rows (two workgroups' 64, the second ragged) and 3 (one); 76 or 200 outputs of 128 a workgroup;
+# 130 or 3 blocks a row (the k-quants' 17 or 1 super-blocks): steps of 2 blocks, the last odd
+@pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
+                                              for n, k in (((76, 4352), (200, 256)) if q.endswith("_K") else ((76, 4160), (200, 96)))])
+def test_the_int8_gemm_is_the_int8_oracle(gpu, qtype, n_out, n_in):
+    """mm_i8 (a prompt's product on x in int8 blocks) computes what the int8 arithmetic says to
+    float rounding (int8_x_oracle), as mv_blk_i8 does for a decode step."""
+    if not gpu.can_run("mm_i8"):
+        pytest.skip(f"the adapter has no packed int8 built-ins ({gpu.adapter.summary})")
+    rng = np.random.default_rng(n_out + n_in)
+    w = random_matrix(qtype, n_out, n_in, rng)
+    assert gpu.upload(w) is not None
+    for t in (3, 70):
+        x = rng.standard_normal((t, n_in), dtype=np.float32)
+        job = Job(w)
+        assert gpu.matmul_sync(x, [job], kernel="mm_i8")
+        assert rel_err(job.out, int8_x_oracle(x, w)) <= 1e-6
+
+
+def test_every_kernel_compiles_for_every_format_that_has_it(gpu):
+    """warmup builds each kernel the adapter can run for each weight format: the int8 ones
+    (BLK_KINDS) for the formats whose decoder has blk_i8 alone."""
+    gpu.warmup()
+    built = set(gpu._pipelines)
+    assert ("Q6_K", "mm_tiled") in built and ("Q6_K", "mm_i8") not in built
+    if gpu.can_run("mm_i8"):
+        assert {(q, "mm_i8") for q in MV_BLK_FORMATS} <= built
+
+
 def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
     """mv_blk_i8 takes the big one-token Q4_1 products of a GPU whose WGSL compiles the packed int8
     built-ins (has_int8_dot: a shader compiler that refuses them says so), unless
@@ -149,8 +178,13 @@ def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
     assert as_gpu.kernel_for(8, 2048, 5632, "Q4_K") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
     assert as_gpu.kernel_for(8, 1536, 576, "Q4_1") == as_gpu.kernel_for(8, 4096, 4096, "Q6_K") == "mv_tok"
     assert as_gpu.kernel_for(64, 4096, 4096, "Q4_1").startswith("mm_")  # a prompt's rows: tiled
+    # a prompt's products: int8 for the same formats, else the f16 GEMM where the device has f16
+    assert {as_gpu.gemm_kind(as_gpu.kernel_for(64, 4096, 4096, q), 4096, 4096, q) for q in MV_BLK_FORMATS} == {"mm_i8"}
+    as_gpu.f16 = "shader-f16" in as_gpu.features
+    assert as_gpu.gemm_kind("mm_tiled", 4096, 4096, "Q6_K") == ("mm_kt" if as_gpu.f16 else "mm_tiled")
     as_gpu.int8_dot = False
     assert as_gpu.kernel_for(1, 4096, 4096, "Q4_1") == "mv_subgroup256" and not as_gpu.can_run("mv_blk_i8")
+    assert as_gpu.gemm_kind("mm_tiled", 4096, 4096, "Q4_1") != "mm_i8"
     monkeypatch.setenv("OXINFER_WEBGPU_INT8", "0")  # the user's switch to floats
     assert not WebGpuBackend(gpu.adapter, gpu.device).int8_dot
 

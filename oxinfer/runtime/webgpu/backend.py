@@ -34,6 +34,8 @@ from oxinfer.runtime.webgpu.device import (
     wgpu,
 )
 from oxinfer.runtime.webgpu.kernels import (
+    BLK_KINDS,
+    MV_BLK_FORMATS,
     PART_BINDINGS,
     PARTS,
     PROLOGUE_KINDS,
@@ -108,8 +110,9 @@ class WebGpuBackend(KernelChoice):
         if f16 is None:
             f16 = not self.cpu_adapter and os.environ.get("OXINFER_WEBGPU_F16", "1") != "0"
         self.f16 = f16 and "shader-f16" in self.features
-        # big one-token products on x in int8 (mv_blk_i8: ~1% of a logit's scale, as the CPU graph's)
-        # where the device compiles the packed int8 built-ins, unless OXINFER_WEBGPU_INT8=0
+        # products on x in int8 (~1% of a logit's scale, as the CPU graph's): big one-token ones
+        # (mv_blk_i8) and prompts' (mm_i8), where the device compiles the packed int8 built-ins,
+        # unless OXINFER_WEBGPU_INT8=0
         self.int8_dot = os.environ.get("OXINFER_WEBGPU_INT8", "1") != "0" and has_int8_dot(device)
         self.last: SubmissionRecord | None = None
         limits = device.limits
@@ -281,7 +284,7 @@ class WebGpuBackend(KernelChoice):
         """Build every pipeline this adapter can run (shader compile errors surface here)."""
         for qtype in DECODERS:
             for kind in KERNELS:
-                if self.can_run(kind):
+                if self.can_run(kind) and (kind not in BLK_KINDS or qtype in MV_BLK_FORMATS):
                     self.pipeline(qtype, kind)
 
 
@@ -354,7 +357,7 @@ class WebGpuBackend(KernelChoice):
         cp = enc.begin_compute_pass(timestamp_writes=tsw)
         for i, d in enumerate(dispatches):
             n_out, n_in = d.weight.n_out, d.weight.n_in
-            kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in, d.weight.qtype), n_out, n_in)
+            kind = kernel or self.gemm_kind(self.kernel_for(t, n_out, n_in, d.weight.qtype), n_out, n_in, d.weight.qtype)
             x = {"buffer": xbuf, "offset": 0, "size": x_bytes}
             roles = {"x": x, "y": {"buffer": ybuf, "offset": d.y_offset, "size": t * n_out * 4},
                      "w": {"buffer": d.weight.buffer, "offset": 0, "size": d.weight.buffer.size}}

@@ -32,9 +32,10 @@ MM_KT_SLOTS = 528
 # operands (xt_k, wt_k), mv_blk_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
-PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mv_blk_i8": ("xq_k", "mv_blk_i8")}
+PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mv_blk_i8": ("xq_k", "mv_blk_i8"), "mm_i8": ("xq_k", "mm_i8")}
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
-                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"}}
+                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"},
+                 "mm_i8": {2: "y", 3: "w", 5: "xq"}}
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
 
 
@@ -92,6 +93,20 @@ MV_BLK_MIN = 4096
 # may too. SmolLM2's sizes (576) keep floats in both: 32 streams gained 7-19%, host-bound already.
 MV_BLK_MIN_BATCH = 2048
 MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
+# mm_i8 (shaders/gemm_i8.wgsl): a prompt's products of the MV_BLK_FORMATS on x in int8 blocks
+# (xq_k's, as the decode steps take x), W's blocks read as they are (no f16 copy), on GPUs that
+# compile dot4I8Packed: I8_R outputs x I8_T tokens an invocation, 16 x I8_TY invocations. On the
+# H200 (benchmarks/gpu_gemm_i8.py, 512 rows, Q4_1, ms with x's or both operands made; best slices):
+# Llama-3-8B's q|k|v 0.516 against mm_kt's 0.703, o 0.352 / 0.485, gate|up 2.293 / 2.966, down
+# 1.186 / 1.590 (50-53 TFLOP/s of products against mm_kt's 36-41); TinyLlama's 0.125 / 0.187,
+# 0.101 / 0.156, 0.473 / 0.628, 0.230 / 0.354. Whole prompts of 512 (gpu_model.py, one machine,
+# twice each): 8B 2,459-2,463 -> 3,281-3,282 tok/s, 1.1B 13,899-14,094 -> 18,987-19,047, 135M
+# 32,679-33,716 -> 45,442-45,740. Other tiles (R x T x TY, 8B gate|up): 8 x 8 x 8 2.35 ms, 8 x 4 x 8
+# 2.70, 4 x 4 x 16 2.59, 4 x 8 x 16 2.92. Its k slices fill MM_I8_SLOTS as mm_kt's do (TinyLlama's
+# q|k|v, o, gate|up, down measured best at 3-4, 2-4, 3 and 2-4)
+I8_R, I8_T, I8_TY = 8, 4, 16
+MM_I8_SLOTS = 528
+BLK_KINDS = ("xq_k", "mv_blk_i8", "mm_i8")  # the kernels built with blk_i8 (the MV_BLK_FORMATS' decoders alone have it)
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 
 
@@ -131,25 +146,32 @@ class KernelChoice:
         add_splits ~25-60 us. mm_kt's ties go to more slices: Llama-3-8B's down (256 tiles: 2 or
         4 slices fill 97%) ran 1.61 ms in 2, 1.51 in 4; its q|k|v 0.674 in 2, 0.661 in 4
         (benchmarks/gpu_gemm_variants.py --model 8b)."""
-        tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE)}.get(self.split_kind(kind, t), (MM_TILE, MM_TILE))
+        tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE), "mm_i8": (I8_T * I8_TY, 16 * I8_R)}.get(
+            self.split_kind(kind, t), (MM_TILE, MM_TILE))
         tiles = -(-t // tile_m) * -(-n_out // tile_n)
-        slots = MM_KT_SLOTS if kind == "mm_kt" else MM_SLOTS
-        if kind not in ("mm_tiled", "mm_tiled64", "mm_kt") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
+        slots = {"mm_kt": MM_KT_SLOTS, "mm_i8": MM_I8_SLOTS}.get(kind, MM_SLOTS)
+        if kind not in ("mm_tiled", "mm_tiled64", "mm_kt", "mm_i8") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
             return round(tiles * s / (slots * -(-tiles * s // slots)), 3)
 
         options = [s for s in range(1, MM_MAX_SPLITS + 1) if s == 1 or n_in // s >= MM_SPLIT_MIN_K]
-        return max(options, key=lambda s: (fill(s), s if kind == "mm_kt" else -s))
+        return max(options, key=lambda s: (fill(s), s if kind in ("mm_kt", "mm_i8") else -s))
 
 
-    def gemm_kind(self, kind: str, n_out: int, n_in: int) -> str:
-        """mm_kt for a product mm_tiled would run, on a device that computes in f16 (self.f16), where
-        W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200 TinyLlama's four products at 512 rows took
-        1.36 ms a layer with their operands made (wt_k, xt_k), against 1.67 in f16 tiles staged
-        by the product itself (the kernel before it) and ~1.8 in mm_tiled
-        (benchmarks/gpu_gemm_variants.py)."""
+    def gemm_kind(self, kind: str, n_out: int, n_in: int, qtype: str | None = None) -> str:
+        """The GEMM a prompt's product takes where the tiled kernels would run it, on GPUs: mm_i8
+        for the formats with blk_i8 where the device compiles dot4I8Packed (x in int8, as in the
+        decode steps: I8_R's figures); else mm_kt on a device
+        that computes in f16 (self.f16), where W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200
+        TinyLlama's four products at 512 rows took 1.36 ms a layer with their operands made
+        (wt_k, xt_k), against 1.67 in f16 tiles staged by the product itself (the kernel before
+        it) and ~1.8 in mm_tiled (benchmarks/gpu_gemm_variants.py)."""
+        if kind not in ("mm_tiled", "mm_tiled64") or self.cpu_adapter:
+            return kind
+        if qtype in MV_BLK_FORMATS and self.can_run("mm_i8"):
+            return "mm_i8"
         if self.f16 and kind == "mm_tiled" and pad128(n_out) * n_in * 2 <= min(GEMM_MAX_WT_BYTES, self.max_binding):
             return "mm_kt"
         return kind
@@ -164,6 +186,8 @@ class KernelChoice:
         """Has this device the features the kernel kind needs?"""
         if kind == "mv_blk_i8":
             return "subgroup" in self.features and self.int8_dot
+        if kind == "mm_i8":
+            return self.int8_dot
         if kind.startswith("mv_subgroup"):
             return "subgroup" in self.features
         return kind not in ("mm_kt", "wt_k", "xt_k") or "shader-f16" in self.features
@@ -182,6 +206,8 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
         return -(-n_out // 64), -(-t // 64), 1
     if kind == "mm_kt":
         return -(-n_out // MM_TILE), -(-t // 64), 1
+    if kind == "mm_i8":
+        return -(-n_out // (16 * I8_R)), -(-t // (I8_T * I8_TY)), 1
     if kind == "mv_rows":
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":

@@ -124,7 +124,7 @@ class Planning:
         mm = [d for d in prog.disps if d.kernel == "mm"]
         if role == "wt":  # the widest W mm_kt takes
             size = max((operand_bytes(role, 0, *map(int, d.params[:2])) for d in mm
-                        if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2])) == "mm_kt"), default=ALIGN)
+                        if self.gpu.gemm_kind("mm_tiled", *map(int, d.params[:2]), d.qtype) == "mm_kt"), default=ALIGN)
         else:  # x of the most rows and the longest
             size = operand_bytes(role, max(self.max_rows, self.max_seqs), 0, max(int(d.params[1]) for d in mm))
         return self.scratch(f"{role}{size}", size)
@@ -207,7 +207,7 @@ def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
             splits[i] = gpu.splits_for(kinds[i], rows[i], *map(int, d.params[:2]))
             if splits[i] > 1:
                 kinds[i] = gpu.split_kind(kinds[i], rows[i])
-        if d.kernel == "mm" and not gpu.kernel and kinds[i] != (kt := gpu.gemm_kind(kinds[i], *map(int, d.params[:2]))):
+        if d.kernel == "mm" and not gpu.kernel and kinds[i] != (kt := gpu.gemm_kind(kinds[i], *map(int, d.params[:2]), d.qtype)):
             kinds[i] = kt  # and its k slices for its own tiles
             if i + 1 < len(disps) and disps[i + 1].optional:
                 splits[i] = gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))

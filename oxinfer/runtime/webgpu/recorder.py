@@ -71,8 +71,8 @@ class Dispatch:
 # rows of W; mm_kt's xt_k for swiglu: once per value); swiglu and geglu not on mv_rows: a CPU adapter
 # would compute each silu or gelu once per row
 PROLOGUES = {"norm:rms_norm": (1, PROLOGUE_KINDS),
-             "elementwise:silu_mul": (2, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_kt")),
-             "elementwise:gelu_mul": (3, tuple(k for k in PROLOGUE_KINDS if k != "mv_rows"))}
+             "elementwise:silu_mul": (2, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_kt", "mm_i8")),
+             "elementwise:gelu_mul": (3, (*(k for k in PROLOGUE_KINDS if k != "mv_rows"), "mm_i8"))}
 
 
 def f32_word(v: float) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oxinfer.errors import WebGpuUnavailable
-from oxinfer.runtime.webgpu.kernels import MV_BLK_ROWS
+from oxinfer.runtime.webgpu.kernels import I8_R, I8_T, I8_TY, MV_BLK_ROWS
 
 
 def shader_dir() -> Path:
@@ -31,9 +31,9 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
                      "IQ4_XS": ("iq4_levels",)}
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common",),
-             "gemm_f16": ("matmul",)}
+             "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "matvec_block", "matmul")}
 # kernel file -> the sizes kernels.py decides that its WGSL reads as constants
-_DECLARED = {"matvec_block": {"BLK_ROWS": MV_BLK_ROWS}}
+_DECLARED = {"matvec_block": {"BLK_ROWS": MV_BLK_ROWS}, "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
 _ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
@@ -50,6 +50,7 @@ KERNELS = {
     "mm_kt": ("gemm_f16", "mm_kt"),  # a prompt's product in f16 from the operands wt_k and xt_k made (needs shader-f16)
     "wt_k": ("gemm_f16", "wt_k"),
     "xt_k": ("gemm_f16", "xt_k"),
+    "mm_i8": ("gemm_i8", "mm_i8"),  # a prompt's product on x in int8 blocks (xq_k's) and W's blocks as int8
     "embed": ("embed", "embed"),  # the embedding lookup of the device-resident forward (runner.py)
 }
 
@@ -84,15 +85,14 @@ def _unrolled(text: str, var: str, i: int) -> str:
     return text.replace("{" + var + "}", str(i))
 
 
-def shader_source(qtype: str, kind: str) -> str:
+def shader_source(qtype: str, kind: str, **sizes: int) -> str:
     """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
     its kin) + kernel file, its unrolled lines expanded; the sizes it shares with kernels.py
-    (_DECLARED) declared first."""
+    (_DECLARED, or `sizes` in their place: benchmarks try others) declared first."""
     file = KERNELS[kind][0]
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = shader_dir()
-    declared = [f"const {name}: u32 = {n}u;" for name, n in _DECLARED.get(file, {}).items()]
-    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + declared
+    consts = {name: n for p in parts for name, n in _DECLARED.get(p, {}).items()} | sizes
+    code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [f"const {k}: u32 = {n}u;" for k, n in consts.items()]
                      + [(d / f"{p}.wgsl").read_text() for p in parts])
-    return unroll(code, {"ROWS": MM_ROWS, "BLK_ROWS": MV_BLK_ROWS})
-
+    return unroll(code, {"ROWS": MM_ROWS, **consts})

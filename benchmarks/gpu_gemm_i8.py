@@ -1,0 +1,128 @@
+"""A prompt's products in int8 (mm_i8, shaders/gemm_i8.wgsl: x's int8 blocks from xq_k, W's blocks
+read as they are) against the f16 GEMM (mm_kt after its operands wt_k, W's f16 copy, and xt_k), at
+512 rows of Llama-3-8B's and TinyLlama's products. Checked first: mm_i8 against mv_blk_i8 (the
+decode steps' kernel, the same integers summed in another order), both against x @ W.T in float64.
+
+    python benchmarks/gpu_gemm_i8.py [--allow-cpu] [--model 8b] [--t 512] [--qtype Q4_1]
+        [--tiles 8x4x16,8x8x8]   (I8_R x I8_T x I8_TY: outputs x tokens an invocation, 16 x I8_TY invocations)
+
+Per dispatch: wall time of many back-to-back dispatches in one submission after warm-up, the
+minimum of 5; each kernel at 1 to 4 k slices (the slices' sum, add_splits, not timed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from oxinfer.formats.gpu_layout import device_bytes
+from oxinfer.runtime.webgpu import WebGpuBackend, shader_source, wgpu
+from oxinfer.runtime.webgpu.kernels import I8_R, I8_T, I8_TY, grid, operand_bytes
+from oxinfer.testing import random_matrix
+
+MODELS = {"1b": [("q|k|v", 2560, 2048), ("o", 2048, 2048), ("gate|up", 11264, 2048), ("down", 2048, 5632)],
+          "8b": [("q|k|v", 6144, 4096), ("o", 4096, 4096), ("gate|up", 28672, 4096), ("down", 4096, 14336)]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--allow-cpu", action="store_true")
+    ap.add_argument("--t", type=int, default=512)
+    ap.add_argument("--model", choices=list(MODELS), default="8b")
+    ap.add_argument("--qtype", default="Q4_1")
+    ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
+    ap.add_argument("--tiles", default=f"{I8_R}x{I8_T}x{I8_TY}", help="mm_i8 forms, I8_R x I8_T x I8_TY")
+    ap.add_argument("--no-kt", action="store_true", help="skip mm_kt (a device without shader-f16)")
+    a = ap.parse_args()
+    gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
+    dev = gpu.device
+    print("adapter:", gpu.adapter.summary)
+    BU = wgpu.BufferUsage
+    rng = np.random.default_rng(0)
+    t, q = a.t, a.qtype
+    tiles = [tuple(map(int, s.split("x"))) for s in a.tiles.split(",")]
+
+    def pipe(kind: str, **sizes):
+        code = shader_source(q, kind, **{k: v for k, v in sizes.items()})
+        return dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=code), "entry_point": kind})
+
+    print(f"\n| {a.model} {q} product (t={t}) | kernel | ms at 1 / 2 / 3 / 4 slices | best TFLOP/s (with its operands) |")
+    print("|---|---|---|---:|")
+    for name, n_out, n_in in [s for s in MODELS[a.model] if a.shapes == "all" or s[0] in a.shapes.split(",")]:
+        w = random_matrix(q, n_out, n_in, rng)
+        x = rng.normal(0, 1, (t, n_in)).astype(np.float32)
+        buf = lambda n: dev.create_buffer(size=n, usage=BU.STORAGE | BU.COPY_SRC)  # noqa: E731
+        bufs = {"x": dev.create_buffer_with_data(data=x, usage=BU.STORAGE), "y": buf(t * n_out * 16),
+                "w": dev.create_buffer_with_data(data=device_bytes(w), usage=BU.STORAGE),
+                "wt": buf(operand_bytes("wt", t, n_out, n_in)), "xt": buf(operand_bytes("xt", t, n_out, n_in)),
+                "xq": buf(operand_bytes("xq", t, n_out, n_in))}
+        roles = {"wt_k": {3: "w", 5: "wt"}, "xt_k": {1: "x", 7: "xt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
+                 "xq_k": {1: "x", 4: "x", 6: "xq"}, "mm_i8": {2: "y", 3: "w", 5: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"}}
+
+        def job(kind: str, slices: int = 1, tile=None):
+            p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
+            p[:4] = (n_out, n_in, 0, t)
+            p[7] = slices if slices > 1 else 0
+            pp = pipe(kind, **(dict(I8_R=tile[0], I8_T=tile[1], I8_TY=tile[2]) if tile else {}))
+            bg = dev.create_bind_group(layout=pp.get_bind_group_layout(0), entries=[
+                {"binding": 0, "resource": {"buffer": dev.create_buffer_with_data(data=p, usage=BU.UNIFORM)}}]
+                + [{"binding": b, "resource": {"buffer": bufs[r]}} for b, r in roles[kind].items()])
+            g = grid(kind, n_out, t, n_in)
+            if tile:
+                g = (-(-n_out // (16 * tile[0])), -(-t // (tile[1] * tile[2])), 1)
+            return pp, bg, (g[0], g[1], slices if kind in ("mm_kt", "mm_i8") else g[2])
+
+        def submit(jobs, n=1):
+            enc = dev.create_command_encoder()
+            cp = enc.begin_compute_pass()
+            for _ in range(n):
+                for pp, bg, g in jobs:
+                    cp.set_pipeline(pp)
+                    cp.set_bind_group(0, bg)
+                    cp.dispatch_workgroups(*g)
+            cp.end()
+            t0 = time.perf_counter()
+            dev.queue.submit([enc.finish()])
+            dev.queue.read_buffer(bufs["y"], 0, 4)
+            return time.perf_counter() - t0
+
+        def ms(jobs) -> float:
+            submit(jobs)
+            n = 1
+            while submit(jobs, n) < 0.1 and n < 512:
+                n *= 2
+            for _ in range(2):
+                submit(jobs, n)
+            return min(submit(jobs, n) for _ in range(5)) / n * 1e3
+
+        wd = w.dequantize().astype(np.float64)
+        ref = x.astype(np.float64) @ wd.T
+        submit([job("xq_k"), job("mv_blk_i8")])
+        ref8 = np.frombuffer(dev.queue.read_buffer(bufs["y"], 0, t * n_out * 4), np.float32).reshape(t, n_out).astype(np.float64)
+
+        def check(label: str, jobs, want: np.ndarray, tol: float) -> float:
+            submit(jobs)
+            y = np.frombuffer(dev.queue.read_buffer(bufs["y"], 0, t * n_out * 4), np.float32).reshape(t, n_out)
+            err = float(np.abs(y - want).max() / np.abs(want).max())
+            assert err < tol, f"{label} {name}: error {err:.2e} of the largest output"
+            return float(np.abs(y - ref).max() / np.abs(ref).max())
+
+        flop = 2 * t * n_out * n_in / 1e9
+        prep = ms([job("xq_k")])
+        for tile in tiles:
+            e = check(f"mm_i8 {tile}", [job("xq_k"), job("mm_i8", 1, tile)], ref8, 2e-6)
+            got = [ms([job("mm_i8", z, tile)]) for z in (1, 2, 3, 4)]
+            print(f"| {name} {n_out}x{n_in} | mm_i8 {'x'.join(map(str, tile))} (xq_k {prep:.3f}; error {e:.1e} of x @ W.T) | "
+                  + " / ".join(f"{g:.3f}" for g in got) + f" | {flop / min(got):.1f} ({flop / (min(got) + prep):.1f}) |", flush=True)
+        if not a.no_kt:
+            e = check("mm_kt", [job("wt_k"), job("xt_k"), job("mm_kt")], ref, 4e-3)
+            prep = ms([job("wt_k")]) + ms([job("xt_k")])
+            got = [ms([job("mm_kt", z)]) for z in (1, 2, 3, 4)]
+            print(f"| {name} {n_out}x{n_in} | mm_kt (wt_k + xt_k {prep:.3f}; error {e:.1e}) | "
+                  + " / ".join(f"{g:.3f}" for g in got) + f" | {flop / min(got):.1f} ({flop / (min(got) + prep):.1f}) |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
