@@ -5,6 +5,8 @@ decode steps' kernel, the same integers summed in another order), both against x
 
     python benchmarks/gpu_gemm_i8.py [--allow-cpu] [--model 8b] [--t 512] [--qtype Q4_1]
         [--tiles 8x4x16,8x8x8]   (I8_R x I8_T x I8_TY: outputs x tokens an invocation, 16 x I8_TY invocations)
+    python benchmarks/gpu_gemm_i8.py --t 1 --matvec 16x64,8x256   (mv_blk_i8, a decode step's
+        product: BLK_ROWS x BLK_WG, rows and invocations a workgroup; with the model's head, Q8_0)
 
 Per dispatch: wall time of many back-to-back dispatches in one submission after warm-up, the
 minimum of 5; each kernel at 1 to 4 k slices (the slices' sum, add_splits, not timed).
@@ -24,6 +26,7 @@ from oxinfer.testing import random_matrix
 
 MODELS = {"1b": [("q|k|v", 2560, 2048), ("o", 2048, 2048), ("gate|up", 11264, 2048), ("down", 2048, 5632)],
           "8b": [("q|k|v", 6144, 4096), ("o", 4096, 4096), ("gate|up", 28672, 4096), ("down", 4096, 14336)]}
+HEADS = {"1b": ("head", 32000, 2048), "8b": ("head", 128256, 4096)}
 
 
 def main() -> None:
@@ -35,6 +38,7 @@ def main() -> None:
     ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
     ap.add_argument("--tiles", default=f"{I8_R}x{I8_T}x{I8_TY}", help="mm_i8 forms, I8_R x I8_T x I8_TY")
     ap.add_argument("--no-kt", action="store_true", help="skip mm_kt (a device without shader-f16)")
+    ap.add_argument("--matvec", default="", help="mv_blk_i8 forms instead, BLK_ROWS x BLK_WG, e.g. 16x64,8x256")
     a = ap.parse_args()
     gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
     dev = gpu.device
@@ -50,7 +54,11 @@ def main() -> None:
 
     print(f"\n| {a.model} {q} product (t={t}) | kernel | ms at 1 / 2 / 3 / 4 slices | best TFLOP/s (with its operands) |")
     print("|---|---|---|---:|")
-    for name, n_out, n_in in [s for s in MODELS[a.model] if a.shapes == "all" or s[0] in a.shapes.split(",")]:
+    shapes = [(*s, q) for s in MODELS[a.model]] + ([(*HEADS[a.model], "Q8_0")] if a.matvec else [])
+    if a.matvec:
+        print(f"\n| {a.model} product (t={t}) | mv_blk_i8 BLK_ROWS x BLK_WG | us (xq_k apart) | GB/s of W |")
+        print("|---|---|---:|---:|")
+    for name, n_out, n_in, q in [s for s in shapes if a.shapes == "all" or s[0] in a.shapes.split(",")]:
         w = random_matrix(q, n_out, n_in, rng)
         x = rng.normal(0, 1, (t, n_in)).astype(np.float32)
         buf = lambda n: dev.create_buffer(size=n, usage=BU.STORAGE | BU.COPY_SRC)  # noqa: E731
@@ -61,17 +69,21 @@ def main() -> None:
         roles = {"wt_k": {3: "w", 5: "wt"}, "xt_k": {1: "x", 7: "xt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
                  "xq_k": {1: "x", 4: "x", 6: "xq"}, "mm_i8": {2: "y", 3: "w", 5: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"}}
 
-        def job(kind: str, slices: int = 1, tile=None):
+        def job(kind: str, slices: int = 1, tile=None, mv=None):
             p = np.zeros(12, np.uint32)  # struct Params (PARAMS_BYTES)
             p[:4] = (n_out, n_in, 0, t)
             p[7] = slices if slices > 1 else 0
-            pp = pipe(kind, **(dict(I8_R=tile[0], I8_T=tile[1], I8_TY=tile[2]) if tile else {}))
+            pp = pipe(kind, **(dict(I8_R=tile[0], I8_T=tile[1], I8_TY=tile[2]) if tile else {}),
+                      **(dict(BLK_ROWS=mv[0], BLK_WG=mv[1]) if mv else {}))
             bg = dev.create_bind_group(layout=pp.get_bind_group_layout(0), entries=[
                 {"binding": 0, "resource": {"buffer": dev.create_buffer_with_data(data=p, usage=BU.UNIFORM)}}]
                 + [{"binding": b, "resource": {"buffer": bufs[r]}} for b, r in roles[kind].items()])
             g = grid(kind, n_out, t, n_in)
             if tile:
                 g = (-(-n_out // (16 * tile[0])), -(-t // (tile[1] * tile[2])), 1)
+            if mv:
+                groups = -(-n_out // mv[0])
+                g = (t, min(groups, 65535), -(-groups // 65535))
             return pp, bg, (g[0], g[1], slices if kind in ("mm_kt", "mm_i8") else g[2])
 
         def submit(jobs, n=1):
@@ -111,6 +123,12 @@ def main() -> None:
 
         flop = 2 * t * n_out * n_in / 1e9
         prep = ms([job("xq_k")])
+        if a.matvec:
+            for mv in [tuple(map(int, v.split("x"))) for v in a.matvec.split(",")]:
+                check(f"mv_blk_i8 {mv}", [job("xq_k"), job("mv_blk_i8", mv=mv)], ref8, 2e-6)
+                us = ms([job("mv_blk_i8", mv=mv)]) * 1e3
+                print(f"| {name} {n_out}x{n_in} {q} | {mv[0]}x{mv[1]} | {us:.1f} (xq_k {prep * 1e3:.1f}) | {w.nbytes / us / 1e3:.0f} |", flush=True)
+            continue
         for tile in tiles:
             e = check(f"mm_i8 {tile}", [job("xq_k"), job("mm_i8", 1, tile)], ref8, 2e-6)
             got = [ms([job("mm_i8", z, tile)]) for z in (1, 2, 3, 4)]

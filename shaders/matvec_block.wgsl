@@ -3,7 +3,7 @@
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
 // block to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
 // MatMulNBits accuracy_level 4, and llama.cpp's q8_1), with the block's sum and (the norm's) sum of
-// squares beside. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of 64 invocations (the
+// squares beside. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of BLK_WG invocations (the
 // tokens of a row group side by side in the grid: W's rows come from the cache), each invocation
 // one whole 32-weight block of every row at a time: the weights' integers times x's go four at a
 // time through dot4I8Packed, a 4-bit block's 32 products in 8 instructions where floats took ~100.
@@ -11,9 +11,10 @@
 // itself, by every workgroup again, x cost the 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN
 // says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
 
-// BLK_ROWS: kernels.py's MV_BLK_ROWS, declared by shaders.py (the unrolled lines repeat as many times)
-var<workgroup> bpart: array<f32, 64u * BLK_ROWS>;   // [subgroup][row] (64 subgroups of one invocation at most)
-var<workgroup> bpart_ss: array<f32, 64>;
+// BLK_ROWS, BLK_WG: the kind's kernels.py BLK_SHAPES, declared by shaders.py (the unrolled lines
+// repeat BLK_ROWS times); BLK_SHARED: the floats of workgroup memory it claims (kernels.py says why)
+var<workgroup> bpart: array<f32, max(BLK_SHARED, BLK_WG / 4u * BLK_ROWS)>;   // [subgroup][row] (subgroups of 4 invocations at least)
+var<workgroup> bpart_ss: array<f32, BLK_WG / 4u>;
 
 // 4 values of x as 4 signed bytes of x * inv, rounded
 fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
@@ -60,7 +61,7 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     xq_out[o + 2u] = vec4<u32>(bitcast<u32>(xs), bitcast<u32>(xsum), bitcast<u32>(ss), 0u);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(BLK_WG)
 fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32,
              @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
@@ -70,7 +71,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let nb = P.n_in >> 5u;
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
-    for (var blk = lid; blk < nb; blk += 64u) {
+    for (var blk = lid; blk < nb; blk += BLK_WG) {
         let o = 3u * (tok * nb + blk);
         let qa = xq[o];
         let qb = xq[o + 1u];
@@ -91,7 +92,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (lid < BLK_ROWS && row0 + lid < P.n_out) {
         var total = 0.0;
         var sq = 0.0;
-        for (var i = 0u; i < (64u + sg_size - 1u) / sg_size; i++) {
+        for (var i = 0u; i < (BLK_WG + sg_size - 1u) / sg_size; i++) {
             total += bpart[i * BLK_ROWS + lid];
             sq += bpart_ss[i];
         }

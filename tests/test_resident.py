@@ -164,7 +164,8 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
     and a Q8_0 head, its Q6_K products in floats as in a Q4_K_M file): a decode step of three streams runs each row's
     products as a step of its own does (x in int8 blocks made by xq_k, the same reduction), so the
     streams decoded together give each step's token and 5 best logprobs as decoded alone (float
-    products beside int8 ones would differ by x's rounding, ~1% of a logit)."""
+    products beside int8 ones would differ by x's rounding, ~1% of a logit), though a solo step
+    runs 8 rows a workgroup (mv_blk_i8_1) and a batched one 16 (mv_blk_i8)."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     if not backend.can_run("mv_blk_i8"):
         pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
@@ -192,8 +193,11 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
         for i in range(3):
             tg.start_soon(decode, i, together)
     blk = gpu.resident.gpu.pipeline(qtype, "mv_blk_i8")[0]
-    batched = [p for (t, n, _, _), p in gpu.resident.program(False).plans.items() if t == n == 3]
+    plans = gpu.resident.program(False).plans.items()
+    batched = [p for (t, n, _, _), p in plans if t == n == 3]
     assert batched and any(c[0] is blk for c in batched[0].calls)  # a 3-row decode step in int8
+    solo, blk1 = [p for (t, n, _, _), p in plans if t == n == 1], gpu.resident.gpu.pipeline(qtype, "mv_blk_i8_1")[0]
+    assert solo and any(c[0] is blk1 for c in solo[0].calls)
     for i in range(3):
         assert [t for t, _ in together[i]] == [t for t, _ in alone[i]]
         for (_, g), (_, w) in zip(together[i], alone[i]):

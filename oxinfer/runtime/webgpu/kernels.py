@@ -32,10 +32,10 @@ MM_KT_SLOTS = 528
 # operands (xt_k, wt_k), mv_blk_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
-PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mv_blk_i8": ("xq_k", "mv_blk_i8"), "mm_i8": ("xq_k", "mm_i8")}
+BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
+PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
-                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mv_blk_i8": {2: "y", 3: "w", 5: "xq"},
-                 "mm_i8": {2: "y", 3: "w", 5: "xq"}}
+                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, **{k: {2: "y", 3: "w", 5: "xq"} for k in (*BLK_MV, "mm_i8")}}
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
 
 
@@ -52,9 +52,9 @@ MV_ROWS_WG = 64  # workgroup size of mv_rows: one invocation per row
 MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 64
 # the kinds that take x through a prologue (shaders/matvec_common.wgsl: a fused rms_norm or swiglu),
 # which binds the norm weight at binding 4
-PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i8")
-# mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, 16 rows a workgroup of
-# 64, x in int8 per block as the CPU graph's products take it, made once by xq_k before the product)
+PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
+# mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, BLK_SHAPES' rows and
+# invocations a workgroup, x in int8 per block as the CPU graph's products take it, made once by xq_k before the product)
 # for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
 # rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
 # side by side in the grid, so that they read each weight row from the cache; each row computed as
@@ -65,7 +65,8 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", "mv_blk_i
 # the weights, bounded that: the same product reading x as if quantized already (a timing trial,
 # wrong values) ran the step in 3.69 ms. With xq_k apart (one more dispatch a product, ~3.8 us
 # each): 8 rows a workgroup 4.26 ms (241-245 tok/s), 16 rows 3.80 ms (270-277), 32 rows 4.49; 128
-# or 256 invocations a workgroup 4.64 / 4.48 (one machine, turns). Before xq_k, 16 rows had gained
+# or 256 invocations a workgroup 4.64 / 4.48 (one machine, turns; session 17's machine ranked them
+# otherwise: BLK_SHAPES). Before xq_k, 16 rows had gained
 # nothing (4.35 against 4.36 ms). Batched steps, which mv_tok ran in floats: 8 streams 584-600 ->
 # 1,054-1,068 tok/s (GPU pass 14.5 -> 8.7 ms), 32 streams 751-786 -> 1,434-1,474 (43.2 -> 24.1 ms).
 # Before xq_k an int8 mv_tok (mv_tok_i8: 8 tokens x 8 rows a workgroup, each token's x quantized in
@@ -92,7 +93,18 @@ MV_BLK_MIN = 4096
 # x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels, and a seed's draws
 # may too. SmolLM2's sizes (576) keep floats in both: 32 streams gained 7-19%, host-bound already.
 MV_BLK_MIN_BATCH = 2048
-MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
+# its two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
+# a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
+# every BLK_WG-th block), so a stream's one-token step and its row of a batched one agree bit for
+# bit. Each claims BLK_SHARED floats of workgroup memory (4 KiB) whatever it needs: on the H200 the
+# 8B one-stream step ran 3.55 ms at 16 x 64 with 4 KiB and 5.46 with 1 KiB (the same code; the
+# driver's split of L1 and workgroup memory, presumably), which is also why 8 rows had lost to 16
+# in session 16 (2 KiB). With 4 KiB (session 17, one machine, GPU pass): one stream 16 x 64 3.55
+# ms, 8 x 64 3.15, 4 x 64 3.17-3.18, 2 x 64 3.52, 4 x 128 3.32-3.33 (16 KiB: 5.18); batched steps
+# 16 x 64 (8B 8 streams 7.56 ms, TinyLlama 8 / 32 streams 1.99 / 4.66) against 16 x 128 10.07,
+# 2.23, 5.33
+BLK_SHAPES = {"mv_blk_i8": (16, 64), "mv_blk_i8_1": (8, 64)}
+BLK_SHARED = 1024
 # mm_i8 (shaders/gemm_i8.wgsl): a prompt's products of the MV_BLK_FORMATS on x in int8 blocks
 # (xq_k's, as the decode steps take x), W's blocks read as they are (no f16 copy), on GPUs that
 # compile dot4I8Packed: I8_R outputs x I8_T tokens an invocation, 16 x I8_TY invocations. On the
@@ -106,7 +118,7 @@ MV_BLK_ROWS = 16  # BLK_ROWS of matvec_block.wgsl
 # q|k|v, o, gate|up, down measured best at 3-4, 2-4, 3 and 2-4)
 I8_R, I8_T, I8_TY = 8, 4, 16
 MM_I8_SLOTS = 528
-BLK_KINDS = ("xq_k", "mv_blk_i8", "mm_i8")  # the kernels built with blk_i8 (the MV_BLK_FORMATS' decoders alone have it)
+BLK_KINDS = ("xq_k", *BLK_MV, "mm_i8")  # the kernels built with blk_i8 (the MV_BLK_FORMATS' decoders alone have it)
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 
 
@@ -128,7 +140,7 @@ class KernelChoice:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= (MV_BLK_MIN if t == 1 else MV_BLK_MIN_BATCH)
                 and self.can_run("mv_blk_i8")):
-            return "mv_blk_i8"
+            return "mv_blk_i8_1" if t == 1 else "mv_blk_i8"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
         if "subgroup" not in self.features:
@@ -184,7 +196,7 @@ class KernelChoice:
 
     def can_run(self, kind: str) -> bool:
         """Has this device the features the kernel kind needs?"""
-        if kind == "mv_blk_i8":
+        if kind in BLK_MV:
             return "subgroup" in self.features and self.int8_dot
         if kind == "mm_i8":
             return self.int8_dot
@@ -212,8 +224,8 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":
         t, n_out = -(-t // MV_TOK), -(-n_out // 2)  # 8 rows a workgroup: half the row groups
-    if kind == "mv_blk_i8":  # the rows' tokens side by side (x), so that they read W's rows from the cache
-        groups = -(-n_out // MV_BLK_ROWS)
+    if kind in BLK_MV:  # the rows' tokens side by side (x), so that they read W's rows from the cache
+        groups = -(-n_out // BLK_SHAPES[kind][0])
         gy = min(groups, MAX_GROUPS)
         return t, gy, -(-groups // gy)
     groups = -(-n_out // MV_ROWS)  # mv_wg, mv_subgroup: row groups spread over x and y

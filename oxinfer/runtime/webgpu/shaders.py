@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oxinfer.errors import WebGpuUnavailable
-from oxinfer.runtime.webgpu.kernels import I8_R, I8_T, I8_TY, MV_BLK_ROWS
+from oxinfer.runtime.webgpu.kernels import BLK_SHAPES, BLK_SHARED, I8_R, I8_T, I8_TY
 
 
 def shader_dir() -> Path:
@@ -33,7 +33,10 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common",),
              "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "matvec_block", "matmul")}
 # kernel file -> the sizes kernels.py decides that its WGSL reads as constants
-_DECLARED = {"matvec_block": {"BLK_ROWS": MV_BLK_ROWS}, "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
+_DECLARED = {"matvec_block": {**dict(zip(("BLK_ROWS", "BLK_WG"), BLK_SHAPES["mv_blk_i8"])), "BLK_SHARED": BLK_SHARED},
+             "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
+# kernel kind -> its own sizes, in place of its file's (one entry point compiled in several forms)
+_KIND_SIZES = {k: dict(zip(("BLK_ROWS", "BLK_WG"), shape)) for k, shape in BLK_SHAPES.items()}
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
 _ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
@@ -44,6 +47,7 @@ KERNELS = {
     "mv_subgroup256": ("matvec_subgroup", "mv_subgroup256"),
     "mv_tok": ("matvec", "mv_tok"),
     "mv_blk_i8": ("matvec_block", "mv_blk_i8"),  # a decode step's product on x in int8 (dot4I8Packed)
+    "mv_blk_i8_1": ("matvec_block", "mv_blk_i8"),  # ... its one-token form (8 rows a workgroup)
     "xq_k": ("matvec_block", "xq_k"),  # ... after x is made int8 blocks
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
@@ -88,11 +92,12 @@ def _unrolled(text: str, var: str, i: int) -> str:
 def shader_source(qtype: str, kind: str, **sizes: int) -> str:
     """The WGSL of one kernel for one weight format: common + decoder (after what it shares with
     its kin) + kernel file, its unrolled lines expanded; the sizes it shares with kernels.py
-    (_DECLARED, or `sizes` in their place: benchmarks try others) declared first."""
+    (_DECLARED, the kind's own _KIND_SIZES, or `sizes` in their place: benchmarks try others)
+    declared first."""
     file = KERNELS[kind][0]
     parts = ["common", *_DECODER_PRELUDES.get(qtype, ()), DECODERS[qtype], *_PRELUDES.get(file, ()), file]
     d = shader_dir()
-    consts = {name: n for p in parts for name, n in _DECLARED.get(p, {}).items()} | sizes
+    consts = {name: n for p in parts for name, n in _DECLARED.get(p, {}).items()} | _KIND_SIZES.get(kind, {}) | sizes
     code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [f"const {k}: u32 = {n}u;" for k, n in consts.items()]
                      + [(d / f"{p}.wgsl").read_text() for p in parts])
     return unroll(code, {"ROWS": MM_ROWS, **consts})
