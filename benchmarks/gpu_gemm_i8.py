@@ -15,34 +15,27 @@ minimum of 5; each kernel at 1 to 4 k slices (the slices' sum, add_splits, not t
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from gpu_gemm_variants import MODELS, dispatch_ms, open_gpu, shape_args, submit_dispatches
 
 from oxinfer.formats.gpu_layout import device_bytes
-from oxinfer.runtime.webgpu import WebGpuBackend, shader_source, wgpu
+from oxinfer.runtime.webgpu import shader_source, wgpu
 from oxinfer.runtime.webgpu.kernels import I8_R, I8_T, I8_TY, grid, operand_bytes
 from oxinfer.testing import random_matrix
 
-MODELS = {"1b": [("q|k|v", 2560, 2048), ("o", 2048, 2048), ("gate|up", 11264, 2048), ("down", 2048, 5632)],
-          "8b": [("q|k|v", 6144, 4096), ("o", 4096, 4096), ("gate|up", 28672, 4096), ("down", 4096, 14336)]}
 HEADS = {"1b": ("head", 32000, 2048), "8b": ("head", 128256, 4096)}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--allow-cpu", action="store_true")
-    ap.add_argument("--t", type=int, default=512)
-    ap.add_argument("--model", choices=list(MODELS), default="8b")
+    shape_args(ap, "8b")
     ap.add_argument("--qtype", default="Q4_1")
-    ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
     ap.add_argument("--tiles", default=f"{I8_R}x{I8_T}x{I8_TY}", help="mm_i8 forms, I8_R x I8_T x I8_TY")
     ap.add_argument("--no-kt", action="store_true", help="skip mm_kt (a device without shader-f16)")
     ap.add_argument("--matvec", default="", help="mv_blk_i8 forms instead, BLK_ROWS x BLK_WG, e.g. 16x64,8x256")
     a = ap.parse_args()
-    gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
-    dev = gpu.device
-    print("adapter:", gpu.adapter.summary)
+    gpu, dev = open_gpu(a)
     BU = wgpu.BufferUsage
     rng = np.random.default_rng(0)
     t, q = a.t, a.qtype
@@ -54,7 +47,7 @@ def main() -> None:
 
     print(f"\n| {a.model} {q} product (t={t}) | kernel | ms at 1 / 2 / 3 / 4 slices | best TFLOP/s (with its operands) |")
     print("|---|---|---|---:|")
-    shapes = [(*s, q) for s in MODELS[a.model]] + ([(*HEADS[a.model], "Q8_0")] if a.matvec else [])
+    shapes = [(*s[:3], q) for s in MODELS[a.model]] + ([(*HEADS[a.model], "Q8_0")] if a.matvec else [])
     if a.matvec:
         print(f"\n| {a.model} product (t={t}) | mv_blk_i8 BLK_ROWS x BLK_WG | us (xq_k apart) | GB/s of W |")
         print("|---|---|---:|---:|")
@@ -87,27 +80,10 @@ def main() -> None:
             return pp, bg, (g[0], g[1], slices if kind in ("mm_kt", "mm_i8") else g[2])
 
         def submit(jobs, n=1):
-            enc = dev.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            for _ in range(n):
-                for pp, bg, g in jobs:
-                    cp.set_pipeline(pp)
-                    cp.set_bind_group(0, bg)
-                    cp.dispatch_workgroups(*g)
-            cp.end()
-            t0 = time.perf_counter()
-            dev.queue.submit([enc.finish()])
-            dev.queue.read_buffer(bufs["y"], 0, 4)
-            return time.perf_counter() - t0
+            return submit_dispatches(dev, jobs, bufs["y"], n)
 
         def ms(jobs) -> float:
-            submit(jobs)
-            n = 1
-            while submit(jobs, n) < 0.1 and n < 512:
-                n *= 2
-            for _ in range(2):
-                submit(jobs, n)
-            return min(submit(jobs, n) for _ in range(5)) / n * 1e3
+            return dispatch_ms(dev, jobs, bufs["y"])
 
         wd = w.dequantize().astype(np.float64)
         ref = x.astype(np.float64) @ wd.T

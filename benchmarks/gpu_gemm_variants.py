@@ -186,18 +186,57 @@ MODELS = {"1b": [("q|k|v", 2560, 2048, 3), ("o", 2048, 2048, 4), ("gate|up", 112
           "8b": [("q|k|v", 6144, 4096, 4), ("o", 4096, 4096, 2), ("gate|up", 28672, 4096, 1), ("down", 4096, 14336, 2)]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def shape_args(ap: argparse.ArgumentParser, model: str) -> None:
+    """The options the GEMM benchmarks share: the adapter, rows, whose products, which of them."""
     ap.add_argument("--allow-cpu", action="store_true")
     ap.add_argument("--t", type=int, default=512)
-    ap.add_argument("--model", choices=list(MODELS), default="1b", help="whose products")
+    ap.add_argument("--model", choices=list(MODELS), default=model, help="whose products")
     ap.add_argument("--shapes", default="all", help="comma-separated names, e.g. gate|up")
+
+
+def open_gpu(a: argparse.Namespace):
+    """The benchmark's WebGPU backend and device, the adapter printed."""
+    gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
+    print("adapter:", gpu.adapter.summary)
+    return gpu, gpu.device
+
+
+def submit_dispatches(dev, jobs, sync, n: int = 1) -> float:
+    """Seconds for n rounds of `jobs` ((pipeline, bind group, grid) each) in one compute pass,
+    submitted and waited for (a 4-byte read of the buffer `sync`)."""
+    enc = dev.create_command_encoder()
+    cp = enc.begin_compute_pass()
+    for _ in range(n):
+        for pp, bg, grid in jobs:
+            cp.set_pipeline(pp)
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(*grid)
+    cp.end()
+    t0 = time.perf_counter()
+    dev.queue.submit([enc.finish()])
+    dev.queue.read_buffer(sync, 0, 4)
+    return time.perf_counter() - t0
+
+
+def dispatch_ms(dev, jobs, sync) -> float:
+    """ms a round of `jobs` takes: rounds back to back in one submission of at least 0.1 s, after
+    warm-up (the GPU clocks up), the minimum of 5."""
+    submit_dispatches(dev, jobs, sync)
+    n = 1
+    while submit_dispatches(dev, jobs, sync, n) < 0.1 and n < 512:
+        n *= 2
+    for _ in range(2):
+        submit_dispatches(dev, jobs, sync, n)
+    return min(submit_dispatches(dev, jobs, sync, n) for _ in range(5)) / n * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    shape_args(ap, "1b")
     ap.add_argument("--sweep", default="", help="kernels timed at 1..4 k slices, e.g. mm_kt,mm_m32")
     ap.add_argument("--wt", default="", help="forms of wt_k timed (and checked through mm_kt), e.g. wt_k8")
     a = ap.parse_args()
-    gpu = WebGpuBackend.create(allow_cpu_adapter=a.allow_cpu)
-    dev = gpu.device
-    print("adapter:", gpu.adapter.summary)
+    gpu, dev = open_gpu(a)
     BU = wgpu.BufferUsage
     rng = np.random.default_rng(0)
     t = a.t
@@ -250,27 +289,10 @@ def main() -> None:
             return pp, bg, grid
 
         def submit(jobs, n=1):
-            enc = dev.create_command_encoder()
-            cp = enc.begin_compute_pass()
-            for _ in range(n):
-                for pp, bg, grid in jobs:
-                    cp.set_pipeline(pp)
-                    cp.set_bind_group(0, bg)
-                    cp.dispatch_workgroups(*grid)
-            cp.end()
-            t0 = time.perf_counter()
-            dev.queue.submit([enc.finish()])
-            dev.queue.read_buffer(bufs[2], 0, 4)
-            return time.perf_counter() - t0
+            return submit_dispatches(dev, jobs, bufs[2], n)
 
         def ms(jobs) -> float:
-            submit(jobs)
-            n = 1
-            while submit(jobs, n) < 0.1 and n < 512:
-                n *= 2
-            for _ in range(2):
-                submit(jobs, n)
-            return min(submit(jobs, n) for _ in range(5)) / n * 1e3
+            return dispatch_ms(dev, jobs, bufs[2])
 
         prep = [job("mm_kt", "wt_k"), job("mm_kt", "xt_k")]
         ref = x.astype(np.float64) @ w.dequantize().astype(np.float64).T

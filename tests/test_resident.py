@@ -351,6 +351,20 @@ def n_layers(engine) -> int:
     return engine.model.cfg.n_layers
 
 
+async def a_planned_prompt(tmp_path, backend, tol: float):
+    """A 130-row prompt of a model with rows of 1,024 (k slices) on `backend` and on the CPU: the
+    last position's logits within tol of numpy's float32 forward and not closer than float
+    rounding; the engines, the prompt, the program and its plan for the prompt's step."""
+    path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
+    got, want = await gpu.next_logits(tokens), await cpu.next_logits(tokens)
+    assert 1e-6 < rel_err(got, want) <= tol, rel_err(got, want)
+    prog = gpu.resident.program(False)
+    return gpu, cpu, tokens, prog, prog.plans[(130, 1, frozenset(), 1)]
+
+
 async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monkeypatch):
     """A GPU with shader-f16 (planned as one here) runs a prompt's products as mm_kt: x and W made
     f16 operands by xt_k and wt_k, then the product, each in 2 k slices (1,024 weights a row). The
@@ -365,15 +379,8 @@ async def test_a_prompt_s_products_in_f16_operands_match_the_cpu(tmp_path, monke
     backend.cpu_adapter = False  # plan as on a GPU
     backend.int8_dot = False  # (else mm_i8 takes Q4_1's products)
     monkeypatch.setattr(webgpu, "MM_BIG_TILES", 1)  # every prompt product in the big tiles (then mm_kt)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
-    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
-    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
-    tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
-    got, want = await gpu.next_logits(tokens), await cpu.next_logits(tokens)
-    assert 1e-6 < rel_err(got, want) <= F16_TOL, rel_err(got, want)
-    r, layers = gpu.resident, gpu.model.cfg.n_layers
-    prog = r.program(False)
-    plan = prog.plans[(130, 1, frozenset(), 1)]
+    gpu, cpu, tokens, prog, plan = await a_planned_prompt(tmp_path, backend, F16_TOL)
+    layers = gpu.model.cfg.n_layers
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_kt")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert "elementwise:silu_mul" not in {prog.disps[i].kernel for i in plan.at}
@@ -396,15 +403,8 @@ async def test_a_prompt_s_products_in_int8_match_the_cpu(tmp_path):
     if not backend.can_run("mm_i8"):
         pytest.skip(f"the adapter has no packed int8 built-ins ({backend.adapter.summary})")
     backend.cpu_adapter = False  # plan as on a GPU
-    path = write_tiny_llama(tmp_path / "m.gguf", d=1024, n_heads=8, n_kv=2, d_ff=1024, seed=9, extra_vocab=40)
-    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
-    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
-    tokens = list(np.random.default_rng(6).integers(0, 256, size=130))
-    got, want = await gpu.next_logits(tokens), await cpu.next_logits(tokens)
-    assert 1e-6 < rel_err(got, want) <= I8_TOL, rel_err(got, want)
-    r, layers = gpu.resident, gpu.model.cfg.n_layers
-    prog = r.program(False)
-    plan = prog.plans[(130, 1, frozenset(), 1)]
+    gpu, cpu, tokens, prog, plan = await a_planned_prompt(tmp_path, backend, I8_TOL)
+    layers = gpu.model.cfg.n_layers
     pipes = [c[0] for c in plan.calls]
     assert pipes.count(backend.pipeline("Q4_1", "mm_i8")[0]) == 4 * layers  # q|k|v, o, gate|up, down
     assert pipes.count(backend.pipeline("Q4_1", "xq_k")[0]) == 4 * layers

@@ -110,43 +110,28 @@ def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     return xq.reshape(len(x), -1) @ dq.T + xb.astype(np.float64).sum(axis=2) @ m.T
 
 
-# 130 blocks a row (136 for the k-quants' rows of 256): three turns of the invocations' loop over blocks, the
-# last ragged; 76 rows: the last workgroup's 16 rows ragged
+# 130 blocks a row (136 for the k-quants' rows of 256): three turns of mv_blk_i8's invocations' loop
+# over blocks, the last ragged, and mm_i8's steps of 2 blocks; 3 blocks (1 super-block): its one odd
+# step; 76 rows: the last workgroup's ragged (16 rows, or 128 outputs). mm_i8 at 70 rows: two
+# workgroups' 64 tokens, the second ragged
+@pytest.mark.parametrize("kernel,rows", [("mv_blk_i8", (1, 3)), ("mv_blk_i8_1", (1,)), ("mm_i8", (3, 70))])
 @pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
                                               for n, k in (((76, 4352), (200, 256)) if q.endswith("_K") else ((76, 4160), (200, 96)))])
-def test_the_int8_matvec_is_the_int8_oracle(gpu, qtype, n_out, n_in):
-    """mv_blk_i8 computes what its int8 arithmetic says to float rounding (int8_x_oracle), and stays
-    within a percent of the exact product."""
-    if not gpu.can_run("mv_blk_i8"):
+def test_the_int8_products_are_the_int8_oracle(gpu, kernel, rows, qtype, n_out, n_in):
+    """The products on x in int8 blocks (mv_blk_i8's forms: a decode step's; mm_i8: a prompt's)
+    compute what their int8 arithmetic says to float rounding (int8_x_oracle), and stay within a
+    percent of the exact product."""
+    if not gpu.can_run(kernel):
         pytest.skip(f"the adapter has no subgroups or packed int8 built-ins ({gpu.adapter.summary})")
     rng = np.random.default_rng(n_in)
     w = random_matrix(qtype, n_out, n_in, rng)
     assert gpu.upload(w) is not None
-    for t in (1, 3):
+    for t in rows:
         x = rng.standard_normal((t, n_in), dtype=np.float32)
         job = Job(w)
-        assert gpu.matmul_sync(x, [job], kernel="mv_blk_i8")
+        assert gpu.matmul_sync(x, [job], kernel=kernel)
         assert rel_err(job.out, int8_x_oracle(x, w)) <= 1e-6
         assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
-
-
-# 70 rows (two workgroups' 64, the second ragged) and 3 (one); 76 or 200 outputs of 128 a workgroup;
-# 130 or 3 blocks a row (the k-quants' 17 or 1 super-blocks): steps of 2 blocks, the last odd
-@pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
-                                              for n, k in (((76, 4352), (200, 256)) if q.endswith("_K") else ((76, 4160), (200, 96)))])
-def test_the_int8_gemm_is_the_int8_oracle(gpu, qtype, n_out, n_in):
-    """mm_i8 (a prompt's product on x in int8 blocks) computes what the int8 arithmetic says to
-    float rounding (int8_x_oracle), as mv_blk_i8 does for a decode step."""
-    if not gpu.can_run("mm_i8"):
-        pytest.skip(f"the adapter has no packed int8 built-ins ({gpu.adapter.summary})")
-    rng = np.random.default_rng(n_out + n_in)
-    w = random_matrix(qtype, n_out, n_in, rng)
-    assert gpu.upload(w) is not None
-    for t in (3, 70):
-        x = rng.standard_normal((t, n_in), dtype=np.float32)
-        job = Job(w)
-        assert gpu.matmul_sync(x, [job], kernel="mm_i8")
-        assert rel_err(job.out, int8_x_oracle(x, w)) <= 1e-6
 
 
 def test_every_kernel_compiles_for_every_format_that_has_it(gpu):
