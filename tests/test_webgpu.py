@@ -521,5 +521,9 @@ def test_split_products_fill_the_h200_s_workgroup_rounds(gpu):
         tiny = [gpu.splits_for("mm_kt", 512, *s) for s in ((2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632))]
         big = [gpu.splits_for("mm_kt", 512, *s) for s in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))]
         assert (tiny, big) == ([3, 4, 3, 4], [4, 4, 1, 4])
+        # mm_i8's tiles are mm_kt's, its slots too (TinyLlama's measured best at 3-4, 2-4, 3, 2-4)
+        tiny = [gpu.splits_for("mm_i8", 512, *s) for s in ((2560, 2048), (2048, 2048), (11264, 2048), (2048, 5632))]
+        big = [gpu.splits_for("mm_i8", 512, *s) for s in ((6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336))]
+        assert (tiny, big) == ([3, 4, 3, 4], [4, 4, 1, 4])
     finally:
         gpu.cpu_adapter = real

@@ -29,7 +29,7 @@ GEMM_MAX_WT_BYTES = 256 << 20
 # k slices measured best at 3, 3-4, 3 and 4 for TinyLlama's q|k|v, o, gate|up and down, as this says)
 MM_KT_SLOTS = 528
 # the products that run as several kernels, their operands made first: mm_kt's x and W as f16
-# operands (xt_k, wt_k), mv_blk_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
+# operands (xt_k, wt_k), mv_blk_i8's and mm_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
 BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
@@ -54,8 +54,8 @@ MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 
 # which binds the norm weight at binding 4
 PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, BLK_SHAPES' rows and
-# invocations a workgroup, x in int8 per block as the CPU graph's products take it, made once by xq_k before the product)
-# for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
+# invocations a workgroup, x in int8 per block as the CPU graph's products take it, made once by
+# xq_k before the product) for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
 # rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
 # side by side in the grid, so that they read each weight row from the cache; each row computed as
 # in a step of its own, so at these sizes a stream decodes the same beside others as alone).
@@ -175,8 +175,8 @@ class KernelChoice:
     def gemm_kind(self, kind: str, n_out: int, n_in: int, qtype: str | None = None) -> str:
         """The GEMM a prompt's product takes where the tiled kernels would run it, on GPUs: mm_i8
         for the formats with blk_i8 where the device compiles dot4I8Packed (x in int8, as in the
-        decode steps: I8_R's figures); else mm_kt on a device
-        that computes in f16 (self.f16), where W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200
+        decode steps; the figures beside I8_R); else mm_kt on a device that computes in f16
+        (self.f16), where W's f16 copy fits GEMM_MAX_WT_BYTES: on the H200
         TinyLlama's four products at 512 rows took 1.36 ms a layer with their operands made
         (wt_k, xt_k), against 1.67 in f16 tiles staged by the product itself (the kernel before
         it) and ~1.8 in mm_tiled (benchmarks/gpu_gemm_variants.py)."""
