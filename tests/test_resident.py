@@ -157,6 +157,31 @@ async def test_gemma_s_geglu_goes_into_the_int8_blocks(tmp_path):
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
 
 
+async def test_gemma_s_prompt_goes_through_the_int8_gemm(tmp_path):
+    """The same Gemma 2 GGUF planned as on a GPU: a 70-token prompt's products run in mm_i8 (its
+    step of 64 rows), the
+    down product's xq_k taking the GeGLU (gelu_mul does not run); the logits of every position within
+    I8_TOL of the CPU's floats, the greedy tokens the same."""
+    from test_gguf_converted import _write
+
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    if not backend.can_run("mm_i8"):
+        pytest.skip(f"the adapter has no packed int8 built-ins ({backend.adapter.summary})")
+    backend.cpu_adapter = False  # plan as on a GPU
+    path = _write(tmp_path, "gemma2_gguf", "Q8_0")
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    tokens = [int(t) for t in np.random.default_rng(4).integers(0, gpu.model.cfg.vocab_size, 70)]
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= I8_TOL
+    prog = gpu.resident.program(True)
+    plan = prog.plans[(64, 1, frozenset(), 1)]  # (its first 64 rows: the rest in a step of 6)
+    mm_i8 = backend.pipeline("Q8_0", "mm_i8")[0]  # q|k|v, o, gate|up, down, and the head (every position's logits)
+    assert [c[0] for c in plan.calls].count(mm_i8) == 4 * gpu.model.cfg.n_layers + 1
+    assert "elementwise:gelu_mul" not in {prog.disps[i].kernel for i in plan.at}
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K"])
 async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_path, monkeypatch, qtype):
     """Planned as on a GPU with mv_blk_i8 for every product of fewer rows than the tiled kernels take
