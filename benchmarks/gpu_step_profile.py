@@ -47,8 +47,8 @@ def _family(runner, d, rows: int) -> str:
     slices = runner.gpu.splits_for(kind, rows, n_out, n_in)
     if slices > 1:
         kind = runner.gpu.split_kind(kind, rows)
-    if (kt := runner.gpu.gemm_kind(kind, n_out, n_in)) != kind:  # with its operands' xt_k and wt_k
-        kind, slices = "mm_kt+xt_k+wt_k", runner.gpu.splits_for(kt, rows, n_out, n_in)
+    if (kt := runner.gpu.gemm_kind(kind, n_out, n_in, d.qtype)) != kind:  # mm_i8 or mm_kt, and its k slices
+        kind, slices = kt, runner.gpu.splits_for(kt, rows, n_out, n_in)
     return f"{kind} in {slices} k slices {n_out}x{n_in}" if slices > 1 else f"{kind} {n_out}x{n_in}"
 
 
@@ -78,11 +78,9 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
         for call, i in zip(plan.calls, plan.at):
             d = prog.disps[i]
             name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
-            if d.kernel == "mm" and name.startswith("mm_kt+"):  # its operands' kernels timed apart
-                part = next(k for k in PARTS["mm_kt"] if call[0] is r.gpu.pipeline(d.qtype, k)[0])
-                name = name.replace("mm_kt+xt_k+wt_k", part)
-            if "mv_blk_i8" in name and call[0] is r.gpu.pipeline(d.qtype, "xq_k")[0]:  # its x's int8 blocks, timed apart
-                name = name.replace("mv_blk_i8", "xq_k")
+            if d.kernel == "mm" and (kind := name.split()[0]) in PARTS:  # its operands' kernels timed apart
+                part = next(k for k in PARTS[kind] if call[0] is r.gpu.pipeline(d.qtype, k)[0])
+                name = name.replace(kind, part, 1)
             if d.kernel == "attention:attend" and t == m:
                 name = "attention:attend_decode (+rope_kv)"
             kinds[name].append(call[:5] + (_c_args(*call[:5], False),))  # each sets its own pipeline
