@@ -96,8 +96,8 @@ def test_fusing_matrices_copies_nothing_where_they_lie_back_to_back_or_apart():
                                          ("Q4_1", (9, 7)), ("BF16", (5, 3)), ("Q6_K", (3, 5))])
 def test_a_fused_matrix_goes_to_the_device_as_its_stack_in_whole_words(qtype, rows):
     """The device's bytes of parts kept apart equal those of their stack, in pieces of whole words
-    (18-byte Q4_0 blocks, 2-byte bf16 values) however they are cut; an odd Q4_0 part mid-stack
-    (a word across two parts) makes the stack once instead."""
+    (Q4_0's and Q8_0's blocks re-laid to 20 and 36 bytes, Q6_K's to 212, 2-byte bf16 values)
+    however they are cut, odd counts of blocks a part included."""
     rng = np.random.default_rng(3)
     parts = [random_matrix(qtype, n, 256, rng, f"p{i}") for i, n in enumerate(rows)]
     fused = QuantMatrix.fuse("f", parts)[0].base

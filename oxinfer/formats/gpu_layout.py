@@ -10,7 +10,7 @@ import numpy as np
 from oxinfer.formats.quants import QuantMatrix
 
 # qtype -> where the layout inserts 2 bytes a block
-_WORD_ALIGN = {"Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}
+_WORD_ALIGN = {"Q4_0": 2, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}
 
 
 def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
@@ -18,7 +18,7 @@ def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
     if qtype not in _WORD_ALIGN:
         return blocks.reshape(-1)
     # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
-    # Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
+    # Q4_0 18 -> 20, Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
     # Q6_K 210 -> 212 at the end
     at = _WORD_ALIGN[qtype]
     out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
@@ -32,10 +32,9 @@ def _laid_bytes(w: QuantMatrix, nbytes: int) -> int:
 
 
 def device_size(w: QuantMatrix) -> int:
-    """The bytes of w's device buffer: its laid-out blocks, padded to 4 bytes (Q4_0: a word more,
-    as word_at may read one word past a block)."""
+    """The bytes of w's device buffer: its laid-out blocks, padded to 4 bytes."""
     n = _laid_bytes(w, w.nbytes)
-    return n + -n % 4 + (4 if w.qtype == "Q4_0" else 0)
+    return n + -n % 4
 
 
 def device_chunks(w: QuantMatrix, chunk: int = 16 << 20) -> Iterator[np.ndarray]:
@@ -46,9 +45,9 @@ def device_chunks(w: QuantMatrix, chunk: int = 16 << 20) -> Iterator[np.ndarray]
     holds a whole matrix twice."""
     c = w.codec
     parts = w.parts
-    if any(_laid_bytes(w, p.nbytes) % 4 for p in parts[:-1]):  # a part would end inside a word (Q4_0's
-        parts = (w.data,)  # 18-byte blocks, an odd count of them): one stacked copy then
-    step = max(2, chunk // c.block_bytes // 2 * 2)  # blocks a piece: even, so that two 18-byte blocks end on a word
+    if any(_laid_bytes(w, p.nbytes) % 4 for p in parts[:-1]):  # a part would end inside a word (a
+        parts = (w.data,)  # format of 2-byte blocks, an odd count of them): one stacked copy then
+    step = max(2, chunk // c.block_bytes // 2 * 2)  # blocks a piece: even, so that two 2-byte blocks end on a word
     for p in parts:
         blocks = np.ascontiguousarray(p).reshape(-1, c.block_bytes)
         for i in range(0, len(blocks), step):
