@@ -93,7 +93,7 @@ MV_BLK_MIN = 4096
 # x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels, and a seed's draws
 # may too. SmolLM2's sizes (576) keep floats in both: 32 streams gained 7-19%, host-bound already.
 MV_BLK_MIN_BATCH = 2048
-# its two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
+# mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
 # a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
 # every BLK_WG-th block), so a stream's one-token step and its row of a batched one agree bit for
 # bit. Each claims BLK_SHARED floats of workgroup memory (4 KiB) whatever it needs: on the H200 the
