@@ -3,7 +3,7 @@
 // block of 32 weights times 32 values of x in 8 integer instructions and one scaling,
 // d * xs * (q . q8) + m * xsum, where the f16 GEMM (mm_kt, gemm_f16.wgsl) took 32 FMAs and needed
 // W's f16 copy made first (wt_k). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl +
-// matvec_block.wgsl (xq, blk_dot_i8's kin) + matmul.wgsl (store1).
+// matvec_block.wgsl (xq) + matmul.wgsl (store1).
 //
 // A workgroup of 16 x I8_TY invocations computes I8_M = I8_TY * I8_T tokens x I8_N = 16 * I8_R
 // outputs, walking k I8_KB blocks a step through workgroup memory: W's blocks as blk_i8 gives them,

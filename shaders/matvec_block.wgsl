@@ -1,5 +1,5 @@
 // mv_blk_i8: the product of a few rows of x (a decode step's) for the formats whose decoder has
-// blk_dot_i8, in two kernels.
+// blk_i8, in two kernels.
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
 // block to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
 // MatMulNBits accuracy_level 4, and llama.cpp's q8_1), with the block's sum and (the norm's) sum of

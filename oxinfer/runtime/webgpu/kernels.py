@@ -55,8 +55,8 @@ MV_WIDE_N_IN = 2048  # rows this long get 256 invocations (mv_subgroup256), not 
 PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # mv_blk_i8 (shaders/matvec_block.wgsl: a whole quant block an invocation, BLK_SHAPES' rows and
 # invocations a workgroup, x in int8 per block as the CPU graph's products take it, made once by
-# xq_k before the product) for the formats whose decoder has blk_dot_i8, on products at least this big both ways, of fewer
-# rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
+# xq_k before the product) for the formats whose decoder has blk_i8, on products at least this
+# big both ways, of fewer rows of x than the tiled kernels take: a decode step of one stream or of many (each row's tokens
 # side by side in the grid, so that they read each weight row from the cache; each row computed as
 # in a step of its own, so at these sizes a stream decodes the same beside others as alone).
 # On the H200, the 8B shape (benchmarks/gpu_model.py, 64 + 64 tokens), one stream: mv_subgroup256
@@ -76,7 +76,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # mv_subgroup256 / mv_tok and exact floats. Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2
 # rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks
 # (16-byte loads of the nibbles, a timing trial) 4.36 against 4.42 ms: the blocks stay GGUF's.
-# MV_BLK_FORMATS, the formats whose decoder has blk_dot_i8; synthetic 8B shapes of each on the H200 (gpu_model.py,
+# MV_BLK_FORMATS, the formats whose decoder has blk_i8; synthetic 8B shapes of each on the H200 (gpu_model.py,
 # 64 + 64 tokens, one machine, 1 / 8 / 32 streams, against Q4_1's alone in int8): Q4_K 134 / 285 /
 # 364 -> 153 / 496 / 648 tok/s; Q8_0 214 / 601 / 767 -> 221 / 777 / 983; Q4_1's own with its Q8_0
 # head in int8 too 272 / 1,100 / 1,477 -> 276 / 1,083 / 1,466 (GPU pass 3.65 -> 3.56 ms at one).
@@ -118,6 +118,9 @@ BLK_SHARED = 1024
 # q|k|v, o, gate|up, down measured best at 3-4, 2-4, 3 and 2-4)
 I8_R, I8_T, I8_TY = 8, 4, 16
 MM_I8_SLOTS = 528
+# the tiled products' (tokens, outputs) a workgroup: what grid covers and splits_for counts
+GEMM_TILES = {"mm_tiled": (MM_TILE, MM_TILE), "mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE),
+              "mm_i8": (I8_T * I8_TY, 16 * I8_R)}
 BLK_KINDS = ("xq_k", *BLK_MV, "mm_i8")  # the kernels built with blk_i8 (the MV_BLK_FORMATS' decoders alone have it)
 MAX_GROUPS = 65535  # max-compute-workgroups-per-dimension in WebGPU's defaults (and every adapter seen)
 
@@ -158,11 +161,12 @@ class KernelChoice:
         add_splits ~25-60 us. mm_kt's ties go to more slices: Llama-3-8B's down (256 tiles: 2 or
         4 slices fill 97%) ran 1.61 ms in 2, 1.51 in 4; its q|k|v 0.674 in 2, 0.661 in 4
         (benchmarks/gpu_gemm_variants.py --model 8b)."""
-        tile_m, tile_n = {"mm_tiled64": (64, 64), "mm_kt": (64, MM_TILE), "mm_i8": (I8_T * I8_TY, 16 * I8_R)}.get(
-            self.split_kind(kind, t), (MM_TILE, MM_TILE))
+        if kind not in GEMM_TILES or self.cpu_adapter or n_out > MM_SPLIT_MAX_N:
+            return 1
+        tile_m, tile_n = GEMM_TILES[self.split_kind(kind, t)]
         tiles = -(-t // tile_m) * -(-n_out // tile_n)
         slots = {"mm_kt": MM_KT_SLOTS, "mm_i8": MM_I8_SLOTS}.get(kind, MM_SLOTS)
-        if kind not in ("mm_tiled", "mm_tiled64", "mm_kt", "mm_i8") or self.cpu_adapter or n_out > MM_SPLIT_MAX_N or tiles >= 2 * slots:
+        if tiles >= 2 * slots:
             return 1  # (past two rounds the last one's idle slots cost less than summing slices)
 
         def fill(s: int) -> float:  # the share of the workgroup slots the rounds keep busy
@@ -212,14 +216,9 @@ def grid(kind: str, n_out: int, t: int, n_in: int = 0) -> tuple[int, int, int]:
         return pad128(t if kind == "xt_k" else n_out) // MM_TILE, n_in // 32, 1
     if kind == "xq_k":  # a block of x an invocation
         return -(-n_in // 32 // 64), 1, t
-    if kind == "mm_tiled":
-        return -(-n_out // MM_TILE), -(-t // MM_TILE), 1
-    if kind == "mm_tiled64":
-        return -(-n_out // 64), -(-t // 64), 1
-    if kind == "mm_kt":
-        return -(-n_out // MM_TILE), -(-t // 64), 1
-    if kind == "mm_i8":
-        return -(-n_out // (16 * I8_R)), -(-t // (I8_T * I8_TY)), 1
+    if kind in GEMM_TILES:
+        tile_m, tile_n = GEMM_TILES[kind]
+        return -(-n_out // tile_n), -(-t // tile_m), 1
     if kind == "mv_rows":
         return -(-n_out // MV_ROWS_WG), 1, t
     if kind == "mv_tok":

@@ -120,7 +120,7 @@ class Planning:
 
     def _operand(self, prog: Program, role: str):
         """The scratch buffer of a role of the products' operands (kernels.PARTS): mm_kt's x and
-        the widest W it takes in f16 (xt, wt), mv_blk_i8's x in int8 blocks (xq)."""
+        the widest W it takes in f16 (xt, wt), mv_blk_i8's and mm_i8's x in int8 blocks (xq)."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
         if role == "wt":  # the widest W mm_kt takes
             size = max((operand_bytes(role, 0, *map(int, d.params[:2])) for d in mm
