@@ -233,6 +233,9 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
     if (lane == 0u) {
         merge_lanes(g, DG, LANES, r, h, g, chunk, chunks);
     }
+    if (P.xq != 0u && chunks == 1u) {
+        put_xq(r, h, 1u, lid);
+    }
 }
 
 // the online softmaxes `lanes` invocations left in part_m, part_l, part_a (lane i's at first +
@@ -249,12 +252,13 @@ fn merge_lanes(first: u32, stride: u32, lanes: u32, r: u32, h: u32, g: u32, chun
         ll += w * part_l[first + i * stride];
         aa += w * part_a[first + i * stride];
     }
-    finish_head(r, h, g, chunk, chunks, aa, mm, ll);
+    finish_head(r, h, g, first, chunk, chunks, aa, mm, ll);
 }
 
 // dims 4g .. 4g + 3 of head h of row r after its chunk of positions: where the row is in chunks,
 // the chunk's part (a, max, sum; a chunk with no position: -3e38, 0) for the merge, else a / sum
-fn finish_head(r: u32, h: u32, g: u32, chunk: u32, chunks: u32, aa: vec4<f32>, mm: f32, ll: f32) {
+// (also left in part_a[at] for put_xq)
+fn finish_head(r: u32, h: u32, g: u32, at: u32, chunk: u32, chunks: u32, aa: vec4<f32>, mm: f32, ll: f32) {
     if (chunks > 1u) {
         let po = ((chunk * P.t + r) * P.n + h) * (HD + 2u);
         parts[po + 4u * g] = aa.x;
@@ -273,6 +277,27 @@ fn finish_head(r: u32, h: u32, g: u32, chunk: u32, chunks: u32, aa: vec4<f32>, m
     out[o + 1u] = v.y;
     out[o + 2u] = v.z;
     out[o + 3u] = v.w;
+    part_a[at] = v;   // (for put_xq: only this invocation read part_a[at] in the merge of its lanes)
+}
+
+// P.xq: the finished dims of `heads` heads of row r from head h0 on (their vec4s in part_a, in
+// order) also go out as x's int8 blocks for the o product, as xq_k would make them of `out`
+// (xq_block.wgsl): that product's xq_k does not run. Called where every invocation of the
+// workgroup gets to (HD a multiple of 32: a block within a head).
+@group(0) @binding(12) var<storage, read_write> xq_out: array<vec4<u32>>;
+
+fn put_xq(r: u32, h0: u32, heads: u32, lid: u32) {
+    workgroupBarrier();
+    let nb = P.n * HD / 32u;   // blocks of a row of out
+    for (var b = lid; b < heads * HD / 32u; b += WG) {
+        let i = 8u * b;
+        let q = xq_block(part_a[i], part_a[i + 1u], part_a[i + 2u], part_a[i + 3u], part_a[i + 4u],
+                         part_a[i + 5u], part_a[i + 6u], part_a[i + 7u], 0.0);
+        let o = 3u * (r * nb + h0 * HD / 32u + b);
+        xq_out[o] = q.lo;
+        xq_out[o + 1u] = q.hi;
+        xq_out[o + 2u] = q.sc;
+    }
 }
 
 // attend_rows (a prompt's attention) is in attention_rows.wgsl, appended to this file where the
@@ -442,6 +467,9 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     if (lane == 0u) {
         merge_lanes(item, ITEMS, KL, r, kvh * GQ + h, g, chunk, chunks);
     }
+    if (P.xq != 0u && chunks == 1u) {
+        put_xq(r, kvh * GQ, GQ, lid);
+    }
 }
 
 // attend_decode_kv's P.flags chunks of each query summed: a workgroup per (query head, row); invocation
@@ -493,5 +521,9 @@ fn attend_merge_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         out[o + 1u] = v.y;
         out[o + 2u] = v.z;
         out[o + 3u] = v.w;
+        part_a[g] = v;   // (for put_xq: only this invocation read part_a[g] above)
+    }
+    if (P.xq != 0u) {
+        put_xq(r, h, 1u, lid);
     }
 }

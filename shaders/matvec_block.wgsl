@@ -1,25 +1,20 @@
 // mv_blk_i8: the product of a few rows of x (a decode step's) for the formats whose decoder has
 // blk_i8, in two kernels.
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
-// block to int8 once (absmax / 127 its scale, rounded to even: the CPU graph's int8 activations,
-// MatMulNBits accuracy_level 4, and llama.cpp's q8_1), with the block's sum and (the norm's) sum of
-// squares beside. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of BLK_WG invocations (the
+// block to int8 once (xq_block.wgsl), with the block's sum and (the norm's) sum of squares beside;
+// a decode step's o product takes them from its attention instead. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of BLK_WG invocations (the
 // tokens of a row group side by side in the grid: W's rows come from the cache), each invocation
 // one whole 32-weight block of every row at a time: the weights' integers times x's go four at a
 // time through dot4I8Packed, a 4-bit block's 32 products in 8 instructions where floats took ~100.
 // x moves by at most half its scale, ~0.4% of the block's largest value. Quantized in the product
 // itself, by every workgroup again, x cost the 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN
-// says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl.
+// says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl +
+// xq_block.wgsl.
 
 // BLK_ROWS, BLK_WG: the kind's kernels.py BLK_SHAPES, declared by shaders.py (the unrolled lines
 // repeat BLK_ROWS times); BLK_SHARED: the floats of workgroup memory it claims (kernels.py says why)
 var<workgroup> bpart: array<f32, max(BLK_SHARED, BLK_WG / 4u * BLK_ROWS)>;   // [subgroup][row] (subgroups of 4 invocations at least)
 var<workgroup> bpart_ss: array<f32, BLK_WG / 4u>;
-
-// 4 values of x as 4 signed bytes of x * inv, rounded
-fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
-    return pack4xI8Clamp(vec4<i32>(round(v * inv)));
-}
 
 // one whole block of W's row times x's block in int8 (x ~ xs * q8: 8 words of 4 signed bytes in
 // order, xsum the sum of x as it was): each word of the weights' bytes is an integer dot product of
@@ -35,8 +30,8 @@ fn blk_dot_i8(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: f32, xsum: f
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
 
-// one invocation a block of x (after the prologue): its 32 values as 8 words of 4 signed bytes
-// (x ~ xs * q), then xs, the block's sum of x and (pre 1) of the un-normalized x's squares
+// one invocation a block of x (after the prologue) as xq_block.wgsl makes it, ss (pre 1) the
+// un-normalized x's squares
 @compute @workgroup_size(64)
 fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     let blk = gid.x;
@@ -49,16 +44,11 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xb = x8(tok, 4u * blk + 1u);
     let xc = x8(tok, 4u * blk + 2u);
     let xd = x8(tok, 4u * blk + 3u);
-    let ss = xa.ss + xb.ss + xc.ss + xd.ss;
-    let xsum = dot(xa.a + xa.b + xb.a + xb.b + xc.a + xc.b + xd.a + xd.b, vec4<f32>(1.0));
-    let am = max(max(max(abs(xa.a), abs(xa.b)), max(abs(xb.a), abs(xb.b))),
-                 max(max(abs(xc.a), abs(xc.b)), max(abs(xd.a), abs(xd.b))));
-    let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
-    let inv = select(0.0, 1.0 / xs, xs > 0.0);
+    let q = xq_block(xa.a, xa.b, xb.a, xb.b, xc.a, xc.b, xd.a, xd.b, xa.ss + xb.ss + xc.ss + xd.ss);
     let o = 3u * (tok * nb + blk);
-    xq_out[o] = vec4<u32>(q8x4(xa.a, inv), q8x4(xa.b, inv), q8x4(xb.a, inv), q8x4(xb.b, inv));
-    xq_out[o + 1u] = vec4<u32>(q8x4(xc.a, inv), q8x4(xc.b, inv), q8x4(xd.a, inv), q8x4(xd.b, inv));
-    xq_out[o + 2u] = vec4<u32>(bitcast<u32>(xs), bitcast<u32>(xsum), bitcast<u32>(ss), 0u);
+    xq_out[o] = q.lo;
+    xq_out[o + 1u] = q.hi;
+    xq_out[o + 2u] = q.sc;
 }
 
 @compute @workgroup_size(BLK_WG)

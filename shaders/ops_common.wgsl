@@ -19,6 +19,8 @@ struct Op {
     rope0: u32,  // rope_kv, attend_decode: the layer's first row of the rope table (Gemma 3's local rope follows
                  // the global one)
     cap: f32,    // attend, attend_decode, attend_rows: the scores' soft cap (0: none); softcap: the cap
+    xq: u32,     // attend_decode, attend_decode_kv, attend_merge_kv: 1 = the finished rows also go out as x's
+                 // int8 blocks for the o product (attention.wgsl: put_xq)
 };
 
 @group(0) @binding(0) var<uniform> P: Op;

@@ -18,6 +18,7 @@ import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
 from oxinfer.runtime.webgpu import attention as webgpu_attention
+from oxinfer.runtime.webgpu import plan as webgpu_plan
 from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
 from oxinfer.runtime.webgpu.plan import FLAGS_WORD, MERGES, SLICES_WORD, SPLITS_WORD, XS_WORD
@@ -228,6 +229,48 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
         for (_, g), (_, w) in zip(together[i], alone[i]):
             assert [j for j, _ in g] == [j for j, _ in w]
             np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=1e-4)
+
+
+@pytest.mark.parametrize("prompt,kv_workgroups,attention", [
+    (20, None, ("attention:attend_decode",)),
+    (300, None, ("attention:attend_decode_kv", "attention:attend_merge_kv")),  # in chunks, merged
+    (20, 2, ("attention:attend_decode_kv",))])  # its kv heads fill the (lowered) workgroup count
+async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_path, monkeypatch, prompt,
+                                                                           kv_workgroups, attention):
+    """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the kernel that
+    finishes a decode step's attention writes the o product's x in int8 blocks itself, so that
+    product's xq_k does not run (one dispatch less a layer); the tokens and 5 best logprobs of 8
+    greedy steps are bit for bit those of the plan where xq_k makes them, with each kernel that can
+    finish the attention: attend_decode, attend_merge_kv after attend_decode_kv's chunks (300
+    positions), attend_decode_kv in one chunk."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    if not backend.can_run("mv_blk_i8"):
+        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
+    backend.cpu_adapter = False  # plan as on a GPU
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    if kv_workgroups:
+        monkeypatch.setattr(webgpu_attention, "KV_WORKGROUPS", kv_workgroups)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=7, extra_vocab=40,
+                            context=512, qtype=T.Q4_1, mix={"token_embd": T.Q4_1})  # head_dim 32: a block a head
+    tokens = [int(t) for t in np.random.default_rng(2).integers(0, 256, prompt)]
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+
+    async def decode():  # (an engine of its own: no prefix kept from the other's run)
+        gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+        got = [(t.token_id, t.logprob, t.top_logprobs) async for t in gpu.stream(tokens, params) if isinstance(t, oxinfer.Token)]
+        r = gpu.resident
+        plan = next(p for (t, n, _, _), p in r.program(False).plans.items() if t == n == 1)
+        xq_k = sum(c[0] is backend.pipeline("Q4_1", "xq_k")[0] for c in plan.calls)
+        return got, plan, xq_k, r, gpu.model.cfg.n_layers
+
+    made, plan, xq_k, r, layers = await decode()
+    att = {r.op_pipeline(k): k for k in attention}
+    assert {att[c[0]] for c in plan.calls if c[0] in att} == set(attention)
+    monkeypatch.setattr(webgpu_plan, "attention_makes_xq", lambda *a: None)
+    apart, plan_apart, xq_k_apart, _, _ = await decode()
+    assert made == apart
+    assert xq_k_apart - xq_k == layers == len(plan_apart.calls) - len(plan.calls)
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])

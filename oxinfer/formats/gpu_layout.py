@@ -9,7 +9,10 @@ import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
 
-# qtype -> where the layout inserts 2 bytes a block
+# qtype -> where the layout inserts 2 bytes a block. Q4_0's (its decoder then reads whole words as
+# Q4_1's does) on the H200, a synthetic Q4_0 8B shape, one machine (session 18): one stream 289 ->
+# 314 tok/s (GPU pass 3.49 -> 3.16 ms), 8 streams 841 -> 1,069 (10.09 -> 7.63 ms), a 512-token
+# prompt 3,138 -> 3,277 tok/s; 11% more device memory for its matrices (4,308 -> 4,724 MiB)
 _WORD_ALIGN = {"Q4_0": 2, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}
 
 

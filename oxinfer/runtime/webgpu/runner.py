@@ -198,7 +198,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         if pipe is None:
             file, entry = kernel.split(":")
             d = shader_dir()
-            files = ["ops_common", file, *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
+            files = ["ops_common", *(["xq_block"] if file == "attention" else []), file,
+                     *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
             code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
             hd = self.cfg.head_dim
             code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})

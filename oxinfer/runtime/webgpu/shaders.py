@@ -30,8 +30,8 @@ DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0",
 _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
                      "IQ4_XS": ("iq4_levels",)}
 # kernel file -> the shared files it is appended to (after common + decoder)
-_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common",),
-             "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "matvec_block", "matmul")}
+_PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common", "xq_block"),
+             "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "xq_block", "matvec_block", "matmul")}
 # kernel file -> the sizes kernels.py decides that its WGSL reads as constants
 _DECLARED = {"matvec_block": {**dict(zip(("BLK_ROWS", "BLK_WG"), BLK_SHAPES["mv_blk_i8"])), "BLK_SHARED": BLK_SHARED},
              "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
