@@ -26,7 +26,19 @@ fn blk_dot_i8(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: f32, xsum: f
     return w.d * xs * f32(s) + w.m * xsum;
 }
 
-// x's blocks as xq_k writes them: 3 vec4 a block of a row, (t, n_in / 32) blocks
+// one whole block of W's row times x's block in int8 sub-blocks of 8 (xqs: x ~ xs[s] * q8 over
+// values 8s .. 8s + 7): d * (xs . (q . q8 by sub-block)) + m * xsum
+fn blk_dot_i8s(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: vec4<f32>, xsum: f32) -> f32 {
+    let w = blk_i8(row, blk);
+    let s = vec4<i32>(dot4I8Packed(w.lo.x, xa.x) + dot4I8Packed(w.lo.y, xa.y), dot4I8Packed(w.lo.z, xa.z) + dot4I8Packed(w.lo.w, xa.w),
+                      dot4I8Packed(w.hi.x, xb.x) + dot4I8Packed(w.hi.y, xb.y), dot4I8Packed(w.hi.z, xb.z) + dot4I8Packed(w.hi.w, xb.w));
+    return w.d * dot(xs, vec4<f32>(s)) + w.m * xsum;
+}
+
+// x's blocks, (t, n_in / 32) of them: as xq_k writes them (xq_block.wgsl: 3 vec4 a block), or (P.xf)
+// xqs blocks, 5 vec4 a block: its 32 bytes as xq_k's, then the scales, sums and sums of squares of
+// its 4 sub-blocks of 8, each made by the workgroup of mv_blk_i8 that wrote those 8 values of x
+// (P.xo; the 8 rows of a one-token workgroup, so that the norm and product after need no xq_k)
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
 
@@ -61,15 +73,27 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let nb = P.n_in >> 5u;
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
-    for (var blk = lid; blk < nb; blk += BLK_WG) {
-        let o = 3u * (tok * nb + blk);
-        let qa = xq[o];
-        let qb = xq[o + 1u];
-        let sc = xq[o + 2u];
-        let xs = bitcast<f32>(sc.x);
-        let xsum = bitcast<f32>(sc.y);
-        ss += bitcast<f32>(sc.z);
-        a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
+    if (P.xf != 0u) {
+        for (var blk = lid; blk < nb; blk += BLK_WG) {
+            let o = 5u * (tok * nb + blk);
+            let qa = xq[o];
+            let qb = xq[o + 1u];
+            let xs = bitcast<vec4<f32>>(xq[o + 2u]);
+            let xsum = dot(bitcast<vec4<f32>>(xq[o + 3u]), vec4<f32>(1.0));
+            ss += dot(bitcast<vec4<f32>>(xq[o + 4u]), vec4<f32>(1.0));
+            a{d} += blk_dot_i8s(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
+        }
+    } else {
+        for (var blk = lid; blk < nb; blk += BLK_WG) {
+            let o = 3u * (tok * nb + blk);
+            let qa = xq[o];
+            let qb = xq[o + 1u];
+            let sc = xq[o + 2u];
+            let xs = bitcast<f32>(sc.x);
+            let xsum = bitcast<f32>(sc.y);
+            ss += bitcast<f32>(sc.z);
+            a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
+        }
     }
     let sg = lid / sg_size;
     let s{d} = subgroupAdd(a{d});   // unroll d < BLK_ROWS
@@ -87,5 +111,43 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             sq += bpart_ss[i];
         }
         put(tok * P.n_out + row0 + lid, total * x_scale(sq));
+    }
+    if (P.xo != 0u) {
+        put_xqs(tok, row0, lid);
+    }
+}
+
+// P.xo: this workgroup's rows of x as they are now (after the residual add), times the next norm's
+// weight, as xqs sub-blocks of 8 (xq_block.wgsl's rounding, each its own scale), with their sums and
+// sums of squares (of x itself: the norm's). BLK_ROWS is a multiple of 8.
+fn put_xqs(tok: u32, row0: u32, lid: u32) {
+    workgroupBarrier();   // (bpart read)
+    if (lid < BLK_ROWS) {
+        let row = row0 + lid;
+        var v = 0.0;
+        if (row < P.n_out) {
+            v = y[tok * P.n_out + row];   // (this invocation's own write)
+        }
+        bpart[lid] = v * nw[min(row, P.n_out - 1u) >> 2u][row & 3u];
+        bpart[BLK_ROWS + lid] = v * v;
+    }
+    workgroupBarrier();
+    let sub = (row0 >> 3u) + lid;   // the row's sub-block of 8
+    if (lid < BLK_ROWS / 8u && 8u * sub < P.n_out) {
+        let i = 8u * lid;
+        let a = vec4<f32>(bpart[i], bpart[i + 1u], bpart[i + 2u], bpart[i + 3u]);
+        let b = vec4<f32>(bpart[i + 4u], bpart[i + 5u], bpart[i + 6u], bpart[i + 7u]);
+        let sq = bpart[BLK_ROWS + i] + bpart[BLK_ROWS + i + 1u] + bpart[BLK_ROWS + i + 2u] + bpart[BLK_ROWS + i + 3u]
+               + bpart[BLK_ROWS + i + 4u] + bpart[BLK_ROWS + i + 5u] + bpart[BLK_ROWS + i + 6u] + bpart[BLK_ROWS + i + 7u];
+        let am = max(abs(a), abs(b));
+        let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
+        let inv = select(0.0, 1.0 / xs, xs > 0.0);
+        let o = 5u * (tok * (P.n_out >> 5u) + (sub >> 2u));
+        let s = sub & 3u;
+        xq_out[o + (s >> 1u)][2u * (s & 1u)] = q8x4(a, inv);
+        xq_out[o + (s >> 1u)][2u * (s & 1u) + 1u] = q8x4(b, inv);
+        xq_out[o + 2u][s] = bitcast<u32>(xs);
+        xq_out[o + 3u][s] = bitcast<u32>(dot(a + b, vec4<f32>(1.0)));
+        xq_out[o + 4u][s] = bitcast<u32>(sq);
     }
 }

@@ -111,7 +111,8 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     the q|k|v and gate|up products and the swiglu before the down product, in place of their
     dispatches (mv_rows: the norms only; mv_tok: neither): logits within 1e-4 of numpy's, and per
     layer 6 dispatches instead of 9, 5 in decode steps (attend_decode takes rope_kv's place).
-    mv_blk_i8 takes x in int8 (as the CPU graph does): within I8_TOL, the same greedy tokens."""
+    mv_blk_i8 takes x in int8 (as the CPU graph does): within I8_TOL, the same greedy tokens; the
+    products after a norm take it from the product that wrote the residual."""
     gpu_backend = WebGpuBackend.create(allow_cpu_adapter=True, kernel=kernel)
     if not gpu_backend.can_run(kernel):
         pytest.skip(f"the adapter cannot run {kernel}: no subgroups, or no packed int8 built-ins ({gpu_backend.adapter.summary})")
@@ -126,16 +127,19 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     assert rel_err(await gpu.next_logits(tokens), await cpu.next_logits(tokens)) <= tol
     layers = gpu.model.cfg.n_layers
     per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
-    xq = 4 if kernel == "mv_blk_i8" else 0  # its products' x made int8 blocks first (xq_k): 4 a layer, the head's
+    # mv_blk_i8's x made int8 blocks first (xq_k) for the first q|k|v, each o (head_dim 16: not by
+    # attention) and down product, and the head (its norm's gathered rows); the o and down products
+    # make q|k|v's and gate|up's (xqs)
+    xq = 2 * layers + 2 if kernel == "mv_blk_i8" else 0
     # embed, the layers, the final norm (of gathered rows: never fused), the head, the argmax (2)
-    assert gpu.resident.last.dispatches == 1 + (per_layer + xq) * layers + 4 + xq // 4
+    assert gpu.resident.last.dispatches == 1 + per_layer * layers + 4 + xq
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
     # decode steps (one row a sequence): attend_decode does rope_kv's work too, and the head's
     # prologue the final norm (its gathered rows are all the rows) where it does the others'
     head_norm = 0 if kernel == "mv_tok" else 1
     assert gpu.resident.last.rows == 1
-    assert gpu.resident.last.dispatches == 1 + (per_layer - 1 + xq) * layers + 4 - head_norm + xq // 4
+    assert gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4 - head_norm + max(xq - 1, 0)  # (the head's xqs)
 
 
 async def test_gemma_s_geglu_goes_into_the_int8_blocks(tmp_path):
@@ -271,6 +275,39 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
     apart, plan_apart, xq_k_apart, _, _ = await decode()
     assert made == apart
     assert xq_k_apart - xq_k == layers == len(plan_apart.calls) - len(plan.calls)
+
+
+@pytest.mark.parametrize("streams", [1, 3])
+async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams):
+    """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down
+    products, which add into the residual, write it again times the next norm's weight as int8
+    sub-blocks of 8 (their workgroups' rows), which q|k|v, gate|up and the head read through their
+    norm; so a decode step's only xq_k are the first layer's and each down product's (its swiglu).
+    Each stream's decode-step logits (one step alone, or three streams' in one step) are within
+    I8_TOL of the CPU's floats."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    if not backend.can_run("mv_blk_i8"):
+        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
+    backend.cpu_adapter = False  # plan as on a GPU
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=9, extra_vocab=40,
+                            qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
+    r, layers = gpu.resident, gpu.model.cfg.n_layers
+    rng = np.random.default_rng(5)
+    prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (11, 17, 6)[:streams]]
+    caches = [r.new_cache() for _ in prompts]
+    for p, c in zip(prompts, caches):
+        r.step_sync([np.array(p)], [c])
+    nxt = [[int(t)] for t in rng.integers(0, 256, streams)]
+    _, rows = r.step_sync([np.array(t) for t in nxt], caches, need=[True] * streams)
+    for p, t, row in zip(prompts, nxt, rows):
+        assert rel_err(row, await cpu.next_logits(p + t)) <= I8_TOL
+    plan = r.program(False).plans[(streams, streams, frozenset(), 1)]
+    xq_k = backend.pipeline("Q4_1", "xq_k")[0]
+    assert sum(c[0] is xq_k for c in plan.calls) == layers + 1
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])

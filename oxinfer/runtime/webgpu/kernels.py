@@ -34,16 +34,19 @@ MM_KT_SLOTS = 528
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
 BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
 PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
+# (mv_blk_i8 also binds the next norm's weight and the xqs blocks it may write: Params.xo)
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
-                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, **{k: {2: "y", 3: "w", 5: "xq"} for k in (*BLK_MV, "mm_i8")}}
+                 "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mm_i8": {2: "y", 3: "w", 5: "xq"},
+                 **{k: {2: "y", 3: "w", 4: "nw_next", 5: "xq", 6: "xqs"} for k in BLK_MV}}
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
+XQS_BLOCK_BYTES = 80  # ... as mv_blk_i8 writes it in sub-blocks of 8 (xqs): 32 bytes, 4 scales, sums, squares
 
 
 def operand_bytes(role: str, t: int, n_out: int, n_in: int) -> int:
     """The scratch an operand of PARTS takes for t rows of x times W (n_out, n_in): x or W in f16,
-    k-major, padded to MM_TILE (xt, wt: gemm_f16.wgsl), or x's int8 blocks (xq: matvec_block.wgsl)."""
-    if role == "xq":
-        return t * (n_in // 32) * XQ_BLOCK_BYTES
+    k-major, padded to MM_TILE (xt, wt: gemm_f16.wgsl), or x's int8 blocks (xq, xqs: matvec_block.wgsl)."""
+    if role in ("xq", "xqs"):
+        return t * (n_in // 32) * (XQ_BLOCK_BYTES if role == "xq" else XQS_BLOCK_BYTES)
     return pad128(t if role == "xt" else n_out) * n_in * 2
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x
