@@ -40,7 +40,16 @@ fn blk_dot_i8s(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: vec4<f32>, 
 // its 4 sub-blocks of 8, each made by the workgroup of mv_blk_i8 that wrote those 8 values of x
 // (P.xo; the 8 rows of a one-token workgroup, so that the norm and product after need no xq_k)
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read_write> xq_out: array<vec4<u32>>;
+// ... written a word at a time: several workgroups write one xqs block's vec4s, a sub-block's words
+// each, and a store to one component of a vec4 need not leave the other three alone
+@group(0) @binding(6) var<storage, read_write> xq_out: array<u32>;
+
+fn put_u4(at: u32, v: vec4<u32>) {
+    xq_out[at] = v.x;
+    xq_out[at + 1u] = v.y;
+    xq_out[at + 2u] = v.z;
+    xq_out[at + 3u] = v.w;
+}
 
 // one invocation a block of x (after the prologue) as xq_block.wgsl makes it, ss (pre 1) the
 // un-normalized x's squares
@@ -57,10 +66,10 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xc = x8(tok, 4u * blk + 2u);
     let xd = x8(tok, 4u * blk + 3u);
     let q = xq_block(xa.a, xa.b, xb.a, xb.b, xc.a, xc.b, xd.a, xd.b, xa.ss + xb.ss + xc.ss + xd.ss);
-    let o = 3u * (tok * nb + blk);
-    xq_out[o] = q.lo;
-    xq_out[o + 1u] = q.hi;
-    xq_out[o + 2u] = q.sc;
+    let o = 12u * (tok * nb + blk);
+    put_u4(o, q.lo);
+    put_u4(o + 4u, q.hi);
+    put_u4(o + 8u, q.sc);
 }
 
 @compute @workgroup_size(BLK_WG)
@@ -142,12 +151,12 @@ fn put_xqs(tok: u32, row0: u32, lid: u32) {
         let am = max(abs(a), abs(b));
         let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
         let inv = select(0.0, 1.0 / xs, xs > 0.0);
-        let o = 5u * (tok * (P.n_out >> 5u) + (sub >> 2u));
+        let o = 20u * (tok * (P.n_out >> 5u) + (sub >> 2u));   // the block's first word
         let s = sub & 3u;
-        xq_out[o + (s >> 1u)][2u * (s & 1u)] = q8x4(a, inv);
-        xq_out[o + (s >> 1u)][2u * (s & 1u) + 1u] = q8x4(b, inv);
-        xq_out[o + 2u][s] = bitcast<u32>(xs);
-        xq_out[o + 3u][s] = bitcast<u32>(dot(a + b, vec4<f32>(1.0)));
-        xq_out[o + 4u][s] = bitcast<u32>(sq);
+        xq_out[o + 2u * s] = q8x4(a, inv);
+        xq_out[o + 2u * s + 1u] = q8x4(b, inv);
+        xq_out[o + 8u + s] = bitcast<u32>(xs);
+        xq_out[o + 12u + s] = bitcast<u32>(dot(a + b, vec4<f32>(1.0)));
+        xq_out[o + 16u + s] = bitcast<u32>(sq);
     }
 }

@@ -139,7 +139,7 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     # prologue the final norm (its gathered rows are all the rows) where it does the others'
     head_norm = 0 if kernel == "mv_tok" else 1
     assert gpu.resident.last.rows == 1
-    assert gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4 - head_norm + max(xq - 1, 0)  # (the head's xqs)
+    assert gpu.resident.last.dispatches == 1 + (per_layer - 1) * layers + 4 - head_norm + xq
 
 
 async def test_gemma_s_geglu_goes_into_the_int8_blocks(tmp_path):
@@ -281,8 +281,8 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
 async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams):
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down
     products, which add into the residual, write it again times the next norm's weight as int8
-    sub-blocks of 8 (their workgroups' rows), which q|k|v, gate|up and the head read through their
-    norm; so a decode step's only xq_k are the first layer's and each down product's (its swiglu).
+    sub-blocks of 8 (their workgroups' rows), which q|k|v and gate|up read through their norm; so a decode step's only xq_k are the first layer's, each down product's (its swiglu) and
+    the head's (whose norm, of gathered rows, runs apart in prompts).
     Each stream's decode-step logits (one step alone, or three streams' in one step) are within
     I8_TOL of the CPU's floats."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
@@ -307,7 +307,7 @@ async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkey
         assert rel_err(row, await cpu.next_logits(p + t)) <= I8_TOL
     plan = r.program(False).plans[(streams, streams, frozenset(), 1)]
     xq_k = backend.pipeline("Q4_1", "xq_k")[0]
-    assert sum(c[0] is xq_k for c in plan.calls) == layers + 1
+    assert sum(c[0] is xq_k for c in plan.calls) == layers + 2
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])

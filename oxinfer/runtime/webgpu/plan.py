@@ -302,8 +302,10 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
     """A product in mv_blk_i8 that adds into the residual (o, down) also writes x after the add,
     times the next norm's weight, as xqs blocks (int8 sub-blocks of 8, each its workgroup's 8 rows,
     with their sums of squares for the norm) for the product in mv_blk_i8 that takes that norm as
-    its prologue (q|k|v, gate|up, the head): that product's xq_k does not run, two dispatches
-    less a layer. (Not for a product that reads them itself: one buffer is read, the other written.)
+    its prologue (q|k|v, gate|up): that product's xq_k does not run, two dispatches less a layer.
+    Not the head: its norm of gathered rows is fused only in decode steps, and a step with prompt
+    rows would give a stream's row other logits than a decode step alone. (Not for a product that
+    reads them itself: one buffer is read, the other written.)
     On the H200, in turns on one machine: the 8B shape's one-stream GPU pass 3.05 -> 2.93 ms (327 /
     328 -> 338 / 336 tok/s), 8 streams 7.61 / 7.46 -> 7.58 / 7.59; TinyLlama's 8 streams 1.92 ->
     1.82, 32 streams 4.57 -> 4.62 (its sub-blocks' four scales cost the batched products' ALU what
@@ -313,8 +315,8 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
             continue
         j = i + 2 if i + 1 < len(disps) and disps[i + 1].optional else i + 1  # (past its add_splits)
         k = j + 1
-        if (k < len(disps) and disps[j].kernel == "norm:rms_norm" and disps[j].entries[2] is d.entries[2]
-                and c.fused[k] and disps[k].kernel == "mm" and c.kinds[k] in BLK_MV and c.pre[k] == 1):
+        if (k < len(disps) and disps[j].kernel == "norm:rms_norm" and not disps[j].params[3]
+                and disps[j].entries[2] is d.entries[2] and c.fused[k] and disps[k].kernel == "mm" and c.kinds[k] in BLK_MV and c.pre[k] == 1):
             c.xo[i], c.xf[k], c.nw_next[i] = 1, 1, disps[j].entries[3]
 
 
