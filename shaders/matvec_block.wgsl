@@ -2,14 +2,15 @@
 // blk_i8, in two kernels.
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
 // block to int8 once (xq_block.wgsl), with the block's sum and (the norm's) sum of squares beside;
-// a decode step's o product takes them from its attention instead. mv_blk_i8 then runs BLK_ROWS rows of one token a workgroup of BLK_WG invocations (the
-// tokens of a row group side by side in the grid: W's rows come from the cache), each invocation
-// one whole 32-weight block of every row at a time: the weights' integers times x's go four at a
-// time through dot4I8Packed, a 4-bit block's 32 products in 8 instructions where floats took ~100.
-// x moves by at most half its scale, ~0.4% of the block's largest value. Quantized in the product
-// itself, by every workgroup again, x cost the 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN
-// says where it runs and what it measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl +
-// xq_block.wgsl.
+// a decode step's o product takes them from its attention instead, q|k|v and gate|up from the o
+// and down products (xqs blocks, below). mv_blk_i8 then runs BLK_ROWS rows of one token a
+// workgroup of BLK_WG invocations (the tokens of a row group side by side in the grid: W's rows
+// come from the cache), each invocation one whole 32-weight block of every row at a time: the
+// weights' integers times x's go four at a time through dot4I8Packed, a 4-bit block's 32 products
+// in 8 instructions where floats took ~100. x moves by at most half its scale, ~0.4% of the
+// block's largest value. Quantized in the product itself, by every workgroup again, x cost the
+// 8B shape's step 0.7 ms of 4.4 (kernels.py: MV_BLK_MIN says where it runs and what it
+// measured). Appended to common.wgsl + decode_*.wgsl + matvec_common.wgsl + xq_block.wgsl.
 
 // BLK_ROWS, BLK_WG: the kind's kernels.py BLK_SHAPES, declared by shaders.py (the unrolled lines
 // repeat BLK_ROWS times); BLK_SHARED: the floats of workgroup memory it claims (kernels.py says why)

@@ -50,6 +50,18 @@ async def engines(path, **kw):
     return cpu, gpu
 
 
+def planned_in_int8(monkeypatch) -> WebGpuBackend:
+    """A backend that plans as a GPU, its decode steps' products in mv_blk_i8 down to these tiny
+    models' sizes (MV_BLK_MIN lowered); the test skips where the adapter cannot run mv_blk_i8."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    if not backend.can_run("mv_blk_i8"):
+        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
+    backend.cpu_adapter = False  # plan as on a GPU
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
+    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    return backend
+
+
 async def generate_together(engine, prompts, params) -> list[tuple[int, ...]]:
     """Each prompt's token ids, all requests started at once."""
     results = [None] * len(prompts)
@@ -196,12 +208,7 @@ async def test_int8_decode_steps_of_several_streams_are_their_solo_steps(tmp_pat
     streams decoded together give each step's token and 5 best logprobs as decoded alone (float
     products beside int8 ones would differ by x's rounding, ~1% of a logit), though a solo step
     runs 8 rows a workgroup (mv_blk_i8_1) and a batched one 16 (mv_blk_i8)."""
-    backend = WebGpuBackend.create(allow_cpu_adapter=True)
-    if not backend.can_run("mv_blk_i8"):
-        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
-    backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    backend = planned_in_int8(monkeypatch)
     if qtype == "Q4_1":
         path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=5, extra_vocab=40,
                                 qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
@@ -247,12 +254,7 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
     greedy steps are bit for bit those of the plan where xq_k makes them, with each kernel that can
     finish the attention: attend_decode, attend_merge_kv after attend_decode_kv's chunks (300
     positions), attend_decode_kv in one chunk."""
-    backend = WebGpuBackend.create(allow_cpu_adapter=True)
-    if not backend.can_run("mv_blk_i8"):
-        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
-    backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    backend = planned_in_int8(monkeypatch)
     if kv_workgroups:
         monkeypatch.setattr(webgpu_attention, "KV_WORKGROUPS", kv_workgroups)
     path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=7, extra_vocab=40,
@@ -281,16 +283,12 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
 async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams):
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down
     products, which add into the residual, write it again times the next norm's weight as int8
-    sub-blocks of 8 (their workgroups' rows), which q|k|v and gate|up read through their norm; so a decode step's only xq_k are the first layer's, each down product's (its swiglu) and
-    the head's (whose norm, of gathered rows, runs apart in prompts).
+    sub-blocks of 8 (their workgroups' rows), which q|k|v and gate|up read through their norm; so a
+    decode step's only xq_k are the first layer's, each down product's (its swiglu) and the
+    head's (whose norm, of gathered rows, runs apart in prompts).
     Each stream's decode-step logits (one step alone, or three streams' in one step) are within
     I8_TOL of the CPU's floats."""
-    backend = WebGpuBackend.create(allow_cpu_adapter=True)
-    if not backend.can_run("mv_blk_i8"):
-        pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
-    backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
+    backend = planned_in_int8(monkeypatch)
     path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=9, extra_vocab=40,
                             qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)

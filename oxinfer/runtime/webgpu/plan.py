@@ -307,16 +307,19 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
     rows would give a stream's row other logits than a decode step alone. (Not for a product that
     reads them itself: one buffer is read, the other written.)
     On the H200, in turns on one machine: the 8B shape's one-stream GPU pass 3.05 -> 2.93 ms (327 /
-    328 -> 338 / 336 tok/s), 8 streams 7.61 / 7.46 -> 7.58 / 7.59; TinyLlama's 8 streams 1.92 ->
-    1.82, 32 streams 4.57 -> 4.62 (its sub-blocks' four scales cost the batched products' ALU what
-    the dispatches saved)."""
+    328 -> 338 / 336 tok/s), 8 streams 7.61 / 7.46 -> 7.58 / 7.59, 32 streams 22.81 / 22.97 ->
+    23.85 / 24.06 (1,508 / 1,501 -> 1,389 / 1,451 tok/s); TinyLlama's 8 streams 1.92 -> 1.82, 32
+    streams 4.57 -> 4.62. The sub-blocks' four scales cost the batched products' arithmetic what
+    the dispatches saved; kept for the lone stream, and because a stream still decodes the same
+    alone and beside others (both forms read and write the same blocks)."""
     for i, d in enumerate(disps):
         if d.kernel != "mm" or c.kinds[i] not in BLK_MV or not d.params[4] or c.xf[i]:
             continue
         j = i + 2 if i + 1 < len(disps) and disps[i + 1].optional else i + 1  # (past its add_splits)
         k = j + 1
         if (k < len(disps) and disps[j].kernel == "norm:rms_norm" and not disps[j].params[3]
-                and disps[j].entries[2] is d.entries[2] and c.fused[k] and disps[k].kernel == "mm" and c.kinds[k] in BLK_MV and c.pre[k] == 1):
+                and disps[j].entries[2] is d.entries[2] and c.fused[k] and disps[k].kernel == "mm"
+                and c.kinds[k] in BLK_MV and c.pre[k] == 1):
             c.xo[i], c.xf[k], c.nw_next[i] = 1, 1, disps[j].entries[3]
 
 
