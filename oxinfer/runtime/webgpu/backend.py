@@ -364,7 +364,7 @@ class WebGpuBackend(KernelChoice):
             runs = [(kind, {1: "x", 2: "y", 3: "w"} | ({4: "x"} if kind in PROLOGUE_KINDS else {}))]  # 4: nw, unread (pre 0)
             if kind in PARTS:  # its operands made first, in scratch of this call: mm_kt's x and W in f16
                 # (gemm_f16.wgsl), mv_blk_i8's x in int8 (matvec_block.wgsl)
-                roles["nw"] = x  # (unread: pre 0)
+                roles["nw"] = roles["nw_next"] = x  # (unread: pre 0, no xqs written)
                 runs = [(k, PART_BINDINGS[k]) for k in PARTS[kind]]
                 for role in {r for _, bound in runs for r in bound.values()} - roles.keys():
                     roles[role] = {"buffer": self._pool.take(operand_bytes(role, t, n_out, n_in), wgpu.BufferUsage.STORAGE)}
