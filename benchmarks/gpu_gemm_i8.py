@@ -42,7 +42,7 @@ def main() -> None:
     tiles = [tuple(map(int, s.split("x"))) for s in a.tiles.split(",")]
 
     def pipe(kind: str, **sizes):
-        code = shader_source(q, kind, **{k: v for k, v in sizes.items()})
+        code = shader_source(q, kind, **sizes)
         return dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=code), "entry_point": kind})
 
     print(f"\n| {a.model} {q} product (t={t}) | kernel | ms at 1 / 2 / 3 / 4 slices | best TFLOP/s (with its operands) |")

@@ -128,7 +128,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 }
 
 // P.xo: this workgroup's rows of x as they are now (after the residual add), times the next norm's
-// weight, as xqs sub-blocks of 8 (xq_block.wgsl's rounding, each its own scale), with their sums and
+// weight, as xqs sub-blocks of 8 (xq_block.wgsl's scale and rounding, each its own), with their sums and
 // sums of squares (of x itself: the norm's). BLK_ROWS is a multiple of 8.
 fn put_xqs(tok: u32, row0: u32, lid: u32) {
     workgroupBarrier();   // (bpart read)
@@ -150,8 +150,8 @@ fn put_xqs(tok: u32, row0: u32, lid: u32) {
         let sq = bpart[BLK_ROWS + i] + bpart[BLK_ROWS + i + 1u] + bpart[BLK_ROWS + i + 2u] + bpart[BLK_ROWS + i + 3u]
                + bpart[BLK_ROWS + i + 4u] + bpart[BLK_ROWS + i + 5u] + bpart[BLK_ROWS + i + 6u] + bpart[BLK_ROWS + i + 7u];
         let am = max(abs(a), abs(b));
-        let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
-        let inv = select(0.0, 1.0 / xs, xs > 0.0);
+        let xs = xq_scale(am);
+        let inv = xq_inv(xs);
         let o = 20u * (tok * (P.n_out >> 5u) + (sub >> 2u));   // the block's first word
         let s = sub & 3u;
         xq_out[o + 2u * s] = q8x4(a, inv);

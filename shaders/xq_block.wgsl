@@ -18,12 +18,21 @@ fn q8x4(v: vec4<f32>, inv: f32) -> u32 {
     return q.x | (q.y << 8u) | (q.z << 16u) | (q.w << 24u);
 }
 
+// the scale of values whose largest magnitudes are am (absmax / 127), and its inverse (0 for zeros)
+fn xq_scale(am: vec4<f32>) -> f32 {
+    return max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
+}
+
+fn xq_inv(xs: f32) -> f32 {
+    return select(0.0, 1.0 / xs, xs > 0.0);
+}
+
 fn xq_block(a0: vec4<f32>, a1: vec4<f32>, b0: vec4<f32>, b1: vec4<f32>, c0: vec4<f32>, c1: vec4<f32>,
             d0: vec4<f32>, d1: vec4<f32>, ss: f32) -> XqBlock {
     let xsum = dot(a0 + a1 + b0 + b1 + c0 + c1 + d0 + d1, vec4<f32>(1.0));
     let am = max(max(max(abs(a0), abs(a1)), max(abs(b0), abs(b1))), max(max(abs(c0), abs(c1)), max(abs(d0), abs(d1))));
-    let xs = max(max(am.x, am.y), max(am.z, am.w)) / 127.0;
-    let inv = select(0.0, 1.0 / xs, xs > 0.0);
+    let xs = xq_scale(am);
+    let inv = xq_inv(xs);
     return XqBlock(vec4<u32>(q8x4(a0, inv), q8x4(a1, inv), q8x4(b0, inv), q8x4(b1, inv)),
                    vec4<u32>(q8x4(c0, inv), q8x4(c1, inv), q8x4(d0, inv), q8x4(d1, inv)),
                    vec4<u32>(bitcast<u32>(xs), bitcast<u32>(xsum), bitcast<u32>(ss), 0u));
