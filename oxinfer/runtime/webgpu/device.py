@@ -218,21 +218,56 @@ def _handle(obj) -> int:
 
 
 
-def map_for_read(device, staging, size: int, cpu_adapter: bool) -> bool:
-    """Map `size` bytes of a staging buffer for reading once the work that writes it is done;
-    whether the host had to wait. wgpu-py's map_sync polls the device until everything submitted
-    is done (a step submitted behind this one too); a non-blocking poll loop returns when this one
-    is (measured on the H200: 0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py)."""
-    promise = staging.map_async("READ_NOSYNC", 0, size)
-    waited, spin_until = False, time.perf_counter() + SPIN_S
-    while promise._state == "pending":
+class Readback:
+    """A staging buffer that steps copy their results into and the host maps to read them. The
+    map goes through wgpu-native's C calls and this thread's polls: wgpu-py's map_async wakes
+    its device's poll thread, which then waits for everything submitted while it holds wgpu's
+    fence lock, so a step submitted meanwhile from another thread (the steps ahead) waited for the
+    GPU to finish all the work before it. wgpu-py's map_sync also waits for the steps submitted
+    behind this one; these polls return when this one is done (measured on the H200: 0.92 against
+    1.85 step times, benchmarks/gpu_readback_probe.py)."""
+
+    def __init__(self, device, size: int):
+        self.device = device
+        self.buffer = device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
+        self._status: list[int] = []  # the map's status, once wgpu calls back
+        if _lib is not None:
+            status = self._status
+
+            @_ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+            def mapped(code, _message, _userdata1, _userdata2):
+                status.append(int(code))
+
+            self._callback = mapped  # kept alive as long as the buffer
+            self._info = _ffi.new("WGPUBufferMapCallbackInfo *")
+            self._info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
+            self._info.callback = mapped
+
+    @contextmanager
+    def mapped(self, size: int, cpu_adapter: bool):
+        """(the first `size` bytes, whether the host had to wait for the GPU), mapped once the work
+        that writes them is done; unmapped after the block."""
         if _lib is None:
-            promise.sync_wait()
-            break
-        _lib.wgpuDevicePoll(device._internal, False, _ffi.NULL)
-        if promise._state == "pending":
+            self.buffer.map_sync("READ_NOSYNC", 0, size)
+            try:
+                yield self.buffer.read_mapped(0, size, copy=False), True
+            finally:
+                self.buffer.unmap()
+            return
+        self._status.clear()
+        handle = self.buffer._internal
+        _lib.wgpuBufferMapAsync(handle, _lib.WGPUMapMode_Read, 0, size, self._info[0])
+        waited, spin_until = False, time.perf_counter() + SPIN_S
+        while True:
+            _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
+            if self._status:
+                break
             waited = True
             # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
             time.sleep(0 if time.perf_counter() < spin_until else POLL_S[cpu_adapter])
-    promise.sync_wait()
-    return waited
+        if self._status[0] != _lib.WGPUMapAsyncStatus_Success:
+            raise RuntimeError(f"mapping a readback buffer failed (wgpu's status {self._status[0]})")
+        try:
+            yield _ffi.buffer(_lib.wgpuBufferGetConstMappedRange(handle, 0, size), size), waited
+        finally:
+            _lib.wgpuBufferUnmap(handle)

@@ -32,7 +32,7 @@ from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile, rows_tile_bytes
-from oxinfer.runtime.webgpu.device import ALIGN, wgpu
+from oxinfer.runtime.webgpu.device import ALIGN, Readback, round_up, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
 from oxinfer.runtime.webgpu.recorder import Recorder
@@ -56,7 +56,7 @@ class _Ahead:
 
     caches: list  # weak references: a speculation never keeps a finished request's cache alive
     offsets: list[int]  # where each cache's new row goes (its offset once the step before is done)
-    staging: object
+    staging: Readback
     # a Half: its sampler not submitted (its masks need the token the step before draws), nor its
     # forward if Half.forward still holds it; None until the background has submitted or encoded it
     # (the runner joins the background before it reads the queue)
@@ -123,7 +123,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         # ids, the sampler's logprobs rows, then 2 timestamps in the last 16 bytes
         self._ids_bytes = -(-(max_seqs * 4 * (1 + OUTW) + 16) // ALIGN) * ALIGN
         # staging buffers, taken in turn: a step's readback and the AHEAD steps submitted behind it
-        self._stagings = [self._buffer(self._ids_bytes + self._logit_bytes, BU.MAP_READ | BU.COPY_DST)
+        self._stagings = [Readback(self.device, round_up(self._ids_bytes + self._logit_bytes, ALIGN))
                           for _ in range(AHEAD + 1)]
         self._turn = 0
         self.run_ahead = True

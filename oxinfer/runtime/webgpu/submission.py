@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oxinfer.runtime.webgpu.device import encode_pass, map_for_read
+from oxinfer.runtime.webgpu.device import Readback, encode_pass
 from oxinfer.runtime.webgpu.plan import Program
 from oxinfer.runtime.webgpu.sampler import OUTW
 
@@ -34,7 +34,7 @@ class Half:
     picks: list
     logprobs: bool
     masked: bool
-    staging: object
+    staging: Readback
     first: int  # the first call not submitted
     up: int
     encode_s: float
@@ -173,7 +173,7 @@ class Submitting:
         the copies to its staging buffer, as a command buffer. Its masks may be written after:
         a queue's writes land before the next submission."""
         enc = h.enc or self._encode(h.plan, h.first, len(h.plan.calls))
-        ts, staging, t, n = self.gpu.ts, h.staging, h.t, h.n
+        ts, staging, t, n = self.gpu.ts, h.staging.buffer, h.t, h.n
         if ts:
             enc.resolve_query_set(ts[0], 0, 2, ts[1], 0)
             enc.copy_buffer_to_buffer(ts[1], 0, staging, self._ids_bytes - 16, 16)
@@ -206,17 +206,13 @@ class Submitting:
                 h.prog.gflop(h.t, h.n))
 
     def _read(self, staging, t, n, all_logits, picks, samplers):
-        """Map the step's staging buffer and copy out ids, logits and timestamps. wgpu-py's
-        map_sync polls the device until everything submitted is done (a step submitted behind
-        this one too); a non-blocking poll loop returns when this one is (measured on the H200:
-        0.92 against 1.85 step times, benchmarks/gpu_readback_probe.py). (draws, or with
-        all_logits the argmax ids; logits, GPU s, whether the host had to wait)."""
+        """Map the step's staging buffer (a Readback) and copy out ids, logits and
+        timestamps: (draws, or with all_logits the argmax ids; logits, GPU s, whether the host
+        had to wait)."""
         vocab = self.cfg.vocab_size
         row_bytes = vocab * 4
         size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
-        waited = map_for_read(self.device, staging, size, self.gpu.cpu_adapter)
-        try:
-            mem = staging.read_mapped(0, size, copy=False)
+        with staging.mapped(size, self.gpu.cpu_adapter) as (mem, waited):
             kernel_s = None
             ts = self.gpu.ts
             if ts:
@@ -232,6 +228,4 @@ class Submitting:
                 out = [None] * n
                 for k, i in enumerate(picks):
                     out[i] = np.frombuffer(mem, np.float32, count=vocab, offset=self._ids_bytes + k * row_bytes).copy()
-        finally:
-            staging.unmap()
         return ids, out, kernel_s, waited
