@@ -35,6 +35,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -51,7 +52,21 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
+RELEASE_ROWS = 64  # the embedding's file pages dropped after this many rows read (a row's fault maps ~16 pages:
+# up to 4 MiB between drops; dropping them every decode step cost ~0.06 ms of a 8.8 ms step)
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
+
+
+@dataclass(eq=False)
+class _Rows:
+    """A run's inputs (the rows' embeddings, each sequence's length after minus one, the longest,
+    each one's last row) and its logits, bound to its binding."""
+
+    x: np.ndarray
+    lens: np.ndarray
+    total: np.ndarray
+    last: np.ndarray
+    logits: np.ndarray
 
 
 class CpuGraph:
@@ -85,7 +100,8 @@ class CpuGraph:
             blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
         blockwise.trim_heap()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
-        self._bound: OrderedDict[tuple, object] = OrderedDict()
+        self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
+        self._rows_read = 0  # embedding rows read since its pages were last dropped
         # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
@@ -110,23 +126,22 @@ class CpuGraph:
         (fresh) first prompts, each padded to the longest, over keys and values of their own
         that are then copied into their lanes."""
         B, S = len(seqs), max(map(len, seqs))
-        d = self.embed.n_in
-        x = np.zeros((B, S, d), np.float32)
-        for b, s in enumerate(seqs):
-            x[b, :len(s)] = self.embed.dequantize(s)
-        if self._released is not None:  # the rows' file pages, and the ~16 around each that a fault
-            self._released(self.embed.data)  # maps: a whole 30 MiB embedding after a few prompts
-        lens = np.array([c.offset + len(s) - 1 for c, s in zip(caches, seqs)], np.int32)  # length after, minus one
-        total = np.array(lens.max() + 1, np.int32)
-        last = np.repeat(np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None], d, axis=2)
-        logits = np.empty((B, 1, self.model.cfg.vocab_size), np.float32)
         if fresh:
             io, scratch = self._scratch_binding(B, S)
+            rows = self._bind_rows(io, B, S)
         else:
-            io = self._binding(caches[0].pool, caches[0].slot, B)
-        for name, a in (("x", x), ("seqlens_k", lens), ("total_seq", total), ("last", last)):
-            io.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
-        io.bind_output(self._logits, "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+            io, rows = self._binding(caches[0].pool, caches[0].slot, B, S)
+        x = rows.x
+        for b, s in enumerate(seqs):
+            x[b, :len(s)] = self.embed.dequantize(s)
+            x[b, len(s):] = 0
+        self._rows_read += B * S
+        if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
+            self._released(self.embed.data)  # and the ~16 around each that a fault maps
+            self._rows_read = 0
+        rows.lens[:] = [c.offset + len(s) - 1 for c, s in zip(caches, seqs)]  # length after, minus one
+        rows.total[()] = rows.lens.max() + 1
+        rows.last[:] = np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None]
         self.session.run_with_iobinding(io, self._shrink if S > 1 else None)
         if S > 1:
             blockwise.trim_heap()
@@ -134,7 +149,17 @@ class CpuGraph:
             for b, (c, s) in enumerate(zip(caches, seqs)):
                 c.pool.keys[layer][c.slot, :, :len(s)] = k[b, :, :len(s)]
                 c.pool.values[layer][c.slot, :, :len(s)] = v[b, :, :len(s)]
-        return logits[:, 0]
+        return rows.logits[:, 0]
+
+    def _bind_rows(self, io, B: int, S: int) -> _Rows:
+        """A run's inputs and logits for B sequences of S rows, bound to io."""
+        d = self.embed.n_in
+        rows = _Rows(np.zeros((B, S, d), np.float32), np.zeros(B, np.int32), np.zeros((), np.int32),
+                     np.zeros((B, 1, d), np.int64), np.empty((B, 1, self.model.cfg.vocab_size), np.float32))
+        for name, a in (("x", rows.x), ("seqlens_k", rows.lens), ("total_seq", rows.total), ("last", rows.last)):
+            io.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+        io.bind_output(self._logits, "cpu", 0, np.float32, list(rows.logits.shape), rows.logits.ctypes.data)
+        return rows
 
     def _scratch_binding(self, B: int, S: int):
         """Keys and values of B first prompts of S rows, bound as past and present: (binding, their
@@ -144,21 +169,28 @@ class CpuGraph:
         kv, _ = lazy_zeros((c.n_layers, 2, B, c.n_kv_heads, S, c.head_dim), self.kv_dtype)
         return self._bind_kv(list(kv)), list(kv)
 
-    def _binding(self, pool, s0: int, B: int):
-        """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present."""
+    def _binding(self, pool, s0: int, B: int, S: int):
+        """Every layer's keys and values of lanes [s0, s0 + B), bound as past and present, and the
+        run's inputs and logits for B sequences of S rows: (binding, _Rows). A decode step's (S 1)
+        stay bound with the lanes (binding them each step cost ~0.13 ms of the default model's
+        8.8 ms step on the 2-core VM)."""
         if pool.dtype != self.kv_dtype:
             raise TypeError(f"a KV pool of {pool.dtype} keys and values: this graph reads and writes {self.kv_dtype}")
         key = (id(pool), s0, B, pool.tokens)
-        io = self._bound.get(key) if not pool.growable else None  # (a private pool's arrays are replaced as it grows)
-        if io is not None:
+        entry = self._bound.get(key) if not pool.growable else None  # (a private pool's arrays are replaced as it grows)
+        if entry is not None:
             self._bound.move_to_end(key)
-            return io
-        io = self._bind_kv([(k[s0:s0 + B], v[s0:s0 + B]) for k, v in zip(pool.keys, pool.values)])
-        if not pool.growable:
-            self._bound[key] = io
-            if len(self._bound) > BINDINGS:
-                self._bound.popitem(last=False)
-        return io
+        else:
+            entry = [self._bind_kv([(k[s0:s0 + B], v[s0:s0 + B]) for k, v in zip(pool.keys, pool.values)]), None]
+            if not pool.growable:
+                self._bound[key] = entry
+                if len(self._bound) > BINDINGS:
+                    self._bound.popitem(last=False)
+        io, rows = entry
+        if rows is None or rows.x.shape[1] != S:
+            rows = self._bind_rows(io, B, S)
+            entry[1] = rows if S == 1 else None
+        return io, rows
 
     def _bind_kv(self, layers: list[tuple[np.ndarray, np.ndarray]]):
         """A binding of each layer's (keys, values), (B, KV, M, hd) each, as its past and its present."""
