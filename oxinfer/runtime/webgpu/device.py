@@ -268,6 +268,9 @@ class Readback:
         if self._status[0] != _lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"mapping a readback buffer failed (wgpu's status {self._status[0]})")
         try:
-            yield _ffi.buffer(_lib.wgpuBufferGetConstMappedRange(handle, 0, size), size), waited
+            mem = _lib.wgpuBufferGetConstMappedRange(handle, 0, size)
+            if mem == _ffi.NULL:
+                raise RuntimeError(f"a mapped readback buffer gave no memory for {size} bytes")
+            yield _ffi.buffer(mem, size), waited
         finally:
             _lib.wgpuBufferUnmap(handle)
