@@ -7,10 +7,16 @@ staging buffer is mapped three ways, timing how long until A's data is readable:
   spin              map_async("READ_NOSYNC") + wgpuDevicePoll(wait=False) until the map resolves
 If A's readback takes ~1 chain time, step n can be read while step n+1 runs.
 
+Then B is submitted from the main thread while another thread reads A, the way the runner submits
+the steps ahead while it reads a step: the submit's own time, with A mapped through wgpu-py's
+map_async (which wakes its poll thread: a blocking wait for all work, holding wgpu's fence lock)
+and through oxinfer's Readback (wgpu-native's map and the reader's own polls).
+
     python benchmarks/gpu_readback_probe.py [--allow-cpu] [--n 200]
 """
 import argparse
 import statistics
+import threading
 import time
 
 import wgpu
@@ -94,3 +100,40 @@ for mode in ("map_sync", "poll(index A)", "spin"):
     two(mode)
     t = statistics.median(two(mode) for _ in range(7))
     print(f"A readable after {t * 1e3:.2f} ms with B queued behind it ({mode}): {t / single:.2f} chains")
+
+
+def submit_while_read(how: str) -> float:
+    """Seconds the submit of B takes, issued a fifth of a chain after a thread began to read A."""
+    from oxinfer.runtime.webgpu.device import Readback
+
+    rb = Readback(dev, 256)
+    ca, cb = chain(rb.buffer if how == "Readback" else stagings[0]), chain(stagings[1])
+    submit(ca)
+
+    def read():
+        if how == "Readback":
+            with rb.mapped(256, best.info.get("adapter_type") == "CPU"):
+                pass
+            return
+        p = stagings[0].map_async("READ_NOSYNC")
+        while p._state == "pending":
+            lib.wgpuDevicePoll(dev._internal, False, ffi.NULL)
+        p.sync_wait()
+        stagings[0].unmap()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(single / 5)
+    t = time.perf_counter()
+    submit(cb)
+    took = time.perf_counter() - t
+    reader.join()
+    stagings[1].map_sync(wgpu.MapMode.READ)  # drain B
+    stagings[1].unmap()
+    return took
+
+
+for how in ("map_async", "Readback"):
+    submit_while_read(how)
+    t = statistics.median(submit_while_read(how) for _ in range(7))
+    print(f"B's submit while another thread reads A ({how}): {t * 1e3:.3f} ms ({t / single:.2f} chains)")
