@@ -61,6 +61,14 @@ def submit(cb) -> int:
     return lib.wgpuQueueSubmitForIndex(dev.queue._internal, 1, ffi.new("WGPUCommandBuffer[]", [cb._internal]))
 
 
+def spin_map(staging) -> None:
+    """wgpu-py's map_async, resolved by this thread's non-blocking polls."""
+    p = staging.map_async("READ_NOSYNC")
+    while p._state == "pending":
+        lib.wgpuDevicePoll(dev._internal, False, ffi.NULL)
+    p.sync_wait()
+
+
 def one_chain() -> float:
     t = time.perf_counter()
     submit(chain(stagings[0]))
@@ -78,13 +86,12 @@ def two(mode: str) -> float:
     if mode == "map_sync":
         sa.map_sync(wgpu.MapMode.READ)
     else:
-        p = sa.map_async("READ_NOSYNC")
         if mode == "poll(index A)":
+            p = sa.map_async("READ_NOSYNC")
             lib.wgpuDevicePoll(dev._internal, True, ffi.new("WGPUSubmissionIndex *", ia))
+            p.sync_wait()
         else:
-            while p._state == "pending":
-                lib.wgpuDevicePoll(dev._internal, False, ffi.NULL)
-        p.sync_wait()
+            spin_map(sa)
     got = time.perf_counter() - t
     sa.unmap()
     stagings[1].map_sync(wgpu.MapMode.READ)  # drain B
@@ -115,10 +122,7 @@ def submit_while_read(how: str) -> float:
             with rb.mapped(256, best.info.get("adapter_type") == "CPU"):
                 pass
             return
-        p = stagings[0].map_async("READ_NOSYNC")
-        while p._state == "pending":
-            lib.wgpuDevicePoll(dev._internal, False, ffi.NULL)
-        p.sync_wait()
+        spin_map(stagings[0])
         stagings[0].unmap()
 
     reader = threading.Thread(target=read)

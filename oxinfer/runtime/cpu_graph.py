@@ -131,10 +131,8 @@ class CpuGraph:
             rows = self._bind_rows(io, B, S)
         else:
             io, rows = self._binding(caches[0].pool, caches[0].slot, B, S)
-        x = rows.x
-        for b, s in enumerate(seqs):
-            x[b, :len(s)] = self.embed.dequantize(s)
-            x[b, len(s):] = 0
+        for b, s in enumerate(seqs):  # (rows kept bound are one-row steps': no padding to clear)
+            rows.x[b, :len(s)] = self.embed.dequantize(s)
         self._rows_read += B * S
         if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
             self._released(self.embed.data)  # and the ~16 around each that a fault maps
