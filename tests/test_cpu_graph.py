@@ -55,9 +55,10 @@ async def engine():
 
 
 async def test_the_default_model_steps_as_one_graph(engine):
-    """Built at load (no kernel per matrix), and every step runs it."""
+    """Built at load (no kernel per matrix), its Q4_1 minimums in the products' packed weights
+    (runtime/block_minimums.py), and every step runs it."""
     cpu = engine.scheduler.cpu
-    assert isinstance(cpu.graph, CpuGraph) and not cpu._kernels
+    assert isinstance(cpu.graph, CpuGraph) and not cpu._kernels and cpu.graph.minimums_in_kernel
     steps = engine.scheduler.counters.graph_steps
     r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(r.token_ids) == 3 and engine.scheduler.counters.graph_steps - steps == 3

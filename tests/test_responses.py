@@ -64,8 +64,8 @@ def test_plain_and_with_instructions_answer_as_chat(srv, client):
 
 def test_streamed_events_build_the_same_response(srv, client):
     name = srv.engine.model_name
-    kw = dict(model=name, input="Name three colors.", top_logprobs=2, include=["message.output_text.logprobs"],
-              **GREEDY)
+    kw = dict(model=name, input="Say hello.", top_logprobs=2, include=["message.output_text.logprobs"],
+              **{**GREEDY, "max_output_tokens": 40})  # (its greedy answer ends within 40 tokens: status completed)
     whole = client.responses.create(**kw)
     events = list(client.responses.create(stream=True, **kw))
     kinds = [e.type for e in events]
@@ -81,8 +81,12 @@ def test_streamed_events_build_the_same_response(srv, client):
     assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in lps)
     assert events[-1].response.output_text == whole.output_text
     assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
-    with client.responses.stream(**kw) as s:  # the client's own accumulator agrees
-        assert s.get_final_response().output_text == whole.output_text
+    with client.responses.stream(**kw) as s:  # the client's own accumulator agrees (it keeps a completed one only)
+        if whole.status == "completed":
+            assert s.get_final_response().output_text == whole.output_text
+        else:
+            with pytest.raises(RuntimeError, match="response.completed"):
+                s.get_final_response()
 
 
 def test_a_json_schema_format_validates(srv, client):

@@ -25,6 +25,7 @@ class Codec:
     int8: ClassVar[bool] = False  # False: a float type, multiplied in float32
     # Types of 4-bit values in blocks of 32 go as 4-bit blocks instead (half the bytes): `int4_blocks`.
     int4: ClassVar[bool] = False
+    minimum: ClassVar[bool] = False  # a block's values are d * q + m: its minimum m is an offset term
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -51,10 +52,10 @@ class Codec:
         raise NotImplementedError
 
     @classmethod
-    def int4_blocks(cls, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def int4_blocks(cls, blocks: np.ndarray, zero_point: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """(n_blocks, block_bytes) u8 -> values (n_blocks, 16) u8 (value 2j in byte j's low
         nibble, 2j + 1 in its high one), scales (n_blocks,) f32 and offsets (n_blocks,) f32 or None:
-        value = scale * (q - 8) + offset, exactly."""
+        value = scale * (q - zero_point) + offset, exactly (None: no offset)."""
         raise NotImplementedError
 
 

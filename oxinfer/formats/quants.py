@@ -94,9 +94,10 @@ class Q4_0(Codec):
     int4 = True
 
     @classmethod
-    def int4_blocks(cls, blocks):
-        """Exact: the nibbles as they are, reordered."""
-        return _pack4(blocks[:, 2:]), _f16(blocks[:, :2])[:, 0], None
+    def int4_blocks(cls, blocks, zero_point=8):
+        """Exact: the nibbles as they are, reordered; (q - 8) * d = (q - zp) * d + (zp - 8) * d."""
+        d = _f16(blocks[:, :2])[:, 0]
+        return _pack4(blocks[:, 2:]), d, None if zero_point == 8 else np.float32(zero_point - 8) * d
 
 
 class Q4_1(Codec):
@@ -104,6 +105,7 @@ class Q4_1(Codec):
 
     name, block_size, block_bytes = "Q4_1", 32, 20
     int8 = True
+    minimum = True
 
     @classmethod
     def decode_blocks(cls, blocks):
@@ -113,10 +115,11 @@ class Q4_1(Codec):
     int4 = True
 
     @classmethod
-    def int4_blocks(cls, blocks):
-        """Exact: q * d + m = (q - 8) * d + (m + 8d), the nibbles as they are, reordered."""
+    def int4_blocks(cls, blocks, zero_point=8):
+        """Exact: q * d + m = (q - zp) * d + (m + zp * d), the nibbles as they are, reordered
+        (zero point 0: the offsets are the minimums m themselves)."""
         d, m = _f16(blocks[:, :2])[:, 0], _f16(blocks[:, 2:4])[:, 0]
-        return _pack4(blocks[:, 4:]), d, m + np.float32(8) * d
+        return _pack4(blocks[:, 4:]), d, m + np.float32(zero_point) * d if zero_point else m
 
 
 def _owner(a):

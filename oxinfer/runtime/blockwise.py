@@ -73,8 +73,9 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def session_options() -> ort.SessionOptions:
-    """Every session's: onnxruntime's one global thread pool and one memory arena (set_up_threads)."""
+def session_options(shared_arena: bool = True) -> ort.SessionOptions:
+    """Every session's: onnxruntime's one global thread pool and (shared_arena) one memory arena
+    (set_up_threads); else the session's own."""
     opts = ort.SessionOptions()
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
@@ -82,7 +83,7 @@ def session_options() -> ort.SessionOptions:
         opts.intra_op_num_threads = cores()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # errors only
-    if _threads["arena"] == "shared":
+    if shared_arena and _threads["arena"] == "shared":
         opts.add_session_config_entry("session.use_env_allocators", "1")
     return opts
 
@@ -151,12 +152,13 @@ def int8_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray]:
     return values, scales
 
 
-def int4_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def int4_weights(w: QuantMatrix, zero_point: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A 4-bit type's blocks as the kernel takes them: values (n_out, n_in / 32, 16) u8, scales
-    (n_out * n_in / 32,) f32, and the offsets (n_in / 32, n_out) f32 a Q4_1 block adds (or None)."""
+    (n_out * n_in / 32,) f32, and the offsets (n_in / 32, n_out) f32 a Q4_1 block adds (or None)
+    to scale * (q - zero_point)."""
     c = w.codec
     blocks = np.ascontiguousarray(w.data).reshape(-1, c.block_bytes)
-    values, scales, offsets = c.int4_blocks(blocks)
+    values, scales, offsets = c.int4_blocks(blocks, zero_point)
     if offsets is not None:
         offsets = np.ascontiguousarray(offsets.reshape(w.n_out, w.n_in // BLOCK).T)
     return values.reshape(w.n_out, w.n_in // BLOCK, BLOCK // 2), scales, offsets

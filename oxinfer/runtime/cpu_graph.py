@@ -42,8 +42,8 @@ import onnxruntime as ort
 import structlog
 
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import blockwise
-from oxinfer.runtime.graph_ops import GraphOps, kernel_weights
+from oxinfer.runtime import block_minimums, blockwise
+from oxinfer.runtime.graph_ops import GraphOps, kernel_weights, zero_point
 
 log = structlog.get_logger("oxinfer.runtime")
 
@@ -78,26 +78,13 @@ class CpuGraph:
         self.model, cfg = model, model.cfg
         self._released = released
         self.kv_dtype = np.dtype(KV_DTYPE)
-        with tempfile.TemporaryDirectory(prefix="oxinfer-graph-") as folder:
-            # the weights go to a file onnxruntime maps (pages of the page cache, dropped once it
-            # has packed them; a /tmp in memory holds them there until then): held in memory and
-            # handed over, they were copied again while it loaded them (the default model's load
-            # peaked at 436 MiB of RSS so, 348 with the file)
-            with open(os.path.join(folder, "weights.bin"), "wb") as data:
-                rec = GraphOps(cfg, data, _converted(model, released), self.kv_dtype)
-                logits = model.trace(rec)
-            self.embed, self.weight_bytes = rec.embed_table, rec.bytes
-            with open(os.path.join(folder, "model.onnx"), "wb") as f:
-                f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
-            self._logits = rec.logits
-            del rec
-            blockwise.trim_heap()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
-            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(),
-                                                providers=["CPUExecutionProvider"])
-            # what onnxruntime packed it holds in its own memory; of the weights file a step then
-            # reads ~0.2 MiB (norms, rope rows), but the 16 MiB of the Q4_1 offsets it packed too
-            # stayed resident in its map
-            blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
+        self.minimums_in_kernel = block_minimums.available()
+        try:
+            self._build()
+        except block_minimums.Refused as e:
+            log.info("q4_1_minimums_beside", reason=str(e), action="each Q4_1 product gets a product of its minimums beside")
+            self.minimums_in_kernel, self.session = False, None
+            self._build()
         blockwise.trim_heap()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
@@ -109,6 +96,34 @@ class CpuGraph:
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
                  build_s=round(self.build_s, 3))
+
+    def _build(self) -> None:
+        """The graph traced, written and loaded; Q4_1's minimums written into its packed weights
+        where `minimums_in_kernel` (runtime/block_minimums.py: raises Refused where they cannot be)."""
+        model, kernel = self.model, self.minimums_in_kernel
+        with tempfile.TemporaryDirectory(prefix="oxinfer-graph-") as folder:
+            # the weights go to a file onnxruntime maps (pages of the page cache, dropped once it
+            # has packed them; a /tmp in memory holds them there until then): held in memory and
+            # handed over, they were copied again while it loaded them (the default model's load
+            # peaked at 436 MiB of RSS so, 348 with the file)
+            with open(os.path.join(folder, "weights.bin"), "wb") as data:
+                rec = GraphOps(model.cfg, data, _converted(model, self._released, kernel), self.kv_dtype, kernel)
+                logits = model.trace(rec)
+            self.embed, self.weight_bytes = rec.embed_table, rec.bytes
+            with open(os.path.join(folder, "model.onnx"), "wb") as f:
+                f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
+            self._logits, minimums = rec.logits, rec.minimums
+            del rec
+            blockwise.trim_heap()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
+            before = block_minimums.snapshot() if minimums else frozenset()
+            probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
+            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(not minimums),
+                                                providers=["CPUExecutionProvider"])
+            # what onnxruntime packed it holds in its own memory; of the weights file a step then
+            # reads ~0.2 MiB (norms, rope rows)
+            blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
+        if minimums:
+            block_minimums.write_checked(minimums, probe, before)
 
     def run(self, seqs: list[np.ndarray], caches: list) -> np.ndarray:
         """The logits after each sequence's last row (n_seqs, vocab); each cache holds its rows'
@@ -200,13 +215,13 @@ class CpuGraph:
         return io
 
 
-def _converted(model, released) -> dict[int, tuple]:
+def _converted(model, released, minimums_in_kernel: bool) -> dict[int, tuple]:
     """Every matrix's kernel blocks (id(fused base or matrix) -> kernel_weights), converted in
     threads (numpy lets go of the GIL), largest first; each file's pages dropped once converted."""
     bases = sorted({id(m.base or m): m.base or m for m in model.matrices()}.values(), key=lambda b: -b.nbytes)
 
     def convert(b):
-        blocks = kernel_weights(b)
+        blocks = kernel_weights(b, zero_point(b, minimums_in_kernel))
         if released is not None:
             released(b.data)
         return blocks

@@ -4,7 +4,9 @@ through `GraphOps` yields one onnxruntime graph of a whole CPU step (runtime/cpu
 Every activation is (B, S, columns): B sequences of S new rows each (a decode step: S = 1; a
 prompt chunk: B = 1). The nodes are onnxruntime's CPU contrib ops, wired the way onnxruntime-genai's
 model builder wires a Llama: MatMulNBits for the products (the blockwise kernels' own weights,
-runtime/blockwise.py: 4-bit types as 4 bits, a Q4_1 block's minimum as an offset term beside),
+runtime/blockwise.py: 4-bit types as 4 bits; a Q4_1 block's minimum written into the product's
+packed weights once onnxruntime has packed them, runtime/block_minimums.py, or else an offset term
+beside it),
 SimplifiedLayerNormalization, and SkipSimplifiedLayerNormalization where a residual add feeds a norm;
 GroupQueryAttention with the rope applied inside (adjacent pairs, the same cos/sin table as the
 numpy ops) over past keys and values bound to the KV pool's lanes, written in place.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime import blockwise, onnx_proto
+from oxinfer.runtime import block_minimums, blockwise, onnx_proto
 from oxinfer.runtime.backend import Job, fused_runs
 from oxinfer.runtime.blockwise import BLOCK, int4_weights, int8_weights, supports
 from oxinfer.runtime.onnx_proto import FLOAT as F32
@@ -56,13 +58,18 @@ class GraphOps:
     Outputs: logits, present_key_l and present_value_l (the caller binds each present to its
     past's memory). The products' accuracy_level is blockwise.ACCURACY_INT8 (int8 activations)."""
 
-    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, kv_dtype=np.float32):
+    def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, kv_dtype=np.float32,
+                 minimums_in_kernel: bool = False):
         """data: a binary file, beside where the graph will be saved as a file, that holds the
         initializers past a few KiB (onnxruntime maps it: no copy of them in the graph's protobuf,
         nor in its own memory); weights: id(matrix) -> its blocks as `kernel_weights` makes them
-        (made now if missing), each dropped once written; kv_dtype: the keys' and values' (float16:
-        attention's q, k, v and rope table in float16 too, onnxruntime's kernel takes one type)."""
+        (made now if missing, with `zero_point`), each dropped once written; kv_dtype: the
+        keys' and values' (float16: attention's q, k, v and rope table in float16 too, onnxruntime's
+        kernel takes one type); minimums_in_kernel: a Q4_1 product's minimums go into its packed
+        weights (`self.minimums`, for block_minimums.write once the session is made), not beside."""
         self.cfg, self.data = cfg, data
+        self.minimums_in_kernel = minimums_in_kernel
+        self.minimums: list[block_minimums.Minimums] = []
         self.kv_dtype = np.dtype(kv_dtype)
         self.nodes: list = []
         self.inits: list = []
@@ -75,7 +82,7 @@ class GraphOps:
         self._splits: dict[str, dict[int, str]] = {}  # a product's output -> its parts' tensors, by first column
         self._block_sums: dict[str, str] = {}  # an input -> its sums over blocks of 32 (Q4_1's offset terms)
         self._converted = weights or {}
-        self._weights: dict[int, tuple[str, bool]] = {}  # id(matrix) -> (initializer prefix, has offsets)
+        self._weights: dict[int, tuple[str, str]] = {}  # id(matrix) -> (initializer prefix, its minimums: "", "beside", "kernel")
         self._consts: dict[tuple, str] = {}
         self._rope: dict[int, tuple[str, str]] = {}  # rope_row0 -> (cos, sin)
         self.bytes = 0  # weights' bytes in the graph
@@ -169,11 +176,13 @@ class GraphOps:
         return outs
 
     def _product(self, x: str, w: QuantMatrix) -> str:
-        """x @ w.T through MatMulNBits, plus a Q4_1 block's minimum times x's block sums."""
-        prefix, has_offsets = self._weights.get(id(w)) or self._weight(w)
-        y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s"], domain="com.microsoft", K=w.n_in, N=w.n_out,
-                       bits=4 if w.codec.int4 else 8, block_size=BLOCK, accuracy_level=blockwise.ACCURACY_INT8)[0]
-        if not has_offsets:
+        """x @ w.T through MatMulNBits, plus a Q4_1 block's minimum times x's block sums (in the
+        kernel, or beside it)."""
+        prefix, minimums = self._weights.get(id(w)) or self._weight(w)
+        y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s", *([prefix + "z"] if minimums == "kernel" else [])],
+                       domain="com.microsoft", K=w.n_in, N=w.n_out, bits=4 if w.codec.int4 else 8, block_size=BLOCK,
+                       accuracy_level=blockwise.ACCURACY_INT8)[0]
+        if minimums != "beside":
             return y
         sums = self._block_sums.get(x)
         if sums is None:  # (B, S, K) -> (B, S, K/32, 32) -> (B, S, K/32)
@@ -183,15 +192,22 @@ class GraphOps:
         off = self._node("MatMul", [sums, prefix + "o"])[0]
         return self._node("Add", [y, off])[0]
 
-    def _weight(self, w: QuantMatrix) -> tuple[str, bool]:
-        """w's initializers, as the blockwise kernels take them: (their prefix, whether it has offsets)."""
+    def _weight(self, w: QuantMatrix) -> tuple[str, str]:
+        """w's initializers, as the blockwise kernels take them: (their prefix, where its minimums
+        go: "" none, "beside" an offset term, "kernel" its packed weights)."""
         prefix = self._name("w")
-        values, scales, offsets = self._converted.pop(id(w), None) or kernel_weights(w)
-        for suffix, dtype, a in (("q", UINT8, values), ("s", F32, scales), ("o", F32, offsets)):
+        zp = zero_point(w, self.minimums_in_kernel)
+        values, scales, offsets = self._converted.pop(id(w), None) or kernel_weights(w, zp)
+        minimums = "" if offsets is None else "kernel" if zp == 0 else "beside"
+        if minimums == "kernel":  # zero points of 1: the packed block sums are -scale, found by them
+            self.minimums.append(block_minimums.Minimums(w.name, scales.reshape(w.n_out, -1), np.ascontiguousarray(offsets.T)))
+            offsets = block_minimums.zero_points(w.n_out, w.n_in)
+        for suffix, dtype, a in (("q", UINT8, values), ("s", F32, scales),
+                                 ("z" if minimums == "kernel" else "o", UINT8 if minimums == "kernel" else F32, offsets)):
             if a is not None:
                 self._init(prefix + suffix, dtype, a)
                 self.bytes += a.nbytes
-        self._weights[id(w)] = prefix, offsets is not None
+        self._weights[id(w)] = prefix, minimums
         return self._weights[id(w)]
 
     def add_bias(self, xs, bias: np.ndarray) -> list[Sym]:
@@ -279,12 +295,18 @@ class GraphOps:
                                 {"": 21, "com.microsoft": 1}, ir_version)
 
 
-def kernel_weights(w: QuantMatrix) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def zero_point(w: QuantMatrix, minimums_in_kernel: bool) -> int:
+    """The 4-bit kernel's zero point for w: 0 where its minimums go into the kernel (its offsets
+    are then the minimums themselves), else 8."""
+    return 0 if minimums_in_kernel and w.codec.minimum and block_minimums.eligible(w.n_out, w.n_in) else 8
+
+
+def kernel_weights(w: QuantMatrix, zero_point: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """A matrix as MatMulNBits takes it: values (n_out, n_in / 32, 16 or 32) u8 (4-bit types keep
     4 bits), scales (n_out * n_in / 32,) f32, and a Q4_1 block's offsets (n_in / 32, n_out) f32
-    or None."""
+    or None (4-bit types: beside scale * (q - zero_point))."""
     if w.codec.int4:
-        return int4_weights(w)
+        return int4_weights(w, zero_point)
     values, scales = int8_weights(w)
     return values.reshape(w.n_out, w.n_in // BLOCK, BLOCK), scales, None
 

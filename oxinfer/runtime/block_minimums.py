@@ -1,0 +1,228 @@
+"""Q4_1's block minimums inside onnxruntime's int8 product, in place of a product of their own.
+
+On its int8 path (accuracy_level 4) MLAS's MatMulNBits computes a block of 32 weights as
+
+    scale * dot(q, x_q) + x_sum * block_sum        block_sum = -scale * zero_point
+
+with q the raw 4-bit values, x_q and x_sum the block of activations quantized to int8 and its sum,
+and `block_sum` made once, when onnxruntime packs the weights. That is Q4_1's own form (a weight is
+d * q + m) with block_sum = m; but onnxruntime takes integer zero points only (float ones leave the
+int8 path: ~15x slower), so the graph used to add m times x's block sums as a product of its own
+beside each one (Reshape, ReduceSum, MatMul, Add; ~25% of a one-token step on the 2-core dev VM,
+mostly one core reading the minimums' 13 MiB a token).
+
+Here the graph gives each Q4_1 product zero points of 1, so that its packed block sums are -d,
+values known exactly; once onnxruntime has packed them, `write` finds each matrix's block sums in
+this process's memory by those values (in MLAS's order: `tile_order`), followed there by the
+matrix's packed scales, and writes the minimums over them. Memory is read and written through
+/proc/self/mem, so a region that another thread unmaps meanwhile is an error, not a crash; a
+matrix found other than exactly once is refused (LookupError), and so is a machine where `Probe`,
+a small product patched the same way, does not then compute d * q + m: the graph is then built
+with the minimums as products of their own, as before.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+
+from oxinfer.runtime import blockwise, onnx_proto
+
+TILE = 16  # MLAS keeps the block sums of 16 columns together: n_out must be a multiple
+CHUNK = 1 << 23  # bytes of memory read at a time while searching
+ALIGN = 64  # MLAS starts a packed matrix's block sums at a multiple of 64 bytes
+
+
+@dataclass(eq=False)
+class Minimums:
+    """One matrix's scales and minimums, (n_out, n_in / 32) float32 each."""
+
+    name: str
+    scales: np.ndarray
+    minimums: np.ndarray
+
+
+class Refused(Exception):
+    """This process's onnxruntime cannot take the minimums in its kernel (the reason)."""
+
+
+_refused: list[str] = []  # why, once found: not tried again in this process
+_held: list[bool] = []  # a probe held: this process's onnxruntime takes them
+
+
+def available() -> bool:
+    """Whether to try: the products on MLAS's int8 path, Linux's /proc/self/mem, and no refusal
+    of this process's onnxruntime before."""
+    return blockwise.ACCURACY_INT8 == 4 and not _refused and os.path.exists("/proc/self/mem")
+
+
+def probed() -> bool:
+    """Whether a probe held in this process already (the next graphs need none)."""
+    return bool(_held)
+
+
+def write_checked(matrices: list[Minimums], probe: Probe | None, before: frozenset = frozenset()) -> None:
+    """`write` the matrices' minimums and the probe's (if any), then check the probe; raises
+    Refused where either fails (remembered where the probe fails or the memory cannot be read:
+    not tried again)."""
+    try:
+        write([*matrices, *([probe.minimums] if probe else [])], before)
+    except LookupError as e:
+        raise Refused(str(e)) from e
+    except OSError as e:
+        _refused.append(f"/proc/self/mem: {e}")
+        raise Refused(_refused[-1]) from e
+    if probe is None:
+        return
+    if not probe.holds():
+        _refused.append("a probe product with its minimums written does not compute d * q + m")
+        raise Refused(_refused[-1])
+    _held.append(True)
+
+
+def eligible(n_out: int, n_in: int) -> bool:
+    return n_out % TILE == 0 and n_in % 32 == 0
+
+
+def zero_points(n_out: int, n_in: int) -> np.ndarray:
+    """Zero points of 1 for every block, as MatMulNBits takes 4-bit ones (two a byte)."""
+    return np.full(n_out * ((n_in // 32 + 1) // 2), 0x11, np.uint8)
+
+
+def tile_order(a: np.ndarray) -> np.ndarray:
+    """(n_out, blocks) as MLAS keeps a packed matrix's block sums: columns in tiles of 16, each
+    tile's blocks one after another."""
+    n, blocks = a.shape
+    return np.ascontiguousarray(a.reshape(n // TILE, TILE, blocks).transpose(0, 2, 1))
+
+
+def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
+    """Write each matrix's minimums over its packed block sums (see above), searched first in the
+    memory mapped since `before` (a `snapshot`: where onnxruntime's packing went, ~170 MiB for the
+    default model), then, where that does not find each exactly once, in the rest. Raises
+    LookupError naming the first matrix not found exactly once (nothing is written then), OSError
+    where /proc/self/mem cannot be read."""
+    sums = [tile_order(-m.scales).view(np.uint32).ravel() for m in matrices]
+    heads = np.stack([np.resize(s, ALIGN // 4).view(np.uint64) for s in sums])  # block sums start a line (ALIGN)
+    order = np.argsort(heads[:, 0])
+    heads = heads[order]
+    found: list[list[int]] = [[] for _ in matrices]
+    fd = os.open("/proc/self/mem", os.O_RDWR)
+    try:
+        regions = list(_regions())
+        # where this thread's allocations go now (onnxruntime packed in this thread): searched first too
+        marks = [np.empty(n, np.uint8).ctypes.data for n in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
+        recent = [r for r in regions if r[:2] not in before or any(r[0] <= m < r[1] for m in marks)]
+        for part in (recent, [r for r in regions if r not in recent]):
+            spans = [(at, min(CHUNK, end - at)) for start, end, _ in part for at in range(start, end, CHUNK)]
+            with ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="oxinfer-minimums") as pool:
+                for addr, first in itertools.chain(*pool.map(lambda span: _lines(fd, *span, heads), spans)):
+                    for i in order[first:np.searchsorted(heads[:, 0], heads[first, 0], side="right")]:  # each of that key
+                        if _is_packed(fd, addr, sums[i], matrices[i].scales):
+                            found[i].append(addr)
+            if all(len(where) == 1 for where in found):
+                break
+        for m, where in zip(matrices, found):
+            if len(where) != 1:
+                raise LookupError(f"{m.name}: its packed block sums found {len(where)} times, not once")
+        for m, (addr,) in zip(matrices, found):
+            os.pwrite(fd, tile_order(m.minimums).tobytes(), addr)
+    finally:
+        os.close(fd)
+
+
+def snapshot() -> frozenset:
+    """The memory `write` searches, as it is now: its (start, end) spans but the heap's (searched
+    first always: what was freed in it is taken again)."""
+    return frozenset((start, end) for start, end, heap in _regions() if not heap)
+
+
+_buffers = threading.local()
+
+
+def _lines(fd: int, at: int, size: int, heads: np.ndarray) -> list[tuple[int, int]]:
+    """The lines of memory [at, at + size) that are one of heads' (ALIGN bytes each, sorted by their
+    first 8): (address, the first head of that first 8 bytes)."""
+    buf = getattr(_buffers, "buf", None)
+    if buf is None:
+        buf = _buffers.buf = bytearray(CHUNK)
+    try:
+        n = os.preadv(fd, [memoryview(buf)[:size]], at)
+    except OSError:  # unmapped meanwhile
+        return []
+    lines = np.frombuffer(buf, np.uint64, n // 8).reshape(-1, ALIGN // 8)
+    where = np.minimum(np.searchsorted(heads[:, 0], lines[:, 0]), len(heads) - 1)
+    hits = np.flatnonzero(heads[where, 0] == lines[:, 0])
+    hits = hits[(heads[where[hits]] == lines[hits]).all(axis=1)]
+    return [(at + ALIGN * h, int(where[h])) for h in hits.tolist()]
+
+
+def _is_packed(fd: int, addr: int, sums: np.ndarray, scales: np.ndarray) -> bool:
+    """Whether the block sums at addr are a packed matrix's: all of them, then (within 256 bytes)
+    its packed scales, the first column's first block's first (temporary copies of the block sums
+    that onnxruntime makes while it packs are not followed by it)."""
+    first = scales[0, :1].tobytes()
+    try:
+        got = os.pread(fd, sums.nbytes + 256 + len(first), addr)
+    except OSError:
+        return False
+    return got[:sums.nbytes] == sums.tobytes() and got.find(first, sums.nbytes) >= 0
+
+
+def _regions():
+    """This process's private writable memory without a file, where any of it is resident:
+    (start, end, whether it is the heap) each."""
+    with open("/proc/self/smaps") as f:
+        span = None
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's first line
+                heap = len(fields) > 5 and fields[5] == "[heap]"
+                if fields[1].startswith("rw") and fields[1].endswith("p") and (len(fields) < 6 or heap):
+                    span = (*(int(a, 16) for a in fields[0].split("-")), heap)
+                else:
+                    span = None
+            elif span and fields[0] == "Rss:" and int(fields[1]):
+                yield span
+
+
+class Probe:
+    """A small Q4_1 product whose session is made beside a graph's, patched with it (its
+    `minimums` go into the same `write`), then checked against numpy: whether this machine's
+    onnxruntime computes d * q + m with the block sums written."""
+
+    K, N = 256, 32
+
+    def __init__(self, session_options: ort.SessionOptions):
+        rng = np.random.default_rng(7)
+        blocks = self.K // 32
+        self.q = rng.integers(0, 16, (self.N, self.K), dtype=np.uint8)
+        scales = rng.uniform(0.01, 0.02, (self.N, blocks)).astype(np.float32)
+        mins = rng.uniform(-0.2, -0.1, (self.N, blocks)).astype(np.float32)
+        self.minimums = Minimums("probe", scales, mins)
+        packed = (self.q[:, 0::2] | (self.q[:, 1::2] << 4)).reshape(self.N, blocks, 16)
+        weights = [onnx_proto.tensor("q", onnx_proto.UINT8, packed.shape, raw=packed.tobytes()),
+                   onnx_proto.tensor("s", onnx_proto.FLOAT, (scales.size,), raw=scales.tobytes()),
+                   onnx_proto.tensor("z", onnx_proto.UINT8, (self.N * blocks // 2,), raw=zero_points(self.N, self.K).tobytes())]
+        model = onnx_proto.model(
+            [onnx_proto.node("MatMulNBits", ["x", "q", "s", "z"], ["y"], "com.microsoft", K=self.K, N=self.N, bits=4,
+                             block_size=32, accuracy_level=blockwise.ACCURACY_INT8)],
+            "probe", [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", self.K])],
+            [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", self.N])], weights, {"": 21, "com.microsoft": 1},
+            blockwise.IR_VERSION)
+        self.session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
+
+    def holds(self) -> bool:
+        """Whether the product now computes x @ (d * q + m).T (to int8 rounding of x)."""
+        x = np.random.default_rng(8).normal(size=(3, self.K)).astype(np.float32)
+        y = self.session.run(None, {"x": x})[0]
+        m = self.minimums
+        w = self.q * np.repeat(m.scales, 32, axis=1) + np.repeat(m.minimums, 32, axis=1)
+        want = x @ w.T
+        return bool(np.abs(y - want).max() <= 0.02 * np.abs(want).max())

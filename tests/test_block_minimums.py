@@ -1,0 +1,101 @@
+"""Q4_1's block minimums written into onnxruntime's packed weights (runtime/block_minimums.py):
+the product then is Q4_1's own, d * q + m, as gguf dequantizes it, to int8 rounding of the
+activations; what cannot be found exactly once is refused with nothing written; a graph that
+cannot take them is built with the minimums beside, as before."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from gguf import GGMLQuantizationType as T
+from structlog.testing import capture_logs
+
+import oxinfer
+from oxinfer.runtime import block_minimums, blockwise, onnx_proto
+from oxinfer.runtime.blockwise import int4_weights
+from oxinfer.testing import random_matrix, write_tiny_llama
+
+
+def _products(matrices) -> tuple:
+    """One session of a MatMulNBits a matrix (zero points of 1, as the graph gives them), each
+    with its own input; and their Minimums."""
+    blockwise.set_up_threads()
+    nodes, weights, inputs, outputs, minimums = [], [], [], [], []
+    for i, w in enumerate(matrices):
+        values, scales, mins = int4_weights(w, zero_point=0)
+        zp = block_minimums.zero_points(w.n_out, w.n_in)
+        weights += [onnx_proto.tensor(f"q{i}", onnx_proto.UINT8, values.shape, raw=values.tobytes()),
+                    onnx_proto.tensor(f"s{i}", onnx_proto.FLOAT, scales.shape, raw=scales.tobytes()),
+                    onnx_proto.tensor(f"z{i}", onnx_proto.UINT8, zp.shape, raw=zp.tobytes())]
+        nodes.append(onnx_proto.node("MatMulNBits", [f"x{i}", f"q{i}", f"s{i}", f"z{i}"], [f"y{i}"], "com.microsoft",
+                                     K=w.n_in, N=w.n_out, bits=4, block_size=32, accuracy_level=4))
+        inputs.append(onnx_proto.value_info(f"x{i}", onnx_proto.FLOAT, ["t", w.n_in]))
+        outputs.append(onnx_proto.value_info(f"y{i}", onnx_proto.FLOAT, ["t", w.n_out]))
+        minimums.append(block_minimums.Minimums(w.name, scales.reshape(w.n_out, -1), np.ascontiguousarray(mins.T)))
+    model = onnx_proto.model(nodes, "products", inputs, outputs, weights, {"": 21, "com.microsoft": 1},
+                             blockwise.IR_VERSION)
+    return ort.InferenceSession(model, blockwise.session_options(), providers=["CPUExecutionProvider"]), minimums
+
+
+def _errors(session, matrices, x) -> list[float]:
+    """Each product's largest distance from x @ W.T (W as the codec dequantizes it), over its largest."""
+    ys = session.run(None, {f"x{i}": x[:, :w.n_in] for i, w in enumerate(matrices)})
+    return [np.abs(y - x[:, :w.n_in] @ w.dequantize().T).max() / np.abs(x[:, :w.n_in] @ w.dequantize().T).max()
+            for y, w in zip(ys, matrices)]
+
+
+def test_written_minimums_make_the_product_q4_1_s_own():
+    """Shapes of SmolLM2's products: before, zero points of 1 compute d * (q - 1), far off;
+    after, d * q + m within int8 rounding of x (the beside form's bound in test_cpu_kernels)."""
+    rng = np.random.default_rng(3)
+    matrices = [random_matrix("Q4_1", n_out, n_in, rng, f"w{n_out}x{n_in}")
+                for n_out, n_in in ((960, 576), (576, 576), (3072, 576), (576, 1536))]
+    before = block_minimums.snapshot()
+    session, minimums = _products(matrices)
+    x = rng.normal(size=(3, 1536)).astype(np.float32)
+    assert min(_errors(session, matrices, x)) > 0.1
+    block_minimums.write(minimums, before)
+    assert max(_errors(session, matrices, x)) < 0.02
+
+
+def test_a_matrix_found_twice_is_refused_and_nothing_is_written():
+    """Two sessions of the same bytes (a model loading twice at once): their block sums are one
+    pattern twice, so neither is written (which one a graph holds would be a guess)."""
+    rng = np.random.default_rng(4)
+    w, other = random_matrix("Q4_1", 64, 256, rng, "twin"), random_matrix("Q4_1", 32, 256, rng, "other")
+    before = block_minimums.snapshot()
+    first, _ = _products([w])
+    second, minimums = _products([w, other])
+    x = rng.normal(size=(2, 256)).astype(np.float32)
+    errors = _errors(first, [w], x) + _errors(second, [w, other], x)
+    with pytest.raises(LookupError, match="twin.*found 2 times"):
+        block_minimums.write(minimums, before)
+    assert _errors(first, [w], x) + _errors(second, [w, other], x) == errors
+
+
+def test_the_probe_holds_only_once_written():
+    probe = block_minimums.Probe(blockwise.session_options())
+    assert not probe.holds()
+    block_minimums.write_checked([], probe)
+    assert probe.holds()
+
+
+async def test_a_graph_whose_minimums_cannot_be_written_has_them_beside(tmp_path, monkeypatch):
+    """No block sums found (here: no memory searched): the graph is built again with a product of
+    the minimums beside each Q4_1 product, says so, and computes what the written graph computes
+    (to the int8 rounding of x's block sums, which the written kernel sums after rounding x)."""
+    path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=2)
+    written = await oxinfer.Engine.load(path)
+    assert written.scheduler.cpu.graph.minimums_in_kernel
+    monkeypatch.setattr(block_minimums, "_regions", lambda: iter(()))
+    with capture_logs() as logs:
+        beside = await oxinfer.Engine.load(path)
+    assert not beside.scheduler.cpu.graph.minimums_in_kernel
+    assert any(e["event"] == "q4_1_minimums_beside" and "found 0 times" in e["reason"] for e in logs)
+    assert block_minimums.available()  # (a matrix not found is this model's: the next load tries again)
+    tokens = np.array([72, 105, 33, 10, 200, 99, 3])
+    got, want = [], []
+    for engine, out in ((written, got), (beside, want)):
+        cache = engine.steps.cpu.new_cache(16)
+        out.append(await engine.steps.cpu.prefill(tokens, cache))
+    assert np.abs(got[0] - want[0]).max() < 0.05 * np.abs(want[0]).max()
+    assert got[0].argmax() == want[0].argmax()
