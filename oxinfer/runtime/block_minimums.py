@@ -11,14 +11,14 @@ int8 path: ~15x slower), so the graph used to add m times x's block sums as a pr
 beside each one (Reshape, ReduceSum, MatMul, Add; ~25% of a one-token step on the 2-core dev VM,
 mostly one core reading the minimums' 13 MiB a token).
 
-Here the graph gives each Q4_1 product zero points of 1, so that its packed block sums are -d,
-values known exactly; once onnxruntime has packed them, `write` finds each matrix's block sums in
+Here the graph gives each Q4_1 product zero points of its own (`Minimums`), so that its packed
+block sums are -d times them, values known exactly; once onnxruntime has packed them, `write` finds each matrix's block sums in
 this process's memory by those values (in MLAS's order: `tile_order`), followed there by the
 matrix's packed scales, and writes the minimums over them. Memory is read and written through
 /proc/self/mem, so a region that another thread unmaps meanwhile is an error, not a crash; a
-matrix found other than exactly once is refused (LookupError), and so is a machine where `Probe`,
-a small product patched the same way, does not then compute d * q + m: the graph is then built
-with the minimums as products of their own, as before.
+matrix not found is refused (LookupError), and so is a machine where `Probe`, a small product
+patched the same way, does not then compute d * q + m: the graph is then built with the minimums
+as products of their own, as before.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import itertools
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
@@ -39,13 +39,45 @@ CHUNK = 1 << 23  # bytes of memory read at a time while searching
 ALIGN = 64  # MLAS starts a packed matrix's block sums at a multiple of 64 bytes
 
 
+_drawn = itertools.count()  # every matrix's zero points are a pattern of their own
+
+
 @dataclass(eq=False)
 class Minimums:
-    """One matrix's scales and minimums, (n_out, n_in / 32) float32 each."""
+    """One matrix's scales and minimums, (n_out, n_in / 32) float32 each, and the zero points its
+    product is given (same shape, 1-15): a pattern drawn for this matrix alone, so that its packed
+    block sums (-scale * zero point) are its own even where scales repeat (a model's layers, the
+    same model loading twice at once, a synthetic model's one scale)."""
 
     name: str
     scales: np.ndarray
     minimums: np.ndarray
+    zero_points: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.zero_points = np.random.default_rng(next(_drawn)).integers(1, 16, self.scales.shape, np.uint8)
+
+    def packed_zero_points(self) -> np.ndarray:
+        """As MatMulNBits takes 4-bit zero points: two a byte, a row's even block in the low nibble."""
+        z = self.zero_points
+        if z.shape[1] % 2:
+            z = np.pad(z, ((0, 0), (0, 1)))
+        return (z[:, 0::2] | (z[:, 1::2] << 4)).ravel()
+
+    def block_sums(self) -> np.ndarray:
+        """The packed block sums onnxruntime makes for these zero points, as words in MLAS's order."""
+        return tile_order(-(self.scales * self.zero_points)).view(np.uint32).ravel()
+
+    def key(self) -> int | None:
+        """The first line (ALIGN bytes) of the block sums to search memory for: 16 nonzero words,
+        8 of them different at least (a line of zero scales would be found everywhere); None: none."""
+        tiles = min(len(self.scales) // TILE, 64)  # (the first tiles' lines are the first ones)
+        head = Minimums.__new__(Minimums)
+        head.scales, head.zero_points = self.scales[:tiles * TILE], self.zero_points[:tiles * TILE]
+        for i, line in enumerate(head.block_sums().reshape(-1, ALIGN // 4)):
+            if line.all() and len(np.unique(line)) >= 8:
+                return i
+        return None
 
 
 class Refused(Exception):
@@ -73,11 +105,11 @@ def write_checked(matrices: list[Minimums], probe: Probe | None, before: frozens
     not tried again)."""
     try:
         write([*matrices, *([probe.minimums] if probe else [])], before)
-    except LookupError as e:
-        raise Refused(str(e)) from e
     except OSError as e:
         _refused.append(f"/proc/self/mem: {e}")
         raise Refused(_refused[-1]) from e
+    except Exception as e:  # noqa: BLE001 - not found, or a fault of this search: the offsets beside
+        raise Refused(repr(e) if not isinstance(e, LookupError) else str(e)) from e
     if probe is None:
         return
     if not probe.holds():
@@ -90,11 +122,6 @@ def eligible(n_out: int, n_in: int) -> bool:
     return n_out % TILE == 0 and n_in % 32 == 0
 
 
-def zero_points(n_out: int, n_in: int) -> np.ndarray:
-    """Zero points of 1 for every block, as MatMulNBits takes 4-bit ones (two a byte)."""
-    return np.full(n_out * ((n_in // 32 + 1) // 2), 0x11, np.uint8)
-
-
 def tile_order(a: np.ndarray) -> np.ndarray:
     """(n_out, blocks) as MLAS keeps a packed matrix's block sums: columns in tiles of 16, each
     tile's blocks one after another."""
@@ -105,12 +132,19 @@ def tile_order(a: np.ndarray) -> np.ndarray:
 def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
     """Write each matrix's minimums over its packed block sums (see above), searched first in the
     memory mapped since `before` (a `snapshot`: where onnxruntime's packing went, ~170 MiB for the
-    default model), then, where that does not find each exactly once, in the rest. Raises
-    LookupError naming the first matrix not found exactly once (nothing is written then), OSError
-    where /proc/self/mem cannot be read."""
-    sums = [tile_order(-m.scales).view(np.uint32).ravel() for m in matrices]
-    heads = np.stack([np.resize(s, ALIGN // 4).view(np.uint64) for s in sums])  # block sums start a line (ALIGN)
-    order = np.argsort(heads[:, 0])
+    default model) and this thread's malloc arena, then, where that does not find each, in the
+    rest (a map made again where one was let go looks as it did before). A matrix's zero points are its own pattern, so every place its block sums are
+    found, followed by its packed scales, is a copy of its packing: each is written (onnxruntime
+    sometimes leaves a freed copy of a packed matrix behind; it is read again just before).
+    Raises LookupError naming the first matrix not found (nothing is written then), OSError where
+    /proc/self/mem cannot be read."""
+    sums = [m.block_sums() for m in matrices]
+    keys = [m.key() for m in matrices]
+    for m, k in zip(matrices, keys):
+        if k is None:
+            raise LookupError(f"{m.name}: no line of its block sums to search for (scales of zero)")
+    heads = np.stack([s[k * ALIGN // 4:(k + 1) * ALIGN // 4].view(np.uint64) for s, k in zip(sums, keys)])
+    order = np.argsort(_hash(heads))
     heads = heads[order]
     found: list[list[int]] = [[] for _ in matrices]
     fd = os.open("/proc/self/mem", os.O_RDWR)
@@ -122,33 +156,46 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
         for part in (recent, [r for r in regions if r not in recent]):
             spans = [(at, min(CHUNK, end - at)) for start, end, _ in part for at in range(start, end, CHUNK)]
             with ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="oxinfer-minimums") as pool:
-                for addr, first in itertools.chain(*pool.map(lambda span: _lines(fd, *span, heads), spans)):
-                    for i in order[first:np.searchsorted(heads[:, 0], heads[first, 0], side="right")]:  # each of that key
-                        if _is_packed(fd, addr, sums[i], matrices[i].scales):
-                            found[i].append(addr)
-            if all(len(where) == 1 for where in found):
+                hashes = _hash(heads)
+                for addr, first in itertools.chain(*pool.map(lambda span: _lines(fd, *span, heads, hashes), spans)):
+                    for k in range(first, np.searchsorted(hashes, hashes[first], side="right")):  # each of that line
+                        i = order[k]
+                        start = addr - keys[i] * ALIGN
+                        if (heads[k] == heads[first]).all() and _is_packed(fd, start, sums[i], matrices[i].scales):
+                            found[i].append(start)
+            if all(found):
                 break
         for m, where in zip(matrices, found):
-            if len(where) != 1:
-                raise LookupError(f"{m.name}: its packed block sums found {len(where)} times, not once")
-        for m, (addr,) in zip(matrices, found):
-            os.pwrite(fd, tile_order(m.minimums).tobytes(), addr)
+            if not where:
+                raise LookupError(f"{m.name}: its packed block sums not found")
+        for m, s, where in zip(matrices, sums, found):
+            for addr in where:  # (a copy onnxruntime packed and let go is written too, if still itself)
+                if _is_packed(fd, addr, s, m.scales):
+                    os.pwrite(fd, tile_order(m.minimums).tobytes(), addr)
     finally:
         os.close(fd)
 
 
 def snapshot() -> frozenset:
-    """The memory `write` searches, as it is now: its (start, end) spans but the heap's (searched
-    first always: what was freed in it is taken again)."""
-    return frozenset((start, end) for start, end, heap in _regions() if not heap)
+    """The memory `write` searches, as it is now: its (start, end) spans, but the heap's where this
+    is the main thread (searched first always: what was freed in it is taken again)."""
+    main = threading.current_thread() is threading.main_thread()  # (its allocations: the heap's)
+    return frozenset((start, end) for start, end, heap in _regions() if not (heap and main))
 
 
 _buffers = threading.local()
 
 
-def _lines(fd: int, at: int, size: int, heads: np.ndarray) -> list[tuple[int, int]]:
-    """The lines of memory [at, at + size) that are one of heads' (ALIGN bytes each, sorted by their
-    first 8): (address, the first head of that first 8 bytes)."""
+def _hash(lines: np.ndarray) -> np.ndarray:
+    """(n, 8) uint64 -> (n,) uint64: a line's words mixed (odd multipliers, wrapping)."""
+    mix = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
+                    0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9], np.uint64)
+    return (lines * mix).sum(axis=1, dtype=np.uint64)
+
+
+def _lines(fd: int, at: int, size: int, heads: np.ndarray, hashes: np.ndarray) -> list[tuple[int, int]]:
+    """The lines of memory [at, at + size) that are one of heads' (ALIGN bytes each, sorted by
+    their hashes): (address, the first head of that hash)."""
     buf = getattr(_buffers, "buf", None)
     if buf is None:
         buf = _buffers.buf = bytearray(CHUNK)
@@ -157,22 +204,24 @@ def _lines(fd: int, at: int, size: int, heads: np.ndarray) -> list[tuple[int, in
     except OSError:  # unmapped meanwhile
         return []
     lines = np.frombuffer(buf, np.uint64, n // 8).reshape(-1, ALIGN // 8)
-    where = np.minimum(np.searchsorted(heads[:, 0], lines[:, 0]), len(heads) - 1)
-    hits = np.flatnonzero(heads[where, 0] == lines[:, 0])
-    hits = hits[(heads[where[hits]] == lines[hits]).all(axis=1)]
-    return [(at + ALIGN * h, int(where[h])) for h in hits.tolist()]
+    h = _hash(lines)
+    where = np.minimum(np.searchsorted(hashes, h), len(hashes) - 1)
+    hits = np.flatnonzero(hashes[where] == h)
+    return [(at + ALIGN * i, int(where[i])) for i in hits.tolist()]
 
 
 def _is_packed(fd: int, addr: int, sums: np.ndarray, scales: np.ndarray) -> bool:
-    """Whether the block sums at addr are a packed matrix's: all of them, then (within 256 bytes)
-    its packed scales, the first column's first block's first (temporary copies of the block sums
-    that onnxruntime makes while it packs are not followed by it)."""
-    first = scales[0, :1].tobytes()
+    """Whether the block sums at addr are a packed matrix's: all of them, then right after them its
+    packed scales, which start with the first column's first block's and take the next ones from
+    the first 4 columns' first 4 blocks (copies that onnxruntime makes while it packs, and the
+    scales as given, are not laid out so)."""
     try:
-        got = os.pread(fd, sums.nbytes + 256 + len(first), addr)
+        got = os.pread(fd, sums.nbytes + 16, addr)
     except OSError:
         return False
-    return got[:sums.nbytes] == sums.tobytes() and got.find(first, sums.nbytes) >= 0
+    after = np.frombuffer(got[sums.nbytes:], np.float32)
+    return (got[:sums.nbytes] == sums.tobytes() and len(after) == 4 and after[0] == scales[0, 0]
+            and bool(np.isin(after, scales[:4, :4]).all()))
 
 
 def _regions():
@@ -205,11 +254,11 @@ class Probe:
         self.q = rng.integers(0, 16, (self.N, self.K), dtype=np.uint8)
         scales = rng.uniform(0.01, 0.02, (self.N, blocks)).astype(np.float32)
         mins = rng.uniform(-0.2, -0.1, (self.N, blocks)).astype(np.float32)
-        self.minimums = Minimums("probe", scales, mins)
+        self.minimums = m = Minimums("probe", scales, mins)
         packed = (self.q[:, 0::2] | (self.q[:, 1::2] << 4)).reshape(self.N, blocks, 16)
         weights = [onnx_proto.tensor("q", onnx_proto.UINT8, packed.shape, raw=packed.tobytes()),
                    onnx_proto.tensor("s", onnx_proto.FLOAT, (scales.size,), raw=scales.tobytes()),
-                   onnx_proto.tensor("z", onnx_proto.UINT8, (self.N * blocks // 2,), raw=zero_points(self.N, self.K).tobytes())]
+                   onnx_proto.tensor("z", onnx_proto.UINT8, (self.N * blocks // 2,), raw=m.packed_zero_points().tobytes())]
         model = onnx_proto.model(
             [onnx_proto.node("MatMulNBits", ["x", "q", "s", "z"], ["y"], "com.microsoft", K=self.K, N=self.N, bits=4,
                              block_size=32, accuracy_level=blockwise.ACCURACY_INT8)],

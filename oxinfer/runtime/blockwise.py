@@ -24,6 +24,7 @@ decode speed is the same.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 
@@ -112,6 +113,21 @@ def trim_heap() -> None:
     model's load peaked at 906 MiB (measured on the dev VM)."""
     if libc := _libc():
         libc.malloc_trim(0)
+
+
+@contextlib.contextmanager
+def fresh_maps(threshold: int = 128 << 10):
+    """Within: glibc serves every allocation of `threshold` bytes or more with a map of its own
+    (what it does until a large block is freed, when it raises that bound, up to 32 MiB, and keeps
+    later ones in its heaps). After: 32 MiB, where it would have settled."""
+    libc = _libc()
+    if libc:
+        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
+    try:
+        yield
+    finally:
+        if libc:
+            libc.mallopt(-3, 32 << 20)
 
 
 def drop_mapped(path: str) -> None:

@@ -199,9 +199,13 @@ class GraphOps:
         zp = zero_point(w, self.minimums_in_kernel)
         values, scales, offsets = self._converted.pop(id(w), None) or kernel_weights(w, zp)
         minimums = "" if offsets is None else "kernel" if zp == 0 else "beside"
-        if minimums == "kernel":  # zero points of 1: the packed block sums are -scale, found by them
-            self.minimums.append(block_minimums.Minimums(w.name, scales.reshape(w.n_out, -1), np.ascontiguousarray(offsets.T)))
-            offsets = block_minimums.zero_points(w.n_out, w.n_in)
+        if minimums == "kernel":  # zero points of its own: the packed block sums are found by them
+            m = block_minimums.Minimums(w.name, scales.reshape(w.n_out, -1), np.ascontiguousarray(offsets.T))
+            if m.key() is not None:
+                self.minimums.append(m)
+                offsets = m.packed_zero_points()
+            else:  # (no line of its block sums to search for: the offsets beside, for zero point 8)
+                minimums, offsets = "beside", offsets + np.float32(8) * scales.reshape(w.n_out, -1).T
         for suffix, dtype, a in (("q", UINT8, values), ("s", F32, scales),
                                  ("z" if minimums == "kernel" else "o", UINT8 if minimums == "kernel" else F32, offsets)):
             if a is not None:
