@@ -24,7 +24,6 @@ decode speed is the same.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable
 
@@ -65,6 +64,12 @@ def set_up_threads() -> None:
     except Exception as e:  # noqa: BLE001 - registered already, or an onnxruntime without it
         _threads["arena"] = "per-session"
         log.info("ort_arena", arenas="per session", reason=repr(e))
+    if libc := _libc():  # glibc serves blocks of 128 KiB or more with maps of their own, always: its
+        # default raises that bound up to 32 MiB once a large block is freed, and its heaps then kept
+        # the freed ones (the default model, 16 streams: peak RSS 438-453 -> 399-409 MiB, decode
+        # 130 -> 161 tok/s, on the 2-core VM); and onnxruntime's packing lands in new maps, where
+        # runtime/block_minimums.py searches first
+        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD
     log.info("cpu_threads", blas=1, onnxruntime=n, onnxruntime_pools=_threads["ort"],
              reason="the blockwise int8 kernels use every core; spinning BLAS workers slowed them by a quarter")
 
@@ -113,21 +118,6 @@ def trim_heap() -> None:
     model's load peaked at 906 MiB (measured on the dev VM)."""
     if libc := _libc():
         libc.malloc_trim(0)
-
-
-@contextlib.contextmanager
-def fresh_maps(threshold: int = 128 << 10):
-    """Within: glibc serves every allocation of `threshold` bytes or more with a map of its own
-    (what it does until a large block is freed, when it raises that bound, up to 32 MiB, and keeps
-    later ones in its heaps). After: 32 MiB, where it would have settled."""
-    libc = _libc()
-    if libc:
-        libc.mallopt(-3, threshold)  # M_MMAP_THRESHOLD
-    try:
-        yield
-    finally:
-        if libc:
-            libc.mallopt(-3, 32 << 20)
 
 
 def drop_mapped(path: str) -> None:

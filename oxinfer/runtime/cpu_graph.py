@@ -29,7 +29,6 @@ prompts' scratch keys and values are a map of their own.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import tempfile
 import time
@@ -117,12 +116,9 @@ class CpuGraph:
             del rec
             blockwise.trim_heap()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
             before = block_minimums.snapshot() if minimums else frozenset()
-            # (onnxruntime's packing, in maps of its own: memory that was not there before, where
-            # block_minimums looks first)
-            with blockwise.fresh_maps() if minimums else contextlib.nullcontext():
-                probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
-                self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(not minimums),
-                                                    providers=["CPUExecutionProvider"])
+            probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
+            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(not minimums),
+                                                providers=["CPUExecutionProvider"])
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows)
             blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
