@@ -64,12 +64,6 @@ def set_up_threads() -> None:
     except Exception as e:  # noqa: BLE001 - registered already, or an onnxruntime without it
         _threads["arena"] = "per-session"
         log.info("ort_arena", arenas="per session", reason=repr(e))
-    if libc := _libc():  # glibc serves blocks of 128 KiB or more with maps of their own, always: its
-        # default raises that bound up to 32 MiB once a large block is freed, and its heaps then kept
-        # the freed ones (the default model, 16 streams: peak RSS 438-453 -> 399-409 MiB, decode
-        # 130 -> 161 tok/s, on the 2-core VM); and onnxruntime's packing lands in new maps, where
-        # runtime/block_minimums.py searches first
-        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD
     log.info("cpu_threads", blas=1, onnxruntime=n, onnxruntime_pools=_threads["ort"],
              reason="the blockwise int8 kernels use every core; spinning BLAS workers slowed them by a quarter")
 
@@ -118,6 +112,17 @@ def trim_heap() -> None:
     model's load peaked at 906 MiB (measured on the dev VM)."""
     if libc := _libc():
         libc.malloc_trim(0)
+
+
+def own_maps() -> None:
+    """From now on glibc serves blocks of 128 KiB or more with maps of their own: its default
+    raises that bound up to 32 MiB once a large block is freed, and its heaps then keep the freed
+    ones (the default model, 16 streams: peak RSS 438-453 -> 392-409 MiB, decode 130 -> 150-161
+    tok/s on the 2-core VM, against a bound held at 32 MiB); and onnxruntime's packing of a graph
+    lands in new maps, where runtime/block_minimums.py searches first. (Set after the load's
+    conversions, which took ~0.1 s longer in maps of their own.)"""
+    if libc := _libc():
+        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD
 
 
 def drop_mapped(path: str) -> None:
