@@ -12,9 +12,9 @@ beside each one (Reshape, ReduceSum, MatMul, Add; ~25% of a one-token step on th
 mostly one core reading the minimums' 13 MiB a token).
 
 Here the graph gives each Q4_1 product zero points of its own (`Minimums`), so that its packed
-block sums are -d times them, values known exactly; once onnxruntime has packed them, `write` finds each matrix's block sums in
-this process's memory by those values (in MLAS's order: `tile_order`), followed there by the
-matrix's packed scales, and writes the minimums over them. Memory is read and written through
+block sums are -d times them, values known exactly; once onnxruntime has packed them, `write`
+finds each matrix's block sums in this process's memory by those values (in MLAS's order:
+`tile_order`), followed there by the matrix's packed scales, and writes the minimums over them. Memory is read and written through
 /proc/self/mem, so a region that another thread unmaps meanwhile is an error, not a crash; a
 matrix not found is refused (LookupError), and so is a machine where `Probe`, a small product
 patched the same way, does not then compute d * q + m: the graph is then built with the minimums
@@ -64,17 +64,16 @@ class Minimums:
             z = np.pad(z, ((0, 0), (0, 1)))
         return (z[:, 0::2] | (z[:, 1::2] << 4)).ravel()
 
-    def block_sums(self) -> np.ndarray:
-        """The packed block sums onnxruntime makes for these zero points, as words in MLAS's order."""
-        return tile_order(-(self.scales * self.zero_points)).view(np.uint32).ravel()
+    def block_sums(self, rows: int | None = None) -> np.ndarray:
+        """The packed block sums onnxruntime makes for these zero points (of the first `rows`
+        rows: a multiple of 16), as words in MLAS's order."""
+        return tile_order(-(self.scales[:rows] * self.zero_points[:rows])).view(np.uint32).ravel()
 
     def key(self) -> int | None:
         """The first line (ALIGN bytes) of the block sums to search memory for: 16 nonzero words,
         8 of them different at least (a line of zero scales would be found everywhere); None: none."""
-        tiles = min(len(self.scales) // TILE, 64)  # (the first tiles' lines are the first ones)
-        head = Minimums.__new__(Minimums)
-        head.scales, head.zero_points = self.scales[:tiles * TILE], self.zero_points[:tiles * TILE]
-        for i, line in enumerate(head.block_sums().reshape(-1, ALIGN // 4)):
+        head = self.block_sums(min(len(self.scales) // TILE, 64) * TILE)  # (the first tiles' lines come first)
+        for i, line in enumerate(head.reshape(-1, ALIGN // 4)):
             if line.all() and len(np.unique(line)) >= 8:
                 return i
         return None

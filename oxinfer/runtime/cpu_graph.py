@@ -115,7 +115,7 @@ class CpuGraph:
             self._logits, minimums = rec.logits, rec.minimums
             del rec
             blockwise.trim_heap()  # the converted weights' freed heap (~45 MiB), before onnxruntime packs its own
-            blockwise.own_maps()
+            blockwise.own_maps()  # (and an arena of the session's own: its packing in new maps, searched first)
             before = block_minimums.snapshot() if minimums else frozenset()
             probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
             self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(not minimums),
