@@ -107,8 +107,10 @@ def write_checked(matrices: list[Minimums], probe: Probe | None, before: frozens
     except OSError as e:
         _refused.append(f"/proc/self/mem: {e}")
         raise Refused(_refused[-1]) from e
-    except Exception as e:  # noqa: BLE001 - not found, or a fault of this search: the offsets beside
-        raise Refused(repr(e) if not isinstance(e, LookupError) else str(e)) from e
+    except LookupError as e:
+        raise Refused(str(e)) from e
+    except Exception as e:  # noqa: BLE001 - a fault of this search: the offsets beside
+        raise Refused(repr(e)) from e
     if probe is None:
         return
     if not probe.holds():
@@ -132,9 +134,10 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
     """Write each matrix's minimums over its packed block sums (see above), searched first in the
     memory mapped since `before` (a `snapshot`: where onnxruntime's packing went, ~170 MiB for the
     default model) and this thread's malloc arena, then, where that does not find each, in the
-    rest (a map made again where one was let go looks as it did before). A matrix's zero points are its own pattern, so every place its block sums are
-    found, followed by its packed scales, is a copy of its packing: each is written (onnxruntime
-    sometimes leaves a freed copy of a packed matrix behind; it is read again just before).
+    rest (a map made again where one was let go looks as it did before). A matrix's zero points
+    are its own pattern, so every place its block sums are found, followed by its packed scales,
+    is a copy of its packing: each is written (onnxruntime sometimes leaves a freed copy of a
+    packed matrix behind; it is read again just before).
     Raises LookupError naming the first matrix not found (nothing is written then), OSError where
     /proc/self/mem cannot be read."""
     sums = [m.block_sums() for m in matrices]
@@ -143,8 +146,9 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
         if k is None:
             raise LookupError(f"{m.name}: no line of its block sums to search for (scales of zero)")
     heads = np.stack([s[k * ALIGN // 4:(k + 1) * ALIGN // 4].view(np.uint64) for s, k in zip(sums, keys)])
-    order = np.argsort(_hash(heads))
-    heads = heads[order]
+    hashes = _hash(heads)
+    order = np.argsort(hashes)
+    heads, hashes = heads[order], hashes[order]
     found: list[list[int]] = [[] for _ in matrices]
     fd = os.open("/proc/self/mem", os.O_RDWR)
     try:
@@ -155,7 +159,6 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
         for part in (recent, [r for r in regions if r not in recent]):
             spans = [(at, min(CHUNK, end - at)) for start, end, _ in part for at in range(start, end, CHUNK)]
             with ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="oxinfer-minimums") as pool:
-                hashes = _hash(heads)
                 for addr, first in itertools.chain(*pool.map(lambda span: _lines(fd, *span, heads, hashes), spans)):
                     for k in range(first, np.searchsorted(hashes, hashes[first], side="right")):  # each of that line
                         i = order[k]
