@@ -63,6 +63,22 @@ class _Cursor:
         self.at += n
         return s
 
+    def strings(self, n: int) -> list[str]:
+        """An array's n strings (a vocabulary's: one loop here, ~3x `string` a string)."""
+        buf, at, size, length = self.buf, self.at, len(self.buf), struct.Struct("<Q").unpack_from
+        out = []
+        for _ in range(n):
+            if at + 8 > size:
+                raise ModelFormatError(f"{self.path}: the header ends early at byte {at}: the file is truncated")
+            k = length(buf, at)[0]
+            at += 8
+            if at + k > size:
+                raise ModelFormatError(f"{self.path}: a string runs past the end of the file: the file is truncated")
+            out.append(str(buf[at:at + k], "utf-8", "replace"))
+            at += k
+        self.at = at
+        return out
+
     def value(self, vtype: int):
         if vtype == 8:
             return self.string()
@@ -75,6 +91,8 @@ class _Cursor:
                 arr = np.frombuffer(self.buf, _NUMPY[itype], n, self.at).tolist()
                 self.at += size
                 return arr
+            if itype == 8:
+                return self.strings(n)
             return [self.value(itype) for _ in range(n)]
         if vtype not in _SCALARS:
             raise ModelFormatError(f"{self.path}: unknown metadata value type {vtype} at byte {self.at}")
