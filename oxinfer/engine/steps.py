@@ -63,8 +63,8 @@ class Steps:
     async def forward_step(self, req: Request, tokens) -> Draw | None:
         """The Draw (oxinfer/sampling.py) after the step's tokens: the prompt in chunks, or one
         token. None: the request was preempted (its cache is gone; it must wait in line again)."""
-        out = None
-        for part in prompt_chunks(len(tokens)):
+        out, executor = None, (req.cache.executor if req.cache is not None else None) or self.cpu
+        for part in prompt_chunks(len(tokens), executor.prompt_rows):
             last = part.stop == len(tokens)  # (an earlier chunk's token is no one's: the argmax, drawn by no sampler)
             out = await self.batcher.submit(Rows(np.asarray(tokens[part]), req, req.sampler if last else None), tag=req.id)
             if out is None:

@@ -19,6 +19,7 @@ class GpuExecutor:
     def __init__(self, runner: ResidentRunner):
         self.runner = runner
         self.max_rows, self.max_seqs = runner.max_rows, runner.max_seqs
+        self.prompt_rows = runner.max_rows
 
     @property
     def stats(self):
