@@ -128,3 +128,23 @@ async def test_a_graph_whose_minimums_cannot_be_written_has_them_beside(tmp_path
         out.append(await engine.steps.cpu.prefill(tokens, cache))
     assert np.abs(got[0] - want[0]).max() < 0.05 * np.abs(want[0]).max()
     assert got[0].argmax() == want[0].argmax()
+
+
+def test_search_finds_only_whole_lines():
+    """The search's line test: a line of memory is a head only if all its words are the head's;
+    lines that share a head's first word (block sums of few values share them often) or its
+    words in another order are not, and repeated heads are each found."""
+    rng = np.random.default_rng(3)
+    heads = rng.integers(1, 2**63, (5, block_minimums.ALIGN // 8), dtype=np.uint64)
+    heads[3, 0] = heads[1, 0]  # two heads of one first word
+    found = block_minimums._Heads(heads.copy())
+    memory = rng.integers(0, 2**63, (4000, block_minimums.ALIGN // 8), dtype=np.uint64)
+    planted = {100: 0, 2500: 3, 3999: 1, 7: 4}
+    for row, head in planted.items():
+        memory[row] = heads[head]
+    for row in range(200, 1200):  # a head's first word, the rest not
+        memory[row, 0] = heads[rng.integers(0, 5), 0]
+    memory[1500] = heads[2][::-1]  # its words in reverse
+    memory[1600] = heads[2]
+    memory[1600, 7] ^= np.uint64(1)  # one bit off in the last word
+    assert sorted(found.matches(memory)) == sorted(planted.items())
