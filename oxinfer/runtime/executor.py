@@ -28,7 +28,7 @@ log = structlog.get_logger("oxinfer.executor")
 PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
 # the CPU's: onnxruntime's attention computes a prompt's scores against every key of the run, the
 # causal mask's half too; in runs of 256 rows the default model's 512-token prompt took 8-10% less
-# time (655 -> 704-722 tok/s; 2,000 tokens: 3-5%) on the 2-core dev VM, 128 rows less gain
+# time (655 -> 704-722 tok/s; 2,000 tokens: 3-5%) on a 2-core Xeon VM, 128 rows less gain
 CPU_PROMPT_ROWS = 256
 SOLO_MAX_TOKENS = 4  # forwards this small run whole in a worker thread when nothing else runs
 
