@@ -20,7 +20,7 @@ PY
 [ -d /tmp/llama_cpp_python-0.3.36-trim ] || tar xzf .lcp/lcp-trim.tgz -C /tmp
 cd /tmp/llama_cpp_python-0.3.36-trim/vendor/llama.cpp
 t0=$(date +%s); gen=""; command -v ninja >/dev/null && gen="-G Ninja"
-cmake -B build-cpu $gen -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+cmake -B build-cpu $gen -DGGML_NATIVE=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > $OUT/cmake.log 2>&1 || { tail -30 $OUT/cmake.log; exit 1; }
 timeout 300 cmake --build build-cpu -j 16 --target llama-bench llama-batched-bench > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 echo "built in $(( $(date +%s)-t0 ))s"; B=build-cpu/bin
