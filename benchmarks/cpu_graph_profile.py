@@ -24,8 +24,8 @@ async def main(args) -> None:
 
     plain = blockwise.session_options
 
-    def profiled():
-        opts = plain()
+    def profiled(*args, **kwargs):
+        opts = plain(*args, **kwargs)
         opts.enable_profiling, opts.profile_file_prefix = True, os.path.join(tempfile.mkdtemp(), "graph")
         return opts
 
@@ -56,17 +56,21 @@ async def main(args) -> None:
     if not args.profile:
         return
     trace = json.loads(Path(graph.session.end_profiling()).read_text())
-    by_op = defaultdict(float)
-    runs = 0
-    for ev in trace:
-        if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time"):
-            by_op[ev["args"]["op_name"]] += ev["dur"]
-        elif ev.get("name") == "model_run":
-            runs += 1
-    total = sum(by_op.values())
-    print(f"ops over {runs} runs (all batches), ms a run: " + ", ".join(
-        f"{k} {v / runs / 1e3:.2f}" for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:12])
-        + f"; sum {total / runs / 1e3:.2f}")
+    runs = [ev for ev in trace if ev.get("name") == "model_run"]  # the prompts' runs, then each batch's 3 + steps
+    runs = runs[len(runs) - len(batches) * (3 + args.steps) - 1:]  # (as if one prompt run)
+    nodes = [ev for ev in trace if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time")]
+    for i, B in enumerate(batches):
+        mine = runs[1 + i * (3 + args.steps) + 3:1 + (i + 1) * (3 + args.steps)]
+        by_op, count = defaultdict(float), defaultdict(int)
+        for ev in nodes:
+            if any(r["ts"] <= ev["ts"] <= r["ts"] + r["dur"] for r in mine):
+                by_op[ev["args"]["op_name"]] += ev["dur"]
+                count[ev["args"]["op_name"]] += 1
+        run_ms = sum(r["dur"] for r in mine) / len(mine) / 1e3
+        ops_ms = sum(by_op.values()) / len(mine) / 1e3
+        print(f"B={B}: a run {run_ms:.2f} ms, its ops {ops_ms:.2f} (between them {run_ms - ops_ms:.2f}); ms a run, nodes: "
+              + ", ".join(f"{k} {v / len(mine) / 1e3:.2f} ({count[k] // len(mine)})"
+                          for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:10]))
 
 
 if __name__ == "__main__":
