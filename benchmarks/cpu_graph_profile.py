@@ -2,6 +2,7 @@
 for one sequence and for B sequences, on the cores this process may use (pin with taskset).
 
     taskset -c 0-3 python benchmarks/cpu_graph_profile.py [--synthetic 135m] [--batch 1,16] [--steps 20] [--profile]
+        [--config session.dynamic_block_base=4 ...]
 """
 
 import argparse
@@ -29,8 +30,13 @@ async def main(args) -> None:
         opts.enable_profiling, opts.profile_file_prefix = True, os.path.join(tempfile.mkdtemp(), "graph")
         return opts
 
-    if args.profile:
-        blockwise.session_options = profiled
+    def configured(*a, **k):
+        opts = (profiled if args.profile else plain)(*a, **k)
+        for entry in args.config:
+            opts.add_session_config_entry(*entry.split("=", 1))
+        return opts
+
+    blockwise.session_options = configured
     path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
     write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
     engine = await oxinfer.Engine.load(path, max_concurrent=64)
@@ -79,4 +85,6 @@ if __name__ == "__main__":
     p.add_argument("--batch", default="1")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--profile", action="store_true", help="onnxruntime's profiler: the ops' times")
+    p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="session config entries to try (session.dynamic_block_base=4, ...)")
     asyncio.run(main(p.parse_args()))
