@@ -1,5 +1,7 @@
 """The CPU backend's kernels against numpy: blockwise int8 for quantized weights, f32 BLAS otherwise."""
 
+import os
+
 import numpy as np
 import pytest
 from structlog.testing import capture_logs
@@ -126,3 +128,16 @@ def test_an_onnxruntime_that_refuses_the_kernel_leaves_float32(monkeypatch):
     assert [e["event"] for e in logs] == ["int8_kernels_unavailable"]
     x = np.random.default_rng(13).normal(size=(2, 64)).astype(np.float32)
     np.testing.assert_allclose(kernel(x), x @ w.dequantize().T, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_threads_knob(monkeypatch):
+    """OXINFER_CPU_THREADS sets onnxruntime's threads; unset, every core this process may use;
+    a value that is not a whole number of at least 1 is refused, naming it."""
+    monkeypatch.delenv("OXINFER_CPU_THREADS", raising=False)
+    assert blockwise.threads() == blockwise.cores() == len(os.sched_getaffinity(0))
+    monkeypatch.setenv("OXINFER_CPU_THREADS", "3")
+    assert blockwise.threads() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv("OXINFER_CPU_THREADS", bad)
+        with pytest.raises(ValueError, match="OXINFER_CPU_THREADS"):
+            blockwise.threads()

@@ -49,7 +49,7 @@ def set_up_threads() -> None:
     if _threads:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
-    n = cores()
+    n = threads()
     try:
         ort.set_global_thread_pool_sizes(n, 1)
         _threads["ort"] = "global"
@@ -73,6 +73,17 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def threads() -> int:
+    """onnxruntime's threads for the products: OXINFER_CPU_THREADS where set (a whole number of
+    at least 1), else every core this process may use."""
+    value = os.environ.get("OXINFER_CPU_THREADS", "").strip()
+    if not value:
+        return cores()
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"OXINFER_CPU_THREADS={value!r}: expected a whole number of threads, at least 1")
+    return int(value)
+
+
 def session_options(shared_arena: bool = True) -> ort.SessionOptions:
     """Every session's: onnxruntime's one global thread pool and (shared_arena) one memory arena
     (set_up_threads); else the session's own."""
@@ -80,7 +91,7 @@ def session_options(shared_arena: bool = True) -> ort.SessionOptions:
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
     else:
-        opts.intra_op_num_threads = cores()
+        opts.intra_op_num_threads = threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3  # errors only
     if shared_arena and _threads["arena"] == "shared":
