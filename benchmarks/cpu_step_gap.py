@@ -1,0 +1,56 @@
+"""The engine's time around the CPU graph in one stream's decode: each step's `graph.run` and the
+time from one run's end to the next one's start (sampling, the stream's Python, the thread hops).
+On many cores the second grows when onnxruntime's threads take every core; OXINFER_CPU_THREADS
+and taskset set them.
+
+    OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
+"""
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+
+
+async def main(args) -> None:
+    import oxinfer
+    from oxinfer.bench import SYNTHETIC
+    from oxinfer.bench_llama import prompt_ids
+    from oxinfer.runtime import blockwise, cpu_graph
+    from oxinfer.testing import write_tiny_llama
+
+    spans = []
+    run = cpu_graph.CpuGraph.run
+
+    def timed(self, seqs, caches):
+        t0 = time.perf_counter()
+        out = run(self, seqs, caches)
+        spans.append((t0, time.perf_counter()))
+        return out
+
+    cpu_graph.CpuGraph.run = timed
+    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
+    write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
+    engine = await oxinfer.Engine.load(path, backend="cpu")
+    params = oxinfer.SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
+    for k in range(args.rounds + 1):
+        spans.clear()
+        r = await engine.generate(prompt_ids(64, engine.config.vocab_size, 3 + k), params)
+        runs = np.array([b - a for a, b in spans[2:]]) * 1e3
+        gaps = np.array([spans[i + 1][0] - spans[i][1] for i in range(2, len(spans) - 1)]) * 1e3
+        if k:  # (the first round warms up)
+            print(f"{len(os.sched_getaffinity(0))} cores, {blockwise.threads()} threads: decode "
+                  f"{r.finished.generation_tps:.1f} tok/s; graph.run {np.median(runs):.2f} ms, between runs "
+                  f"{np.median(gaps):.2f} ms (p90 {np.percentile(gaps, 90):.2f})", flush=True)
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--synthetic", default="135m")
+    p.add_argument("--tokens", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=2)
+    anyio.run(main, p.parse_args())
