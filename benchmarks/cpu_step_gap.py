@@ -1,7 +1,7 @@
 """The engine's time around the CPU graph in one stream's decode: each step's `graph.run` and the
-time from one run's end to the next one's start (sampling, the stream's Python, the thread hops).
-On many cores the second grows when onnxruntime's threads take every core; OXINFER_CPU_THREADS
-and taskset set them.
+time from one run's end to the next one's start (sampling, the stream's Python, the thread hops),
+under the threads OXINFER_CPU_THREADS and taskset give it (the H200 host's 16 cores: 3.1-3.9 and
+0.3-0.56 ms, docs/h200/cpu-step-gap-2026-12-05-s21.txt).
 
     OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
 """

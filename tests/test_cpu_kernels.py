@@ -141,3 +141,5 @@ def test_cpu_threads_knob(monkeypatch):
         monkeypatch.setenv("OXINFER_CPU_THREADS", bad)
         with pytest.raises(ValueError, match="OXINFER_CPU_THREADS"):
             blockwise.threads()
+        with pytest.raises(ValueError, match="OXINFER_CPU_THREADS"):  # at the load, not in a fallback
+            CpuBackend()

@@ -45,6 +45,7 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, int8: bool = True):
+        blockwise.threads()  # a bad OXINFER_CPU_THREADS fails here, named, not later inside a kernel's fallback
         self.int8 = int8
         self._kernels: dict[QuantMatrix, Kernel] = {}  # fused base (or plain matrix) -> its kernel
         self.limiter = anyio.CapacityLimiter(1)  # the kernels already use every core
