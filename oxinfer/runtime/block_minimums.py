@@ -28,6 +28,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import onnxruntime as ort
@@ -69,9 +70,11 @@ class Minimums:
         rows: a multiple of 16), as words in MLAS's order."""
         return tile_order(-(self.scales[:rows] * self.zero_points[:rows])).view(np.uint32).ravel()
 
+    @cached_property
     def key(self) -> int | None:
         """The first line (ALIGN bytes) of the block sums to search memory for: 16 nonzero words,
-        8 of them different at least (a line of zero scales would be found everywhere); None: none."""
+        8 of them different at least (a line of zero scales would be found everywhere); None: none.
+        (Read by the graph, to give the matrix zero points, and by `write`: found once.)"""
         head = self.block_sums(min(len(self.scales) // TILE, 64) * TILE)  # (the first tiles' lines come first)
         for i, line in enumerate(head.reshape(-1, ALIGN // 4)):
             if line.all() and len(np.unique(line)) >= 8:
@@ -141,7 +144,7 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
     Raises LookupError naming the first matrix not found (nothing is written then), OSError where
     /proc/self/mem cannot be read."""
     sums = [m.block_sums() for m in matrices]
-    keys = [m.key() for m in matrices]
+    keys = [m.key for m in matrices]
     for m, k in zip(matrices, keys):
         if k is None:
             raise LookupError(f"{m.name}: no line of its block sums to search for (scales of zero)")

@@ -201,7 +201,7 @@ class GraphOps:
         minimums = "" if offsets is None else "kernel" if zp == 0 else "beside"
         if minimums == "kernel":  # zero points of its own: the packed block sums are found by them
             m = block_minimums.Minimums(w.name, scales.reshape(w.n_out, -1), np.ascontiguousarray(offsets.T))
-            if m.key() is not None:
+            if m.key is not None:
                 self.minimums.append(m)
                 offsets = m.packed_zero_points()
             else:  # (no line of its block sums to search for: the offsets beside, for zero point 8)
