@@ -15,9 +15,11 @@ struct Params {
     xs: u32,     // xt_k (gemm_f16.wgsl): x is the sum of this many blocks, the slices of the split
                  // product before it, not yet summed (0 or 1: x as bound)
     xf: u32,     // mv_blk_i8: 1 = x's int8 blocks are xqs ones, made by the product that wrote x
-                 // (matvec_block.wgsl); 0: xq_k's or attention's
+                 // (matvec_block.wgsl); 2: xqg ones, made by the gate|up product; 0: xq_k's or attention's
     xo: u32,     // mv_blk_i8: 1 = the rows it writes (after the residual add) also go out as xqs
-                 // blocks of x * nw, nw the next norm's weight, for the product after that norm
+                 // blocks of x * nw, nw the next norm's weight, for the product after that norm;
+                 // 2 (3) = a gate|up product: silu(gate) * up (gelu's) goes out as xqg blocks, the
+                 // down product's x
 };
 
 @group(0) @binding(0) var<uniform> P: Params;

@@ -3,7 +3,7 @@
 // xq_k first takes x through the prologue (the norm's weight, swiglu) and quantizes each 32-value
 // block to int8 once (xq_block.wgsl), with the block's sum and (the norm's) sum of squares beside;
 // a decode step's o product takes them from its attention instead, q|k|v and gate|up from the o
-// and down products (xqs blocks, below). mv_blk_i8 then runs BLK_ROWS rows of one token a
+// and down products (xqs blocks, below), down from gate|up (xqg blocks). mv_blk_i8 then runs BLK_ROWS rows of one token a
 // workgroup of BLK_WG invocations (the tokens of a row group side by side in the grid: W's rows
 // come from the cache), each invocation one whole 32-weight block of every row at a time: the
 // weights' integers times x's go four at a time through dot4I8Packed, a 4-bit block's 32 products
@@ -36,10 +36,22 @@ fn blk_dot_i8s(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xs: vec4<f32>, 
     return w.d * dot(xs, vec4<f32>(s)) + w.m * xsum;
 }
 
-// x's blocks, (t, n_in / 32) of them: as xq_k writes them (xq_block.wgsl: 3 vec4 a block), or (P.xf)
+// one whole block of W's row times x's block in int8 sub-blocks of 4 (xqg: x ~ xs[s] * q8 over
+// values 4s .. 4s + 3, xl the scales of sub-blocks 0-3, xh of 4-7): d * (xs . (q . q8 by word)) + m * xsum
+fn blk_dot_i8g(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xl: vec4<f32>, xh: vec4<f32>, xsum: f32) -> f32 {
+    let w = blk_i8(row, blk);
+    let lo = vec4<i32>(dot4I8Packed(w.lo.x, xa.x), dot4I8Packed(w.lo.y, xa.y), dot4I8Packed(w.lo.z, xa.z), dot4I8Packed(w.lo.w, xa.w));
+    let hi = vec4<i32>(dot4I8Packed(w.hi.x, xb.x), dot4I8Packed(w.hi.y, xb.y), dot4I8Packed(w.hi.z, xb.z), dot4I8Packed(w.hi.w, xb.w));
+    return w.d * (dot(xl, vec4<f32>(lo)) + dot(xh, vec4<f32>(hi))) + w.m * xsum;
+}
+
+// x's blocks, (t, n_in / 32) of them: as xq_k writes them (xq_block.wgsl: 3 vec4 a block), or (P.xf 1)
 // xqs blocks, 5 vec4 a block: its 32 bytes as xq_k's, then the scales, sums and sums of squares of
 // its 4 sub-blocks of 8, each made by the workgroup of mv_blk_i8 that wrote those 8 values of x
-// (P.xo; the 8 rows of a one-token workgroup, so that the norm and product after need no xq_k)
+// (P.xo 1; the 8 rows of a one-token workgroup, so that the norm and product after need no xq_k),
+// or (P.xf 2) xqg blocks, 6 vec4 a block: its 32 bytes, then the scales and sums of its 8 sub-blocks
+// of 4, each made by the workgroup of the gate|up product that computed those 4 gates and ups (P.xo
+// 2 or 3: the down product's x, its swiglu or geglu done, so that no xq_k runs before the down product)
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
 // ... written a word at a time: several workgroups write one xqs block's vec4s, a sub-block's words
 // each, and a store to one component of a vec4 need not leave the other three alone
@@ -77,13 +89,22 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
 fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32,
              @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
-    let row0 = (wid.y + wid.z * nwg.y) * BLK_ROWS;   // (the tokens side by side read W's rows from the cache)
+    let g = wid.y + wid.z * nwg.y;   // (the tokens side by side read W's rows from the cache)
     let tok = wid.x;
     let last = P.n_out - 1u;
     let nb = P.n_in >> 5u;
+    let r{d} = min(blk_row(g, {d}u), last);   // unroll d < BLK_ROWS
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
-    if (P.xf != 0u) {
+    if (P.xf == 2u) {
+        for (var blk = lid; blk < nb; blk += BLK_WG) {
+            let o = 6u * (tok * nb + blk);
+            let xl = bitcast<vec4<f32>>(xq[o + 2u]);
+            let xh = bitcast<vec4<f32>>(xq[o + 3u]);
+            let xsum = dot(bitcast<vec4<f32>>(xq[o + 4u]) + bitcast<vec4<f32>>(xq[o + 5u]), vec4<f32>(1.0));
+            a{d} += blk_dot_i8g(r{d}, blk, xq[o], xq[o + 1u], xl, xh, xsum);   // unroll d < BLK_ROWS
+        }
+    } else if (P.xf != 0u) {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
             let o = 5u * (tok * nb + blk);
             let qa = xq[o];
@@ -91,7 +112,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let xs = bitcast<vec4<f32>>(xq[o + 2u]);
             let xsum = dot(bitcast<vec4<f32>>(xq[o + 3u]), vec4<f32>(1.0));
             ss += dot(bitcast<vec4<f32>>(xq[o + 4u]), vec4<f32>(1.0));
-            a{d} += blk_dot_i8s(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
+            a{d} += blk_dot_i8s(r{d}, blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
         }
     } else {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
@@ -102,7 +123,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let xs = bitcast<f32>(sc.x);
             let xsum = bitcast<f32>(sc.y);
             ss += bitcast<f32>(sc.z);
-            a{d} += blk_dot_i8(min(row0 + {d}u, last), blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
+            a{d} += blk_dot_i8(r{d}, blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
         }
     }
     let sg = lid / sg_size;
@@ -113,18 +134,32 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         bpart_ss[sg] = ss;
     }
     workgroupBarrier();
-    if (lid < BLK_ROWS && row0 + lid < P.n_out) {
+    let row = blk_row(g, lid);
+    if (lid < BLK_ROWS && row < P.n_out) {
         var total = 0.0;
         var sq = 0.0;
         for (var i = 0u; i < (BLK_WG + sg_size - 1u) / sg_size; i++) {
             total += bpart[i * BLK_ROWS + lid];
             sq += bpart_ss[i];
         }
-        put(tok * P.n_out + row0 + lid, total * x_scale(sq));
+        put(tok * P.n_out + row, total * x_scale(sq));
     }
-    if (P.xo != 0u) {
-        put_xqs(tok, row0, lid);
+    if (P.xo == 1u) {
+        put_xqs(tok, g * BLK_ROWS, lid);
+    } else if (P.xo != 0u) {
+        put_xqg(tok, g, lid);
     }
+}
+
+// workgroup g's row d: BLK_ROWS rows from g * BLK_ROWS, or where it makes the down product's x (P.xo
+// 2 or 3: a gate|up product, gates in its first n_out / 2 rows, ups in the rest) BLK_ROWS / 2 gates
+// from g * BLK_ROWS / 2 and the ups of the same columns
+fn blk_row(g: u32, d: u32) -> u32 {
+    let h = BLK_ROWS / 2u;
+    if (P.xo >= 2u) {
+        return g * h + d % h + select(0u, P.n_out >> 1u, d >= h);
+    }
+    return g * BLK_ROWS + d;
 }
 
 // P.xo: this workgroup's rows of x as they are now (after the residual add), times the next norm's
@@ -159,5 +194,33 @@ fn put_xqs(tok: u32, row0: u32, lid: u32) {
         xq_out[o + 8u + s] = bitcast<u32>(xs);
         xq_out[o + 12u + s] = bitcast<u32>(dot(a + b, vec4<f32>(1.0)));
         xq_out[o + 16u + s] = bitcast<u32>(sq);
+    }
+}
+
+// P.xo 2 (swiglu) or 3 (geglu): this workgroup's gates and ups as the down product's x, silu(gate) *
+// up or gelu(gate) * up (matvec_common.wgsl's prologue), in xqg sub-blocks of 4 (xq_block.wgsl's
+// scale and rounding, each its own), with their sums: one invocation a sub-block.
+fn put_xqg(tok: u32, g: u32, lid: u32) {
+    workgroupBarrier();   // (bpart read)
+    if (lid < BLK_ROWS) {
+        bpart[lid] = y[tok * P.n_out + min(blk_row(g, lid), P.n_out - 1u)];   // (this invocation's own write)
+    }
+    workgroupBarrier();
+    let h = BLK_ROWS / 2u;
+    if (lid < h / 4u) {
+        let i = 4u * lid;
+        let gate = vec4<f32>(bpart[i], bpart[i + 1u], bpart[i + 2u], bpart[i + 3u]);
+        let up = vec4<f32>(bpart[h + i], bpart[h + i + 1u], bpart[h + i + 2u], bpart[h + i + 3u]);
+        var v = gate / (1.0 + exp(-gate)) * up;
+        if (P.xo == 3u) {
+            v = gelu4(gate) * up;
+        }
+        let xs = xq_scale(abs(v));
+        let col = g * h + i;   // the first of the 4 values' columns in the down product's x
+        let o = 24u * (tok * (P.n_out >> 6u) + (col >> 5u));   // the block's first word (n_out / 2 / 32 blocks a token)
+        let s = (col & 31u) >> 2u;
+        xq_out[o + s] = q8x4(v, xq_inv(xs));
+        xq_out[o + 8u + s] = bitcast<u32>(xs);
+        xq_out[o + 16u + s] = bitcast<u32>(dot(v, vec4<f32>(1.0)));
     }
 }

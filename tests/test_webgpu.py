@@ -134,6 +134,91 @@ def test_the_int8_products_are_the_int8_oracle(gpu, kernel, rows, qtype, n_out, 
         assert 0 < rel_err(job.out, x @ w.dequantize().T) <= 2e-2  # int8 x: not exact, and near
 
 
+def _dispatch_blk(gpu, enc, kind, w, dev, t, words, buffers):
+    """One dispatch of `kind` (mv_blk_i8's forms or xq_k) over W's uploaded rows, Params from
+    `words` (common.wgsl's order after n_out, n_in, row0, t), bindings from `buffers`."""
+    import wgpu
+
+    from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES
+    from oxinfer.runtime.webgpu.kernels import grid
+
+    p = np.zeros(ALIGN // 4, np.uint32)
+    p[:4] = (w.n_out, w.n_in, dev.row0, t)
+    p[4:4 + len(words)] = words
+    pbuf = gpu.device.create_buffer_with_data(data=p.tobytes(), usage=wgpu.BufferUsage.UNIFORM)
+    pipe, layout = gpu.pipeline(w.qtype, kind)
+    entries = [{"binding": 0, "resource": {"buffer": pbuf, "offset": 0, "size": PARAMS_BYTES}}]
+    entries += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}} for b, buf in buffers.items()]
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, gpu.device.create_bind_group(layout=layout, entries=entries))
+    cp.dispatch_workgroups(*grid(kind, w.n_out, t, w.n_in))
+    cp.end()
+
+
+def silu(g: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):  # (exp(-g) of a large negative g: inf, and silu 0, as on the GPU)
+        return g / (np.float32(1) + np.exp(-g))
+
+
+def gelu_tanh(g: np.ndarray) -> np.ndarray:
+    return np.float32(0.5) * g * (np.float32(1) + np.tanh(np.clip(np.float32(0.7978845608028654) * (g + np.float32(0.044715) * g ** 3), -15, 15)))
+
+
+# d_ff 96: 3 blocks of the down product's x, 12 / 24 sub-blocks of 4 from 12 / 24 workgroups of the
+# gate|up product; its 40 rows: the last workgroup's ragged
+@pytest.mark.parametrize("kernel,t", [("mv_blk_i8_1", 1), ("mv_blk_i8", 3)])
+@pytest.mark.parametrize("qtype,glu", [("Q4_1", 2), ("Q8_0", 2), ("Q4_1", 3)])
+def test_gate_up_hands_the_down_product_its_int8_x(gpu, kernel, t, qtype, glu):
+    """A gate|up product that makes the down product's x (Params.xo 2: swiglu, 3: geglu) computes
+    each gate and up row as the int8 oracle says, and writes silu(gate) * up (gelu's) in xqg blocks:
+    int8 sub-blocks of 4 (scale absmax / 127, rounded half to even) with each one's sum; the down
+    product reading them (Params.xf 2) computes what that int8 x times W's blocks says."""
+    if not gpu.can_run(kernel):
+        pytest.skip(f"the adapter has no subgroups or packed int8 built-ins ({gpu.adapter.summary})")
+    import wgpu
+
+    from oxinfer.runtime.webgpu.kernels import XQ_BLOCK_BYTES, XQG_BLOCK_BYTES
+
+    rng = np.random.default_rng(glu * 10 + t)
+    d, ff = 160, 96
+    gate_up, down = random_matrix(qtype, 2 * ff, d, rng), random_matrix(qtype, 40, ff, rng)
+    dev_gu, dev_down = gpu.upload(gate_up), gpu.upload(down)
+    x = rng.standard_normal((t, d), dtype=np.float32)
+    BU = wgpu.BufferUsage
+    store = lambda n: gpu.device.create_buffer(size=n, usage=BU.STORAGE | BU.COPY_SRC)  # noqa: E731
+    xbuf = gpu.device.create_buffer_with_data(data=x.tobytes(), usage=BU.STORAGE)
+    xq, xqg, y1, y2 = (store(t * d // 32 * XQ_BLOCK_BYTES), store(t * ff // 32 * XQG_BLOCK_BYTES),
+                       store(t * 2 * ff * 4), store(t * 40 * 4))
+    unused = store(256)
+    enc = gpu.device.create_command_encoder()
+    _dispatch_blk(gpu, enc, "xq_k", gate_up, dev_gu, t, [], {1: xbuf, 4: xbuf, 6: xq})
+    _dispatch_blk(gpu, enc, kernel, gate_up, dev_gu, t, [0, 0, 0, 0, 0, 0, glu],
+                  {2: y1, 3: dev_gu.buffer, 4: xbuf, 5: xq, 6: xqg})
+    _dispatch_blk(gpu, enc, kernel, down, dev_down, t, [0, 0, 0, 0, 0, 2, 0],
+                  {2: y2, 3: dev_down.buffer, 4: xbuf, 5: xqg, 6: unused})
+    gpu.device.queue.submit([enc.finish()])
+    read = lambda b, dt: np.frombuffer(gpu.device.queue.read_buffer(b), dt)  # noqa: E731
+    got_gu = read(y1, np.float32).reshape(t, 2 * ff)
+    assert rel_err(got_gu, int8_x_oracle(x, gate_up)) <= 1e-6
+    blocks = read(xqg, np.uint32).reshape(t, ff // 32, 24)
+    q = blocks[:, :, :8].copy().view(np.int8).reshape(t, ff).astype(np.float32)  # (4 bytes a word, in order)
+    scales, sums = blocks[:, :, 8:16].view(np.float32), blocks[:, :, 16:24].view(np.float32)
+    g, u = got_gu[:, :ff], got_gu[:, ff:]
+    v = ((silu(g) if glu == 2 else gelu_tanh(g)) * u).reshape(t, ff // 32, 8, 4)
+    want_s = np.abs(v).max(axis=3) / np.float32(127)
+    np.testing.assert_allclose(scales, want_s, rtol=1e-4)  # (a GPU's exp and tanh: to a few ulps)
+    np.testing.assert_allclose(sums, v.sum(axis=3), rtol=1e-4, atol=1e-6 * np.abs(v).max())
+    want_q = np.rint(v * (np.float32(1) / want_s)[..., None]).reshape(t, ff)
+    assert np.abs(q - want_q).max() <= 1 and np.mean(q != want_q) < 0.02  # (exp's last bit may tip a rounding)
+    # the down product on that x: each block's a * q times the sub-blocks' values, plus its constant times their sums
+    xt = (q.reshape(t, ff // 32, 8, 4) * scales[..., None]).reshape(t, ff).astype(np.float64)
+    m = block_offsets(down)
+    dq = down.dequantize().astype(np.float64) - np.repeat(m, 32, axis=1)
+    want = xt @ dq.T + sums.sum(axis=2).astype(np.float64) @ m.T
+    assert rel_err(read(y2, np.float32).reshape(t, 40), want) <= 1e-5
+
+
 def test_every_kernel_compiles_for_every_format_that_has_it(gpu):
     """warmup builds each kernel the adapter can run for each weight format: the int8 ones
     (BLK_KINDS) for the formats whose decoder has blk_i8 alone."""

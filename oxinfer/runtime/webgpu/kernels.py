@@ -40,13 +40,17 @@ PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": 
                  **{k: {2: "y", 3: "w", 4: "nw_next", 5: "xq", 6: "xqs"} for k in BLK_MV}}
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
 XQS_BLOCK_BYTES = 80  # ... as mv_blk_i8 writes it in sub-blocks of 8 (xqs): 32 bytes, 4 scales, sums, squares
+XQG_BLOCK_BYTES = 96  # ... as a gate|up product writes the down product's in sub-blocks of 4 (xqg): 32 bytes, 8 scales, sums
+
+
+XQ_ROLES = {"xq": XQ_BLOCK_BYTES, "xqs": XQS_BLOCK_BYTES, "xqg": XQG_BLOCK_BYTES}  # P.xf 0, 1, 2 read these
 
 
 def operand_bytes(role: str, t: int, n_out: int, n_in: int) -> int:
     """The scratch an operand of PARTS takes for t rows of x times W (n_out, n_in): x or W in f16,
-    k-major, padded to MM_TILE (xt, wt: gemm_f16.wgsl), or x's int8 blocks (xq, xqs: matvec_block.wgsl)."""
-    if role in ("xq", "xqs"):
-        return t * (n_in // 32) * (XQ_BLOCK_BYTES if role == "xq" else XQS_BLOCK_BYTES)
+    k-major, padded to MM_TILE (xt, wt: gemm_f16.wgsl), or x's int8 blocks (xq, xqs, xqg: matvec_block.wgsl)."""
+    if role in XQ_ROLES:
+        return t * (n_in // 32) * XQ_ROLES[role]
     return pad128(t if role == "xt" else n_out) * n_in * 2
 MV_ROWS = 4  # rows per workgroup of mv_wg / mv_subgroup
 MV_TOK = 8  # tokens per workgroup of mv_tok: each decoded weight serves this many rows of x

@@ -13,6 +13,7 @@ from oxinfer.runtime.webgpu.kernels import (
     PART_BINDINGS,
     PARTS,
     PROLOGUE_KINDS,
+    XQ_ROLES,
     operand_bytes,
 )
 from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
@@ -79,14 +80,14 @@ class Planning:
     """The plan-building half of ResidentRunner (mixed into it)."""
 
     def _bind(self, prog: Program, i: int, d: Dispatch, kind: str, pre: int, split: bool, sums: bool = False,
-              xf: bool = False, nw_next=None):
+              xf: int = 0, xo: int = 0, nw_next=None):
         """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
         or its fused variant), a matvec's prologue doing `pre` (Params.pre), a tiled product in
         k slices (`split`: written to the next dispatch's, add_splits', input), mm_kt's xt_k
         summing the slices of the product before (`sums`: read from that product's add_splits'
-        input, which does not run), mv_blk_i8 reading x's xqs blocks (`xf`) or writing them with
-        the next norm's weight `nw_next` (Params.xf, .xo)."""
-        key = (kind, pre, split, sums, xf, nw_next is not None)
+        input, which does not run), mv_blk_i8 reading x's xqs or xqg blocks (`xf` 1, 2), writing
+        xqs blocks with the next norm's weight `nw_next` (`xo` 1) or xqg ones (`xo` 2, 3: Params.xf, .xo)."""
+        key = (kind, pre, split, sums, xf, xo, nw_next is not None)
         got = d.bound.get(key)
         if got is None:
             entries = dict(d.entries)
@@ -98,7 +99,8 @@ class Planning:
                     roles = {"x": prog.disps[i - 2].entries[2] if sums else d.pre.entries[2] if pre else entries[1],
                              "nw": d.pre.entries[3] if pre == 1 else d.entries[1], "w": entries[3], "y": entries[2],
                              "nw_next": d.entries[1] if nw_next is None else nw_next}  # (unread without Params.xo)
-                    swap = {"xq": "xqs", "xqs": "xq"} if xf else {}  # (read x's xqs blocks; the other written, never)
+                    reads = list(XQ_ROLES)[xf]  # x's int8 blocks; and the blocks it may write (never the ones read)
+                    swap = {"xq": reads, "xqs": "xqg" if xo >= 2 else "xq" if reads == "xqs" else "xqs"}
                     entries = {b: roles[r] if r in roles else self._operand(prog, swap.get(r, r))
                                for b, r in PART_BINDINGS[kind].items()}
                 elif kind in PROLOGUE_KINDS:  # x through the prologue: what the norm or swiglu read
@@ -132,7 +134,7 @@ class Planning:
     def _operand(self, prog: Program, role: str):
         """The scratch buffer of a role of the products' operands (kernels.PARTS): mm_kt's x and
         the widest W it takes in f16 (xt, wt), mv_blk_i8's and mm_i8's x in int8 blocks (xq, or
-        xqs: in sub-blocks of 8)."""
+        xqs: in sub-blocks of 8, xqg: of 4)."""
         mm = [d for d in prog.disps if d.kernel == "mm"]
         if role == "wt":  # the widest W mm_kt takes
             size = max((operand_bytes(role, 0, *map(int, d.params[:2])) for d in mm
@@ -148,7 +150,7 @@ class Planning:
         past some), and the uniform words the shape decides, built once per shape: a decode step
         of a steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels,
         fuse_prologues, fuse_split_sums, chunk_attention, attention_makes_xq, products_make_xqs,
-        then the calls and the uniform words."""
+        gate_up_makes_xqg, then the calls and the uniform words."""
         chunks = self.decode_chunks(n, keys) if t == n else 1
         plan = prog.plans.get((t, n, stages, chunks))
         if plan is None:
@@ -158,6 +160,7 @@ class Planning:
             chunk_attention(self, c, t, chunks)
             attention_makes_xq(self, prog.disps, c)
             products_make_xqs(prog.disps, c)
+            gate_up_makes_xqg(prog.disps, c)
             calls, at = self._calls(prog, c, stages)
             where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
@@ -182,7 +185,7 @@ class Planning:
                 parts = (c.kinds[i], MERGES[c.kinds[i]])
             for kind in parts:
                 pipe, bg = self._bind(prog, i, disps[i], kind, int(c.pre[i]), bool(c.splits[i] > 1), bool(c.xs[i] > 1),
-                                      bool(c.xf[i]), c.nw_next.get(i))
+                                      int(c.xf[i]), int(c.xo[i]), c.nw_next.get(i))
                 x, y, z = disps[i].grid(kind, c.rows[i])
                 if kind == c.kinds[i] and max(c.splits[i], c.chunks[i]) > 1:  # a product's k slices, attention's chunks
                     z = int(max(c.splits[i], c.chunks[i]))
@@ -204,9 +207,9 @@ class Choices:
     fused: list[bool]  # fused[i]: dispatch i does the work of dispatch i - 1 too (that one does not run)
     chunks: np.ndarray  # each attend_rows' or attend_decode's chunks of positions (Op.flags)
     xq: np.ndarray  # each attention's Op.xq: 1 = it makes the o product's int8 x (its xq_k does not run)
-    xf: np.ndarray  # each product's Params.xf: it reads x's xqs blocks (its xq_k does not run)
-    xo: np.ndarray  # each product's Params.xo: it writes them for the product after the norm ...
-    nw_next: dict  # ... whose weight (a buffer) is this
+    xf: np.ndarray  # each product's Params.xf: it reads x's xqs (1) or xqg (2) blocks (its xq_k does not run)
+    xo: np.ndarray  # each product's Params.xo: it writes xqs blocks for the product after the norm (1) ...
+    nw_next: dict  # ... whose weight (a buffer) is this; or xqg blocks for the down product (2, 3: its glu)
 
 
 def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
@@ -321,6 +324,23 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
                 and disps[j].entries[2] is d.entries[2] and c.fused[k] and disps[k].kernel == "mm"
                 and c.kinds[k] in BLK_MV and c.pre[k] == 1):
             c.xo[i], c.xf[k], c.nw_next[i] = 1, 1, disps[j].entries[3]
+
+
+def gate_up_makes_xqg(disps: list[Dispatch], c: Choices) -> None:
+    """A down product in mv_blk_i8 whose prologue took the swiglu (or geglu) over, which its xq_k
+    would do before quantizing x, takes x's int8 blocks from the gate|up product in mv_blk_i8
+    before it instead: that product's workgroups each take BLK_ROWS / 2 gates and the ups of the
+    same columns (matvec_block.wgsl: blk_row) and write silu(gate) * up as xqg blocks, int8
+    sub-blocks of 4 (a workgroup's columns) with a scale and a sum each: one dispatch less a layer.
+    A stream's row is made alike in a one-token step and in a batched one."""
+    for i, d in enumerate(disps):
+        if d.kernel != "mm" or c.kinds[i] not in BLK_MV or c.pre[i] not in (2, 3) or not c.fused[i] or c.xf[i]:
+            continue
+        k = i - 3 if disps[i - 2].optional else i - 2  # the gate|up product (past its add_splits)
+        gu = disps[k]
+        if (gu.kernel == "mm" and c.kinds[k] in BLK_MV and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
+                and gu.entries[2] is disps[i - 1].entries[2] and int(gu.params[0]) == 2 * int(d.params[1])):
+            c.xo[k], c.xf[i] = c.pre[i], 2
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
