@@ -51,7 +51,8 @@ fn blk_dot_i8g(row: u32, blk: u32, xa: vec4<u32>, xb: vec4<u32>, xl: vec4<f32>, 
 // (P.xo 1; the 8 rows of a one-token workgroup, so that the norm and product after need no xq_k),
 // or (P.xf 2) xqg blocks, 6 vec4 a block: its 32 bytes, then the scales and sums of its 8 sub-blocks
 // of 4, each made by the workgroup of the gate|up product that computed those 4 gates and ups (P.xo
-// 2 or 3: the down product's x, its swiglu or geglu done, so that no xq_k runs before the down product)
+// 2 or 3: the down product's x, its swiglu or geglu done, so that no xq_k runs before the down
+// product of a one-token step), or by xq_k alike (a batched step's)
 @group(0) @binding(5) var<storage, read> xq: array<vec4<u32>>;
 // ... written a word at a time: several workgroups write one xqs block's vec4s, a sub-block's words
 // each, and a store to one component of a vec4 need not leave the other three alone
@@ -78,6 +79,18 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xb = x8(tok, 4u * blk + 1u);
     let xc = x8(tok, 4u * blk + 2u);
     let xd = x8(tok, 4u * blk + 3u);
+    if (P.xf == 2u) {   // the product reads xqg blocks (a batched step's down product: as one-token steps' gate|up writes them)
+        let g = 24u * (tok * nb + blk);
+        put_xqg4(g, 0u, xa.a);
+        put_xqg4(g, 1u, xa.b);
+        put_xqg4(g, 2u, xb.a);
+        put_xqg4(g, 3u, xb.b);
+        put_xqg4(g, 4u, xc.a);
+        put_xqg4(g, 5u, xc.b);
+        put_xqg4(g, 6u, xd.a);
+        put_xqg4(g, 7u, xd.b);
+        return;
+    }
     let q = xq_block(xa.a, xa.b, xb.a, xb.b, xc.a, xc.b, xd.a, xd.b, xa.ss + xb.ss + xc.ss + xd.ss);
     let o = 12u * (tok * nb + blk);
     put_u4(o, q.lo);
@@ -215,12 +228,15 @@ fn put_xqg(tok: u32, g: u32, lid: u32) {
         if (P.xo == 3u) {
             v = gelu4(gate) * up;
         }
-        let xs = xq_scale(abs(v));
         let col = g * h + i;   // the first of the 4 values' columns in the down product's x
-        let o = 24u * (tok * (P.n_out >> 6u) + (col >> 5u));   // the block's first word (n_out / 2 / 32 blocks a token)
-        let s = (col & 31u) >> 2u;
-        xq_out[o + s] = q8x4(v, xq_inv(xs));
-        xq_out[o + 8u + s] = bitcast<u32>(xs);
-        xq_out[o + 16u + s] = bitcast<u32>(dot(v, vec4<f32>(1.0)));
+        put_xqg4(24u * (tok * (P.n_out >> 6u) + (col >> 5u)), (col & 31u) >> 2u, v);   // (n_out / 2 / 32 blocks a token)
     }
+}
+
+// sub-block s of the xqg block at word o: 4 values of x as signed bytes, their scale and their sum
+fn put_xqg4(o: u32, s: u32, v: vec4<f32>) {
+    let xs = xq_scale(abs(v));
+    xq_out[o + s] = q8x4(v, xq_inv(xs));
+    xq_out[o + 8u + s] = bitcast<u32>(xs);
+    xq_out[o + 16u + s] = bitcast<u32>(dot(v, vec4<f32>(1.0)));
 }

@@ -58,7 +58,6 @@ def planned_in_int8(monkeypatch) -> WebGpuBackend:
         pytest.skip(f"the adapter cannot run mv_blk_i8: no subgroups, or no packed int8 built-ins ({backend.adapter.summary})")
     backend.cpu_adapter = False  # plan as on a GPU
     monkeypatch.setattr(webgpu, "MV_BLK_MIN", 64)
-    monkeypatch.setattr(webgpu, "MV_BLK_MIN_BATCH", 64)
     return backend
 
 
@@ -140,9 +139,9 @@ async def test_matvec_prologues_take_over_the_norms_and_swiglu(tmp_path, kernel)
     layers = gpu.model.cfg.n_layers
     per_layer = {"mv_rows": 7, "mv_tok": 9}.get(kernel, 6)
     # mv_blk_i8's x made int8 blocks first (xq_k) for the first q|k|v, each o (head_dim 16: not by
-    # attention) and the head (its norm's gathered rows); the o and down products make q|k|v's and
-    # gate|up's (xqs), gate|up the down product's (xqg)
-    xq = layers + 2 if kernel == "mv_blk_i8" else 0
+    # attention) and down product (in xqg blocks: the one-token form's gate|up alone makes them),
+    # and the head (its norm's gathered rows); the o and down products make q|k|v's and gate|up's (xqs)
+    xq = 2 * layers + 2 if kernel == "mv_blk_i8" else 0
     # embed, the layers, the final norm (of gathered rows: never fused), the head, the argmax (2)
     assert gpu.resident.last.dispatches == 1 + per_layer * layers + 4 + xq
     params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -284,9 +283,10 @@ async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkey
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down
     products, which add into the residual, write it again times the next norm's weight as int8
     sub-blocks of 8 (their workgroups' rows), which q|k|v and gate|up read through their norm, and
-    gate|up writes silu(gate) * up as the down product's x (xqg: sub-blocks of 4); so a decode
-    step's only xq_k are the first layer's and the head's (whose norm, of gathered rows, runs
-    apart in prompts), one dispatch less a layer than with gate|up's handing off.
+    in a one-token step gate|up writes silu(gate) * up as the down product's x (xqg: sub-blocks of
+    4); so that step's only xq_k are the first layer's and the head's (whose norm, of gathered
+    rows, runs apart in prompts), one dispatch less a layer than without gate|up's; a batched
+    step's xq_k makes the down product's xqg blocks.
     Each stream's decode-step logits (one step alone, or three streams' in one step) are within
     I8_TOL of the CPU's floats."""
     backend = planned_in_int8(monkeypatch)
@@ -306,10 +306,11 @@ async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkey
         assert rel_err(row, await cpu.next_logits(p + t)) <= I8_TOL
     plan = r.program(False).plans[(streams, streams, frozenset(), 1)]
     xq_k = backend.pipeline("Q4_1", "xq_k")[0]
-    assert sum(c[0] is xq_k for c in plan.calls) == 2
-    monkeypatch.setattr(webgpu_plan, "gate_up_makes_xqg", lambda *a: None)
+    downs = layers if streams > 1 else 0
+    assert sum(c[0] is xq_k for c in plan.calls) == 2 + downs
+    monkeypatch.setattr(webgpu_plan, "glu_x_in_xqg", lambda *a: None)
     r.program(False).plans.clear()
-    assert len(r._plan(r.program(False), streams, streams, frozenset(), 2).calls) - len(plan.calls) == layers
+    assert len(r._plan(r.program(False), streams, streams, frozenset(), 2).calls) - len(plan.calls) == layers - downs
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv,heads_rows", [(96, 2, 1, None), (128, 8, 2, (4, 32)), (512, 4, 1, (2, 16))])

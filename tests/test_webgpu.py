@@ -172,8 +172,9 @@ def gelu_tanh(g: np.ndarray) -> np.ndarray:
 def test_gate_up_hands_the_down_product_its_int8_x(gpu, kernel, t, qtype, glu):
     """A gate|up product that makes the down product's x (Params.xo 2: swiglu, 3: geglu) computes
     each gate and up row as the int8 oracle says, and writes silu(gate) * up (gelu's) in xqg blocks:
-    int8 sub-blocks of 4 (scale absmax / 127, rounded half to even) with each one's sum; the down
-    product reading them (Params.xf 2) computes what that int8 x times W's blocks says."""
+    int8 sub-blocks of 4 (scale absmax / 127, rounded half to even) with each one's sum, bit for bit
+    the blocks xq_k makes from those floats for a product that reads them (Params.xf 2); the down
+    product reading them computes what that int8 x times W's blocks says."""
     if not gpu.can_run(kernel):
         pytest.skip(f"the adapter has no subgroups or packed int8 built-ins ({gpu.adapter.summary})")
     import wgpu
@@ -197,11 +198,14 @@ def test_gate_up_hands_the_down_product_its_int8_x(gpu, kernel, t, qtype, glu):
                   {2: y1, 3: dev_gu.buffer, 4: xbuf, 5: xq, 6: xqg})
     _dispatch_blk(gpu, enc, kernel, down, dev_down, t, [0, 0, 0, 0, 0, 2, 0],
                   {2: y2, 3: dev_down.buffer, 4: xbuf, 5: xqg, 6: unused})
+    made = store(t * ff // 32 * XQG_BLOCK_BYTES)  # ... and as xq_k makes them (a batched step's), from gate|up's floats
+    _dispatch_blk(gpu, enc, "xq_k", down, dev_down, t, [0, glu, 0, 0, 0, 2, 0], {1: y1, 4: xbuf, 6: made})
     gpu.device.queue.submit([enc.finish()])
     read = lambda b, dt: np.frombuffer(gpu.device.queue.read_buffer(b), dt)  # noqa: E731
     got_gu = read(y1, np.float32).reshape(t, 2 * ff)
     assert rel_err(got_gu, int8_x_oracle(x, gate_up)) <= 1e-6
     blocks = read(xqg, np.uint32).reshape(t, ff // 32, 24)
+    np.testing.assert_array_equal(read(made, np.uint32).reshape(blocks.shape), blocks)  # bit for bit
     q = blocks[:, :, :8].copy().view(np.int8).reshape(t, ff).astype(np.float32)  # (4 bytes a word, in order)
     scales, sums = blocks[:, :, 8:16].view(np.float32), blocks[:, :, 16:24].view(np.float32)
     g, u = got_gu[:, :ff], got_gu[:, ff:]
@@ -243,10 +247,11 @@ def test_int8_products_only_where_the_device_compiles_them(gpu, monkeypatch):
     if "subgroup" not in as_gpu.features:
         pytest.skip(f"the adapter has no subgroups ({gpu.adapter.summary})")
     assert {as_gpu.kernel_for(1, 4096, 4096, q) for q in MV_BLK_FORMATS} == {"mv_blk_i8_1"}
-    assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 4096, 4096, "Q6_K") == "mv_subgroup256"
-    # batched decode steps: int8 from TinyLlama's sizes on, floats for SmolLM2's and other formats
-    assert as_gpu.kernel_for(8, 2048, 5632, "Q4_K") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
-    assert as_gpu.kernel_for(8, 1536, 576, "Q4_1") == as_gpu.kernel_for(8, 4096, 4096, "Q6_K") == "mv_tok"
+    # SmolLM2's and TinyLlama's sizes too, one stream or several; other formats in floats
+    assert as_gpu.kernel_for(1, 2048, 5632, "Q4_1") == as_gpu.kernel_for(1, 1536, 576, "Q8_0") == "mv_blk_i8_1"
+    assert as_gpu.kernel_for(1, 4096, 4096, "Q6_K") == "mv_subgroup256" and as_gpu.kernel_for(1, 256, 4096, "Q4_1") == "mv_subgroup256"
+    assert as_gpu.kernel_for(8, 1536, 576, "Q4_K") == as_gpu.kernel_for(32, 4096, 4096, "Q4_1") == "mv_blk_i8"
+    assert as_gpu.kernel_for(8, 4096, 4096, "Q6_K") == as_gpu.kernel_for(8, 4096, 256, "Q4_1") == "mv_tok"
     assert as_gpu.kernel_for(64, 4096, 4096, "Q4_1").startswith("mm_")  # a prompt's rows: tiled
     # a prompt's products: int8 for the same formats, else the f16 GEMM where the device has f16
     assert {as_gpu.gemm_kind(as_gpu.kernel_for(64, 4096, 4096, q), 4096, 4096, q) for q in MV_BLK_FORMATS} == {"mm_i8"}

@@ -78,9 +78,17 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # 1,054-1,068 tok/s (GPU pass 14.5 -> 8.7 ms), 32 streams 751-786 -> 1,434-1,474 (43.2 -> 24.1 ms).
 # Before xq_k an int8 mv_tok (mv_tok_i8: 8 tokens x 8 rows a workgroup, each token's x quantized in
 # registers) had lost there: 8 streams 584 -> 434, 32 streams 746 -> 559.
-# At TinyLlama's sizes (MV_BLK_MIN 2048) int8 still loses, the extra dispatches with it: one
-# stream's GPU pass 1.28 -> 1.56 ms (8 rows), 1.45 (16 rows), so smaller products keep
-# mv_subgroup256 / mv_tok and exact floats. Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2
+# Batched steps (2+ rows) took int8 from TinyLlama's size on (its 8 streams 2,419-2,526 -> 3,555-3,656
+# tok/s, 32 streams 3,862-3,927 -> 6,480-6,849, GPU pass 8.2 -> 4.9 ms), while smaller one-token
+# products lost in int8, each with an xq_k: TinyLlama's one-stream GPU pass 1.28 -> 1.56 ms (session
+# 16), so its stream was computed in floats alone and in int8 beside others (logits ~1% apart).
+# Since their x comes from the kernel before (attention, the o and down products, gate|up: plan.py),
+# MV_BLK_MIN 4096 (2048 batched) -> 512 gains, in turns on the H200 (session 22, 64 + 256 tokens,
+# docs/h200/): TinyLlama's one-stream GPU pass 1.29 -> 1.05 ms (671 / 654 -> 697 / 804 tok/s: its
+# host's encoding bounds it now), SmolLM2's 1.32 -> 1.16 (603 / 658 -> 558-802, likewise), SmolLM2's 32
+# streams 3.74 -> 3.14 ms (8,375 / 8,355 -> 8,896 / 10,009 tok/s; measured with gate|up writing the down
+# product's x in batched steps too, plan.glu_x_in_xqg); and a stream is computed alike alone and
+# beside others again. Swept in f32 before: 4 rows a workgroup 6.2-6.9 ms, 2
 # rows 9.4, 16 rows 5.0-5.4, 32 or 128 lanes 5.0-5.9; a struct-of-arrays layout of Q4_1's blocks
 # (16-byte loads of the nibbles, a timing trial) 4.36 against 4.42 ms: the blocks stay GGUF's.
 # MV_BLK_FORMATS, the formats whose decoder has blk_i8; synthetic 8B shapes of each on the H200 (gpu_model.py,
@@ -93,13 +101,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # Q5_K in int8 (nibble and fifth bit made one byte) gained nothing: a Q5_K_M-like 1.1B's GPU pass
 # at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8
 MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
-MV_BLK_MIN = 4096
-# ... and in batched steps (2+ rows) from TinyLlama's size on: its 8 streams 2,419-2,526 -> 3,555-3,656
-# tok/s, 32 streams 3,862-3,927 -> 6,480-6,849 (GPU pass 8.2 -> 4.9 ms), where its one stream keeps
-# floats. There a stream beside others is computed in int8 and alone in floats: its logits differ by
-# x's rounding (~1% of a logit's scale), as llama.cpp's do between its kernels, and a seed's draws
-# may too. SmolLM2's sizes (576) keep floats in both: 32 streams gained 7-19%, host-bound already.
-MV_BLK_MIN_BATCH = 2048
+MV_BLK_MIN = 512
 # mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
 # a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
 # every BLK_WG-th block), so a stream's one-token step and its row of a batched one agree bit for
@@ -148,7 +150,7 @@ class KernelChoice:
             return "mm_tiled" if -(-t // MM_TILE) * -(-n_out // MM_TILE) >= MM_BIG_TILES else "mm_tiled64"
         if self.cpu_adapter:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
-        if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= (MV_BLK_MIN if t == 1 else MV_BLK_MIN_BATCH)
+        if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN
                 and self.can_run("mv_blk_i8")):
             return "mv_blk_i8_1" if t == 1 else "mv_blk_i8"
         if t >= MV_TOK_MIN_T:

@@ -150,7 +150,7 @@ class Planning:
         past some), and the uniform words the shape decides, built once per shape: a decode step
         of a steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels,
         fuse_prologues, fuse_split_sums, chunk_attention, attention_makes_xq, products_make_xqs,
-        gate_up_makes_xqg, then the calls and the uniform words."""
+        glu_x_in_xqg, then the calls and the uniform words."""
         chunks = self.decode_chunks(n, keys) if t == n else 1
         plan = prog.plans.get((t, n, stages, chunks))
         if plan is None:
@@ -160,7 +160,7 @@ class Planning:
             chunk_attention(self, c, t, chunks)
             attention_makes_xq(self, prog.disps, c)
             products_make_xqs(prog.disps, c)
-            gate_up_makes_xqg(prog.disps, c)
+            glu_x_in_xqg(prog.disps, c)
             calls, at = self._calls(prog, c, stages)
             where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
@@ -180,7 +180,7 @@ class Planning:
         for i in live:
             parts = (c.kinds[i],)
             if c.kinds[i] in PARTS:  # its operands first (but x's int8 blocks where attention or a product made them)
-                parts = PARTS[c.kinds[i]][bool(c.xf[i] or (i and c.xq[i - 1])):]
+                parts = PARTS[c.kinds[i]][int(c.made[i]):]
             elif c.chunks[i] > 1:
                 parts = (c.kinds[i], MERGES[c.kinds[i]])
             for kind in parts:
@@ -210,6 +210,7 @@ class Choices:
     xf: np.ndarray  # each product's Params.xf: it reads x's xqs (1) or xqg (2) blocks (its xq_k does not run)
     xo: np.ndarray  # each product's Params.xo: it writes xqs blocks for the product after the norm (1) ...
     nw_next: dict  # ... whose weight (a buffer) is this; or xqg blocks for the down product (2, 3: its glu)
+    made: np.ndarray  # 1: a product's x in int8 blocks comes from the kernel before (attention, a product): no xq_k
 
 
 def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
@@ -235,7 +236,8 @@ def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
             if i + 1 < len(disps) and disps[i + 1].optional:
                 splits[i] = gpu.splits_for(kt, rows[i], *map(int, d.params[:2]))
     zeros = lambda: np.zeros(len(disps), np.uint32)  # noqa: E731
-    return Choices(rows, kinds, splits, zeros(), zeros(), [False] * (len(disps) + 1), zeros(), zeros(), zeros(), zeros(), {})
+    return Choices(rows, kinds, splits, zeros(), zeros(), [False] * (len(disps) + 1), zeros(), zeros(), zeros(), zeros(), {},
+                   zeros())
 
 
 def fuse_prologues(disps: list[Dispatch], c: Choices, t: int, n: int) -> None:
@@ -298,7 +300,7 @@ def attention_makes_xq(r, disps: list[Dispatch], c: Choices) -> None:
                 and d.entries[1] is att.entries[10]
                 and (c.kinds[i - 1] == "attention:attend_decode_kv"
                      or (c.kinds[i - 1] == "attention:attend_decode" and c.chunks[i - 1] <= 1))):
-            c.xq[i - 1] = 1
+            c.xq[i - 1] = c.made[i] = 1
 
 
 def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
@@ -323,24 +325,28 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
         if (k < len(disps) and disps[j].kernel == "norm:rms_norm" and not disps[j].params[3]
                 and disps[j].entries[2] is d.entries[2] and c.fused[k] and disps[k].kernel == "mm"
                 and c.kinds[k] in BLK_MV and c.pre[k] == 1):
-            c.xo[i], c.xf[k], c.nw_next[i] = 1, 1, disps[j].entries[3]
+            c.xo[i], c.xf[k], c.made[k], c.nw_next[i] = 1, 1, 1, disps[j].entries[3]
 
 
-def gate_up_makes_xqg(disps: list[Dispatch], c: Choices) -> None:
-    """A down product in mv_blk_i8 whose prologue took the swiglu (or geglu) over, which its xq_k
-    would do before quantizing x, takes x's int8 blocks from the gate|up product in mv_blk_i8
-    before it instead: that product's workgroups each take BLK_ROWS / 2 gates and the ups of the
-    same columns (matvec_block.wgsl: blk_row) and write silu(gate) * up as xqg blocks, int8
-    sub-blocks of 4 (a workgroup's columns) with a scale and a sum each: one dispatch less a layer.
-    A stream's row is made alike in a one-token step and in a batched one."""
+def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
+    """A down product in mv_blk_i8 whose prologue took the swiglu (or geglu) over reads its x as
+    xqg blocks: int8 sub-blocks of 4, each with its scale and sum. In a one-token step the gate|up
+    product before it (mv_blk_i8_1) writes them: its workgroups each take 4 gates and the ups of
+    the same columns (matvec_block.wgsl: blk_row), and no xq_k runs, one dispatch less a layer (on
+    the H200 the 8B shape's one stream 320 -> 330 tok/s, GPU pass 3.09 -> 3.00 ms, in turns). In a
+    batched step xq_k makes the same blocks: there the gate|up product writing them ran the 8B
+    shape's 8 and 32 streams 3-4% slower (GPU pass 10.00 -> 10.35, 22.7 -> 23.6 ms; its
+    workgroups, 57,344 of them at 32 streams, each a little longer). Either way a stream's row
+    is computed alike alone and beside others."""
     for i, d in enumerate(disps):
         if d.kernel != "mm" or c.kinds[i] not in BLK_MV or c.pre[i] not in (2, 3) or not c.fused[i] or c.xf[i]:
             continue
+        c.xf[i] = 2
         k = i - 3 if disps[i - 2].optional else i - 2  # the gate|up product (past its add_splits)
         gu = disps[k]
-        if (gu.kernel == "mm" and c.kinds[k] in BLK_MV and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
+        if (gu.kernel == "mm" and c.kinds[k] == "mv_blk_i8_1" and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
                 and gu.entries[2] is disps[i - 1].entries[2] and int(gu.params[0]) == 2 * int(d.params[1])):
-            c.xo[k], c.xf[i] = c.pre[i], 2
+            c.xo[k], c.made[i] = c.pre[i], 1
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
