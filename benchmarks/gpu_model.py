@@ -217,6 +217,23 @@ async def measure(path: Path, backend: str, n_prompt: int, n_decode: int, concur
     return out
 
 
+def set_constant(item: str) -> None:
+    """MODULE.NAME=VALUE: an oxinfer module's constant replaced (a trial's setting), VALUE a Python
+    literal of the constant's own type."""
+    import ast
+    import importlib
+
+    name, eq, value = item.partition("=")
+    module, _, attr = name.rpartition(".")
+    if not eq or not module.startswith("oxinfer") or not hasattr(mod := importlib.import_module(module), attr):
+        raise SystemExit(f"--set {item!r}: expected MODULE.NAME=VALUE, an existing constant of an oxinfer module")
+    old = getattr(mod, attr)
+    new = ast.literal_eval(value)
+    if type(new) is not type(old):
+        raise SystemExit(f"--set {item!r}: {name} is a {type(old).__name__}, not a {type(new).__name__}")
+    setattr(mod, attr, new)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="a .gguf (default: synthetic ones, see --synthetic)")
@@ -231,7 +248,11 @@ def main() -> None:
                     help="also one stream's decode after prompts of these many tokens (long contexts: 128 4000)")
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     ap.add_argument("--load-only", action="store_true", help="only what loading costs: seconds, host RSS, GPU memory")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="a trial: an oxinfer constant set first (oxinfer.runtime.webgpu.kernels.BLK_WIDE_MIN_K=8192)")
     a = ap.parse_args()
+    for item in a.set:
+        set_constant(item)
     sampled = {k: SAMPLINGS[k] for k in a.modes or SAMPLINGS} if a.sampled else {}
     oxinfer.configure_logging("WARNING")
     print(f"machine: {os.cpu_count()} cores; {a.prompt_tokens}-token prefill, {a.decode_tokens} tokens decoded per stream")

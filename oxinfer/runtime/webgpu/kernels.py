@@ -32,7 +32,8 @@ MM_KT_SLOTS = 528
 # operands (xt_k, wt_k), mv_blk_i8's and mm_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
-BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
+BLK_MV = ("mv_blk_i8", "mv_blk_i8_1", "mv_blk_i8_w")  # mv_blk_i8's forms (BLK_SHAPES)
+BLK_SOLO = BLK_MV[1:]  # ... the one-token ones
 PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
 # (mv_blk_i8 also binds the next norm's weight and the xqs blocks it may write: Params.xo)
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
@@ -112,7 +113,13 @@ MV_BLK_MIN = 512
 # ms, 8 x 64 3.15, 4 x 64 3.17-3.18, 2 x 64 3.52, 4 x 128 3.32-3.33 (16 KiB: 5.18); batched steps
 # 16 x 64 (8B 8 streams 7.56 ms, TinyLlama 8 / 32 streams 1.99 / 4.66) against 16 x 128 10.07,
 # 2.23, 5.33
-BLK_SHAPES = {"mv_blk_i8": (16, 64), "mv_blk_i8_1": (8, 64)}
+BLK_SHAPES = {"mv_blk_i8": (16, 64), "mv_blk_i8_1": (8, 64), "mv_blk_i8_w": (8, 256)}
+# a one-token product whose rows are at least this long takes 256 invocations a workgroup of 8 rows
+# (mv_blk_i8_w): Llama-3-8B's down product (4096 x 14336) alone read 1.06 TB/s in mv_blk_i8_1, its
+# 512 workgroups of 64 invocations a twelfth of what the H200 holds at once. Its row then sums in
+# another order than in a batched step (16 rows, 64 invocations): a stream's logits alone and
+# beside others differ by float rounding there. (1 << 30: never; a trial's switch)
+BLK_WIDE_MIN_K = 1 << 30
 BLK_SHARED = 1024
 # mm_i8 (shaders/gemm_i8.wgsl): a prompt's products of the MV_BLK_FORMATS on x in int8 blocks
 # (xq_k's, as the decode steps take x), W's blocks read as they are (no f16 copy), on GPUs that
@@ -152,7 +159,7 @@ class KernelChoice:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN
                 and self.can_run("mv_blk_i8")):
-            return "mv_blk_i8_1" if t == 1 else "mv_blk_i8"
+            return "mv_blk_i8" if t > 1 else "mv_blk_i8_w" if n_in >= BLK_WIDE_MIN_K else "mv_blk_i8_1"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
         if "subgroup" not in self.features:
