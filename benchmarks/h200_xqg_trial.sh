@@ -57,3 +57,9 @@ for round in 1 2; do
   trial "135m int8@1      " 512 2048 1 135m
   trial "135m int8 all    " 512 512 1 135m
 done
+# where one stream's GPU pass goes at the small shapes (each kernel family alone), floats and int8
+timeout 120 python3 benchmarks/gpu_step_profile.py --synthetic 1b 135m --streams 1 2>&1 | grep -v "^20" | sed "s/^/main /" | tee -a $OUT/trial.txt
+timeout 120 python3 -c "import runpy, sys; import oxinfer.runtime.webgpu.kernels as k
+k.MV_BLK_MIN = 512
+sys.argv = ['gpu_step_profile.py', '--synthetic', '1b', '135m', '--streams', '1']
+sys.path.insert(0, 'benchmarks'); runpy.run_path('benchmarks/gpu_step_profile.py', run_name='__main__')" 2>&1 | grep -v "^20" | sed "s/^/int8@1 /" | tee -a $OUT/trial.txt

@@ -42,8 +42,6 @@ PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": 
 XQ_BLOCK_BYTES = 48  # an int8 block of x as xq_k writes it (matvec_block.wgsl): 32 bytes, its scale, sum, squares
 XQS_BLOCK_BYTES = 80  # ... as mv_blk_i8 writes it in sub-blocks of 8 (xqs): 32 bytes, 4 scales, sums, squares
 XQG_BLOCK_BYTES = 96  # ... as a gate|up product writes the down product's in sub-blocks of 4 (xqg): 32 bytes, 8 scales, sums
-
-
 XQ_ROLES = {"xq": XQ_BLOCK_BYTES, "xqs": XQS_BLOCK_BYTES, "xqg": XQG_BLOCK_BYTES}  # P.xf 0, 1, 2 read these
 
 
@@ -103,8 +101,8 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8
 MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 MV_BLK_MIN = 512
-# mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
-# a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
+# mv_blk_i8's forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
+# a one-token step (and 256 invocations for long rows: BLK_WIDE_MIN_K), 16 for a batched one. A row's sum depends on the invocations alone (each takes
 # every BLK_WG-th block), so a stream's one-token step and its row of a batched one agree bit for
 # bit. Each claims BLK_SHARED floats of workgroup memory (4 KiB) whatever it needs: on the H200 the
 # 8B one-stream step ran 3.55 ms at 16 x 64 with 4 KiB and 5.46 with 1 KiB (the same code; the
