@@ -112,10 +112,12 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (P.xf == 2u) {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
             let o = 6u * (tok * nb + blk);
+            let qa = xq[o];   // (loaded once for the rows: inside the unrolled calls, each row loaded them again)
+            let qb = xq[o + 1u];
             let xl = bitcast<vec4<f32>>(xq[o + 2u]);
             let xh = bitcast<vec4<f32>>(xq[o + 3u]);
             let xsum = dot(bitcast<vec4<f32>>(xq[o + 4u]) + bitcast<vec4<f32>>(xq[o + 5u]), vec4<f32>(1.0));
-            a{d} += blk_dot_i8g(r{d}, blk, xq[o], xq[o + 1u], xl, xh, xsum);   // unroll d < BLK_ROWS
+            a{d} += blk_dot_i8g(r{d}, blk, qa, qb, xl, xh, xsum);   // unroll d < BLK_ROWS
         }
     } else if (P.xf != 0u) {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
