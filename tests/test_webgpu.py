@@ -114,8 +114,7 @@ def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 # over blocks, the last ragged, and mm_i8's steps of 2 blocks; 3 blocks (1 super-block): its one odd
 # step; 76 rows: the last workgroup's ragged (16 rows, or 128 outputs). mm_i8 at 70 rows: two
 # workgroups' 64 tokens, the second ragged
-@pytest.mark.parametrize("kernel,rows", [("mv_blk_i8", (1, 3)), ("mv_blk_i8_1", (1,)), ("mv_blk_i8_w", (1,)),
-                                         ("mm_i8", (3, 70))])
+@pytest.mark.parametrize("kernel,rows", [("mv_blk_i8", (1, 3)), ("mv_blk_i8_1", (1,)), ("mm_i8", (3, 70))])
 @pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
                                               for n, k in (((76, 4352), (200, 256)) if q.endswith("_K") else ((76, 4160), (200, 96)))])
 def test_the_int8_products_are_the_int8_oracle(gpu, kernel, rows, qtype, n_out, n_in):
@@ -168,7 +167,7 @@ def gelu_tanh(g: np.ndarray) -> np.ndarray:
 
 # d_ff 96: 3 blocks of the down product's x, 12 / 24 sub-blocks of 4 from 12 / 24 workgroups of the
 # gate|up product; its 40 rows: the last workgroup's ragged
-@pytest.mark.parametrize("kernel,t", [("mv_blk_i8_1", 1), ("mv_blk_i8_w", 1), ("mv_blk_i8", 3)])
+@pytest.mark.parametrize("kernel,t", [("mv_blk_i8_1", 1), ("mv_blk_i8", 3)])
 @pytest.mark.parametrize("qtype,glu", [("Q4_1", 2), ("Q8_0", 2), ("Q4_1", 3)])
 def test_gate_up_hands_the_down_product_its_int8_x(gpu, kernel, t, qtype, glu):
     """A gate|up product that makes the down product's x (Params.xo 2: swiglu, 3: geglu) computes

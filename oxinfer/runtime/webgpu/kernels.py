@@ -32,8 +32,7 @@ MM_KT_SLOTS = 528
 # operands (xt_k, wt_k), mv_blk_i8's and mm_i8's x in int8 blocks (xq_k, through the prologue); the buffers each
 # binds by role (x, the norm's weight nw, W, y and the operands xt, wt, xq): a product in one
 # kernel binds its uploaded matrix's 1, 2, 3 (and 4: nw)
-BLK_MV = ("mv_blk_i8", "mv_blk_i8_1", "mv_blk_i8_w")  # mv_blk_i8's forms (BLK_SHAPES)
-BLK_SOLO = BLK_MV[1:]  # ... the one-token ones
+BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
 PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
 # (mv_blk_i8 also binds the next norm's weight and the xqs blocks it may write: Params.xo)
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
@@ -101,8 +100,8 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8
 MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 MV_BLK_MIN = 512
-# mv_blk_i8's forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
-# a one-token step (and 256 invocations for long rows: BLK_WIDE_MIN_K), 16 for a batched one. A row's sum depends on the invocations alone (each takes
+# mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
+# a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
 # every BLK_WG-th block), so a stream's one-token step and its row of a batched one agree bit for
 # bit. Each claims BLK_SHARED floats of workgroup memory (4 KiB) whatever it needs: on the H200 the
 # 8B one-stream step ran 3.55 ms at 16 x 64 with 4 KiB and 5.46 with 1 KiB (the same code; the
@@ -111,13 +110,10 @@ MV_BLK_MIN = 512
 # ms, 8 x 64 3.15, 4 x 64 3.17-3.18, 2 x 64 3.52, 4 x 128 3.32-3.33 (16 KiB: 5.18); batched steps
 # 16 x 64 (8B 8 streams 7.56 ms, TinyLlama 8 / 32 streams 1.99 / 4.66) against 16 x 128 10.07,
 # 2.23, 5.33
-BLK_SHAPES = {"mv_blk_i8": (16, 64), "mv_blk_i8_1": (8, 64), "mv_blk_i8_w": (8, 256)}
-# a one-token product whose rows are at least this long takes 256 invocations a workgroup of 8 rows
-# (mv_blk_i8_w): Llama-3-8B's down product (4096 x 14336) alone read 1.06 TB/s in mv_blk_i8_1, its
-# 512 workgroups of 64 invocations a twelfth of what the H200 holds at once. Its row then sums in
-# another order than in a batched step (16 rows, 64 invocations): a stream's logits alone and
-# beside others differ by float rounding there. (1 << 30: never; a trial's switch)
-BLK_WIDE_MIN_K = 1 << 30
+BLK_SHAPES = {"mv_blk_i8": (16, 64), "mv_blk_i8_1": (8, 64)}
+# (session 22: 256 invocations for the one-token products of rows of 5,632 or more, the 8B down
+# product's 512 workgroups of 64 invocations filling a twelfth of the H200: 356 / 356 against
+# 355 / 355 tok/s, GPU pass 2.99 against 3.00 ms in turns; not kept)
 BLK_SHARED = 1024
 # mm_i8 (shaders/gemm_i8.wgsl): a prompt's products of the MV_BLK_FORMATS on x in int8 blocks
 # (xq_k's, as the decode steps take x), W's blocks read as they are (no f16 copy), on GPUs that
@@ -157,7 +153,7 @@ class KernelChoice:
             return "mv_rows"  # one SIMD lane per row: 2-8x faster on lavapipe than reductions
         if (qtype in MV_BLK_FORMATS and min(n_out, n_in) >= MV_BLK_MIN
                 and self.can_run("mv_blk_i8")):
-            return "mv_blk_i8" if t > 1 else "mv_blk_i8_w" if n_in >= BLK_WIDE_MIN_K else "mv_blk_i8_1"
+            return "mv_blk_i8_1" if t == 1 else "mv_blk_i8"
         if t >= MV_TOK_MIN_T:
             return "mv_tok"
         if "subgroup" not in self.features:

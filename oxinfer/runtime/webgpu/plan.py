@@ -10,7 +10,6 @@ import numpy as np
 from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES, call_args, wgpu
 from oxinfer.runtime.webgpu.kernels import (
     BLK_MV,
-    BLK_SOLO,
     PART_BINDINGS,
     PARTS,
     PROLOGUE_KINDS,
@@ -332,7 +331,7 @@ def products_make_xqs(disps: list[Dispatch], c: Choices) -> None:
 def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
     """A down product in mv_blk_i8 whose prologue took the swiglu (or geglu) over reads its x as
     xqg blocks: int8 sub-blocks of 4, each with its scale and sum. In a one-token step the gate|up
-    product before it (mv_blk_i8_1 or _w) writes them: its workgroups each take 4 gates and the ups of
+    product before it (mv_blk_i8_1) writes them: its workgroups each take 4 gates and the ups of
     the same columns (matvec_block.wgsl: blk_row), and no xq_k runs, one dispatch less a layer (on
     the H200 the 8B shape's one stream 320 -> 330 tok/s, GPU pass 3.09 -> 3.00 ms, in turns). In a
     batched step xq_k makes the same blocks: there the gate|up product writing them ran the 8B
@@ -345,7 +344,7 @@ def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
         c.xf[i] = 2
         k = i - 3 if disps[i - 2].optional else i - 2  # the gate|up product (past its add_splits)
         gu = disps[k]
-        if (gu.kernel == "mm" and c.kinds[k] in BLK_SOLO and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
+        if (gu.kernel == "mm" and c.kinds[k] == "mv_blk_i8_1" and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
                 and gu.entries[2] is disps[i - 1].entries[2] and int(gu.params[0]) == 2 * int(d.params[1])):
             c.xo[k], c.made[i] = c.pre[i], 1
 

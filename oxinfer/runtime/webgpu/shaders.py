@@ -48,7 +48,6 @@ KERNELS = {
     "mv_tok": ("matvec", "mv_tok"),
     "mv_blk_i8": ("matvec_block", "mv_blk_i8"),  # a decode step's product on x in int8 (dot4I8Packed)
     "mv_blk_i8_1": ("matvec_block", "mv_blk_i8"),  # ... its one-token form (8 rows a workgroup)
-    "mv_blk_i8_w": ("matvec_block", "mv_blk_i8"),  # ... for long rows (256 invocations a workgroup)
     "xq_k": ("matvec_block", "xq_k"),  # ... after x is made int8 blocks
     "mm_tiled": ("matmul", "mm_tiled"),
     "mm_tiled64": ("matmul", "mm_tiled64"),
