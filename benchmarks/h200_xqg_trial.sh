@@ -1,7 +1,8 @@
 #!/bin/bash
 # On the lent H200 (the device tool; carry [".gl", ".whl"]), session 22: the gate|up product making the
-# down product's int8 x (plan.gate_up_makes_xqg) against xq_k doing it, and one stream's products in int8
-# at the 1.1B and 135M shapes (kernels.MV_BLK_MIN lowered), each setting in turns in one call.
+# down product's int8 x (plan.glu_x_in_xqg; gate_up_makes_xqg when it ran, at 06e352c, in batched steps
+# too) against xq_k doing it, and the small shapes' products in int8 (kernels.MV_BLK_MIN: 4096 one-token
+# and MV_BLK_MIN_BATCH 2048 then, 512 for both since), each setting in turns in one call.
 # First a check on the device: a 3-layer model's decode-step logits, every product in int8, with and
 # without gate|up's xqg, against the CPU's floats. Outputs in $OUT.
 . benchmarks/h200_setup.sh || exit 1
@@ -15,13 +16,13 @@ from oxinfer.testing import write_tiny_llama
 from oxinfer.runtime.webgpu import WebGpuBackend
 import oxinfer.runtime.webgpu.kernels as k, oxinfer.runtime.webgpu.plan as plan
 oxinfer.configure_logging("WARNING")
-k.MV_BLK_MIN = k.MV_BLK_MIN_BATCH = 256
-glu = plan.gate_up_makes_xqg
+k.MV_BLK_MIN = 256
+glu = plan.glu_x_in_xqg
 async def main():
     p = write_tiny_llama(Path("/tmp/chk.gguf"), d=512, n_layers=3, n_heads=8, n_kv=2, d_ff=1408, seed=4, extra_vocab=100, context=1024)
     cpu = await oxinfer.Engine.load(p, cpu_int8=False)
     for on in (True, False):
-        plan.gate_up_makes_xqg = glu if on else (lambda *a: None)
+        plan.glu_x_in_xqg = glu if on else (lambda *a: None)
         gpu = await oxinfer.Engine.load(p, gpu=WebGpuBackend.create(), cpu_int8=False)
         r = gpu.resident
         rng = np.random.default_rng(5)
@@ -39,23 +40,22 @@ async def main():
             print(f"check xqg {'on ' if on else 'off'} {streams} streams, {r.last.dispatches} dispatches: rel err vs the CPU's floats {', '.join(errs)}")
 anyio.run(main)
 PY
-# trial NAME MIN MIN_BATCH GLU(1/0) SHAPE
+# trial NAME MIN GLU(1/0) SHAPE
 trial() {
   timeout 100 python3 -c "import runpy, sys; import oxinfer.runtime.webgpu.kernels as k, oxinfer.runtime.webgpu.plan as p
-k.MV_BLK_MIN, k.MV_BLK_MIN_BATCH = $2, $3
-if not $4: p.gate_up_makes_xqg = lambda *a: None
-sys.argv = ['gpu_model.py', '--model', '/tmp/s-$5.gguf', '--backends', 'webgpu', '--concurrency', '1', '8', '32', '--prompt-tokens', '64', '--decode-tokens', '256']
+k.MV_BLK_MIN = $2
+if not $3: p.glu_x_in_xqg = lambda *a: None
+sys.argv = ['gpu_model.py', '--model', '/tmp/s-$4.gguf', '--backends', 'webgpu', '--concurrency', '1', '8', '32', '--prompt-tokens', '64', '--decode-tokens', '256']
 runpy.run_path('benchmarks/gpu_model.py', run_name='__main__')" 2>&1 | grep "^| s-\|streams greedy" | sed "s/^/$1 /" | tee -a $OUT/trial.txt
 }
 echo "# columns: prefill 64 | 1 stream | 8 | 32 streams | waits | submissions a step" | tee -a $OUT/trial.txt
 for round in 1 2; do
-  trial "8b xqg-on " 4096 2048 1 8b
-  trial "8b xqg-off" 4096 2048 0 8b
-  trial "1b main(f32@1)   " 4096 2048 1 1b
-  trial "1b int8@1 xqg    " 2048 2048 1 1b
-  trial "135m main        " 4096 2048 1 135m
-  trial "135m int8@1      " 512 2048 1 135m
-  trial "135m int8 all    " 512 512 1 135m
+  trial "8b xqg-on " 512 1 8b
+  trial "8b xqg-off" 512 0 8b
+  trial "1b floats   " 4096 1 1b
+  trial "1b int8     " 512 1 1b
+  trial "135m floats " 4096 1 135m
+  trial "135m int8   " 512 1 135m
 done
 # where one stream's GPU pass goes at the small shapes (each kernel family alone), floats and int8
 timeout 120 python3 benchmarks/gpu_step_profile.py --synthetic 1b 135m --streams 1 2>&1 | grep -v "^20" | sed "s/^/main /" | tee -a $OUT/trial.txt
