@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("--qtype", default="Q4_1", help="the synthetic models' matrices (Q4_K, Q6_K...: rows of 256)")
     ap.add_argument("--load-only", action="store_true", help="only what loading costs: seconds, host RSS, GPU memory")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
-                    help="a trial: an oxinfer constant set first (oxinfer.runtime.webgpu.kernels.BLK_WIDE_MIN_K=8192)")
+                    help="a trial: an oxinfer constant set first (oxinfer.runtime.webgpu.attention.DECODE_CHUNK_KEYS=128)")
     a = ap.parse_args()
     for item in a.set:
         set_constant(item)

@@ -337,7 +337,10 @@ def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
     batched step xq_k makes the same blocks: there the gate|up product writing them ran the 8B
     shape's 8 and 32 streams 3-4% slower (GPU pass 10.00 -> 10.35, 22.7 -> 23.6 ms; its
     workgroups, 57,344 of them at 32 streams, each a little longer). Either way a stream's row
-    is computed alike alone and beside others."""
+    is computed alike alone and beside others. (Session 22's closing table then found the 8B and
+    1.1B shapes' batched steps 27-32% slower than on blocks of 32 from xq_k; the reader's reload
+    of each block for every row, mended after, is the likely cause, not yet measured:
+    docs/benchmarks.md.)"""
     for i, d in enumerate(disps):
         if d.kernel != "mm" or c.kinds[i] not in BLK_MV or c.pre[i] not in (2, 3) or not c.fused[i] or c.xf[i]:
             continue
