@@ -278,18 +278,19 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
     assert xq_k_apart - xq_k == layers == len(plan_apart.calls) - len(plan.calls)
 
 
-@pytest.mark.parametrize("streams", [1, 3])
-async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams):
+@pytest.mark.parametrize("streams,xqg_batched", [(1, True), (3, True), (3, False)])
+async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams, xqg_batched):
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down
     products, which add into the residual, write it again times the next norm's weight as int8
     sub-blocks of 8 (their workgroups' rows), which q|k|v and gate|up read through their norm, and
     in a one-token step gate|up writes silu(gate) * up as the down product's x (xqg: sub-blocks of
     4); so that step's only xq_k are the first layer's and the head's (whose norm, of gathered
     rows, runs apart in prompts), one dispatch less a layer than without gate|up's; a batched
-    step's xq_k makes the down product's xqg blocks.
+    step's xq_k makes the down product's xqg blocks (plan.XQG_BATCHED; False: blocks of 32 there).
     Each stream's decode-step logits (one step alone, or three streams' in one step) are within
     I8_TOL of the CPU's floats."""
     backend = planned_in_int8(monkeypatch)
+    monkeypatch.setattr(webgpu_plan, "XQG_BATCHED", xqg_batched)
     path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=4, n_kv=2, d_ff=192, seed=9, extra_vocab=40,
                             qtype=T.Q4_1, mix={"token_embd": T.Q4_1})
     cpu = await oxinfer.Engine.load(path, cpu_int8=False)
@@ -308,6 +309,8 @@ async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkey
     xq_k = backend.pipeline("Q4_1", "xq_k")[0]
     downs = layers if streams > 1 else 0
     assert sum(c[0] is xq_k for c in plan.calls) == 2 + downs
+    xf = plan.values[plan.where[1] == webgpu_plan.XF_WORD]  # the products' x: 2 xqg blocks
+    assert (xf == 2).sum() == (layers if xqg_batched or streams == 1 else 0)
     monkeypatch.setattr(webgpu_plan, "glu_x_in_xqg", lambda *a: None)
     r.program(False).plans.clear()
     assert len(r._plan(r.program(False), streams, streams, frozenset(), 2).calls) - len(plan.calls) == layers - downs

@@ -27,6 +27,10 @@ DECODES = ("attention:attend_decode", "attention:attend_decode_kv")  # a decode 
 XQ_MAKERS = (*DECODES, "attention:attend_merge_kv")  # the kernels that finish a decode step's attention (put_xq)
 FLAGS_WORD = 3  # Op.flags (ops_common.wgsl): attend_rows' and attend_decode's chunks
 XQ_WORD = 11  # Op.xq: a decode step's attention also writes the o product's x in int8 blocks
+# batched steps' down products read xqg blocks too (xq_k makes them): a stream's rows alike alone and
+# beside others. False: blocks of 32 there (session 21's batched steps), xqg in one-token steps alone
+# (glu_x_in_xqg: a trial setting while session 22's batched regression is unmeasured)
+XQG_BATCHED = True
 
 
 class Program:
@@ -340,16 +344,17 @@ def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
     is computed alike alone and beside others. (Session 22's closing table then found the 8B and
     1.1B shapes' batched steps 27-32% slower than on blocks of 32 from xq_k; the reader's reload
     of each block for every row, mended after, is the likely cause, not yet measured:
-    docs/benchmarks.md.)"""
+    docs/benchmarks.md; XQG_BATCHED False keeps blocks of 32 in batched steps, to compare.)"""
     for i, d in enumerate(disps):
         if d.kernel != "mm" or c.kinds[i] not in BLK_MV or c.pre[i] not in (2, 3) or not c.fused[i] or c.xf[i]:
             continue
-        c.xf[i] = 2
         k = i - 3 if disps[i - 2].optional else i - 2  # the gate|up product (past its add_splits)
         gu = disps[k]
         if (gu.kernel == "mm" and c.kinds[k] == "mv_blk_i8_1" and c.splits[k] == 1 and not c.xo[k] and not gu.params[4]
                 and gu.entries[2] is disps[i - 1].entries[2] and int(gu.params[0]) == 2 * int(d.params[1])):
-            c.xo[k], c.made[i] = c.pre[i], 1
+            c.xf[i], c.xo[k], c.made[i] = 2, c.pre[i], 1
+        elif XQG_BATCHED:
+            c.xf[i] = 2
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:
