@@ -26,6 +26,7 @@ from pathlib import Path
 
 from oxinfer.bench_llama import (PROMPT, batched_bench_binary, llama_python, llama_runs, parse_batched_bench,
                                  peak_rss_mib, prompt_ids)
+from oxinfer.models.kv_cache import kv_cache_dtype
 
 # name -> write_tiny_llama shape: SmolLM2-135M, TinyLlama-1.1B, Llama-3.2-3B (vocab 32000: the
 # embedding matters little to the speed and a lot to the file)
@@ -42,6 +43,8 @@ def add_bench_parser(sub) -> None:
     src.add_argument("--synthetic", help="comma-separated shapes: " + ",".join(SYNTHETIC))
     b.add_argument("--qtype", default="Q4_1", choices=["Q4_1", "Q8_0", "BF16"], help="synthetic models' matrices")
     b.add_argument("--backend", default="cpu", choices=["cpu", "webgpu", "auto"])
+    b.add_argument("--kv-cache-dtype", default="auto", help="oxinfer's keys and values: float32 or float16 "
+                   "(the CPU graph's; llama.cpp's default cache type is f16); default: float32")
     b.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--gen-tokens", type=int, default=128, help="tokens decoded per stream")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")
@@ -57,13 +60,14 @@ def add_bench_parser(sub) -> None:
 
 
 # --- the workers (each in its own process) ------------------------------------------------------
-async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int, conc: list[int]) -> dict:
+async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int, conc: list[int],
+                          kv_cache_dtype: str = "auto") -> dict:
     import anyio
 
     import oxinfer
 
     t0 = time.perf_counter()
-    engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc))
+    engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc), kv_cache_dtype=kv_cache_dtype)
     out = {"load_s": time.perf_counter() - t0}
     vocab = engine.config.vocab_size
     await engine.generate(prompt_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
@@ -89,14 +93,15 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
 
 
 def _worker_main(argv: list[str]) -> None:
-    """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC: one oxinfer run, JSON last."""
+    """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC [KV_CACHE_DTYPE]: one oxinfer run, JSON
+    last."""
     import anyio
 
     from oxinfer.logs import configure_logging
 
     configure_logging("WARNING")
     model, backend, prompts, gen, conc = argv[0], argv[1], json.loads(argv[2]), int(argv[3]), json.loads(argv[4])
-    out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc)
+    out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc, *argv[5:6])
     out["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(out))
 
@@ -162,6 +167,7 @@ def _models(args, tmp: Path) -> list[tuple[str, str]]:
 def run_bench(args) -> list[dict]:
     prompts = [int(v) for v in args.prompt_tokens.split(",")]
     conc = [int(v) for v in args.concurrency.split(",")]
+    kv_cache_dtype(args.kv_cache_dtype)  # a bad name before any run
     llama_py = llama_python(args.llama_python) if args.compare else None
     llama_bin = batched_bench_binary(args.llama_bin) if args.compare else None
     rows = []
@@ -171,7 +177,8 @@ def run_bench(args) -> list[dict]:
         for label, path in models:
             # (engine, mode) -> command; mode None for oxinfer, a bench_llama mode for llama.cpp
             cmds = {("oxinfer", None): [sys.executable, "-m", "oxinfer.bench", "--worker", path, args.backend,
-                                        json.dumps(prompts), str(args.gen_tokens), json.dumps(conc)]}
+                                        json.dumps(prompts), str(args.gen_tokens), json.dumps(conc),
+                                        args.kv_cache_dtype]}
             if llama_py:
                 for mode, cmd in llama_runs(llama_py, llama_bin, path, prompts, args.gen_tokens, conc,
                                             args.threads).items():
@@ -184,7 +191,8 @@ def run_bench(args) -> list[dict]:
                     runs[e, mode].append(_run(cmd, mode))
                     bar.update(1)
             for (e, mode), done in runs.items():
-                rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu",
+                kv = {"kv_cache_dtype": args.kv_cache_dtype} if e == "oxinfer" and args.kv_cache_dtype != "auto" else {}
+                rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu", **kv,
                              **({"mode": mode} if mode else {}), "repeats": args.repeats, **_summary(done)})
         if bar:
             bar.close()
@@ -200,7 +208,8 @@ def _metrics(r: dict) -> list[str]:
 
 
 def _label(r: dict) -> str:
-    return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''})"
+    kv = f", kv {r['kv_cache_dtype']}" if r.get("kv_cache_dtype") else ""
+    return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''}{kv})"
 
 
 def ratios(rows: list[dict], ox: dict) -> dict[str, dict]:

@@ -32,6 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
     run.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply (default: the model's context)")
+    run.add_argument("--kv-cache-dtype", help="keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its decode slower; llama.cpp's --cache-type-k f16); default: float32")
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")
@@ -47,7 +48,8 @@ async def _run(args) -> None:
     from oxinfer.events import Finished
     from oxinfer.sampling import SamplingParams
 
-    engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size)
+    engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size,
+                               kv_cache_dtype=args.kv_cache_dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
     prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     generated = 0

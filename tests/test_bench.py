@@ -27,11 +27,17 @@ async def test_the_worker_measures_every_metric(tiny):
     assert all(v > 0 for v in out.values())
 
 
-def test_a_worker_process_prints_its_json_last(tiny):
-    cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", str(tiny), "cpu", "[16]", "3", "[2]"]
+@pytest.mark.parametrize("kv", [[], ["f16"]])
+def test_a_worker_process_prints_its_json_last(tiny, kv):
+    cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", str(tiny), "cpu", "[16]", "3", "[2]", *kv]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["peak_rss_mib"] > 0 and row["aggregate_tps@2"] > 0
+
+
+def test_a_bench_refuses_a_kv_cache_dtype_before_it_runs(tiny):
+    with pytest.raises(ValueError, match="kv_cache_dtype 'q8_0'"):
+        bench_command(_parser().parse_args(["bench", "--model", str(tiny), "--kv-cache-dtype", "q8_0"]))
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="VmHWM is Linux's")

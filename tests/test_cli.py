@@ -60,14 +60,15 @@ def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
     assert fixed.replica_options()["max_ongoing_requests"] == 4 + 2
     assert fixed.replica_options()["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
     # the engine's own flags reach each replica's Engine.load (--kv-mib was dropped before)
-    engine_flags = config("--kv-mib", "64", "--ctx-size", "512")
-    assert (engine_flags.kv_bytes, engine_flags.context_length) == (64 << 20, 512)
+    engine_flags = config("--kv-mib", "64", "--ctx-size", "512", "--kv-cache-dtype", "f16")
+    assert (engine_flags.kv_bytes, engine_flags.context_length, engine_flags.kv_cache_dtype) == (64 << 20, 512, "f16")
     scaled = config("--replicas", "2", "--max-replicas", "5").replica_options()
     assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "target_ongoing_requests": 16}
     assert "num_replicas" not in scaled
     for flags, message in [(("--max-replicas", "1", "--replicas", "2"), "--max-replicas"),
                            (("--replicas", "0"), "replicas must be >= 1"),
-                           (("--replica-cpus", "-1"), "replica_cpus"), (("--ctx-size", "0"), "context_length")]:
+                           (("--replica-cpus", "-1"), "replica_cpus"), (("--ctx-size", "0"), "context_length"),
+                           (("--kv-cache-dtype", "q4_0"), "kv_cache_dtype 'q4_0'")]:
         with pytest.raises(ValueError, match=message):
             config(*flags)
 

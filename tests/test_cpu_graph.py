@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType as T
 from test_gguf_converted import _write
 
 import oxinfer
-from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.runtime import blockwise
 from oxinfer.runtime.cpu_graph import CpuGraph
 from oxinfer.testing import write_tiny_llama
 
@@ -160,17 +160,18 @@ async def test_a_private_pool_s_sequence_equals_a_lane_s(engine):
     assert own.pool.growable and own.pool.tokens >= 302 and own.offset == lane.offset == 302
 
 
-async def test_float16_keys_and_values_stay_within_llama_cpp_s_own_noise(engine, monkeypatch):
-    """With KV_DTYPE float16 (llama.cpp's default cache type; attention's q, k, v and rope table
-    are float16 then, onnxruntime's kernel takes one type) the pool holds half the bytes a token.
+async def test_float16_keys_and_values_stay_within_llama_cpp_s_own_noise(engine):
+    """With kv_cache_dtype float16 (llama.cpp's default cache type; attention's q, k, v and rope
+    table are float16 then, onnxruntime's kernel takes one type) the pool holds half the bytes a
+    token, and the KV budget as many more tokens.
     Against the default float32 keys, a 170-token text and three decode steps: each row's logits,
     less their mean, within 1.0 (llama.cpp's own batch vs token-by-token noise,
     tests/golden_checks.py; measured 0.35-0.52), the top five's logprobs within 0.5 (0.17-0.20),
     and the same argmax where float32's top two are 1.0 apart."""
-    monkeypatch.setattr(cpu_graph, "KV_DTYPE", np.float16)
-    f16 = await oxinfer.Engine.load(None)
+    f16 = await oxinfer.Engine.load(None, kv_cache_dtype="float16")
     assert f16.scheduler.cpu.graph.kv_dtype == np.float16 and f16.model.kv_pool.dtype == np.float16
     assert f16.model.kv_bytes_per_token * 2 == engine.model.kv_bytes_per_token == engine.config.kv_bytes_per_token
+    assert engine.model.kv_pool.dtype == np.float32  # the default
     text = ("The history of the bicycle begins in the early nineteenth century, when inventors in Germany and "
             "France built two-wheeled machines that riders pushed along with their feet. Over the following "
             "decades, pedals, chains and pneumatic tyres turned this curiosity into the most efficient means "

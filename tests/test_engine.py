@@ -301,6 +301,30 @@ async def test_loop_never_stalls_while_eight_streams_generate(engine, monkeypatc
     assert max(gaps) < 0.050, f"the loop's thread worked {max(gaps) * 1e3:.1f} ms between two ticks"
 
 
+async def test_the_kv_cache_dtype_is_one_the_executor_holds(tmp_path):
+    """Engine.load(kv_cache_dtype=...) (`--kv-cache-dtype`): float16 (f16) keys and values in the
+    CPU graph's pool, its greedy tokens those of float32's on a tiny model; a name it does not
+    know (llama.cpp's q8_0) refused by name before anything loads; float16 where the CPU graph does
+    not run (cpu_int8=False: a kernel per matrix; a resident GPU) refused, naming what holds the
+    keys and values instead; float32 anywhere."""
+    from oxinfer.runtime.webgpu import WebGpuBackend, available
+    from oxinfer.testing import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "m.gguf", d=64, n_heads=4, n_kv=2, d_ff=128, seed=5, context=256)
+    with pytest.raises(ValueError, match=r"kv_cache_dtype 'q8_0'.*not supported"):
+        await Engine.load(path, kv_cache_dtype="q8_0")
+    f16, f32 = await Engine.load(path, kv_cache_dtype="f16"), await Engine.load(path, kv_cache_dtype="float32")
+    assert (f16.model.kv_pool.dtype, f32.model.kv_pool.dtype) == (np.float16, np.float32)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    assert (await tokens_of(f16, list(range(30, 60)), params))[0] == (await tokens_of(f32, list(range(30, 60)), params))[0]
+    with pytest.raises(ValueError, match="kernel per matrix on the CPU, whose keys and values are float32"):
+        await Engine.load(path, cpu_int8=False, kv_cache_dtype="float16")
+    assert (await Engine.load(path, cpu_int8=False, kv_cache_dtype="float32")).model.kv_dtype == np.float32
+    if available(allow_cpu_adapter=True):
+        with pytest.raises(ValueError, match="runs on the GPU, whose keys and values are float32"):
+            await Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), kv_cache_dtype="f16")
+
+
 async def test_a_shorter_context_bounds_requests_and_the_rope_tables(tmp_path):
     """Engine.load(context_length=N) (`--ctx-size`): the model's 256 positions cut to 48; a
     request must fit them (else ContextOverflowError naming 48), greedy tokens are the full

@@ -97,7 +97,8 @@ class Engine:
     @classmethod
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu=None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
-                   resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None) -> Engine:
+                   resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None,
+                   kv_cache_dtype: str | None = None) -> Engine:
         """Open a GGUF or an HF directory (the default SmolLM2 when path is None) without blocking
         the event loop. path may be a hub name (formats/hub.py: org/repo, org/repo:Q4_K_M,
         org/repo/file.gguf, @revision), found in or downloaded into the Hugging Face cache.
@@ -116,10 +117,14 @@ class Engine:
         context_length: the longest sequence (prompt and answer) served, at most the model's own
         (default): a shorter one keeps the rope tables small (Gemma 3's 131,072 positions of two
         ropes would not fit a GPU's 128 MiB binding) and limits what one request may hold.
+        kv_cache_dtype: the keys' and values' type, "float32" or "float16" (llama.cpp's f32 / f16
+        cache types); None or "auto": the executor's own, float32. float16 halves the KV memory of
+        the CPU graph (runtime/cpu_graph.py: onnxruntime's attention then runs in float16, its
+        decode steps slower); other executors hold float32 alone and refuse it.
         """
         spec = path
         path, tokenizer, model, scheduler, device = await anyio.to_thread.run_sync(
-            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length)
+            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length, kv_cache_dtype)
         engine = cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
         if isinstance(spec, str) and hub.is_hub_name(spec):
             engine.name = spec  # the hub name, not the cache's snapshot folder

@@ -9,6 +9,7 @@ import structlog
 
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path, hub
 from oxinfer.models import Llama, ModelConfig
+from oxinfer.models.kv_cache import kv_cache_dtype
 from oxinfer.runtime import CpuBackend, MatmulScheduler
 from oxinfer.runtime.executor import PREFILL_CHUNK
 from oxinfer.runtime.ops import CpuOps
@@ -19,8 +20,10 @@ log = structlog.get_logger("oxinfer.engine")
 
 
 def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,
-         resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None):
+         resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None,
+         kv_dtype: str | None = None):
     """(path, tokenizer, model, scheduler, the device's executor or None), blocking."""
+    kv = kv_cache_dtype(kv_dtype)  # a bad name before anything loads
     path = hub.resolve(path) if path is not None else default_model_path()  # a path, or a hub name
     if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
         f = HFDirectory(path)
@@ -43,12 +46,16 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if device is None:
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release):
+        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them
     elif release:
         release()  # the header's and the vectors' pages too: the device holds the weights
+    if kv is not None and kv != model.kv_dtype:  # (the CPU graph sets the model's own as it builds)
+        runs = "the GPU" if device is not None or scheduler.gpu is not None else "a kernel per matrix on the CPU"
+        raise ValueError(f"kv_cache_dtype {kv_dtype!r}: only the CPU graph holds {kv.name} keys and values; this "
+                         f"model runs on {runs}, whose keys and values are {model.kv_dtype.name}")
     for m in model.matrices():
         scheduler.register(m, cpu=False)
     # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;

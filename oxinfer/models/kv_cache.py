@@ -52,6 +52,19 @@ SLOT_TOKENS_MAX = 32768  # a shared slot holds at most this many tokens (longer 
 
 
 PAGE = mmap.PAGESIZE
+# the keys' and values' types a load may ask for (llama.cpp's --cache-type-k names, vLLM's kv_cache_dtype)
+KV_CACHE_DTYPES = {"float32": np.float32, "f32": np.float32, "float16": np.float16, "f16": np.float16}
+
+
+def kv_cache_dtype(name: str | None) -> np.dtype | None:
+    """The type `name` asks keys and values to be held in; None (or "auto"): the executor's own."""
+    if name is None or name == "auto":
+        return None
+    dtype = KV_CACHE_DTYPES.get(str(name).lower())
+    if dtype is None:
+        raise ValueError(f"kv_cache_dtype {name!r}: expected auto, {', '.join(KV_CACHE_DTYPES)} "
+                         "(quantized caches such as q8_0 are not supported)")
+    return np.dtype(dtype)
 
 
 class KVPoolFull(OxinferError):

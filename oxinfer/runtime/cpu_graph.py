@@ -70,14 +70,15 @@ class _Rows:
 
 
 class CpuGraph:
-    def __init__(self, model, released: Callable[[np.ndarray], None] | None = None):
+    def __init__(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None):
         """released(data): told once a matrix's bytes are converted (a memory-mapped file may drop
-        their pages while the rest are), released(None) once all are."""
+        their pages while the rest are), released(None) once all are. kv_dtype: the KV pool's
+        keys and values (default KV_DTYPE)."""
         t0 = time.perf_counter()
         blockwise.set_up_threads()
         self.model, cfg = model, model.cfg
         self._released = released
-        self.kv_dtype = np.dtype(KV_DTYPE)
+        self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
         self.minimums_in_kernel = block_minimums.available()
         try:
             self._build()

@@ -29,6 +29,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                                               "or one whole context if more)")
     p.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply, of each model (default: "
                                                 "each model's context)")
+    p.add_argument("--kv-cache-dtype", help="keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its decode slower; llama.cpp's --cache-type-k f16); default: float32")
     p.add_argument("--served-model-name", action="append",
                    help="the model id clients use (default: the file's stem or the hub name); once for each --model")
     p.add_argument("--memory-mib", type=int,
@@ -61,7 +62,7 @@ async def run_serve(args) -> None:
     async def load(source):
         return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
                                  max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20,
-                                 context_length=args.ctx_size)
+                                 context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype)
 
     first = await load(sources[0])  # the default model loads now: a bad first model stops here
     models = [ServedModel(names[0] if names else first.model_name, sources[0], engine=first)]
