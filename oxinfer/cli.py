@@ -13,7 +13,7 @@ from oxinfer.bench import add_bench_parser, bench_command
 from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
 from oxinfer.serve_ray.cli import add_ray_arguments, refuse_ray_flags, serve_on_ray  # no ray until it runs
-from oxinfer.server.cli import add_serve_parser, serve_command  # needs no server extra until it runs
+from oxinfer.server.cli import KV_CACHE_DTYPE_HELP, add_serve_parser, serve_command  # needs no server extra until it runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
     run.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply (default: the model's context)")
-    run.add_argument("--kv-cache-dtype", help="keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its decode slower; llama.cpp's --cache-type-k f16); default: float32")
+    run.add_argument("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")

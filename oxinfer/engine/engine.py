@@ -124,7 +124,8 @@ class Engine:
         """
         spec = path
         path, tokenizer, model, scheduler, device = await anyio.to_thread.run_sync(
-            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length, kv_cache_dtype)
+            loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length,
+            kv_cache_dtype)
         engine = cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
         if isinstance(spec, str) and hub.is_hub_name(spec):
             engine.name = spec  # the hub name, not the cache's snapshot folder

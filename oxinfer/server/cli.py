@@ -12,6 +12,9 @@ import anyio
 from oxinfer.formats.hub import is_hub_name
 
 
+KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its "
+                       "decode slower; llama.cpp's --cache-type-k f16); default: float32")
+
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="serve the model over OpenAI's HTTP API")
     p.add_argument("--model", action="append",
@@ -29,7 +32,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                                               "or one whole context if more)")
     p.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply, of each model (default: "
                                                 "each model's context)")
-    p.add_argument("--kv-cache-dtype", help="keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its decode slower; llama.cpp's --cache-type-k f16); default: float32")
+    p.add_argument("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)
     p.add_argument("--served-model-name", action="append",
                    help="the model id clients use (default: the file's stem or the hub name); once for each --model")
     p.add_argument("--memory-mib", type=int,
