@@ -119,7 +119,8 @@ class CpuGraph:
             blockwise.own_maps()  # (and an arena of the session's own: its packing in new maps, searched first)
             before = block_minimums.snapshot() if minimums else frozenset()
             probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
-            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"), blockwise.session_options(not minimums),
+            self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"),
+                                                blockwise.session_options(not minimums, spinning=True),
                                                 providers=["CPUExecutionProvider"])
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows)
