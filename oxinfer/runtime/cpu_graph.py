@@ -96,7 +96,7 @@ class CpuGraph:
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
-                 build_s=round(self.build_s, 3))
+                 kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3))
 
     def _build(self) -> None:
         """The graph traced, written and loaded; Q4_1's minimums written into its packed weights
