@@ -57,7 +57,8 @@ def speed() -> None:
         nbits = session(P.node("MatMulNBits", ["x", "q", "s"], ["y"], "com.microsoft", K=K, N=N, bits=4, block_size=32,
                                accuracy_level=blockwise.ACCURACY_INT8),
                         P.value_info("x", F32, [M, K]), P.value_info("y", F32, [M, N]),
-                        [P.tensor("q", U8, [N, K // 32, 16], q.tobytes()), P.tensor("s", F32, [N * K // 32], scales.tobytes())])
+                        [P.tensor("q", U8, [N, K // 32, 16], q.tobytes()),
+                         P.tensor("s", F32, [N * K // 32], scales.tobytes())])
         b = rng.integers(-127, 128, (K, N), dtype=np.int8)
         integer = session(P.node("MatMulInteger", ["a", "b", "az"], ["y"]), P.value_info("a", U8, [M, K]),
                           P.value_info("y", I32, [M, N]),

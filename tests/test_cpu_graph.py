@@ -195,7 +195,6 @@ def _logprobs(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
-
 def test_the_graph_s_own_threads_spin_a_kernel_s_do_not(monkeypatch):
     """Where onnxruntime's global pool could not be made (set_up_threads: "per-session"), each
     session gets threads of its own: the graph's spin between its ops (its one pool; not

@@ -316,7 +316,8 @@ async def test_the_kv_cache_dtype_is_one_the_executor_holds(tmp_path):
     f16, f32 = await Engine.load(path, kv_cache_dtype="f16"), await Engine.load(path, kv_cache_dtype="float32")
     assert (f16.model.kv_pool.dtype, f32.model.kv_pool.dtype) == (np.float16, np.float32)
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    assert (await tokens_of(f16, list(range(30, 60)), params))[0] == (await tokens_of(f32, list(range(30, 60)), params))[0]
+    prompt = list(range(30, 60))
+    assert (await tokens_of(f16, prompt, params))[0] == (await tokens_of(f32, prompt, params))[0]
     with pytest.raises(ValueError, match="kernel per matrix on the CPU, whose keys and values are float32"):
         await Engine.load(path, cpu_int8=False, kv_cache_dtype="float16")
     assert (await Engine.load(path, cpu_int8=False, kv_cache_dtype="float32")).model.kv_dtype == np.float32

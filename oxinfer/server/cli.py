@@ -15,6 +15,7 @@ from oxinfer.formats.hub import is_hub_name
 KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its "
                        "decode slower; llama.cpp's --cache-type-k f16); default: float32")
 
+
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("serve", help="serve the model over OpenAI's HTTP API")
     p.add_argument("--model", action="append",
