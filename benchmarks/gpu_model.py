@@ -93,6 +93,9 @@ def _reset_peak() -> None:
         pass
 
 
+KV_CACHE_DTYPE = None  # --kv-cache-dtype: Engine.load's
+
+
 async def load(path: Path, backend: str, max_concurrent: int):
     """(engine, what loading it cost): seconds, host RSS, GPU memory (see the module docstring)."""
     gpu = None
@@ -103,7 +106,8 @@ async def load(path: Path, backend: str, max_concurrent: int):
     _reset_peak()
     before = _rss_mib()[1]
     t = time.perf_counter()
-    engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max_concurrent)
+    engine = await oxinfer.Engine.load(path, backend=backend, gpu=gpu, max_concurrent=max_concurrent,
+                                       kv_cache_dtype=KV_CACHE_DTYPE)
     t1 = time.perf_counter()
     after, kinds = _rss_mib()[1], _rss_kinds()
     await engine.next_logits([1, 2, 3])
@@ -250,7 +254,10 @@ def main() -> None:
     ap.add_argument("--load-only", action="store_true", help="only what loading costs: seconds, host RSS, GPU memory")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
                     help="a trial: an oxinfer constant set first (oxinfer.runtime.webgpu.attention.DECODE_CHUNK_KEYS=128)")
+    ap.add_argument("--kv-cache-dtype", help="keys and values in float16 (f16) or float32 (the default)")
     a = ap.parse_args()
+    global KV_CACHE_DTYPE
+    KV_CACHE_DTYPE = a.kv_cache_dtype
     for item in a.set:
         set_constant(item)
     sampled = {k: SAMPLINGS[k] for k in a.modes or SAMPLINGS} if a.sampled else {}

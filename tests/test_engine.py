@@ -303,10 +303,10 @@ async def test_loop_never_stalls_while_eight_streams_generate(engine, monkeypatc
 
 async def test_the_kv_cache_dtype_is_one_the_executor_holds(tmp_path):
     """Engine.load(kv_cache_dtype=...) (`--kv-cache-dtype`): float16 (f16) keys and values in the
-    CPU graph's pool, its greedy tokens those of float32's on a tiny model; a name it does not
-    know (llama.cpp's q8_0) refused by name before anything loads; float16 where the CPU graph does
-    not run (cpu_int8=False: a kernel per matrix; a resident GPU) refused, naming what holds the
-    keys and values instead; float32 anywhere."""
+    CPU graph's pool (and the GPU's: test_resident.py), its greedy tokens those of float32's on a
+    tiny model; a name it does not know (llama.cpp's q8_0) refused by name before anything loads;
+    float16 where neither runs the forward (cpu_int8=False: a kernel per matrix; matmuls offloaded
+    to a GPU) refused, naming what holds the keys and values instead; float32 anywhere."""
     from oxinfer.runtime.webgpu import WebGpuBackend, available
     from oxinfer.testing import write_tiny_llama
 
@@ -322,8 +322,9 @@ async def test_the_kv_cache_dtype_is_one_the_executor_holds(tmp_path):
         await Engine.load(path, cpu_int8=False, kv_cache_dtype="float16")
     assert (await Engine.load(path, cpu_int8=False, kv_cache_dtype="float32")).model.kv_dtype == np.float32
     if available(allow_cpu_adapter=True):
-        with pytest.raises(ValueError, match="runs on the GPU, whose keys and values are float32"):
-            await Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), kv_cache_dtype="f16")
+        with pytest.raises(ValueError, match="matmuls offloaded to the GPU, whose keys and values are float32"):
+            await Engine.load(path, gpu=WebGpuBackend.create(allow_cpu_adapter=True), resident=False,
+                              kv_cache_dtype="f16")
 
 
 async def test_a_shorter_context_bounds_requests_and_the_rope_tables(tmp_path):

@@ -36,6 +36,7 @@ TOL = 1e-4  # max abs error / max abs reference, as the matmul kernels
 # moved 0.7-1.4% (CPU graph) and 1.3-2.8% (every product in mv_blk_i8) of their largest
 I8_TOL = 5e-2
 F16_TOL = 4e-3  # products in f16 (mm_kt): x and W rounded to f16, each quant block summed in f16
+F16_KV_TOL = 2e-3  # keys and values in f16 (kv_cache_dtype): a tiny model's logits moved 2e-4 of their largest
 
 
 def rel_err(y: np.ndarray, ref: np.ndarray) -> float:
@@ -366,6 +367,39 @@ async def test_a_gpu_s_plan_on_any_adapter_splits_long_products_and_tiles_attent
     assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
     params = oxinfer.SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+
+
+@pytest.mark.parametrize("kernel", ["attention:attend_decode_kv", "attention:attend_decode"])
+async def test_keys_and_values_in_float16_on_the_device(tmp_path, monkeypatch, kernel):
+    """Engine.load(kv_cache_dtype="float16") on a GPU: the pool holds half the bytes a position,
+    and every attention kernel stores and loads halves (shaders.kv_half): a 100-token prompt's
+    logits (rope_kv, then attend_rows) within F16_KV_TOL of the CPU's float32, and decode steps
+    after 45 tokens in chunks of 8 positions (attend_decode_kv or attend_decode, and their
+    merges): each step's token and its 5 best logprobs as on the CPU (within 2e-3)."""
+    backend = WebGpuBackend.create(allow_cpu_adapter=True)
+    backend.cpu_adapter = False  # plan as on a GPU
+    backend.int8_dot = False  # prompts' products in floats, as the CPU's
+    monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 8)
+    monkeypatch.setattr(webgpu_attention, "KV_TILE", 8)
+    path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=8, n_kv=2, d_ff=128, seed=12, extra_vocab=40)
+    cpu = await oxinfer.Engine.load(path, cpu_int8=False)
+    gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False, kv_cache_dtype="float16")
+    r, c = gpu.resident, gpu.config
+    assert r.kv_dtype == np.float16 and r.bytes_per_token == 2 * c.n_layers * c.n_kv_heads * c.head_dim * 2
+    r.attend_kv = kernel == "attention:attend_decode_kv"
+    tokens = [int(t) for t in np.random.default_rng(7).integers(0, 256, 100)]
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= F16_KV_TOL
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)
+
+    async def decode(e):
+        return [(t.token_id, t.top_logprobs) async for t in e.stream(tokens[:45], params) if isinstance(t, oxinfer.Token)]
+
+    got, want = await decode(gpu), await decode(cpu)
+    assert [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert [j for j, _ in g] == [j for j, _ in w]
+        np.testing.assert_allclose([v for _, v in g], [v for _, v in w], atol=2e-3)
+    assert {"attention:rope_kv", kernel, MERGES[kernel]} <= set(r.pipelines)
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv", [(64, 4, 2), (128, 8, 2)])

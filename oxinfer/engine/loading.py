@@ -40,7 +40,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if resident:
         try:
             device = device_executor(scheduler.gpu, model, max_rows=PREFILL_CHUNK, max_seqs=max(64, max_concurrent),
-                                     kv_bytes=kv_bytes, uploaded=release)
+                                     kv_bytes=kv_bytes, uploaded=release, kv_dtype=kv)
         except Exception as e:  # noqa: BLE001 - an unsupported weight type, out of memory: matmuls offload
             log.warning("gpu_resident_unavailable", reason=str(e), action="only big matmuls run on the GPU")
     if device is None:
@@ -52,10 +52,11 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
             release()  # the embedding's rows come back one page at a time, as tokens need them
     elif release:
         release()  # the header's and the vectors' pages too: the device holds the weights
-    if kv is not None and kv != model.kv_dtype:  # (the CPU graph sets the model's own as it builds)
-        runs = "the GPU" if device is not None or scheduler.gpu is not None else "a kernel per matrix on the CPU"
-        raise ValueError(f"kv_cache_dtype {kv_dtype!r}: only the CPU graph holds {kv.name} keys and values; this "
-                         f"model runs on {runs}, whose keys and values are {model.kv_dtype.name}")
+    held = device.kv_dtype if device is not None else model.kv_dtype  # (the CPU graph sets the model's as it builds)
+    if kv is not None and kv != held:
+        runs = "matmuls offloaded to the GPU" if scheduler.gpu is not None else "a kernel per matrix on the CPU"
+        raise ValueError(f"kv_cache_dtype {kv_dtype!r}: the CPU graph and the GPU's whole forward hold {kv.name} keys "
+                         f"and values; this model runs as {runs}, whose keys and values are {held.name}")
     for m in model.matrices():
         scheduler.register(m, cpu=False)
     # with the whole forward on the GPU the CPU kernels (SmolLM2: 2.5 s and ~300 MiB to build;

@@ -12,8 +12,8 @@ import anyio
 from oxinfer.formats.hub import is_hub_name
 
 
-KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory of the CPU graph, its "
-                       "decode slower; llama.cpp's --cache-type-k f16); default: float32")
+KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; on the CPU its decode is "
+                       "slower; llama.cpp's --cache-type-k f16); default: float32")
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:

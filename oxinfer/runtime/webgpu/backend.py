@@ -254,16 +254,17 @@ class WebGpuBackend(KernelChoice):
     def stats(self) -> BackendStats:
         return self._stats
 
-    def executor(self, model, *, max_rows: int, max_seqs: int, kv_bytes: int | None = None, uploaded=None):
+    def executor(self, model, *, max_rows: int, max_seqs: int, kv_bytes: int | None = None, uploaded=None,
+                 kv_dtype=None):
         """The whole forward of `model` on this device, as an executor (runtime/executor.py);
         WebGpuUnavailable (or an upload's error) when a weight type or a shape cannot run here.
         uploaded(data): told each matrix's bytes once the device holds them (a file's map drops
-        their pages)."""
+        their pages). kv_dtype: its keys' and values' (float32, the default, or float16)."""
         from oxinfer.runtime.webgpu.executor import GpuExecutor
         from oxinfer.runtime.webgpu.runner import ResidentRunner
 
         return GpuExecutor(ResidentRunner(self, model, max_rows=max_rows, max_seqs=max_seqs, kv_bytes=kv_bytes,
-                                          uploaded=uploaded))
+                                          uploaded=uploaded, kv_dtype=kv_dtype))
 
     # --- kernels ------------------------------------------------------------------------------
 

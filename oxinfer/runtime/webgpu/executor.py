@@ -29,6 +29,10 @@ class GpuExecutor:
     def kv(self):
         return self.runner.kv
 
+    @property
+    def kv_dtype(self):
+        return self.runner.kv_dtype
+
     def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> DeviceCache:
         cache = self.runner.new_cache(prompt)  # KVPoolFull when no slot is free
         cache.executor = self

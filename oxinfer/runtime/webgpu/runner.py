@@ -38,7 +38,7 @@ from oxinfer.runtime.webgpu.plan import Planning, Program
 from oxinfer.runtime.webgpu.recorder import Recorder
 from oxinfer.runtime.webgpu.sampler import OUTW, DeviceSampler
 from oxinfer.runtime.webgpu.submission import Half, Submitting
-from oxinfer.runtime.webgpu.shaders import shader_dir, unroll
+from oxinfer.runtime.webgpu.shaders import kv_half, shader_dir, unroll
 
 if TYPE_CHECKING:
     from oxinfer.runtime.webgpu.backend import WebGpuBackend
@@ -79,7 +79,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
     (logits of each sequence's last row, or of every row) plus the tokens drawn on the device."""
 
     def __init__(self, gpu: WebGpuBackend, model, *, max_rows: int = 512, max_seqs: int = 64,
-                 kv_bytes: int | None = None, uploaded=None):
+                 kv_bytes: int | None = None, uploaded=None, kv_dtype=None):
         self.gpu, self.model, self.cfg = gpu, model, model.cfg
         self.device = gpu.device
         self.max_rows, self.max_seqs = max_rows, max_seqs
@@ -105,13 +105,18 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         self.meta = self._buffer(self._meta_words * 4, BU.STORAGE | BU.COPY_DST)
         rot = rope_table(cfg)  # (ctx, rope_dim/2) complex64 = (cos, sin) pairs
         self.rope = self.device.create_buffer_with_data(data=rot.view(np.float32), usage=BU.STORAGE)
-        # the KV pool: per layer (blocks, KV, BS, hd) f32 for keys and for values
-        self.bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+        # the KV pool: per layer (blocks, KV, BS, hd) for keys and for values, float32 or (kv_dtype)
+        # float16: the attention kernels' loads and stores then convert (shaders.kv_half)
+        self.kv_dtype = np.dtype(kv_dtype or np.float32)
+        if self.kv_dtype not in (np.float32, np.float16):
+            raise ValueError(f"kv_dtype {self.kv_dtype}: the device pool holds float32 or float16")
+        item = self.kv_dtype.itemsize
+        self.bytes_per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * item
         budget = kv_bytes or (KV_BYTES // 4 if gpu.cpu_adapter else KV_BYTES)
         max_blocks = -(-cfg.context_length // BS)
         n_slots = max_seqs + 8  # running requests plus a few one-off forwards (next_logits)
         n_blocks = max(1, min(budget // (BS * self.bytes_per_token), n_slots * max_blocks))
-        block_bytes = cfg.n_kv_heads * BS * cfg.head_dim * 4
+        block_bytes = cfg.n_kv_heads * BS * cfg.head_dim * item
         if n_blocks * block_bytes > gpu.max_binding:
             n_blocks = gpu.max_binding // block_bytes
         self.kv = DeviceKV(n_blocks, n_slots, max_blocks)
@@ -203,6 +208,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
             code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
             hd = self.cfg.head_dim
             code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
+            if self.kv_dtype == np.float16:
+                code = kv_half(code)
             module = self.device.create_shader_module(code=code)
             pipe = self.pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})

@@ -62,6 +62,56 @@ KERNELS = {
 
 MM_ROWS = 8  # token rows of x an invocation of the tile kernels holds (ROWS of their unrolled lines)
 
+# the KV pool in float16 (kv_half): each vec4 of keys or values held as 4 halves in 2 words
+_KV_HALF_DECL = "var<storage, read_write> {p}: array<vec4<f32>>;"
+_KV_HALF = """
+fn {p}_get(i: u32) -> vec4<f32> {{
+    let w = {p}[i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}}
+fn {p}_put(i: u32, x: vec4<f32>) {{
+    {p}[i] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+}}
+"""
+
+
+def kv_half(code: str) -> str:
+    """The attention kernels' WGSL (shaders/attention*.wgsl, whose pools are kpool and vpool, arrays
+    of vec4<f32>) with the pools in float16: each `pool[i] = x;` stored through pack2x16float, each
+    `pool[i]` read through unpack2x16float, and rope_kv's pair of floats (element e, e + 1 of one
+    vec4: e even) packed into one word. The float32 kernels stay as written."""
+    for p in ("kpool", "vpool"):
+        decl = _KV_HALF_DECL.format(p=p)
+        if decl not in code:
+            continue
+        e = "ko" if p == "kpool" else "vo"
+        pair = f"{p}[{e} >> 2u][{e} & 3u] = a;\n        {p}[{e} >> 2u][({e} & 3u) + 1u] = b;"
+        code = code.replace(pair, f"{p}[{e} >> 2u][({e} & 3u) >> 1u] = pack2x16float(vec2<f32>(a, b));")
+        out, at = [], 0
+        while (i := code.find(p + "[", at)) >= 0:
+            if code[i - 1].isalnum() or code[i - 1] == "_" or code.startswith(f"{p}[{e} >> 2u]", i):
+                out.append(code[at:i + len(p)])
+                at = i + len(p)
+                continue
+            j, depth = i + len(p), 0  # the index's closing bracket
+            for j in range(i + len(p), len(code)):
+                depth += {"[": 1, "]": -1}.get(code[j], 0)
+                if depth == 0:
+                    break
+            index = code[i + len(p) + 1:j]
+            rest = code[j + 1:]
+            if rest.lstrip().startswith("=") and not rest.lstrip().startswith("=="):  # a store: pool[i] = x;
+                end = code.index(";", j)
+                value = code[code.index("=", j) + 1:end].strip()
+                out.append(code[at:i] + f"{p}_put({index}, {value})")
+                at = end
+            else:
+                out.append(code[at:i] + f"{p}_get({index})")
+                at = j + 1
+        code = "".join(out) + code[at:]
+        code = code.replace(decl, decl.replace("array<vec4<f32>>", "array<vec2<u32>>") + _KV_HALF.format(p=p))
+    return code
+
 
 def unroll(code: str, consts: dict[str, int]) -> str:
     """WGSL with every line ending in "// unroll d < NAME" repeated for d = 0 .. consts[NAME] - 1:
