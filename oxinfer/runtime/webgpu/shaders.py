@@ -3,6 +3,7 @@ decoder and a kernel family need, in which order, with their unrolled lines expa
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from oxinfer.errors import WebGpuUnavailable
@@ -78,33 +79,30 @@ fn {p}_put(i: u32, x: vec4<f32>) {{
 def kv_half(code: str) -> str:
     """The attention kernels' WGSL (shaders/attention*.wgsl, whose pools are kpool and vpool, arrays
     of vec4<f32>) with the pools in float16: each `pool[i] = x;` stored through pack2x16float, each
-    `pool[i]` read through unpack2x16float, and rope_kv's pair of floats (element e, e + 1 of one
+    `pool[i]` read through unpack2x16float, and rope_kv's pair of floats (elements e, e + 1 of one
     vec4: e even) packed into one word. The float32 kernels stay as written."""
-    for p in ("kpool", "vpool"):
+    for p, e in (("kpool", "ko"), ("vpool", "vo")):
         decl = _KV_HALF_DECL.format(p=p)
         if decl not in code:
             continue
-        e = "ko" if p == "kpool" else "vo"
         pair = f"{p}[{e} >> 2u][{e} & 3u] = a;\n        {p}[{e} >> 2u][({e} & 3u) + 1u] = b;"
-        code = code.replace(pair, f"{p}[{e} >> 2u][({e} & 3u) >> 1u] = pack2x16float(vec2<f32>(a, b));")
+        packed = f"{p}[{e} >> 2u][({e} & 3u) >> 1u] = pack2x16float(vec2<f32>(a, b));"
+        if "fn rope_kv" in code and pair not in code:
+            raise ValueError(f"kv_half: rope_kv's pair of stores to {p} is not as expected")
+        code = code.replace(pair, packed)
         out, at = [], 0
         while (i := code.find(p + "[", at)) >= 0:
-            if code[i - 1].isalnum() or code[i - 1] == "_" or code.startswith(f"{p}[{e} >> 2u]", i):
+            if code[i - 1].isalnum() or code[i - 1] == "_" or code.startswith(packed, i):
                 out.append(code[at:i + len(p)])
                 at = i + len(p)
                 continue
-            j, depth = i + len(p), 0  # the index's closing bracket
-            for j in range(i + len(p), len(code)):
-                depth += {"[": 1, "]": -1}.get(code[j], 0)
-                if depth == 0:
-                    break
+            depth, j = 0, i + len(p)  # j: the index's closing bracket
+            while depth := depth + {"[": 1, "]": -1}.get(code[j], 0):
+                j += 1
             index = code[i + len(p) + 1:j]
-            rest = code[j + 1:]
-            if rest.lstrip().startswith("=") and not rest.lstrip().startswith("=="):  # a store: pool[i] = x;
-                end = code.index(";", j)
-                value = code[code.index("=", j) + 1:end].strip()
-                out.append(code[at:i] + f"{p}_put({index}, {value})")
-                at = end
+            if store := re.match(r"\s*=(?!=)([^;]*);", code[j + 1:]):  # pool[i] = x;
+                out.append(code[at:i] + f"{p}_put({index}, {store[1].strip()});")
+                at = j + 1 + store.end()
             else:
                 out.append(code[at:i] + f"{p}_get({index})")
                 at = j + 1
