@@ -4,6 +4,12 @@ under the threads OXINFER_CPU_THREADS and taskset give it (the H200 host's 16 co
 0.3-0.56 ms, docs/h200/cpu-step-gap-2026-12-05-s21.txt).
 
     OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
+        [--streams 1]
+
+--streams N: N streams at once (prompts of 64 tokens), the steps that decode all N counted. On the
+2-core dev VM (session 23), the 135M shape: 1 stream 6.6-7.1 ms a run, 0.42-0.49 between (timing
+CpuExecutor.step too: ~0.06 the hop into the worker thread, ~0.19 the loop's wake after it, ~0.17
+the engine's Python); 16 streams 40-49 ms, 1.5-2.1 between; 32 streams 73-80 ms, 2.4-2.6 between.
 """
 
 import argparse
@@ -29,23 +35,36 @@ async def main(args) -> None:
     def timed(self, seqs, caches):
         t0 = time.perf_counter()
         out = run(self, seqs, caches)
-        spans.append((t0, time.perf_counter()))
+        if len(seqs) == args.streams and all(len(s) == 1 for s in seqs):  # a step decoding every stream
+            spans.append((t0, time.perf_counter()))
         return out
 
     cpu_graph.CpuGraph.run = timed
     path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
     write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
-    engine = await oxinfer.Engine.load(path, backend="cpu")
+    engine = await oxinfer.Engine.load(path, backend="cpu", max_concurrent=max(16, args.streams))
     params = oxinfer.SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     for k in range(args.rounds + 1):
         spans.clear()
-        r = await engine.generate(prompt_ids(64, engine.config.vocab_size, 3 + k), params)
+        results = []
+
+        async def one(i):
+            results.append(await engine.generate(prompt_ids(64, engine.config.vocab_size, 3 + k * args.streams + i),
+                                                 params))
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for i in range(args.streams):
+                tg.start_soon(one, i)
+        wall = time.perf_counter() - t0
         runs = np.array([b - a for a, b in spans[2:]]) * 1e3
         gaps = np.array([spans[i + 1][0] - spans[i][1] for i in range(2, len(spans) - 1)]) * 1e3
         if k:  # (the first round warms up)
-            print(f"{len(os.sched_getaffinity(0))} cores, {blockwise.threads()} threads: decode "
-                  f"{r.finished.generation_tps:.1f} tok/s; graph.run {np.median(runs):.2f} ms, between runs "
-                  f"{np.median(gaps):.2f} ms (p90 {np.percentile(gaps, 90):.2f})", flush=True)
+            rate = (f"decode {results[0].finished.generation_tps:.1f} tok/s" if args.streams == 1
+                    else f"{args.streams} streams {args.streams * args.tokens / wall:.1f} tok/s (prompts in)")
+            print(f"{len(os.sched_getaffinity(0))} cores, {blockwise.threads()} threads: {rate}; graph.run "
+                  f"{np.median(runs):.2f} ms, between runs {np.median(gaps):.2f} ms (p90 {np.percentile(gaps, 90):.2f})",
+                  flush=True)
 
 
 if __name__ == "__main__":
@@ -53,4 +72,5 @@ if __name__ == "__main__":
     p.add_argument("--synthetic", default="135m")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--streams", type=int, default=1)
     anyio.run(main, p.parse_args())
