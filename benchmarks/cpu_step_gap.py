@@ -4,7 +4,7 @@ under the threads OXINFER_CPU_THREADS and taskset give it (the H200 host's 16 co
 0.3-0.56 ms, docs/h200/cpu-step-gap-2026-12-05-s21.txt).
 
     OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
-        [--streams 1]
+        [--streams 1] [--graph-pool global|own]
 
 --streams N: N streams at once (prompts of 64 tokens), the steps that decode all N counted. On the
 2-core dev VM (session 23), the 135M shape: 1 stream 6.6-7.1 ms a run, 0.42-0.49 between (timing
@@ -40,6 +40,7 @@ async def main(args) -> None:
         return out
 
     cpu_graph.CpuGraph.run = timed
+    blockwise.GRAPH_POOL = args.graph_pool
     path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
     write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
     engine = await oxinfer.Engine.load(path, backend="cpu", max_concurrent=max(16, args.streams))
@@ -62,7 +63,8 @@ async def main(args) -> None:
         if k:  # (the first round warms up)
             rate = (f"decode {results[0].finished.generation_tps:.1f} tok/s" if args.streams == 1
                     else f"{args.streams} streams {args.streams * args.tokens / wall:.1f} tok/s (prompts in)")
-            print(f"{len(os.sched_getaffinity(0))} cores, {blockwise.threads()} threads: {rate}; graph.run "
+            pool = "onnxruntime's own pool" if args.graph_pool == "own" else f"{blockwise.threads()} threads"
+            print(f"{len(os.sched_getaffinity(0))} cores, {pool}: {rate}; graph.run "
                   f"{np.median(runs):.2f} ms, between runs {np.median(gaps):.2f} ms (p90 {np.percentile(gaps, 90):.2f})",
                   flush=True)
 
@@ -73,4 +75,6 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
+    p.add_argument("--graph-pool", choices=["global", "own"], default="global",
+                   help="blockwise.GRAPH_POOL: onnxruntime's global pool, or the graph's own (onnxruntime's sizes, pinned)")
     anyio.run(main, p.parse_args())

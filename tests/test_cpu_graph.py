@@ -199,10 +199,17 @@ def test_the_graph_s_own_threads_spin_a_kernel_s_do_not(monkeypatch):
     """Where onnxruntime's global pool could not be made (set_up_threads: "per-session"), each
     session gets threads of its own: the graph's spin between its ops (its one pool; not
     spinning, the default model's decode step took 1.5x as long on 2 cores), a kernel per
-    matrix's do not (121 spinning pools)."""
+    matrix's do not (121 spinning pools). Under GRAPH_POOL "own" the graph's pool is
+    onnxruntime's size (0: a thread a physical core, pinned), unless OXINFER_CPU_THREADS says."""
     blockwise.set_up_threads()
     monkeypatch.setitem(blockwise._threads, "ort", "per-session")
     spin = "session.intra_op.allow_spinning"
     graph, kernel = blockwise.session_options(False, spinning=True), blockwise.session_options()
     assert (graph.get_session_config_entry(spin), kernel.get_session_config_entry(spin)) == ("1", "0")
     assert graph.intra_op_num_threads == kernel.intra_op_num_threads == blockwise.threads()
+    monkeypatch.setattr(blockwise, "GRAPH_POOL", "own")
+    monkeypatch.delenv("OXINFER_CPU_THREADS", raising=False)
+    assert blockwise.session_options(False, spinning=True).intra_op_num_threads == 0
+    assert blockwise.session_options().intra_op_num_threads == blockwise.threads()
+    monkeypatch.setenv("OXINFER_CPU_THREADS", "3")
+    assert blockwise.session_options(False, spinning=True).intra_op_num_threads == 3

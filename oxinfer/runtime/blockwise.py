@@ -41,6 +41,11 @@ IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.30 ref
 
 log = structlog.get_logger("oxinfer.runtime")
 _threads: dict[str, object] = {}  # process-wide settings, made once
+# the CPU graph's threads: onnxruntime's one global pool of threads() ("global"), or a pool of the
+# graph's own session ("own") sized and pinned by onnxruntime's defaults (a thread a physical core,
+# unless OXINFER_CPU_THREADS says), the global pool then never made: a trial setting
+# (benchmarks/h200_cpu_topology.sh) while the H200 host's 16-core rows are unexplained
+GRAPH_POOL = "global"
 
 
 def set_up_threads() -> None:
@@ -51,6 +56,8 @@ def set_up_threads() -> None:
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
     n = threads()
     try:
+        if GRAPH_POOL == "own":
+            raise RuntimeError("blockwise.GRAPH_POOL: the graph's session sizes its own pool")
         ort.set_global_thread_pool_sizes(n, 1)
         _threads["ort"] = "global"
     except Exception as e:  # noqa: BLE001 - someone made onnxruntime's environment first
@@ -93,8 +100,9 @@ def session_options(shared_arena: bool = True, spinning: bool = False) -> ort.Se
     opts = ort.SessionOptions()
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
-    else:
-        opts.intra_op_num_threads = threads()
+    else:  # (the graph's own pool under GRAPH_POOL "own": onnxruntime's size and affinities, 0 threads)
+        own = spinning and GRAPH_POOL == "own" and not os.environ.get("OXINFER_CPU_THREADS", "").strip()
+        opts.intra_op_num_threads = 0 if own else threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
     opts.log_severity_level = 3  # errors only
     if shared_arena and _threads["arena"] == "shared":
