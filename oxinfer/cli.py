@@ -78,19 +78,11 @@ async def _tokenize(args) -> None:
     print(json.dumps(tokenizer.encode(args.text)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
+def exit_status(command) -> int:
+    """Run command(): 0; 2 after one line naming an oxinfer error (a corrupt file, an unsupported
+    model) or a bad input (ValueError), never a traceback; 130 on Ctrl-C."""
     try:
-        if args.command == "bench":
-            bench_command(args)
-        elif args.command == "serve" and args.ray:
-            serve_on_ray(args)
-        elif args.command == "serve":
-            refuse_ray_flags(args)
-            serve_command(args)
-        else:
-            anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)
+        command()
     except OxinferError as e:
         print(f"oxinfer: error: {e}", file=sys.stderr)
         return 2
@@ -100,6 +92,24 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+
+    def command() -> None:
+        if args.command == "bench":
+            bench_command(args)
+        elif args.command == "serve" and args.ray:
+            serve_on_ray(args)
+        elif args.command == "serve":
+            refuse_ray_flags(args)
+            serve_command(args)
+        else:
+            anyio.run({"run": _run, "tokenize": _tokenize}[args.command], args)
+
+    return exit_status(command)
 
 
 if __name__ == "__main__":

@@ -102,3 +102,15 @@ def test_an_app_that_imports_oxinfer_sees_warnings_and_nothing_more(tmp_path):
     assert "a_warning_an_app_sees" in r.stderr
     for quiet in ("request_finished", "cpu_threads", "[info", "[debug"):
         assert quiet not in r.stderr and quiet not in r.stdout
+
+
+@pytest.mark.parametrize("module", ["oxinfer.cli", "oxinfer.server"])
+def test_serving_a_corrupt_model_fails_cleanly(tmp_path, module):
+    """`oxinfer serve` and `python -m oxinfer.server` alike: a file that is not a GGUF ends the
+    command with one line naming it, status 2, no traceback."""
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"nope" * 10)
+    args = ["serve"] if module == "oxinfer.cli" else []
+    r = subprocess.run([sys.executable, "-m", module, *args, "--model", str(bad), "--port", "0"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "not a GGUF file" in r.stderr and "Traceback" not in r.stderr

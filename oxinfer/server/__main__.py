@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from oxinfer.cli import exit_status
 from oxinfer.logs import configure_logging
 from oxinfer.server.cli import add_serve_parser, serve_command
 
@@ -13,14 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub).add_argument("--log-level", default="INFO", help="structlog level")
     args = p.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
     configure_logging(args.log_level)
-    try:
-        serve_command(args)
-    except ValueError as e:  # a bad combination of flags
-        print(f"oxinfer: invalid input: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return exit_status(lambda: serve_command(args))
 
 
 if __name__ == "__main__":
