@@ -226,7 +226,7 @@ fn put_xqg(tok: u32, g: u32, lid: u32) {
         let i = 4u * lid;
         let gate = vec4<f32>(bpart[i], bpart[i + 1u], bpart[i + 2u], bpart[i + 3u]);
         let up = vec4<f32>(bpart[h + i], bpart[h + i + 1u], bpart[h + i + 2u], bpart[h + i + 3u]);
-        var v = gate / (1.0 + exp(-gate)) * up;
+        var v = silu4(gate) * up;
         if (P.xo == 3u) {
             v = gelu4(gate) * up;
         }

@@ -24,10 +24,8 @@ struct X8 {
 fn x8(tok: u32, c: u32) -> X8 {
     if (P.pre == 2u) {
         let gb = tok * (P.n_in >> 1u) + 2u * c;
-        let g0 = x[gb];
-        let g1 = x[gb + 1u];
         let u = gb + (P.n_in >> 2u);
-        return X8(g0 / (1.0 + exp(-g0)) * x[u], g1 / (1.0 + exp(-g1)) * x[u + 1u], 0.0);
+        return X8(silu4(x[gb]) * x[u], silu4(x[gb + 1u]) * x[u + 1u], 0.0);
     }
     if (P.pre == 3u) {
         let gb = tok * (P.n_in >> 1u) + 2u * c;
@@ -41,6 +39,10 @@ fn x8(tok: u32, c: u32) -> X8 {
         return X8(a * nw[2u * c], b * nw[2u * c + 1u], dot(a, a) + dot(b, b));
     }
     return X8(a, b, 0.0);
+}
+
+fn silu4(g: vec4<f32>) -> vec4<f32> {
+    return g / (1.0 + exp(-g));
 }
 
 // gelu's tanh form, as elementwise.wgsl's gelu_mul computes it (tanh's argument clamped likewise)

@@ -55,14 +55,16 @@ def set_up_threads() -> None:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
     n = threads()
-    try:
-        if GRAPH_POOL == "own":
-            raise RuntimeError("blockwise.GRAPH_POOL: the graph's session sizes its own pool")
-        ort.set_global_thread_pool_sizes(n, 1)
-        _threads["ort"] = "global"
-    except Exception as e:  # noqa: BLE001 - someone made onnxruntime's environment first
+    if GRAPH_POOL == "own":
         _threads["ort"] = "per-session"
-        log.info("ort_threads", pools="per session", reason=repr(e))
+        log.info("ort_threads", pools="per session", reason="blockwise.GRAPH_POOL: the graph's session sizes its own")
+    else:
+        try:
+            ort.set_global_thread_pool_sizes(n, 1)
+            _threads["ort"] = "global"
+        except Exception as e:  # noqa: BLE001 - someone made onnxruntime's environment first
+            _threads["ort"] = "per-session"
+            log.info("ort_threads", pools="per session", reason=repr(e))
     try:  # one memory arena for every session: each keeping its own held its largest batch's
         # buffers (SmolLM2, 16 prompts of 128 tokens in one batch: +1.5 GiB of RSS that stayed)
         cpu = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
