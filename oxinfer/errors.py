@@ -28,7 +28,14 @@ class EngineOverloaded(OxinferError):
 
 
 class ContextOverflowError(OxinferError, ValueError):
-    """prompt + max_tokens does not fit the model's context."""
+    """prompt + max_tokens does not fit the model's context. Where a request's lengths were at
+    fault, they are kept (prompt_tokens, max_tokens, limit: the positions there are, limit_name:
+    what holds them), so that a server can say it in its own fields' names."""
+
+    def __init__(self, message: str, prompt_tokens: int | None = None, max_tokens: int | None = None,
+                 limit: int | None = None, limit_name: str = "the context length"):
+        super().__init__(message)
+        self.prompt_tokens, self.max_tokens, self.limit, self.limit_name = prompt_tokens, max_tokens, limit, limit_name
 
 
 class WebGpuUnavailable(OxinferError):

@@ -123,6 +123,34 @@ def test_a_function_tool_call_and_its_output_in_the_next_turn(srv, client):
     assert r2.output  # auto: text or another call, either parses
 
 
+def test_an_answer_cut_off_and_its_items_and_what_the_routes_refuse(srv, client):
+    """At max_output_tokens the response and its last item are incomplete; the output items come
+    back as the client dumps them (model_dump: every field, nulls too); a response's input items
+    are listed; a finished one cannot be cancelled, nor retrieved as a stream."""
+    name = srv.engine.model_name
+    r = client.responses.create(model=name, input=[{"role": "user", "content": "Tell me a story."}], temperature=0,
+                                max_output_tokens=3)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [i.status for i in r.output] == ["incomplete"]
+    again = client.responses.create(model=name, input=[{"role": "user", "content": "Tell me a story."},
+                                                       *[i.model_dump() for i in r.output],
+                                                       {"role": "user", "content": "Go on."}], **GREEDY)
+    assert again.output_text
+    items = client.responses.input_items.list(again.id)
+    assert [i.type for i in items.data] == ["message"] * 3
+    assert [i.role for i in items.data] == ["user", "assistant", "user"][::-1]  # newest first
+    assert items.data[0].content[0].text == "Go on." and all(i.id for i in items.data)
+    asc = client.responses.input_items.list(again.id, order="asc", limit=1)
+    assert [i.id for i in asc.data] == [items.data[-1].id] and asc.has_more
+    with pytest.raises(openai.BadRequestError, match="background"):
+        client.responses.cancel(again.id)
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        httpx_get = httpx.get(f"{srv.url}/v1/responses/{again.id}", params={"stream": "true"}, timeout=30)
+        raise openai.BadRequestError(httpx_get.json()["error"]["message"], response=httpx_get, body=None)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_never")
+
+
 def test_previous_response_id_continues_the_conversation(srv, client):
     name = srv.engine.model_name
     r1 = client.responses.create(model=name, input="My name is Ada.", **GREEDY)
@@ -189,7 +217,7 @@ BAD = [
     ({"input": 7}, "input"),
     ({"input": [{"role": "user", "content": ""}]}, "input.0.content"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input.0.role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0.type"),
     ({"input": [{"type": "computer_call", "id": "x"}]}, "input.0.type"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
     ({"input": "hi", "tools": [{"type": "function"}]}, "tools.0.name"),
@@ -208,6 +236,9 @@ BAD = [
     ({"input": "hi", "service_tier": "flex"}, "service_tier"),
     ({"input": "hi " * 5000}, "input"),
     ({"input": "hi", "max_output_tokens": 100000}, "max_output_tokens"),
+    ({"input": "hi " * 100, "max_output_tokens": 400}, "max_output_tokens"),
+    ({"input": [{"type": "function_call_output", "call_id": "call_nowhere", "output": "x"}]}, "input.0.call_id"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, "input.0.content.0.type"),
 ]
 
 
@@ -223,7 +254,9 @@ def test_bad_input_is_a_400_naming_the_field(tiny, body, param):
     r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == param and err["message"].startswith(param), err
+    assert err["param"] == param and err["message"].startswith(param) and err["code"], err
+    for chat_name in ("max_tokens", "max_completion_tokens", "messages", "truncate"):  # the Responses API's names
+        assert chat_name not in err["message"], err
     assert httpx.get(tiny.url + "/health").json()["running"] == 0
 
 

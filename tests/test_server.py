@@ -261,6 +261,17 @@ BAD = [
     ("prompt over context", {"messages": [{"role": "user", "content": "hello " * 9000}], "max_tokens": 2},
      400, "messages"),
     ("lone surrogate", b'{"messages": [{"role": "user", "content": "\\ud800"}], "max_tokens": 2}', 400, None),
+    ("max_completion_tokens zero", _chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    ("max_completion_tokens over context", _chat(max_completion_tokens=10**6), 400, "max_completion_tokens"),
+    ("image part", {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, {
+        "type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}, 400, "messages.0.content.1.type"),
+    ("audio answer", {"messages": CHAT + [{"role": "assistant", "content": "x", "audio": {"id": "audio_1"}}]}, 400,
+     "messages.1.audio"),
+    ("deprecated function_call", {"messages": CHAT + [{"role": "assistant", "content": None, "function_call": {
+        "name": "f", "arguments": "{}"}}]}, 400, "messages.1.function_call"),
+    ("user content null", {"messages": [{"role": "user", "content": None}]}, 400, "messages.0.content"),
+    ("tool result without its call", {"messages": CHAT + [{"role": "tool", "content": "18 C"}]}, 400,
+     "messages.1.tool_call_id"),
 ]
 
 
@@ -273,6 +284,8 @@ def test_bad_chat_bodies(http, body, status, param):
     assert err["message"] and err["type"] == "invalid_request_error"
     if param is not None:
         assert err["param"] == param and param.split(".")[0] in err["message"]
+        assert "truncate" not in err["message"]  # (the Python API's option, which the server does not take)
+    assert err["code"]
     assert r.headers["x-request-id"]
 
 
@@ -498,7 +511,9 @@ def test_a_forced_tool_call_parses_into_its_declared_arguments(client, srv, stre
                 calls += d.tool_calls or []
                 content += d.content or ""
                 reason = ch.choices[0].finish_reason or reason
-    assert reason == "tool_calls" and not content and len(calls) == 1
+    # OpenAI's reasons (vllm-project/vllm#25054 tabulates them): a call the model had to make of the
+    # tools ends in tool_calls, the one a named tool_choice made it make in stop
+    assert reason == ("stop" if choice == NAMED else "tool_calls") and not content and len(calls) == 1
     call = calls[0]
     tool = {t["function"]["name"]: t for t in (WEATHER, TIME)}[call.function.name]
     if isinstance(choice, dict):
@@ -523,6 +538,130 @@ def test_auto_tools_answer_text_or_a_valid_call_and_tool_results_go_back_in(clie
     r = client.chat.completions.create(model=model, messages=follow, tools=[WEATHER], tool_choice="none",
                                        temperature=0.0, max_tokens=8)
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+
+
+# WEATHER as tools are often written (no additionalProperties), and a function without parameters
+OPEN_WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}
+CLOCK = {"type": "function", "function": {"name": "get_clock"}}
+
+
+def _call(client, stream: bool, **kw):
+    """(the call, finish_reason, the logprobs' tokens) of one forced call, streamed or not."""
+    if not stream:
+        c = client.chat.completions.create(**kw).choices[0]
+        assert not c.message.content
+        (call,) = c.message.tool_calls
+        return call, c.finish_reason, [e.token for e in c.logprobs.content] if c.logprobs else []
+    calls, reason, tokens = [], None, []
+    for ch in client.chat.completions.create(stream=True, **kw):
+        for c in ch.choices:
+            assert not c.delta.content
+            calls += c.delta.tool_calls or []
+            reason = c.finish_reason or reason
+            tokens += [e.token for e in (c.logprobs.content if c.logprobs else None) or []]
+    (call,) = calls
+    return call, reason, tokens
+
+
+def test_a_forced_call_cut_off_by_max_tokens_is_still_a_call(client, srv):
+    """OpenAI never answers a forced call in text: where max_tokens cuts the call off, it is a call
+    whose arguments end where the tokens did, finish_reason length; the stream carries the same
+    call and its tokens' logprobs."""
+    kw = {"model": srv.engine.model_name, "messages": [{"role": "user", "content": "Weather in Paris?"}],
+          "tools": [OPEN_WEATHER], "tool_choice": "required", "temperature": 0.0, "logprobs": True}
+    whole, reason, tokens = _call(client, False, max_tokens=60, **kw)
+    assert reason == "tool_calls" and json.loads(whole.function.arguments)["city"]
+    for stream in (False, True):
+        call, reason, cut = _call(client, stream, max_tokens=len(tokens) - 2, **kw)
+        assert reason == "length" and call.function.name == "get_weather" and call.id.startswith("call_")
+        assert cut == tokens[:-2]  # the same greedy tokens, fewer
+        text = "".join(cut)
+        assert call.function.arguments and text.endswith(call.function.arguments)
+        assert text[:-len(call.function.arguments)].rstrip().endswith('"arguments":')
+
+
+def test_forced_calls_take_the_declared_arguments_only(client, srv):
+    """An object schema that lists its properties takes no others unless it says so (llama.cpp's
+    and xgrammar's reading of a tool's parameters), and no parameters is an empty object."""
+    kw = {"model": srv.engine.model_name, "messages": [{"role": "user", "content": "Weather in Paris, and the time?"}],
+          "tool_choice": "required", "temperature": 0.0, "max_tokens": 60}
+    call, reason, _ = _call(client, False, tools=[CLOCK], **kw)
+    assert reason == "tool_calls" and json.loads(call.function.arguments) == {}
+    call, reason, _ = _call(client, True, tools=[OPEN_WEATHER], **kw)
+    assert reason == "tool_calls" and set(json.loads(call.function.arguments)) == {"city"}
+
+
+def test_earlier_calls_and_their_results_reach_a_template_without_tools(http, srv):
+    """SmolLM2's template writes no tool_calls: the call goes into the assistant's turn as the JSON
+    the model is told to answer with (llama.cpp's server does the same), not dropped."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "18 C and sunny"}
+    with_call = CHAT + [{"role": "assistant", "content": None, "tool_calls": [call]}, result]
+    without = CHAT + [{"role": "assistant", "content": ""}, result]
+    ids = [http.post("/tokenize", json={"messages": m}).json()["tokens"] for m in (with_call, without)]
+    assert ids[0] != ids[1]
+    text = http.post("/detokenize", json={"tokens": ids[0]}).json()["prompt"]
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in text and "18 C and sunny" in text
+
+
+PLAIN = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"  # SmolLM2's kind
+STRICT = ("{% for m in messages %}{% if m['role'] not in ('user', 'assistant') %}"  # Gemma's kind
+          "{{ raise_exception('roles must be user or assistant') }}{% endif %}<{{ m['role'] }}>{{ m['content'] }}"
+          "{% endfor %}")
+TOOLS = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% for c in m.get('tool_calls') or [] %}"
+         "[call {{ c['function']['name'] }} {{ c['function']['arguments'] | tojson }}]{% endfor %}{% endfor %}")
+
+
+@pytest.mark.parametrize("template", [PLAIN, STRICT, TOOLS], ids=["plain", "strict", "tool-aware"])
+def test_calls_and_results_are_written_whatever_the_template(template):
+    from oxinfer.chat_template import render
+    from oxinfer.server.tools import shown
+
+    calls = [{"id": f"call_{i}", "type": "function", "function": {"name": f"f{i}", "arguments": {"x": i}}}
+             for i in (1, 2)]
+    talk = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_1", "content": "one"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "two"}]
+    out = shown(talk, template)
+    text = render(template, out, add_generation_prompt=False)
+    for i, result in ((1, "one"), (2, "two")):
+        assert f"f{i}" in text and '{"x": %d}' % i in text and result in text
+    if template == TOOLS:
+        assert out[1] == talk[1]  # the template's own way
+    else:
+        assert "tool_calls" not in out[1] and '{"name": "f1", "arguments": {"x": 1}}' in out[1]["content"]
+    if template == STRICT:  # the results as one user turn, each named
+        assert [m["role"] for m in out] == ["user", "assistant", "user"]
+        assert '"tool_response": {"name": "f2", "content": "two"}' in out[2]["content"]
+    else:
+        assert out[2:] == talk[2:]
+
+
+def test_an_answer_sent_back_as_the_client_dumps_it(client, http, srv):
+    """`messages.append(reply.model_dump())` sends every field of the reply back (refusal, audio,
+    function_call and annotations as null): accepted, and a refusal is the assistant's text."""
+    model = srv.engine.model_name
+    reply = client.chat.completions.create(model=model, messages=CHAT, max_tokens=2, temperature=0.0)
+    dumped = reply.choices[0].message.model_dump()
+    assert {"refusal", "audio", "function_call", "annotations"} <= set(dumped)
+    again = client.chat.completions.create(model=model, messages=CHAT + [dumped, {"role": "user", "content": "again"}],
+                                           max_tokens=2, temperature=0.0)
+    assert again.choices[0].message.content is not None
+    said = [http.post("/tokenize", json={"messages": CHAT + [m]}).json()["tokens"] for m in (
+        {"role": "assistant", "content": None, "refusal": "I can't."}, {"role": "assistant", "content": "I can't."})]
+    assert said[0] == said[1]
+
+
+def test_a_choice_s_seed_is_no_other_request_s(tiny_client, tiny_srv):
+    """n choices with a seed: the first is the seed's own (as n=1), the others not another seed's
+    (seed + i made choice 1 of seed 1 choice 0 of seed 2); OpenAI's negative seeds are seeds too."""
+    kw = {"model": tiny_srv.engine.model_name, "messages": CHAT, "temperature": 1.0, "max_tokens": 12}
+    two = [c.message.content for c in tiny_client.chat.completions.create(n=2, seed=1, **kw).choices]
+    alone = [tiny_client.chat.completions.create(seed=s, **kw).choices[0].message.content for s in (1, 2)]
+    assert two[0] == alone[0] and two[1] != alone[1]
+    negative = [tiny_client.chat.completions.create(seed=-3, **kw).choices[0].message.content for _ in range(2)]
+    assert negative[0] == negative[1]
 
 
 def test_logit_bias_bans_and_forces_a_token(client, srv):

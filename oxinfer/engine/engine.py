@@ -160,17 +160,20 @@ class Engine:
         ids = self.prompt_ids(prompt)
         ctx = self.config.context_length
         if params.max_tokens >= ctx:
-            raise ContextOverflowError(f"max_tokens ({params.max_tokens}) must be below the context length ({ctx})")
+            raise ContextOverflowError(f"max_tokens ({params.max_tokens}) must be below the context length ({ctx})",
+                                       len(ids), params.max_tokens, ctx)
         if len(ids) + params.max_tokens > ctx:
             if not truncate:
                 raise ContextOverflowError(
                     f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
-                    f"length ({ctx}); shorten the prompt, lower max_tokens, or pass truncate=True")
+                    f"length ({ctx}); shorten the prompt, lower max_tokens, or pass truncate=True",
+                    len(ids), params.max_tokens, ctx)
             ids = ids[len(ids) + params.max_tokens - ctx:]
         room = self.kv_pool.n_blocks * BLOCK
         if len(ids) + params.max_tokens > room:
             raise ContextOverflowError(f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                                       f"{room} positions of KV memory (kv_bytes); lower max_tokens or shorten the prompt")
+                                       f"{room} positions of KV memory (kv_bytes); lower max_tokens or shorten the prompt",
+                                       len(ids), params.max_tokens, room, "the KV memory's positions (kv_bytes)")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         self.admission.check_room(rid)
         return stream.generate(self, Request(rid, ids, params, history=list(ids)))

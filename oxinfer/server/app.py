@@ -41,6 +41,7 @@ from oxinfer.server.schemas import (
     TokenizeRequest,
     parse_body,
 )
+from oxinfer.server.tools import shown
 from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 
 log = structlog.get_logger("oxinfer.server")
@@ -108,7 +109,7 @@ class _Server:
 
         def keep() -> None:
             if req.store is not False and b.status != "failed":
-                self.stored.put(b.response(), history + req.input_messages() + b.answer_messages())
+                self.stored.put(b.response(), history + req.input_messages() + b.answer_messages(), req.listed_inputs())
 
         async def sent() -> AsyncIterator[bytes]:
             async with aclosing(responses.events(b, stream)) as evs:
@@ -139,7 +140,24 @@ class _Server:
         if request.method == "DELETE":
             self.stored.delete(rid)
             return JSONResponse({"id": rid, "object": "response", "deleted": True})
-        return JSONResponse(self.stored.get(rid)[0])
+        response = self.stored.get(rid)[0]
+        if request.query_params.get("stream", "false").lower() != "false":
+            raise bad_request("stream: a stored response is retrieved whole here, not replayed as events",
+                              param="stream", code="unsupported_parameter")
+        return JSONResponse(response)
+
+    async def response_input_items(self, request: Request) -> Response:
+        q = request.query_params
+        limit = q.get("limit", "20")
+        if not limit.isdigit():
+            raise bad_request(f"limit: must be an integer, got {limit!r}", param="limit", code="invalid_type")
+        items = self.stored.get(request.path_params["id"])[2]
+        return JSONResponse(responses.input_items(items, q.get("order", "desc"), int(limit), q.get("after")))
+
+    async def cancel_response(self, request: Request) -> Response:
+        self.stored.get(request.path_params["id"])  # (a 404 for one never made)
+        raise bad_request("only a response made with background=true can be cancelled, and this server makes "
+                          "none in the background: this one has finished")
 
     # --- the other endpoints --------------------------------------------------------------------
     async def chat_completions(self, request: Request) -> Response:
@@ -180,7 +198,7 @@ class _Server:
         tk = engine.tokenizer
         try:
             if req.messages is not None:
-                ids = tk.encode_chat([m.as_engine_message() for m in req.messages],
+                ids = tk.encode_chat(shown([m.as_engine_message() for m in req.messages], tk.chat_template),
                                      add_generation_prompt=req.add_generation_prompt)
             else:
                 ids = tk.encode(req.prompt)
@@ -289,6 +307,8 @@ def create_app(engine=None, *, api_key: str | None = None, model_name: str | Non
         Route("/v1/embeddings", srv.embeddings, methods=["POST"]),
         Route("/v1/responses", srv.responses, methods=["POST"]),
         Route("/v1/responses/{id}", srv.stored_response, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{id}/input_items", srv.response_input_items, methods=["GET"]),
+        Route("/v1/responses/{id}/cancel", srv.cancel_response, methods=["POST"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
     ]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import anyio
 import jinja2
+import numpy as np
 import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -77,17 +78,16 @@ class Completions:
             rest = engine.config.context_length - len(ids)
             max_tokens = max(1, rest if isinstance(req, ChatCompletionRequest) else min(DEFAULT_MAX_TOKENS_COMPLETION, rest))
         kw = req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
-        if choice and "seed" in kw:  # n choices with a seed: reproducible, and not all the same
-            kw["seed"] += choice
+        if "seed" in kw:
+            kw["seed"] = choice_seed(kw["seed"], choice)
         chat = isinstance(req, ChatCompletionRequest)
-        params = sampling_params(kw, logprobs_param="top_logprobs" if chat else "logprobs",
-                                 schema_param="tools" if chat and req.forced_tools() else "response_format")
+        max_param = req.name_of("max_completion_tokens" if chat and req.max_completion_tokens is not None else "max_tokens")
+        params = sampling_params(kw, {"logprobs": "top_logprobs" if chat else "logprobs", "max_tokens": max_param,
+                                      "json_schema": "tools" if chat and req.forced_tools() else "response_format"})
         try:
             events = engine.stream(ids, params, request_id=rid)
         except ContextOverflowError as e:
-            param = "max_tokens" if str(e).startswith("max_tokens") else prompt_param
-            message = str(e) if str(e).startswith(param) else f"{param}: {e}"
-            raise bad_request(message, param=param, code="context_length_exceeded") from None
+            raise _overflow(e, req.name_of(prompt_param), max_param, req.requested_max_tokens is not None) from None
         except EngineOverloaded as e:
             raise from_status(503, str(e), code="engine_overloaded",
                               headers={"retry-after": str(RETRY_AFTER_S)}) from None
@@ -178,6 +178,37 @@ class Completions:
         if include_usage:
             yield sse(answers[0].usage_chunk(usage(answers)))
         yield sse("[DONE]")
+
+
+def choice_seed(seed: int, choice: int) -> int:
+    """The seed of a request's choice `choice`: its own for the first (n=1 is choice 0 of n=2), and
+    for the others one derived from both, so that no two (seed, choice) pairs share a stream (seed
+    + choice made choice 1 of seed 1 choice 0 of seed 2). Any integer (OpenAI's are int64, negative
+    ones too) becomes a non-negative one."""
+    seed %= 1 << 64
+    if not choice:
+        return seed
+    return int(np.random.SeedSequence([seed, choice]).generate_state(1)[0])
+
+
+def _overflow(e: ContextOverflowError, prompt_param: str, max_param: str, max_given: bool) -> APIError:
+    """A 400 naming the request's own fields: the prompt's (messages, prompt, input) where it
+    alone leaves no room, the maximum's where it does."""
+    n, m, limit, where = e.prompt_tokens, e.max_tokens, e.limit, e.limit_name
+    if n is None:
+        return bad_request(f"{prompt_param}: {e}", param=prompt_param, code="context_length_exceeded")
+    if m >= limit:
+        message, param = f"{max_param}: {m} must be below {where} ({limit})", max_param
+    elif n >= limit:
+        message, param = (f"{prompt_param}: the prompt is {n} tokens, {where} is {limit}: it must leave room "
+                          f"for at least one token; shorten the prompt"), prompt_param
+    elif max_given:
+        message, param = (f"{max_param}: {m} tokens after a prompt of {n} ({prompt_param}) are over {where} "
+                          f"({limit}); lower {max_param} or shorten the prompt"), max_param
+    else:
+        message, param = (f"{prompt_param}: the prompt ({n} tokens) + {max_param} ({m}) is over {where} "
+                          f"({limit}); shorten the prompt or lower {max_param}"), prompt_param
+    return bad_request(message, param=param, code="context_length_exceeded")
 
 
 async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:

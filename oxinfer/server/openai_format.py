@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from oxinfer.events import Finished, Token
 from oxinfer.server.reasoning import ThinkSplitter, split
-from oxinfer.server.tools import may_be_call, parse_call
+from oxinfer.server.tools import may_be_call, parse_call, partial_call
+
+FORCED = ("required", "named")  # the tool modes in which an answer is always a call
 
 
 @dataclass
@@ -21,11 +23,12 @@ class Answer:
     tokenizer: object
     index: int = 0  # which of the request's n choices
     tool_names: frozenset = frozenset()  # the functions an answer may call (empty: no tools)
-    tool_mode: str = "none"  # none, auto (a call if the answer is one), forced (always a call)
+    tool_mode: str = "none"  # none, auto (a call if the answer is one), required or named (always a call)
     text: list[str] = field(default_factory=list)
     chat_logprobs: list[dict] = field(default_factory=list)
     finished: Finished | None = None
     call: dict | None = None  # the tool call the answer turned out to be
+    call_whole: bool = False  # ... and its JSON closed (not cut off by max_tokens)
     held: int = 0  # streamed: how many of text's pieces wait until it is known whether they are a call
     thinking: bool = False  # a thinking model's answer (no tools): reasoning apart from content
     think_open: bool = False  # its prompt ended inside a think block
@@ -63,14 +66,21 @@ class Answer:
 
     @property
     def finish_reason(self) -> str | None:
-        if self.call is not None:
-            return "tool_calls"
+        """OpenAI's: tool_calls for a call the model chose to make (auto, required), stop for the
+        call a named tool_choice made it make, the engine's reason for a call cut off."""
+        if self.call is not None and self.call_whole:
+            return "stop" if self.tool_mode == "named" else "tool_calls"
         return self.finished.reason if self.finished else None
 
     def settle_call(self) -> None:
-        """At the end: whether the answer is a tool call."""
-        if self.tool_mode != "none":
-            self.call = parse_call("".join(self.text), set(self.tool_names))
+        """At the end: whether the answer is a tool call (a forced one always is, whole or not)."""
+        if self.tool_mode == "none" or self.call is not None:
+            return
+        text = "".join(self.text)
+        self.call = parse_call(text, set(self.tool_names))
+        self.call_whole = self.call is not None
+        if self.call is None and self.tool_mode in FORCED:
+            self.call = partial_call(text, set(self.tool_names))
 
     # --- streaming ------------------------------------------------------------------------------
     def on_token(self, tok: Token, include_usage: bool) -> list[dict]:
@@ -79,18 +89,24 @@ class Answer:
         text = tok.text
         if self.think is not None:
             return self._thought(self.think.push(text), lp, include_usage)
-        if self.chat and self.tool_mode == "forced":
+        if self.chat and self.tool_mode in FORCED:
             self.held += 1
             return []
+        lps = [lp] if lp is not None else []
         if self.chat and self.tool_mode == "auto" and (self.held or len(self.text) == 1):
             text = "".join(self.text[-(self.held + 1):])  # the answer so far
             if may_be_call(text) is not False:
                 self.held += 1
                 return []
-            self.held = 0  # plain text after all: send what was held
-        if not text and lp is None:  # '' while a character or a stop string is incomplete
+            lps = self._last_logprobs(self.held + 1)  # plain text after all: send what was held
+            self.held = 0
+        if not text and not lps:  # '' while a character or a stop string is incomplete
             return []
-        return [self.chunk(text=text, logprobs=lp, include_usage=include_usage)]
+        return [self.chunk(text=text, logprobs=lps, include_usage=include_usage)]
+
+    def _last_logprobs(self, k: int) -> list[dict]:
+        """The logprobs entries of the last k tokens (none when not asked for)."""
+        return self.chat_logprobs[-k:] if k and self.chat_logprobs else []
 
     def on_finish(self, fin: Finished, include_usage: bool) -> list[dict]:
         """The last chunks of this choice: the held text (as a call, or as content), then the finish."""
@@ -101,9 +117,10 @@ class Answer:
             out = self._thought(self.think.flush(), None, include_usage)
         elif self.call is not None:
             delta = {"tool_calls": [{"index": 0, **self.call}]}
-            out.append(self._chat_chunk(delta, None, False, include_usage))
+            out.append(self._chat_chunk(delta, self._last_logprobs(self.held), False, include_usage))
         elif self.held:
-            out.append(self.chunk(text="".join(self.text[-self.held:]), include_usage=include_usage))
+            out.append(self.chunk(text="".join(self.text[-self.held:]), logprobs=self._last_logprobs(self.held),
+                                  include_usage=include_usage))
         out.append(self.chunk(finish=True, include_usage=include_usage))
         return out
 
@@ -112,24 +129,25 @@ class Answer:
         out = []
         for kind, text in pieces:
             delta = {"reasoning_content": text} if kind == "reasoning" else {"content": text}
-            out.append(self._chat_chunk(delta, lp, False, include_usage))
+            out.append(self._chat_chunk(delta, [lp] if lp else [], False, include_usage))
             lp = None
         if lp is not None:
-            out.append(self._chat_chunk({}, lp, False, include_usage))
+            out.append(self._chat_chunk({}, [lp], False, include_usage))
         return out
 
     # --- stream chunks --------------------------------------------------------------------------
-    def chunk(self, *, text: str | None = None, role: bool = False, logprobs: dict | None = None,
+    def chunk(self, *, text: str | None = None, role: bool = False, logprobs: list[dict] = (),
               finish: bool = False, include_usage: bool = False) -> dict:
+        """A stream chunk: some text (with its tokens' logprobs entries), the role, or the finish."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {} if text is None else {"content": text}
             return self._chat_chunk(delta, logprobs, finish, include_usage)
-        choice = {"index": self.index, "text": text or "", "logprobs": logprobs,
+        choice = {"index": self.index, "text": text or "", "logprobs": _merge(logprobs),
                   "finish_reason": self.finish_reason if finish else None}
         return self._wrap("text_completion", choice, include_usage)
 
-    def _chat_chunk(self, delta: dict, logprobs: dict | None, finish: bool, include_usage: bool) -> dict:
-        choice = {"index": self.index, "delta": delta, "logprobs": {"content": [logprobs]} if logprobs else None,
+    def _chat_chunk(self, delta: dict, logprobs: list[dict], finish: bool, include_usage: bool) -> dict:
+        choice = {"index": self.index, "delta": delta, "logprobs": {"content": list(logprobs)} if logprobs else None,
                   "finish_reason": self.finish_reason if finish else None}
         return self._wrap("chat.completion.chunk", choice, include_usage)
 

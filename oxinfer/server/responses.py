@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 import structlog
 
 from oxinfer.events import Event, Finished, Token
-from oxinfer.server.errors import from_status
+from oxinfer.server.errors import bad_request, from_status
 from oxinfer.server.openai_format import Answer
 from oxinfer.server.responses_schema import ResponsesRequest, ToolChoiceFunction
 
@@ -91,7 +91,8 @@ class ResponseBuilder:
 
     def on_finish(self, fin: Finished) -> list[dict]:
         out = [e for c in self.answer.on_finish(fin, False) for e in self._chunk(c)]
-        out += self._close()
+        cut = fin.reason == "length"  # by max_output_tokens: the last item is incomplete, and so is the response
+        out += self._close("incomplete" if cut else "completed")
         call = self.answer.call
         if call is not None:
             item = {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": call["function"]["name"],
@@ -102,11 +103,11 @@ class ResponseBuilder:
             out.append(self.event("response.output_item.added", output_index=i, item=dict(item)))
             out.append(self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=i,
                                   delta=args))
-            item.update(arguments=args, status="completed")
+            item.update(arguments=args, status="completed" if self.answer.call_whole else "incomplete")
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                                   name=item["name"], arguments=args))
             out.append(self.event("response.output_item.done", output_index=i, item=item))
-        if fin.reason == "length" and call is None:
+        if cut and (call is None or not self.answer.call_whole):
             self.status, self.incomplete = "incomplete", {"reason": "max_output_tokens"}
             return out + [self.event("response.incomplete", response=self.response())]
         self.status = "completed"
@@ -121,6 +122,8 @@ class ResponseBuilder:
     def _chunk(self, chunk: dict) -> list[dict]:
         choice = chunk["choices"][0]
         delta = choice["delta"]
+        if "tool_calls" in delta:  # (on_finish makes the call's item)
+            return []
         lps = (choice["logprobs"] or {}).get("content") or []
         out = []
         if delta.get("reasoning_content"):
@@ -158,14 +161,14 @@ class ResponseBuilder:
                                   content_index=0, delta=text))
         return out
 
-    def _close(self) -> list[dict]:
-        """The open item's done events."""
+    def _close(self, status: str = "completed") -> list[dict]:
+        """The open item's done events (its status: completed, or incomplete where max_output_tokens cut it)."""
         item, self.open = self.open, None
         if item is None:
             return []
         i = self.output.index(item)
         part = item["content"][0]
-        item["status"] = "completed"
+        item["status"] = status
         done = "response.output_text.done" if item["type"] == "message" else "response.reasoning_text.done"
         extra = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
         return [self.event(done, item_id=item["id"], output_index=i, content_index=0, text=part["text"], **extra),
@@ -202,19 +205,20 @@ async def events(builder: ResponseBuilder, stream: AsyncIterator[Event]) -> Asyn
 
 
 class ResponseStore:
-    """Stored responses (the response object and its conversation as chat messages), a bounded LRU."""
+    """Stored responses (the response object, its conversation as chat messages, its input items),
+    a bounded LRU."""
 
     def __init__(self, size: int = MAX_STORED):
         self.size = size
-        self._kept: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self._kept: OrderedDict[str, tuple[dict, list[dict], list[dict]]] = OrderedDict()
 
-    def put(self, response: dict, conversation: list[dict]) -> None:
-        self._kept[response["id"]] = (response, conversation)
+    def put(self, response: dict, conversation: list[dict], inputs: list[dict] = ()) -> None:
+        self._kept[response["id"]] = (response, conversation, list(inputs))
         self._kept.move_to_end(response["id"])
         while len(self._kept) > self.size:
             self._kept.popitem(last=False)
 
-    def get(self, response_id: str, param: str | None = None) -> tuple[dict, list[dict]]:
+    def get(self, response_id: str, param: str | None = None) -> tuple[dict, list[dict], list[dict]]:
         kept = self._kept.get(response_id)
         if kept is None:
             what = "Previous response" if param else "Response"
@@ -228,3 +232,21 @@ class ResponseStore:
     def delete(self, response_id: str) -> None:
         self.get(response_id)
         del self._kept[response_id]
+
+
+def input_items(items: list, order: str = "desc", limit: int = 20, after: str | None = None) -> dict:
+    """GET /v1/responses/{id}/input_items: a response's input items (each with an id), a page of
+    them, as OpenAI lists them (newest first unless order is asc)."""
+    if order not in ("asc", "desc"):
+        raise bad_request(f"order: must be asc or desc, got {order!r}", param="order", code="invalid_value")
+    if not 1 <= limit <= 100:
+        raise bad_request(f"limit: must be in [1, 100], got {limit}", param="limit", code="invalid_value")
+    ordered = list(items) if order == "asc" else list(reversed(items))
+    if after is not None:
+        ids = [i["id"] for i in ordered]
+        if after not in ids:
+            raise bad_request(f"after: no input item {after!r} in this response", param="after", code="invalid_value")
+        ordered = ordered[ids.index(after) + 1:]
+    page = ordered[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > limit}

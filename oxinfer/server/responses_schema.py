@@ -9,13 +9,15 @@ tools are refused by name; so is every field this server does not implement.
 
 from __future__ import annotations
 
+import uuid
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from pydantic import BaseModel, PrivateAttr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from oxinfer.server.errors import APIError, bad_request
-from oxinfer.server.schemas import REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body, _param
+from oxinfer.server.schemas import (MEDIA_PARTS, REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body,
+                                    _param)
 
 
 
@@ -26,15 +28,28 @@ class InputPart(_Body):
     logprobs: list | None = None
 
 
+class RefusalPart(_Body):
+    type: Literal["refusal"]
+    refusal: Text
+
+
 class MessageItem(_Body):
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: Text | list[InputPart]
+    content: Text | list[dict]  # text, or parts (_parts: text ones, an assistant's refusal)
     id: Text | None = None
     status: Text | None = None
+    phase: Literal["commentary", "final_answer"] | None = None  # an earlier answer's: changes nothing here
+    _parts: list = PrivateAttr(default_factory=list)
+
+    def checked(self, where: str) -> None:
+        if isinstance(self.content, list):
+            self._parts = [_part(p, f"{where}.content.{j}", self.role) for j, p in enumerate(self.content)]
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text if isinstance(p, InputPart) else p.refusal for p in self._parts)
 
 
 class FunctionCallItem(_Body):
@@ -44,6 +59,12 @@ class FunctionCallItem(_Body):
     arguments: Text
     id: Text | None = None
     status: Text | None = None
+    # an earlier answer's item as the client's model_dump() writes it: only null here (no
+    # namespaces of tools, no calls made by a hosted tool, none run in the background)
+    namespace: None = None
+    caller: None = None
+    async_: None = Field(default=None, alias="async")
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)  # "async" or "async_"
 
 
 class FunctionCallOutputItem(_Body):
@@ -63,6 +84,7 @@ class ReasoningItem(_Body):
     status: Text | None = None
 
 
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 _ITEMS: dict[str, type[BaseModel]] = {"message": MessageItem, "function_call": FunctionCallItem,
                                       "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem}
 
@@ -152,6 +174,19 @@ class ResponsesRequest(_Body):
     def input_messages(self) -> list[dict]:
         return _messages(self._items)
 
+    def listed_inputs(self) -> list[dict]:
+        """The input as GET /v1/responses/{id}/input_items lists it: items, each with an id."""
+        out = []
+        for item in self._items:
+            d = item.model_dump(exclude_none=True, by_alias=True)
+            if isinstance(item, MessageItem):
+                text = isinstance(item.content, str)
+                d |= {"content": [{"type": "input_text", "text": item.content}] if text else item.content,
+                      "status": item.status or "completed"}
+            d.setdefault("id", f"{_ID_PREFIX[d['type']]}_{uuid.uuid4().hex}")
+            out.append(d)
+        return out
+
     @property
     def function_tools(self) -> list[FunctionTool]:
         return self._tools
@@ -163,6 +198,13 @@ class ResponsesRequest(_Body):
     def as_chat(self, history: list[dict]) -> ChatCompletionRequest:
         """The chat request this one stands for: instructions, then the earlier turns (history),
         then the input; any refusal of its checks names this request's fields."""
+        calls = {c["id"] for m in history for c in m.get("tool_calls") or ()}
+        for i, item in enumerate(self._items):
+            if isinstance(item, FunctionCallItem):
+                calls.add(item.call_id)
+            elif isinstance(item, FunctionCallOutputItem) and item.call_id not in calls:
+                raise bad_request(f"input.{i}.call_id: no function call with call_id {item.call_id!r} before this "
+                                  "output (in the input, or in the previous response's)", param=f"input.{i}.call_id")
         messages = ([{"role": "system", "content": self.instructions}] if self.instructions is not None else [])
         messages += history + self.input_messages()
         body: dict[str, Any] = {k: v for k, v in (
@@ -188,6 +230,7 @@ class ResponsesRequest(_Body):
                 "type": "json_schema", "json_schema": f.model_dump(exclude={"type"}, exclude_none=True, by_alias=True)}
         with as_responses_fields():
             req = ChatCompletionRequest.model_validate(body)
+            req._names = _RENAMED
             req.check()
         return req
 
@@ -204,9 +247,26 @@ def _items(raw: str | list[dict]) -> list[BaseModel]:
             raise bad_request(f"input.{i}.type: {kind!r} items are not supported here (only "
                               f"{', '.join(_ITEMS)})", param=f"input.{i}.type", code="unsupported_parameter")
         out.append(_validated(model, item, f"input.{i}"))
+        if kind == "message":
+            out[-1].checked(f"input.{i}")
         if kind == "message" and not out[-1].text() and out[-1].role == "user":
             raise bad_request(f"input.{i}.content: the message is empty", param=f"input.{i}.content")
     return out
+
+
+def _part(raw: dict, where: str, role: str) -> BaseModel:
+    """A message's content part: text (input_text, output_text), an assistant's refusal, or a 400
+    naming the part (images, files and audio are refused by what they hold)."""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind in ("input_text", "output_text"):
+        return _validated(InputPart, raw, where)
+    if kind == "refusal" and role == "assistant":
+        return _validated(RefusalPart, raw, where)
+    if kind in MEDIA_PARTS:
+        raise bad_request(f"{where}.type: {kind} parts are not supported: this server's models read text, not "
+                          f"{MEDIA_PARTS[kind]}", param=f"{where}.type", code="unsupported_parameter")
+    raise bad_request(f"{where}.type: {kind!r} is not a content part this server takes (input_text, output_text"
+                      f"{', refusal' if role == 'assistant' else ''})", param=f"{where}.type", code="invalid_value")
 
 
 def _tool(i: int, raw: dict) -> FunctionTool:

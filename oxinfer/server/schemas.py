@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from oxinfer.sampling import SamplingParams
 from oxinfer.server.errors import bad_request
@@ -37,11 +37,6 @@ class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: Text
-
-
 class FunctionCall(_Body):
     name: Text
     arguments: Text  # JSON text, as OpenAI sends it back
@@ -55,15 +50,43 @@ class ToolCall(_Body):
 
 class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
+    content: Text | list[dict] | None = None  # text, or parts (checked(): text ones only)
     name: Text | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: Text | None = None  # a tool's answer: to which call
+    # an assistant message as the API answered it (the client's `message.model_dump()` sends back
+    # every field): its refusal is its text; annotations (citations of its text) change nothing;
+    # audio and the deprecated function_call only as null (checked())
+    refusal: Text | None = None
+    annotations: list | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
+
+    def checked(self, where: str) -> None:
+        """What a message may not be, named (`where`: its place in the request, messages.N)."""
+        for name in ("audio", "function_call"):
+            if getattr(self, name) is not None:
+                why = "earlier audio answers are not kept here" if name == "audio" else "send tool_calls instead"
+                raise bad_request(f"{where}.{name}: not supported ({why})", param=f"{where}.{name}",
+                                  code="unsupported_parameter")
+        if self.role != "assistant" and self.refusal is not None:
+            raise bad_request(f"{where}.refusal: only an assistant message has a refusal", param=f"{where}.refusal")
+        for j, part in enumerate(self.content if isinstance(self.content, list) else []):
+            _part_text(part, f"{where}.content.{j}", self.role)
+        if self.role == "tool" and self.tool_call_id is None:
+            raise bad_request(f"{where}.tool_call_id: a tool message needs the id of the call it answers",
+                              param=f"{where}.tool_call_id")
+        if self.content is None and not self.tool_calls and self.refusal is None:
+            raise bad_request(f"{where}.content: a {self.role} message needs content", param=f"{where}.content")
+
+    def text(self) -> str:
+        c = self.content
+        text = c if isinstance(c, str) else "".join(_part_text(p, "", self.role) for p in c or [])
+        return text or self.refusal or ""
 
     def as_engine_message(self) -> dict:
-        content = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
         # "developer" is OpenAI's new name for the system role; chat templates know only "system"
-        m = {"role": "system" if self.role == "developer" else self.role, "content": content}
+        m = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
         if self.tool_calls:  # HF templates read tool_calls[i].function.{name, arguments}
             m["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
@@ -72,6 +95,73 @@ class ChatMessage(_Body):
         if self.name is not None:
             m["name"] = self.name
         return m
+
+
+# content parts of other kinds than text, by what they hold (all refused: the models here read text)
+MEDIA_PARTS = {"image_url": "images", "input_image": "images", "input_audio": "audio", "file": "files",
+                "input_file": "files"}
+
+
+def _part_text(part: dict, where: str, role: str) -> str:
+    """A content part's text (text; an assistant's refusal), or a 400 naming the part."""
+    kind = part.get("type")
+    if kind == "text" or (kind == "refusal" and role == "assistant"):
+        field = "text" if kind == "text" else "refusal"
+        extra = set(part) - {"type", field}
+        if extra:
+            raise bad_request(f"{where}.{min(extra)}: not supported by this server", param=f"{where}.{min(extra)}",
+                              code="unsupported_parameter")
+        text = part.get(field)
+        if not isinstance(text, str):
+            raise bad_request(f"{where}.{field}: must be a string", param=f"{where}.{field}", code="invalid_type")
+        return _utf8_param(text, f"{where}.{field}")
+    if kind in MEDIA_PARTS:
+        raise bad_request(f"{where}.type: {kind} parts are not supported: this server's models read text, not "
+                          f"{MEDIA_PARTS[kind]}", param=f"{where}.type", code="unsupported_parameter")
+    raise bad_request(f"{where}.type: {kind!r} is not a content part this server takes (text"
+                      f"{', refusal' if role == 'assistant' else ''})", param=f"{where}.type", code="invalid_value")
+
+
+def _utf8_param(s: str, where: str) -> str:
+    try:
+        return _utf8(s)
+    except ValueError as e:
+        raise bad_request(f"{where}: {e}", param=where, code="invalid_value") from None
+
+
+def call_arguments(parameters: dict | None) -> dict:
+    """The schema a forced call's arguments are generated under: a function's parameters, where an
+    object that lists its properties takes no others unless it says so (as llama.cpp's and
+    xgrammar's tool-call grammars read a schema: a call's arguments are the declared ones), and no
+    parameters at all is an empty object (OpenAI's reading), not any object."""
+    if not parameters:
+        return {"type": "object", "properties": {}, "additionalProperties": False}
+    return _closed(parameters)
+
+
+_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")  # a schema each
+_SUBSCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")  # a list of schemas
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
+
+
+def _closed(schema):
+    """`schema` with additionalProperties false on every object schema that lists its properties
+    and does not say."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _SUBSCHEMA:
+        if isinstance(schema.get(k), dict):
+            out[k] = _closed(schema[k])
+    for k in _SUBSCHEMAS:
+        if isinstance(schema.get(k), list):
+            out[k] = [_closed(x) for x in schema[k]]
+    for k in _SCHEMA_MAPS:
+        if isinstance(schema.get(k), dict):
+            out[k] = {name: _closed(x) for name, x in schema[k].items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
 
 
 def _json_or_text(s: str):
@@ -137,9 +227,16 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     user: str | None = None  # OpenAI: an end-user id for abuse monitoring; logged, nothing else
+    safety_identifier: Text | None = None  # user's successor: the same
+    prompt_cache_key: Text | None = None  # a routing hint: prompts are cached by their blocks anyway
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
     grammar: Text | None = None  # extension (llama.cpp's server): a GBNF grammar the output follows
+    _names: dict = PrivateAttr(default_factory=dict)  # a field's name as the client spelt it (name_of)
+
+    def name_of(self, field: str) -> str:
+        """`field` as the client's request named it (a Responses request's chat: max_output_tokens...)."""
+        return self._names.get(field, field)
 
     def check_common(self) -> None:
         if self.n is not None and not 1 <= self.n <= MAX_N:
@@ -189,6 +286,8 @@ class ChatCompletionRequest(_Sampling):
         self.check_common()
         if not self.messages:
             raise bad_request("messages: at least one message is needed", param="messages")
+        for i, m in enumerate(self.messages):
+            m.checked(f"messages.{i}")
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs: needs logprobs=true", param="top_logprobs")
         names = [t.function.name for t in self.tools or []]
@@ -204,25 +303,27 @@ class ChatCompletionRequest(_Sampling):
                               param="tool_choice")
 
     def tool_mode(self) -> str:
-        """none (no tools offered), auto (the model may call one), or forced (it must)."""
+        """none (no tools offered), auto (the model may call one), required (it must call one) or
+        named (it must call that one)."""
         if not self.tools or self.tool_choice == "none":
             return "none"
-        return "auto" if self.tool_choice in (None, "auto") else "forced"
+        if self.tool_choice in (None, "auto"):
+            return "auto"
+        return "named" if isinstance(self.tool_choice, NamedToolChoice) else "required"
 
     def forced_tools(self) -> list[Tool]:
         """The tools one of which the answer must call (tool_choice required or named)."""
-        if self.tool_mode() != "forced":
-            return []
-        if isinstance(self.tool_choice, NamedToolChoice):
+        mode = self.tool_mode()
+        if mode == "named":
             return [t for t in self.tools if t.function.name == self.tool_choice.function.name]
-        return list(self.tools)
+        return list(self.tools) if mode == "required" else []
 
     def sampling_kwargs(self) -> dict[str, Any]:
         kw = super().sampling_kwargs()
         forced = self.forced_tools()
         if forced:  # the call as {"name": ..., "arguments": {...}} under its parameters' schema
             calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
-                                                       "arguments": t.function.parameters or {"type": "object"}},
+                                                       "arguments": call_arguments(t.function.parameters)},
                       "required": ["name", "arguments"], "additionalProperties": False} for t in forced]
             kw["json_schema"] = calls[0] if len(calls) == 1 else {"anyOf": calls}
         return kw
@@ -252,11 +353,12 @@ class CompletionRequest(_Sampling):
     def check(self) -> None:
         self.check_common()
         if self.echo:
-            raise bad_request("echo: not supported", param="echo")
+            raise bad_request("echo: not supported", param="echo", code="unsupported_parameter")
         if self.suffix:
-            raise bad_request("suffix: not supported", param="suffix")
+            raise bad_request("suffix: not supported", param="suffix", code="unsupported_parameter")
         if self.best_of is not None and self.best_of != 1:
-            raise bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of")
+            raise bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of",
+                              code="unsupported_parameter")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad_request(f"logprobs: must be in [0, 20], got {self.logprobs}", param="logprobs")
         p = self.prompt
@@ -291,6 +393,8 @@ class TokenizeRequest(_Body):
             raise bad_request("prompt: give either prompt or messages", param="prompt")
         if self.messages is not None and not self.messages:
             raise bad_request("messages: at least one message is needed", param="messages")
+        for i, m in enumerate(self.messages or []):
+            m.checked(f"messages.{i}")
 
 
 class EmbeddingRequest(_Body):
@@ -311,6 +415,7 @@ class DetokenizeRequest(_Body):
 
 def parse_body(raw: bytes, model: type[_Body]) -> Any:
     """Bytes to a validated request, or an APIError(400) naming what is wrong."""
+    raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark: read past, as json.loads does
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -335,18 +440,18 @@ def parse_body(raw: bytes, model: type[_Body]) -> Any:
     return req
 
 
-def sampling_params(kw: dict[str, Any], logprobs_param: str = "logprobs",
-                    schema_param: str = "response_format") -> SamplingParams:
+def sampling_params(kw: dict[str, Any], names: dict[str, str] | None = None) -> SamplingParams:
     """SamplingParams(**kw); its ValueError (which starts with the field's name) becomes a 400.
-    The engine's names become the request's: logprobs (chat: top_logprobs), json_schema (from
-    response_format, or from tools for a forced call), logit_bias[id]."""
+    names: the engine's names as the request's (logprobs: chat's top_logprobs; json_schema: from
+    response_format, or from tools for a forced call; max_tokens: max_completion_tokens...)."""
+    names = {"json_schema": "response_format"} | (names or {})
     try:
         return SamplingParams(**kw)
     except ValueError as e:
         message = str(e)
         field = message.split(" ", 1)[0].rstrip(":").split("[", 1)[0]
-        renamed = {"logprobs": logprobs_param, "json_schema": schema_param}.get(field)
-        if renamed:
+        renamed = names.get(field)
+        if renamed and renamed != field:
             message = f"{renamed}: {message}" if field == "json_schema" else renamed + message[len(field):]
             field = renamed
         raise bad_request(message, param=field if field in kw or renamed else None, code="invalid_value") from None

@@ -5,20 +5,25 @@ The definitions go through the chat template when it takes `tools` (Qwen, Llama 
 a template that does not (SmolLM2's) gets them as a system message, as llama.cpp's server does
 for templates without tool support. A forced call (tool_choice "required" or a named function) is
 generated under the JSON schema {"name": <one of them>, "arguments": <its parameters>}
-(schemas.py), so it always parses. With "auto", an answer that is such an object, bare or inside
+(schemas.py), so it always parses, unless max_tokens cuts it off: then it is still a call, its
+arguments as far as they came (`partial_call`), as OpenAI answers. With "auto", an answer that is such an object, bare or inside
 <tool_call> tags (the Hermes/Qwen convention), becomes a call; any other answer is text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
+from functools import lru_cache
 
 CALL_TAG = "<tool_call>"
 
 
 def with_tools(messages: list[dict], tools: list[dict], template: str | None) -> tuple[list[dict], list[dict] | None]:
-    """(messages, tools for the template): the definitions where this template will show them."""
+    """(messages, tools for the template): the definitions where this template will show them, and
+    the earlier calls and their results where it would not (`shown`)."""
+    messages = shown(messages, template)
     if not tools:
         return messages, None
     if template and "tools" in template:
@@ -29,6 +34,55 @@ def with_tools(messages: list[dict], tools: list[dict], template: str | None) ->
     if messages and messages[0]["role"] == "system":
         return [{**messages[0], "content": messages[0]["content"] + "\n\n" + note}, *messages[1:]], None
     return [{"role": "system", "content": note}, *messages], None
+
+
+def shown(messages: list[dict], template: str | None) -> list[dict]:
+    """The conversation so that the template writes every call and result in it (llama.cpp's
+    server does the same for templates without tool support): an assistant's tool calls, where the
+    template leaves them out, become its text, each call the JSON object the model is asked to
+    answer with; a tool's result, where the template leaves that role out, a user message
+    {"tool_response": {"name": ..., "content": ...}} (results in a row: one message)."""
+    if not template or not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        return messages
+    calls_shown, results_shown = _shows(template)
+    out: list[dict] = []
+    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
+    for m in messages:
+        if m.get("tool_calls") and not calls_shown:
+            text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
+                                        ensure_ascii=False) for c in m["tool_calls"])
+            m = {k: v for k, v in m.items() if k != "tool_calls"} | {"content": "\n".join(filter(None, (m["content"], text)))}
+        elif m["role"] == "tool" and not results_shown:
+            result = {"tool_response": {"name": m.get("name") or names.get(m.get("tool_call_id"), ""), "content": m["content"]}}
+            text = json.dumps(result, ensure_ascii=False)
+            if out and out[-1].get("tool_result"):
+                out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + text}
+                continue
+            m = {"role": "user", "content": text, "tool_result": True}
+        out.append(m)
+    return [{k: v for k, v in m.items() if k != "tool_result"} for m in out]
+
+
+_PROBE = "oxinfer_probe_fn"  # a name no template writes on its own
+
+
+@lru_cache(maxsize=16)
+def _shows(template: str) -> tuple[bool, bool]:
+    """(whether the template writes an assistant's tool calls, whether it writes a tool's result),
+    found by rendering a conversation that has both."""
+    from oxinfer.chat_template import render
+
+    call = {"id": "call_0", "type": "function", "function": {"name": _PROBE, "arguments": {"x": 1}}}
+    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "name": _PROBE, "content": _PROBE + "_result"}]
+
+    def written(messages: list[dict]) -> str:
+        try:
+            return render(template, messages, add_generation_prompt=False, bos_token="", eos_token="")
+        except Exception:  # noqa: BLE001 - a template that refuses the shape does not show it
+            return ""
+
+    return _PROBE in written(talk[:2]), _PROBE + "_result" in written(talk)
 
 
 def may_be_call(text: str) -> bool | None:
@@ -57,3 +111,20 @@ def parse_call(text: str, names: set[str]) -> dict | None:
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+_NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)')
+_ARGUMENTS = re.compile(r'"arguments"\s*:\s*')
+
+
+def partial_call(text: str, names: set[str]) -> dict:
+    """A forced call's answer cut off before its JSON closed: the call as far as it came (the
+    arguments' text so far; the name, or the one tool whose name it begins)."""
+    m = _NAME.search(text)
+    name = m.group(1) if m else ""
+    if name not in names:
+        begun = [n for n in names if n.startswith(name)]
+        name = begun[0] if len(begun) == 1 else name
+    a = _ARGUMENTS.search(text)
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": name, "arguments": text[a.end():] if a else ""}}
