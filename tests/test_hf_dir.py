@@ -260,6 +260,8 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
         (dict(use_sliding_window=True, sliding_window=0, max_window_layers=0), r"sliding_window = 0 must be at least 1"),
         (dict(layer_types=["full_attention", "chunked_attention"]), r"layer_types \['chunked_attention'\]"),
         (dict(attention_bias=True), r"attention_bias = True"),
+        (dict(architectures=["Qwen2ForSequenceClassification"]), r"architectures = .* a Qwen2ForSequenceClassification"),
+        (dict(rope_interleaved=True), r"rope_interleaved = true"),
     ]
     saved = (m / "config.json").read_text()
     for change, message in refused:
@@ -268,6 +270,12 @@ def test_every_config_key_is_applied_known_or_refused_by_name(tmp_path):
             load_model(m)
         assert where in str(e.value)
         (m / "config.json").write_text(saved)
+    # harmless as transformers 5 reads them: trust_remote_code's classes (it runs these types with its
+    # own), nanotron's markers (SmolLM2's configs hold them)
+    _edit_config(m, auto_map={"AutoModelForCausalLM": "modeling_x.XForCausalLM"}, is_llama_config=True,
+                 rope_interleaved=False, architectures=["Qwen2ForCausalLM"])
+    load_model(m)
+    (m / "config.json").write_text(saved)
     _edit_config(m, tie_word_embeddings=False)  # untied, but the files hold no head
     with pytest.raises(ModelFormatError, match="tie_word_embeddings is false, but no file holds lm_head.weight"):
         load_model(m)
@@ -315,14 +323,62 @@ def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
         _edit_config(tmp_path / "l", **{key: None})
 
 
-async def test_a_tied_config_uses_the_embedding_whatever_head_a_file_holds(tmp_path):
-    """transformers ties the head to the embedding when tie_word_embeddings is true, even if the
-    files hold an lm_head.weight: so does oxinfer."""
+def test_rope_scaling_beside_rope_parameters_as_transformers_5_reads_them(tmp_path):
+    """Model cards tell users to add 4.x's rope_scaling to config.json, which transformers 5 saved
+    with rope_parameters: transformers 5.25 takes rope_scaling in its place, theta from rope_theta
+    or its default (rope_parameters' own is dropped); Gemma 3's joins its full-attention rope only.
+    A rope_parameters without its theta takes rope_theta's."""
+    m = tmp_path / "m"
+    write_tiny_hf(m, seed=1, rope_parameters={"rope_theta": 5e5, "rope_type": "default"},
+                  rope_scaling={"type": "linear", "factor": 4.0})
+    cfg = load_model(m)[2].cfg
+    assert cfg.rope_base == 10000.0 and cfg.rope_freq_factors == (4.0,) * 8
+    _edit_config(m, rope_theta=1234.0)
+    assert load_model(m)[2].cfg.rope_base == 1234.0
+    _edit_config(m, rope_scaling=None, rope_parameters={"rope_type": "default"}, rope_theta=777.0)
+    cfg = load_model(m)[2].cfg
+    assert cfg.rope_base == 777.0 and cfg.rope_freq_factors is None
+    g = tmp_path / "g"
+    write_tiny_hf(g, config_text=(CONFIGS / "gemma3-5.24.json").read_text(), gemma=True, qk_norm=True, head_dim=32)
+    plain = load_model(g)[2].cfg
+    _edit_config(g, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    cfg = load_model(g)[2].cfg
+    assert cfg.rope_freq_factors == (8.0,) * 16 and cfg.rope_base == plain.rope_base
+    assert cfg.local_rope == plain.local_rope  # (the sliding layers' rope as it was)
+
+
+async def test_tensors_another_model_type_would_read_are_left_as_transformers_leaves_them(tmp_path, caplog):
+    """A Llama directory whose files hold q/k/v biases (no attention_bias) or q/k norms: transformers'
+    Llama has neither, leaves them unread (unexpected keys) and computes without them; so does
+    oxinfer, and says which it left. Heads wider or narrower than hidden_size / heads (Mistral-Nemo's
+    head_dim) are a Llama's too. Gemma 3's attention takes no soft cap, whatever the config says."""
+    w = write_tiny_hf(tmp_path / "b", seed=3, qkv_bias=True, qk_norm=True, head_dim=32)
+    e = await oxinfer.Engine.load(tmp_path / "b", cpu_int8=False)
+    assert e.model.blocks[0].qkv_bias is None and e.model.blocks[0].q_norm is None
+    kept = {k: v for k, v in w.items() if not k.endswith(("_proj.bias", "_norm.weight")) or "layernorm" in k
+            or k == "model.norm.weight"}
+    close(await e.all_logits(TOKENS), hf_reference(kept, TOKENS, hd=32))
+    g = tmp_path / "g"
+    write_tiny_hf(g, config_text=(CONFIGS / "gemma3-5.24.json").read_text(), gemma=True, qk_norm=True, head_dim=32)
+    _edit_config(g, attn_logit_softcapping=2.0)
+    assert load_model(g)[2].cfg.attn_softcap == 0.0
+
+
+async def test_a_tied_config_keeps_a_head_of_its_own_as_transformers_5_does(tmp_path):
+    """tie_word_embeddings true and files that hold an lm_head.weight: the embedding where the head
+    holds its values, else the head (transformers 5.25 warns that it will not tie them and keeps
+    both; 4.x tied them)."""
     w = write_tiny_hf(tmp_path / "t", seed=2, tied=False, tie_word_embeddings=True)
     e = await oxinfer.Engine.load(tmp_path / "t", cpu_int8=False)
-    assert e.model.head is e.model.embed
-    w.pop("lm_head.weight")
+    assert e.model.head is not e.model.embed
     close(await e.all_logits(TOKENS), hf_reference(w, TOKENS))
+    w = write_tiny_hf(tmp_path / "same", seed=2, tied=True, tie_word_embeddings=True)
+    from safetensors.numpy import save_file
+
+    w["lm_head.weight"] = w["model.embed_tokens.weight"].copy()  # the head written out, equal to the embedding
+    save_file(w, str(tmp_path / "same" / "model.safetensors"))
+    e = await oxinfer.Engine.load(tmp_path / "same", cpu_int8=False)
+    assert e.model.head is e.model.embed
 
 
 async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):

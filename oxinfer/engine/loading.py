@@ -33,8 +33,17 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
         cfg, tokenizer = ModelConfig.from_gguf(f), Tokenizer.from_gguf(f)
         f.drop_metadata()  # ~100 MiB of parsed vocabulary, before the kernels are built
     cfg = cfg.limited(context_length)
+    if cfg.rope_long is not None and cfg.context_length > cfg.rope_long[1]:
+        log.warning("rope_long_factors", context_length=cfg.context_length, original_context=cfg.rope_long[1],
+                    note="every position rotates by the long factors, as llama.cpp chooses by the context size; "
+                         "transformers rotates a forward within the original context by the short ones: "
+                         "pass context_length <= original_context to get those")
     scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
+    unread = f.unread()
+    if unread:  # (transformers warns of such unexpected keys and leaves them; llama.cpp refuses the file)
+        log.warning("tensors_unread", path=str(path), count=len(unread), first=unread[:4],
+                    why="the model's forward has no use for them")
     device = None
     release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as a device or kernels copy them
     if resident:

@@ -116,6 +116,7 @@ class GGUFFile:
         self._addr = np.frombuffer(self._map, np.uint8).ctypes.data  # where the map starts (release_pages)
         self._fields: dict[str, Any] = {}
         self._tensors: dict[str, TensorInfo] = {}
+        self._read: set[str] = set()  # the tensors read (unread())
         self._dropped = False  # drop_metadata()
         self._parse()
 
@@ -198,9 +199,15 @@ class GGUFFile:
 
     def _tensor(self, name: str):
         try:
-            return self._tensors[name]
+            t = self._tensors[name]
         except KeyError:
             raise ModelFormatError(f"{self.path}: tensor {name!r} is missing") from None
+        self._read.add(name)
+        return t
+
+    def unread(self) -> list[str]:
+        """The file's tensors the model never read (llama.cpp refuses a file that holds any)."""
+        return [n for n in self._tensors if n not in self._read]
 
     def matrix(self, name: str) -> QuantMatrix:
         """A 2-D weight in its stored format. GGUF lists shapes innermost first: (n_in, n_out)."""

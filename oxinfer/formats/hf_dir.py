@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import structlog
 
 from oxinfer.errors import ModelFormatError, UnsupportedQuantError
 from oxinfer.formats.quants import QuantMatrix, codec
+
+log = structlog.get_logger("oxinfer.formats")
 
 DTYPES = {"F32": ("F32", 4), "F16": ("F16", 2), "BF16": ("BF16", 2)}  # safetensors dtype -> (codec, bytes)
 
@@ -42,6 +45,11 @@ _GEMMA_LAYER = {**_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_attention_norm.weight": "post_attention_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _GEMMA = ("gemma2", "gemma3_text")  # (models/hf_config.py's GEMMA: formats/ does not import models/)
+# tensors only these model types' transformers classes have: another's files may hold them (a Qwen2's
+# biases in a Llama's directory), and transformers then leaves them unread, as oxinfer does
+_ONLY_FOR = {**{f"attn_{x}.bias": ("qwen2",) for x in "qkv"},
+             **{f"attn_{x}_norm.weight": ("qwen3", "gemma3_text") for x in "qk"}}
+TIE_ROWS = 64  # rows of lm_head.weight compared with the embedding's where the config ties them
 
 
 def read_json(path: Path, required: bool = True) -> dict | None:
@@ -153,13 +161,22 @@ class HFDirectory:
         self._slices = self._fused_rows()
         gemma = self.config.get("model_type") in _GEMMA
         self._layer = _GEMMA_LAYER if gemma else _LAYER
-        # tie_word_embeddings: true, the head is the embedding, whatever lm_head.weight a file holds
-        # (transformers ties them so); false, lm_head.weight must be there; absent, as the files say
-        # (a Gemma's config ties them when it leaves the key out, as transformers' Gemma configs do)
+        self._read: set[str] = set()  # the HF tensors read (unread())
+        # tie_word_embeddings: true, the head is the embedding, unless a file holds an lm_head.weight
+        # that differs from it (transformers 5 then keeps both; 4.x tied them); false, lm_head.weight
+        # must be there; absent, as the files say (a Gemma's config ties them when it leaves the key
+        # out, as transformers' Gemma configs do)
         self.tied = self.config.get("tie_word_embeddings", True if gemma else None)
         if self.tied is False and self._head not in self._where:
             raise ModelFormatError(f"{self.path / 'config.json'}: tie_word_embeddings is false, but no file holds "
                                    f"{self._head}")
+        if self.tied and self._head in self._where and not self._head_is_embedding():
+            log.warning("head_not_tied", path=str(self.path), tensor=self._head,
+                        why="tie_word_embeddings is true, but the file's head differs from the embedding: "
+                            "transformers 5 keeps it, and so does oxinfer")
+            self.tied = False
+        else:
+            self._read.add(self._head)  # (the same as the embedding, or none)
 
     def cfg(self, key: str, default: Any = ...) -> Any:
         """A config.json value; ModelFormatError naming the key and the file when it is missing."""
@@ -207,11 +224,28 @@ class HFDirectory:
                     out[f"blk.{i}.{gguf}.weight"] = (p + fused + ".weight", r0, n)
         return out
 
+    def _head_is_embedding(self) -> bool:
+        """Whether lm_head.weight holds the embedding's values (TIE_ROWS rows of each, spread over
+        the vocabulary, compared: a head trained apart differs in every row)."""
+        head, emb = self.matrix("output.weight"), self.matrix("token_embd.weight")
+        if (head.n_out, head.n_in) != (emb.n_out, emb.n_in):
+            return False
+        rows = np.unique(np.linspace(0, head.n_out - 1, TIE_ROWS).astype(int))
+        return np.array_equal(head.dequantize(rows), emb.dequantize(rows))
+
+    def unread(self) -> list[str]:
+        """The files' tensors the model never read: transformers leaves such unexpected keys unread
+        too, and warns (a vision tower's; rotary_emb.inv_freq of old checkpoints)."""
+        return [n for n in self._where if n not in self._read]
+
     def has_tensor(self, name: str) -> bool:
         if name == "output.weight" and self.tied:
             return False  # the tied head: the embedding
         if name in self._slices:
             return True
+        only = _ONLY_FOR.get(name.split(".", 2)[2]) if name.startswith("blk.") else None
+        if only is not None and self.config.get("model_type") not in only:
+            return False  # another model type's tensor (_ONLY_FOR)
         try:
             return self.hf_name(name) in self._where
         except ModelFormatError:  # a tensor no HF directory of this type holds (Gemma's post norms in a Llama's)
@@ -224,6 +258,7 @@ class HFDirectory:
         f = self._where.get(hf)
         if f is None:
             raise ModelFormatError(f"{self.path}: tensor {hf!r} is missing")
+        self._read.add(hf)
         dtype, shape, data = f.raw(hf)
         if dtype not in DTYPES:
             raise UnsupportedQuantError(f"{f.path}: tensor {hf!r} is stored as {dtype}, which oxinfer cannot read "

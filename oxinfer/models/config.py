@@ -14,7 +14,6 @@ SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGU
 # config.json model_type: Llama's skeleton, with switches (phi3: q|k|v and gate|up stored fused,
 # formats/hf_dir.py reads their rows; Gemma: the fields below from norm_offset on)
 HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
-WIDE_HEADS = ("qwen3", "gemma2", "gemma3_text", "gemma3")  # heads may be wider than d / n_heads
 
 
 @dataclass(frozen=True)
@@ -86,7 +85,7 @@ class ModelConfig:
         when the context served is longer than its pretraining one, as llama.cpp chooses (by its
         context size, for every position); transformers chooses by each forward's length, which
         agrees for a forward past the pretraining context, and for any forward when the context is
-        cut to it (context_length: `--ctx-size`)."""
+        cut to it (context_length: `--ctx-size`). The load says which it took (engine/loading.py)."""
         factors = self.rope_freq_factors
         if self.rope_long is not None and self.context_length > self.rope_long[1]:
             factors = self.rope_long[0]
@@ -134,9 +133,9 @@ class ModelConfig:
         d_model, n_heads = int(cfg("hidden_size")), int(cfg("num_attention_heads"))
         n_kv = int(cfg("num_key_value_heads", n_heads))
         head_dim = int(cfg("head_dim", d_model // n_heads))
-        if n_heads % n_kv or head_dim % 2 or (arch not in WIDE_HEADS and head_dim * n_heads != d_model):
-            raise ModelFormatError(f"{where}: hidden_size {d_model}, {n_heads} heads, {n_kv} kv heads, "
-                                   f"head_dim {head_dim} do not fit together")
+        if n_heads % n_kv or head_dim % 2:  # (heads may be narrower or wider than hidden_size / heads: Mistral-Nemo, Qwen3)
+            raise ModelFormatError(f"{where}: {n_heads} heads, {n_kv} kv heads, head_dim {head_dim} do not fit together "
+                                   "(the heads must share the kv heads evenly, and head_dim be even)")
         default_theta = hf_config.DEFAULT_THETA.get(arch, 10000.0)
         if arch == "gemma3_text":  # a rope per layer type
             rope, local = (_rope(conf, where, t, default_theta, head_dim, context)
@@ -169,7 +168,8 @@ class ModelConfig:
             embed_scale=float(np.float32(d_model ** 0.5)) if gemma else 1.0,
             activation="gelu_tanh" if gemma else "silu",
             attn_scale=float(cfg("query_pre_attn_scalar")) ** -0.5 if gemma else 0.0,
-            attn_softcap=softcap("attn_logit_softcapping"),
+            # (transformers' Gemma 3 attention reads no soft cap, whatever its config holds: Gemma 2's does)
+            attn_softcap=softcap("attn_logit_softcapping") if arch == "gemma2" else 0.0,
             logit_softcap=softcap("final_logit_softcapping"),
             local_rope=local if local != rope else None,
             local_layers=local_layers if local != rope else (),
@@ -188,8 +188,8 @@ class ModelConfig:
         d_model, n_heads = int(a("embedding_length")), int(a("attention.head_count"))
         n_kv = int(a("attention.head_count_kv", n_heads))
         head_dim = int(a("attention.key_length", 0) or d_model // n_heads)
-        if n_heads % n_kv or head_dim % 2 or (arch not in WIDE_HEADS and head_dim * n_heads != d_model):
-            raise ModelFormatError(f"{arch}: {d_model=} {n_heads=} {n_kv=} {head_dim=} do not divide")
+        if n_heads % n_kv or head_dim % 2:  # (attention.key_length: heads of their own width, as llama.cpp reads it)
+            raise ModelFormatError(f"{arch}: {n_heads=} {n_kv=} {head_dim=} do not divide")
         vocab = a("vocab_size", None) or len(f.get("tokenizer.ggml.tokens"))
         n_layers, context, rope_dim = int(a("block_count")), int(a("context_length", 2048)), int(a("rope.dimension_count", head_dim))
         gemma = _gguf_gemma(f, arch, n_layers, context, d_model, n_heads, head_dim, rope_dim) if arch in GGUF_GEMMA else {}

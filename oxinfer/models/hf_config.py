@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import structlog
+
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
 # read by ModelConfig.from_hf (or by the checks below, where a value is refused unless it is the harmless one)
@@ -41,6 +43,8 @@ DEFAULTS = {
 }
 DEFAULT_THETA = {"gemma3_text": 1e6}  # (10000 elsewhere)
 
+log = structlog.get_logger("oxinfer.models")
+
 # known to change nothing in the forward oxinfer computes: what the weights' dtype was saved as, token
 # ids (tokenizer_config.json and generation_config.json are read for those), training-time settings
 # (dropout, initialisation, tensor-parallel slicing that computes the same products), and the
@@ -65,6 +69,9 @@ HARMLESS = frozenset({
     # Phi-3's pretraining context: a llama3, yarn or longrope rope takes it over its own key, as
     # transformers 5 does (rope below); else it changes nothing
     "original_max_position_embeddings",
+    # the class of a model's own code (trust_remote_code): transformers runs these model_types with its
+    # own classes without it, and so does oxinfer; nanotron's marker in SmolLM2's configs
+    "auto_map", "is_llama_config",
 })
 
 # the keys of each rope type, besides rope_type (and, in rope_parameters, rope_theta)
@@ -93,8 +100,22 @@ OUTER = frozenset({"model_type", "text_config", "tie_word_embeddings", "vision_c
                    "image_token_id"})
 
 
+def check_architectures(config: dict, where: Path) -> None:
+    """A classifier's or a reward model's checkpoint (Qwen2ForSequenceClassification...) holds the
+    language model's layers and, tied, its head: it would load as one and answer next-token logits
+    where its own head scores. Refused by its architectures entry; a causal LM, a bare model
+    (transformers gives it a head as it loads it as one) and Gemma 3's image-text model are taken."""
+    for name in config.get("architectures") or ():
+        if not (isinstance(name, str) and (name.endswith(("ForCausalLM", "Model"))
+                                           or name == "Gemma3ForConditionalGeneration")):
+            raise UnsupportedModelError(f"{where}: architectures = {config['architectures']!r}: a {name} answers with "
+                                        "a head of its own (scores, labels), not a language model's next-token "
+                                        "logits; oxinfer runs *ForCausalLM models")
+
+
 def check_outer_keys(config: dict, where: Path) -> None:
     """As check_keys, for the keys around a text_config (formats/hf_dir.py: HFDirectory.outer)."""
+    check_architectures(config, where)
     for key in config:
         if not (key.startswith("_") or key in OUTER or key in HARMLESS):
             raise UnsupportedModelError(f"{where}: key {key!r} = {config[key]!r} is not supported: oxinfer does not "
@@ -104,7 +125,13 @@ def check_outer_keys(config: dict, where: Path) -> None:
 def check_keys(config: dict, where: Path, arch: str) -> None:
     """UnsupportedModelError naming the first key neither applied nor known to be harmless (keys
     that begin with "_" are transformers' own bookkeeping, such as _name_or_path)."""
+    check_architectures(config, where)
     for key in config:
+        if key == "rope_interleaved":  # (nanotron's: transformers' Llama reads it not, and rotates halves)
+            if config[key]:
+                raise UnsupportedModelError(f"{where}: rope_interleaved = true is not supported: transformers rotates "
+                                            "the halves of each head, which this config says the weights are not for")
+            continue
         if key in ONLY and arch not in ONLY[key] and config[key] is not None:
             raise UnsupportedModelError(f"{where}: key {key!r} = {config[key]!r} is not supported for model_type "
                                         f"{arch!r} ({', '.join(ONLY[key])} read it)")
@@ -131,15 +158,18 @@ def rope(config: dict, where: Path, layer_type: str | None = None,
                                     "the whole head rotates)")
     params, name = config.get("rope_parameters"), "rope_parameters"
     own_theta = "rope_local_base_freq" if layer_type == "sliding_attention" else "rope_theta"
-    if layer_type is not None and isinstance(params, dict) and isinstance(params.get(layer_type), dict):
+    per_type = isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
+    if layer_type is not None and per_type and isinstance(params.get(layer_type), dict):
         params, name = params[layer_type], f"rope_parameters.{layer_type}"  # transformers 5, per layer type
+    if params is not None and config.get("rope_scaling"):
+        params, name = _rope_scaling_over(config, params, layer_type, per_type, where, default_theta)
     if params is not None:  # transformers 5
-        if not isinstance(params, dict) or "rope_theta" not in params:
-            kind = "per layer type" if isinstance(params, dict) and params and all(
-                isinstance(v, dict) for v in params.values()) else f"{params!r}"
+        if not isinstance(params, dict) or (per_type and layer_type is None):
+            kind = "per layer type" if per_type else f"{params!r}"
             raise UnsupportedModelError(f"{where}: rope_parameters {kind} is not supported "
                                         "(one rope_theta and rope_type for every layer)")
-        theta = float(params["rope_theta"])
+        # (a rope_parameters without its theta takes the config's rope_theta, as transformers 5 fills it in)
+        theta = float(params.get("rope_theta") or config.get(own_theta) or default_theta)
         if config.get(own_theta) is not None and float(config[own_theta]) != theta:
             raise ModelFormatError(f"{where}: {own_theta} = {config[own_theta]} disagrees with "
                                    f"{name}.rope_theta = {theta}")
@@ -164,6 +194,25 @@ def rope(config: dict, where: Path, layer_type: str | None = None,
     if missing:
         raise ModelFormatError(f"{where}: {name} of type {kind!r} lacks {', '.join(sorted(missing))}")
     return theta, kind, scaling
+
+
+def _rope_scaling_over(config: dict, params: dict, layer_type: str | None, per_type: bool, where: Path,
+                       default_theta: float) -> tuple[dict, str]:
+    """A config with both rope_parameters (transformers 5) and rope_scaling (4.x's; model cards tell
+    users to add it for long contexts) as transformers 5 reads it: rope_scaling in place of
+    rope_parameters, its theta the config's rope_theta or the default (rope_parameters' own is
+    dropped: transformers 5.25 computes so); Gemma 3's into its full_attention layers' rope only."""
+    scaling = dict(config["rope_scaling"])
+    if per_type:  # (Gemma 3: its sliding layers keep their plain rope)
+        if layer_type != "full_attention":
+            return params, f"rope_parameters.{layer_type}"
+        kept = {k: v for k, v in params.items() if k not in ("rope_type", "type")}
+        return kept | scaling, "rope_scaling"
+    dropped, theta = params.get("rope_theta"), config.get("rope_theta") or default_theta
+    if dropped is not None and float(dropped) != float(theta):
+        log.warning("rope_theta_dropped", config=str(where), rope_parameters_theta=dropped, rope_theta=theta,
+                    why="rope_scaling takes the place of rope_parameters, as transformers 5 reads such a config")
+    return scaling | {"rope_theta": theta}, "rope_scaling"
 
 
 def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: Path) -> tuple[int | None, ...] | None:
