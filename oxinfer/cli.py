@@ -22,12 +22,18 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="stream a reply from the model")
-    run.add_argument("prompt")
+    run.add_argument("prompt", help="the user's message (- reads it from standard input)")
+    run.add_argument("--system", help="a system message before it (with the chat template)")
     run.add_argument("--model", help="a .gguf, an HF directory, or a hub name (org/repo, org/repo:Q4_K_M, "
                      "org/repo/file.gguf; default: SmolLM2-135M-Instruct Q4_1)")
     run.add_argument("--max-tokens", type=int, default=256)
     run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     run.add_argument("--seed", type=int)
+    run.add_argument("--top-p", type=float)
+    run.add_argument("--top-k", type=int)
+    run.add_argument("--min-p", type=float)
+    run.add_argument("--repeat-penalty", type=float, help="repetition penalty (1 = none)")
+    run.add_argument("--stop", action="append", help="stop before this text (repeatable)")
     run.add_argument("--raw", action="store_true", help="continue the prompt as plain text (no chat template)")
     run.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
@@ -48,10 +54,17 @@ async def _run(args) -> None:
     from oxinfer.events import Finished
     from oxinfer.sampling import SamplingParams
 
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.raw and args.system is not None:
+        raise ValueError("--system needs the chat template: it cannot go with --raw")
+    sampling = {"top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p, "repetition_penalty": args.repeat_penalty,
+                "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                            **{k: v for k, v in sampling.items() if v is not None})
+    system = [{"role": "system", "content": args.system}] if args.system is not None else []
+    prompt = text if args.raw else [*system, {"role": "user", "content": text}]
     engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size,
                                kv_cache_dtype=args.kv_cache_dtype)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, seed=args.seed)
-    prompt = args.prompt if args.raw else [{"role": "user", "content": args.prompt}]
     generated = 0
     async for ev in engine.stream(prompt, params):
         if isinstance(ev, Finished):

@@ -34,6 +34,24 @@ def test_run_chat_answers():
     assert "Paris" in r.stdout
 
 
+def test_run_reads_stdin_and_takes_a_system_message_and_llama_cpp_s_sampling_flags(golden):
+    """`-` reads the prompt from standard input; --system goes before it through the template (so
+    not with --raw); --top-p/--top-k/--min-p/--repeat-penalty/--stop as llama-cli's; a bad value is
+    one line before anything loads."""
+    p = golden["prompts"][0]
+    r = subprocess.run([sys.executable, "-m", "oxinfer.cli", "run", "--raw", "--max-tokens", "4", "-"],
+                       input=p["text"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(" Paris."), r.stderr
+    r = oxinfer("run", "--raw", "--max-tokens", "8", "--stop", ".", p["text"])
+    assert r.stdout.strip() == "Paris" and "(stop)" in r.stderr, r.stderr
+    r = oxinfer("run", "--max-tokens", "6", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "40", "--min-p", "0.05",
+                "--repeat-penalty", "1.1", "--seed", "3", "--system", "Answer in French.", "Say hello.")
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    for bad, message in ((["--top-p", "1.5"], "top_p"), (["--raw", "--system", "x"], "--system")):
+        r = oxinfer("run", *bad, "hi")
+        assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_run_with_a_bad_model_path_fails_cleanly(tmp_path):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"nope" * 10)
