@@ -29,6 +29,15 @@ _LLAMA3_SPLIT = (
 )
 
 
+# llama.cpp's default pre-tokenizer (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_DEFAULT): punctuation runs,
+# then GPT-2's words without their case-insensitive contractions, then digits, then digits in threes
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                   r"\p{N}+", r"[0-9][0-9][0-9]")
+# llama.cpp looks a whole pre-token up in the vocabulary before merging it for these (its
+# ignore_merges, as Llama 3's tokenizer.json says): a token no merge path reaches is still one token
+IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3"})
+
+
 def _pre_tokenizer(pre: str):
     """HF pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
     from tokenizers import Regex
@@ -38,9 +47,12 @@ def _pre_tokenizer(pre: str):
     if pre in ("smollm", "starcoder", "refact", "command-r"):
         # digits split one by one, then the GPT-2 regex (llama.cpp's starcoder rules)
         return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
-    if pre in ("gpt-2", "gpt2", "default", "phi-2", "jina-es", "olmo"):
+    if pre in ("gpt-2", "gpt2", "phi-2", "jina-es", "olmo"):
         return byte_level
-    if pre in ("llama-bpe", "llama3", "smaug-bpe", "qwen2"):
+    if pre == "default":  # (a GGUF without the key too) llama.cpp's own rules, each regex splitting the last's pieces
+        return pt.Sequence([*(pt.Split(Regex(r), behavior="isolated") for r in _DEFAULT_SPLITS),
+                            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if pre in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "qwen2"):
         split = _LLAMA3_SPLIT if pre != "qwen2" else _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # digits one by one
         return pt.Sequence([
             pt.Split(Regex(split), behavior="isolated"),
@@ -99,9 +111,11 @@ class Tokenizer:
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
         types: list[int] = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
         merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
-        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
+        pre = f.get("tokenizer.ggml.pre", "default")
+        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
+                         ignore_merges=pre in IGNORE_MERGES)
         tk = HFTokenizer(bpe)
-        tk.pre_tokenizer = _pre_tokenizer(f.get("tokenizer.ggml.pre", "default"))
+        tk.pre_tokenizer = _pre_tokenizer(pre)
         tk.decoder = decoders.ByteLevel()
         tk.add_special_tokens([
             AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL

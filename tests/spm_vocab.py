@@ -83,21 +83,27 @@ def vocab_digest(variant: str) -> str:
 def write_spm_llama(path: Path, variant: str = "llama", **kwargs) -> Path:
     """write_tiny_llama's model (its kwargs) with the SentencePiece vocabulary instead of the byte-level
     one: the same tensors, the embedding as many rows as the vocabulary holds."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter  # (imported here: make_spm_reference.py's venv has none)
+    return rewrite_vocab(path, len(spm_vocab()[0]), lambda w: add_spm_vocab(w, variant), VARIANTS[variant].get("name"),
+                         **kwargs)
+
+
+def rewrite_vocab(path: Path, n_tokens: int, add_vocab, name: str | None = None, **kwargs) -> Path:
+    """write_tiny_llama's model (its kwargs) with n_tokens embedding rows, its vocabulary the keys
+    add_vocab(writer) writes."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter  # (imported here: the reference makers' venv has none)
 
     from oxinfer.testing import write_tiny_llama
 
-    n = len(spm_vocab()[0])
-    tmp = write_tiny_llama(path.with_name(path.stem + ".bpe.gguf"), extra_vocab=n - 259, **kwargs)
+    tmp = write_tiny_llama(path.with_name(path.stem + ".bpe.gguf"), extra_vocab=n_tokens - 259, **kwargs)
     r = GGUFReader(tmp)
     arch = str(r.fields["general.architecture"].contents())
     w = GGUFWriter(str(path), arch)
-    if "name" in VARIANTS[variant]:
-        w.add_name(VARIANTS[variant]["name"])
-    for name, field in r.fields.items():
-        if name.startswith(arch + "."):
-            w.add_key_value(name, field.contents(), GGUFValueType(field.types[0]))
-    add_spm_vocab(w, variant)
+    if name is not None:
+        w.add_name(name)
+    for key, field in r.fields.items():
+        if key.startswith(arch + "."):
+            w.add_key_value(key, field.contents(), GGUFValueType(field.types[0]))
+    add_vocab(w)
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     w.write_header_to_file()
