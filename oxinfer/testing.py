@@ -75,12 +75,17 @@ def _random_blocks(rng, q: T, n_out: int, n_in: int) -> np.ndarray:
     return raw.reshape(n_out, -1)
 
 
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
 def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: int = 64, n_layers: int = 2,
                      n_heads: int = 4, n_kv: int = 2, d_ff: int = 128, seed: int = 0, tied: bool = True,
                      extra_vocab: int = 0, context: int = 256, fast: bool = False,
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
                      qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False,
-                     llama_cpp: bool = False, metadata: dict | None = None) -> Path:
+                     llama_cpp: bool = False, metadata: dict | None = None,
+                     chat_template: str | list[dict] = CHATML) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
@@ -91,16 +96,12 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     head_dim: heads wider than d / n_heads (Qwen3's); qk_norm: Qwen3's RMSNorm weights per q/k head.
     llama_cpp: loadable by llama.cpp too, which refuses a BPE vocabulary without merges: the first
     filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1). metadata:
-    more `{arch}.*` keys ({"rope.scaling.type": "linear"}: str, int or float values)."""
+    more `{arch}.*` keys ({"rope.scaling.type": "linear"}: str, int or float values). chat_template:
+    text, or [{"name", "template"}] (gguf writes the named ones as llama.cpp reads them)."""
     rng = np.random.default_rng(seed)
-    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokens += [f"<filler_{i}>" for i in range(extra_vocab)]
-    merges = []
-    if llama_cpp:
-        if not extra_vocab:
-            raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place)")
-        tokens[259], merges = "\u0120\u0120", ["\u0120 \u0120"]
-    vocab = len(tokens)
+    if llama_cpp and not extra_vocab:
+        raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place)")
+    vocab = 259 + extra_vocab
     w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layers)
     w.add_embedding_length(d)
@@ -119,16 +120,8 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     for key, value in (metadata or {}).items():
         add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
         add(f"{arch}.{key}", value)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("smollm")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * extra_vocab)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(256)
-    w.add_eos_token_id(258)
-    w.add_add_bos_token(False)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    _add_tiny_vocab(w, extra_vocab, llama_cpp)
+    w.add_chat_template(chat_template)
 
     def mat(name, n_out, n_in, q=qtype):
         q = next((t for key, t in (mix or {}).items() if key in name), q)
@@ -278,21 +271,22 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
         **({"head_dim": hd} if head_dim else {}), **config}))
     (path / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": False,
-        "chat_template": "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}))
+        "chat_template": CHATML}))
     (path / "generation_config.json").write_text(json.dumps({"bos_token_id": 256, "eos_token_id": [258, 256]}))
     return weights
 
 
-def _add_tiny_vocab(w: GGUFWriter, llama_cpp: bool) -> None:
-    """write_tiny_hf's byte-level BPE vocabulary; llama_cpp: one more token, "ĠĠ", and its merge
-    (llama.cpp refuses a BPE vocabulary without merges, HF tokenizers a merge into no token)."""
-    merged = ["\u0120\u0120"] if llama_cpp else []
-    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + merged
+def _add_tiny_vocab(w: GGUFWriter, extra: int, llama_cpp: bool) -> None:
+    """The tiny byte-level BPE vocabulary: 256 bytes, 3 control tokens, `extra` fillers; llama_cpp:
+    the first filler is "ĠĠ", merged from two "Ġ" (llama.cpp refuses a BPE vocabulary without merges,
+    HF tokenizers a merge into no token)."""
+    tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"<filler_{i}>" for i in range(extra)]
+    if llama_cpp:
+        tokens[259] = "\u0120\u0120"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * len(merged))
+    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * extra)
     w.add_token_merges(["\u0120 \u0120"] if llama_cpp else [])
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)
@@ -379,7 +373,7 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
         for beta in ("beta_fast", "beta_slow"):
             if beta in rope:
                 getattr(w, f"add_rope_scaling_yarn_{beta}")(rope[beta])
-    _add_tiny_vocab(w, llama_cpp)
+    _add_tiny_vocab(w, int(llama_cpp), llama_cpp)
 
     def pair(x: np.ndarray, n: int) -> np.ndarray:  # the converter's LlamaModel.permute
         return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)

@@ -16,10 +16,11 @@ from functools import lru_cache
 from oxinfer import spm as _spm
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 
-_EOG_TEXTS = frozenset({
-    "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<EOT>",
-    "<|fim_pad|>", "<fim_pad>", "<|repo_name|>", "<reponame>", "<|file_sep|>",
-})
+# llama.cpp's fill-in-the-middle tokens, found by their text where the metadata names none (pad,
+# repository, file separator): they end a generation too
+_FIM_TEXTS = frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
+                        "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"})
+_EOG_TEXTS = _spm.EOG_TEXTS | _FIM_TEXTS  # (llama.cpp's list, load: special_eog_ids)
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED = 4
 
@@ -36,6 +37,37 @@ _DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| 
 # llama.cpp looks a whole pre-token up in the vocabulary before merging it for these (its
 # ignore_merges, as Llama 3's tokenizer.json says): a token no merge path reaches is still one token
 IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3"})
+
+
+def _gguf_eog(f, tokens: list[str], eos: int | None) -> frozenset[int]:
+    """The ids that end a generation, as llama.cpp's load gathers them: EOS, EOT, EOM and the
+    fill-in-the-middle ids the metadata names, and every token whose text is on its lists."""
+    named = {f.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")}
+    return frozenset({i for i in named | {eos} if i is not None} | {i for i, t in enumerate(tokens) if t in _EOG_TEXTS})
+
+
+def _gguf_templates(f) -> tuple[str | None, dict[str, str]]:
+    """(the chat template, the named others: tokenizer.chat_template.NAME for each NAME that
+    tokenizer.chat_templates lists, llama.cpp's keys for tool_use and the like)."""
+    names = f.get("tokenizer.chat_templates", None) or []
+    return f.get("tokenizer.chat_template", None), {n: f.get(f"tokenizer.chat_template.{n}") for n in names
+                                                    if f.get(f"tokenizer.chat_template.{n}", None) is not None}
+
+
+def _hf_templates(d) -> tuple[str | None, dict[str, str]]:
+    """(the chat template, the named others) of an HF directory, wherever transformers keeps them:
+    tokenizer_config.json's chat_template (text, or [{"name", "template"}]), or the files transformers
+    5's save_pretrained writes: chat_template.jinja and additional_chat_templates/NAME.jinja."""
+    raw = d.tokenizer_config.get("chat_template")
+    named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)} if isinstance(raw, list) else {}
+    template = named.pop("default", None) if isinstance(raw, list) else raw
+    jinja = d.path / "chat_template.jinja"
+    if template is None and jinja.is_file():
+        template = jinja.read_text()
+    extra = d.path / "additional_chat_templates"
+    for f in sorted(extra.glob("*.jinja")) if extra.is_dir() else ():
+        named.setdefault(f.stem, f.read_text())
+    return template, {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)}
 
 
 def _pre_tokenizer(pre: str):
@@ -88,13 +120,15 @@ class Tokenizer:
     """Text <-> token ids for one model, plus its chat template."""
 
     def __init__(self, hf_tokenizer, tokens: list[str], token_types: list[int], special: SpecialIds,
-                 chat_template: str | None, spm: _spm.SpmVocab | None = None):
+                 chat_template: str | None, named_templates: dict[str, str] | None = None,
+                 spm: _spm.SpmVocab | None = None):
         self._tk = hf_tokenizer
         self._spm = spm
         self._tokens = tokens
         self._types = token_types
         self.special = special
         self.chat_template = chat_template
+        self.named_templates = named_templates or {}  # name -> template: tool_use, taken when tools are given
         self._token_bytes: list[bytes | None] = [None] * len(tokens)
 
     @classmethod
@@ -109,7 +143,9 @@ class Tokenizer:
             raise UnsupportedModelError(f"tokenizer.ggml.model = {model!r} is not supported (only BPE 'gpt2' "
                                         "and SentencePiece 'llama')")
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
-        types: list[int] = list(f.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+        # llama.cpp makes its end-of-generation texts control tokens whatever the file says (Qwen2's </s>)
+        types = [CONTROL if t in _EOG_TEXTS else ty for t, ty in zip(tokens, f.get("tokenizer.ggml.token_type",
+                                                                                  [1] * len(tokens)))]
         merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
         pre = f.get("tokenizer.ggml.pre", "default")
         bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
@@ -124,11 +160,10 @@ class Tokenizer:
             AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED
         ])
         bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
-        eog = {i for i in (eos, f.get("tokenizer.ggml.eot_token_id", None), f.get("tokenizer.ggml.eom_token_id", None)) if i is not None}
-        # llama.cpp also ends on these control tokens whatever the metadata says (its EOT and FIM lists)
-        eog |= {i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _EOG_TEXTS}
-        special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", False)))
-        return cls(tk, tokens, types, special, f.get("tokenizer.chat_template", None))
+        # (llama.cpp adds BOS for Llama 3's vocabularies unless the file says otherwise)
+        special = SpecialIds(bos, eos, _gguf_eog(f, tokens, eos),
+                             bool(f.get("tokenizer.ggml.add_bos_token", pre in IGNORE_MERGES)))
+        return cls(tk, tokens, types, special, *_gguf_templates(f))
 
     @classmethod
     def _from_gguf_spm(cls, f) -> Tokenizer:
@@ -141,12 +176,9 @@ class Tokenizer:
         vocab = _spm.SpmVocab(tokens, scores, types, bool(f.get("tokenizer.ggml.add_space_prefix", True)),
                               rstrip_specials="phi-3" in name or "phi3" in name)
         bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
-        eog = {f.get(f"tokenizer.ggml.{k}_token_id", None) for k in ("eot", "eom", "fim_pad", "fim_rep", "fim_sep")}
-        eog = {i for i in eog | {eos} if i is not None}
-        eog |= {i for i, t in enumerate(tokens) if vocab.types[i] == CONTROL and t in _EOG_TEXTS | _spm.EOG_TEXTS}
-        special = SpecialIds(bos, eos, frozenset(eog), bool(f.get("tokenizer.ggml.add_bos_token", True)),
+        special = SpecialIds(bos, eos, _gguf_eog(f, tokens, eos), bool(f.get("tokenizer.ggml.add_bos_token", True)),
                              bool(f.get("tokenizer.ggml.add_eos_token", False)))
-        return cls(None, tokens, vocab.types, special, f.get("tokenizer.chat_template", None), spm=vocab)
+        return cls(None, tokens, vocab.types, special, *_gguf_templates(f), spm=vocab)
 
     @classmethod
     def from_hf(cls, d) -> Tokenizer:
@@ -189,10 +221,8 @@ class Tokenizer:
             bos = token_id(gc.get("bos_token_id"))
         plain, marked = tk.encode("a", add_special_tokens=False).ids, tk.encode("a").ids
         add_bos = bos is not None and len(marked) > len(plain) and marked[0] == bos  # its post-processor adds BOS
-        template = tc.get("chat_template")
-        if isinstance(template, list):  # [{"name": ..., "template": ...}]: the default one
-            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-        return cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template)
+        template, named = _hf_templates(d)
+        return cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template, named)
 
     @property
     def vocab_size(self) -> int:
@@ -256,13 +286,19 @@ class Tokenizer:
         that take them, and `variables` (Qwen3's enable_thinking) the templates that read them."""
         from oxinfer.chat_template import render
 
-        if not self.chat_template:
+        template = self.template_for(tools)
+        if not template:
             raise UnsupportedModelError("the model has no chat template (tokenizer.chat_template); use raw prompts")
         bos = self._tokens[self.special.bos] if self.special.bos is not None else ""
         eos = self._tokens[self.special.eos] if self.special.eos is not None else ""
-        extra = ({"tools": tools} if tools else {}) | variables
-        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=bos, eos_token=eos, **extra)
+        return render(template, messages, add_generation_prompt=add_generation_prompt, bos_token=bos, eos_token=eos,
+                      tools=tools, **variables)
+
+    def template_for(self, tools: list[dict] | None) -> str | None:
+        """The chat template a conversation renders with: the one named tool_use where tools are
+        given and the model has one (Command R's, Hermes'), as transformers chooses; else the default."""
+        return self.named_templates.get("tool_use") if tools is not None and "tool_use" in self.named_templates \
+            else self.chat_template
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                     **variables) -> list[int]:

@@ -19,7 +19,7 @@ TEXTS = [
     " zebra", "zebra", " 123", "123", "1234567", "12 123 1234", "Version 3", "version 3.14", "'s 'S 'll 't",
     "it's ISN'T they'll", "| ^~ $+<=>", "...!!?", "a.b.c...", "café résumé", "中文字符", "emoji 🦀 👩‍👩‍👧",
     "\ttab\t ", "line\r\nbreaks", "    four spaces", "ing! ing!!", "<|im_start|>user\nhi<|im_end|>",
-    "x<|endoftext|>y", "Hello!!! World...", "$100 + 20% = ?",
+    "x<|endoftext|>y", "Hello!!! World...", "$100 + 20% = ?", "a</s>b", "end<|end_of_text|>", "<|fim_pad|>!",
 ]
 
 
@@ -28,7 +28,9 @@ def main(folder: Path) -> None:
     for variant in VARIANTS:
         llm = llama_cpp.Llama(str(folder / f"{variant}.gguf"), vocab_only=True, verbose=False)
         rows = [llm.tokenize(text.encode(), add_bos=False, special=True) for text in TEXTS]
-        out["variants"][variant] = {"digest": vocab_digest(variant), "ids": rows}
+        vocab = llama_cpp.llama_model_get_vocab(llm.model)
+        eog = [i for i in range(llm.n_vocab()) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+        out["variants"][variant] = {"digest": vocab_digest(variant), "ids": rows, "eog": eog}
     Path("tests/data/bpe_llama_cpp.json").write_text(json.dumps(out, ensure_ascii=False, indent=0) + "\n")
 
 

@@ -30,6 +30,7 @@ def test_ids_are_llama_cpps(tokenizers, variant):
     for text, ids in zip(REFERENCE["texts"], ref["ids"], strict=True):
         assert tk.encode(text, add_bos=False) == ids, text
         assert tk.decode(ids) == text, text
+    assert sorted(tk.special.eog) == ref["eog"]
 
 
 def test_the_rules_differ_where_llama_cpp_s_do():

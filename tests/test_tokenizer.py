@@ -64,10 +64,13 @@ def test_chat_template_renders_like_hf(tokenizer, golden):
 
 
 def test_chat_template_rejects_bad_messages(tokenizer):
-    with pytest.raises(ValueError, match="messages"):
-        tokenizer.apply_chat_template([{"role": "user"}])
-    with pytest.raises(ValueError, match="empty"):
-        tokenizer.apply_chat_template([])
+    """Whatever the template or the messages get wrong is a ChatTemplateError (a ValueError) naming it,
+    never another exception type (transformers passes a message without content to the template: so
+    does oxinfer, and SmolLM2's fails on it)."""
+    for bad, message in (([{"role": "user"}], "content"), ([], "empty"), ([{"content": "x"}], "role"),
+                         ([{"role": "user", "content": 3}], "content"), (None, "list")):
+        with pytest.raises(ValueError, match=message):
+            tokenizer.apply_chat_template(bad)
 
 
 # Gemma 2's chat template (its tokenizer_config.json): it writes bos_token itself
@@ -97,3 +100,82 @@ def test_a_chat_prompt_begins_with_one_bos(tmp_path, template_writes_bos, add_bo
     bos = tk.special.bos
     assert ids.count(bos) == (1 if template_writes_bos or add_bos else 0) and (ids[0] == bos) == (ids.count(bos) == 1)
     assert tk.decode(ids[ids.count(bos):]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+
+
+# what transformers 5's chat-template environment gives a template beyond Jinja's own
+# (transformers/utils/chat_template_utils.py): the rendering each of these has there
+FEATURES = [
+    ("{{ {'b': 'é', 'a': 1} | tojson(ensure_ascii=True, sort_keys=True) }}", '{"a": 1, "b": "\\u00e9"}'),
+    ("{{ [1, 2] | tojson(separators=(',', ':')) }}{{ {'x': 'é'} | tojson }}", '[1,2]{"x": "é"}'),
+    ("{% for m in messages %}{% if loop.index > 1 %}{% break %}{% endif %}{{ m.content }}{% endfor %}", "a"),
+    ("{% for m in messages %}{% if m.role == 'user' %}{% continue %}{% endif %}{{ m.content }}{% endfor %}", "b"),
+    ("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}", "[a][b]"),
+    ("{{ tools is none }}|{{ documents is none }}", "True|True"),
+    ("{% for m in messages %}{{ m.reasoning_content }}{{ m.thinking }}{% endfor %}", "rr"),
+]
+
+
+@pytest.mark.parametrize("template,want", FEATURES)
+def test_a_template_gets_what_transformers_gives_it(tokenizer, template, want):
+    from oxinfer.chat_template import render
+
+    talk = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "reasoning": "r"}]
+    if "reasoning_content" not in template:
+        talk[1].pop("reasoning")
+    assert render(template, talk) == want
+
+
+def test_strftime_now_is_today(tokenizer):
+    """(Llama 3.2's template writes today's date through it; without it, its fallback date.)"""
+    import datetime
+
+    from oxinfer.chat_template import render
+
+    assert render("{{ strftime_now('%d %b %Y') }}", [{"role": "user", "content": "x"}]) == \
+        datetime.datetime.now().strftime("%d %b %Y")
+
+
+def test_parts_and_no_content_reach_the_template(tokenizer):
+    """transformers hands a message's content to the template as it is: a list of parts, or None
+    beside tool_calls (the OpenAI shape); templates that read parts render them."""
+    from oxinfer.chat_template import render
+
+    t = ("{% for m in messages %}{% if m.content is string %}{{ m.content }}{% elif m.content %}"
+         "{% for p in m.content %}{{ p.text }}{% endfor %}{% else %}<calls:{{ m.tool_calls | length }}>{% endif %}"
+         "{% endfor %}")
+    talk = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}]
+    assert render(t, talk) == "ab<calls:1>"
+
+
+def test_hf_templates_wherever_transformers_keeps_them(tmp_path):
+    """transformers 5's save_pretrained writes chat_template.jinja (and additional_chat_templates/),
+    4.x the key in tokenizer_config.json, as text or as named templates; with tools the one named
+    tool_use renders (transformers' choice), without them the default. A GGUF's are
+    tokenizer.chat_template and tokenizer.chat_template.NAME for the names tokenizer.chat_templates lists."""
+    import json
+
+    from oxinfer.formats import GGUFFile, HFDirectory
+    from oxinfer.testing import write_tiny_hf, write_tiny_llama
+    from oxinfer.tokenizer import Tokenizer
+
+    d = tmp_path / "hf"
+    write_tiny_hf(d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (d / "chat_template.jinja").write_text("default:{{ messages[0].content }}")
+    (d / "additional_chat_templates").mkdir()
+    (d / "additional_chat_templates" / "tool_use.jinja").write_text("tools:{{ tools | length }}")
+    tk = Tokenizer.from_hf(HFDirectory(d))
+    talk = [{"role": "user", "content": "hi"}]
+    assert tk.apply_chat_template(talk) == "default:hi"
+    assert tk.apply_chat_template(talk, tools=[{"type": "function", "function": {"name": "f"}}]) == "tools:1"
+    cfg["chat_template"] = [{"name": "default", "template": "d"}, {"name": "tool_use", "template": "t"}]
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tk = Tokenizer.from_hf(HFDirectory(d))
+    assert (tk.apply_chat_template(talk), tk.apply_chat_template(talk, tools=[])) == ("d", "t")
+    g = write_tiny_llama(tmp_path / "m.gguf", chat_template=[{"name": "default", "template": "gguf"},
+                                                             {"name": "tool_use", "template": "gguf tools"}])
+    tk = Tokenizer.from_gguf(GGUFFile(g))
+    assert (tk.apply_chat_template(talk), tk.apply_chat_template(talk, tools=[])) == ("gguf", "gguf tools")

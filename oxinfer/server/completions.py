@@ -64,7 +64,7 @@ class Completions:
             except ValueError as e:
                 raise bad_request(f"reasoning_effort: {e}", param="reasoning_effort",
                                   code="unsupported_parameter") from None
-            messages, tools = with_tools(req.prompt(), req.tool_dicts(), tk.chat_template)
+            messages, tools = with_tools(req.prompt(), req.tool_dicts(), tk.template_for(req.tool_dicts() or None))
             return engine.prompt_ids(tk.encode_chat(messages, tools=tools, **switch)), param
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{param}: {e}", param=param) from None
