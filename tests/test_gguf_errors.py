@@ -146,3 +146,48 @@ def test_gemma_gguf_keys_oxinfer_does_not_compute_are_refused_by_name(tmp_path):
     for n_layers, scale in ((46, (64 / 4) ** -0.5), (45, 32 ** -0.5)):
         p = write_tiny_llama(tmp_path / f"g2_{n_layers}.gguf", arch="gemma2", n_layers=n_layers, head_dim=32, fast=True)
         assert ModelConfig.from_gguf(GGUFFile(p)).attn_scale == scale
+
+
+def _patched(tmp_path, tiny, key: str, value: int, vtype: int = 4):
+    """The file with a u32 metadata value (its 4 bytes, its type: 4 u32, 6 f32) written anew."""
+    data = bytearray(tiny.read_bytes())
+    name = key.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name)
+    assert int.from_bytes(data[at:at + 4], "little") == 4  # (a u32 in the file as written)
+    data[at:at + 8] = vtype.to_bytes(4, "little") + value.to_bytes(4, "little")
+    p = tmp_path / f"{key}-{value}-{vtype}.gguf"
+    p.write_bytes(bytes(data))
+    return p
+
+
+@pytest.mark.parametrize("key,value,vtype,message", [
+    ("llama.block_count", 1, 4, r"9 tensors the model does not use \(blk\.1\."),  # llama.cpp: wrong number of tensors
+    ("llama.embedding_length", 96, 4, r"token_embd\.weight is 259 x 64 .* needs 259 x 96"),
+    ("llama.feed_forward_length", 256, 4, r"blk\.0\.ffn_gate\.weight is 128 x 64 .* needs 256 x 64"),
+    ("llama.attention.head_count", 8, 4, r"blk\.0\.attn_k\.weight is 32 x 64 .* needs 16 x 64"),  # heads of 8
+    ("llama.attention.head_count", 0, 4, r"head_count = 0: must be a positive integer"),
+    ("llama.block_count", 2, 6, r"block_count = .*: must be a positive integer"),  # the bits of 2, as a float
+    ("llama.vocab_size", 250, 4, r"token_embd\.weight is 259 x 64 .* needs 250 x 64"),
+])
+def test_metadata_that_disagrees_with_the_tensors_is_refused_naming_them(tmp_path, tiny, key, value, vtype, message):
+    """What llama.cpp refuses at load (check_tensor_dims, "wrong number of tensors", a key of the
+    wrong type) is refused at load, naming the tensor or the key, not at the first request with
+    numpy's broadcast error, nor run with a layer left out."""
+    with pytest.raises(ModelFormatError, match=message):
+        load_model(_patched(tmp_path, tiny, key, value, vtype))
+
+
+def test_rows_that_do_not_fill_their_blocks_are_refused_by_name(tmp_path):
+    """A type whose blocks are wider than the rows (TQ1_0's 256 on a 64-wide model) in the header."""
+    from gguf import GGUFReader
+
+    src = write_tiny_llama(tmp_path / "t.gguf", qtype=T.F32)
+    r = GGUFReader(src)
+    data = bytearray(src.read_bytes())
+    t = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
+    name = t.name.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 4 + 8 * len(t.shape)
+    data[at:at + 4] = int(T.TQ1_0).to_bytes(4, "little")
+    (tmp_path / "b.gguf").write_bytes(bytes(data))
+    with pytest.raises(ModelFormatError, match=r"'blk\.0\.attn_q\.weight': rows of 64 values do not fill TQ1_0's blocks"):
+        GGUFFile(tmp_path / "b.gguf")

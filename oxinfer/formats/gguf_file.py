@@ -150,6 +150,9 @@ class GGUFFile:
         size = len(self._map)
         for name, shape, qtype, offset in infos:
             block, type_size = GGML_QUANT_SIZES[qtype]
+            if shape and shape[0] % block:
+                raise ModelFormatError(f"{self.path}: tensor {name!r}: rows of {shape[0]} values do not fill "
+                                       f"{qtype.name}'s blocks of {block}: the file is corrupt")
             n = int(np.prod(shape, dtype=np.int64))
             row_bytes = shape[0] // block * type_size if shape else type_size
             n_bytes = n // block * type_size
@@ -205,9 +208,15 @@ class GGUFFile:
         self._read.add(name)
         return t
 
-    def unread(self) -> list[str]:
-        """The file's tensors the model never read (llama.cpp refuses a file that holds any)."""
-        return [n for n in self._tensors if n not in self._read]
+    def loaded(self) -> None:
+        """Once the model is built: a tensor it never read is a file whose metadata disagrees with
+        its tensors (more layers than block_count, another architecture's weights). llama.cpp
+        refuses such a file ("wrong number of tensors"), and so does oxinfer, naming them."""
+        unread = [n for n in self._tensors if n not in self._read]
+        if unread:
+            raise ModelFormatError(f"{self.path}: {len(unread)} tensors the model does not use ({', '.join(unread[:4])}"
+                                   f"{', ...' if len(unread) > 4 else ''}): its metadata (block_count, "
+                                   "general.architecture) disagrees with its tensors")
 
     def matrix(self, name: str) -> QuantMatrix:
         """A 2-D weight in its stored format. GGUF lists shapes innermost first: (n_in, n_out)."""

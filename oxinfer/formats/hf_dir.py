@@ -233,10 +233,14 @@ class HFDirectory:
         rows = np.unique(np.linspace(0, head.n_out - 1, TIE_ROWS).astype(int))
         return np.array_equal(head.dequantize(rows), emb.dequantize(rows))
 
-    def unread(self) -> list[str]:
-        """The files' tensors the model never read: transformers leaves such unexpected keys unread
-        too, and warns (a vision tower's; rotary_emb.inv_freq of old checkpoints)."""
-        return [n for n in self._where if n not in self._read]
+    def loaded(self) -> None:
+        """Once the model is built: the files' tensors it never read, named in a warning (transformers
+        leaves such unexpected keys unread too, and warns: a vision tower's, rotary_emb.inv_freq of
+        old checkpoints)."""
+        unread = [n for n in self._where if n not in self._read]
+        if unread:
+            log.warning("tensors_unread", path=str(self.path), count=len(unread), first=unread[:4],
+                        why="the model's forward has no use for them (as transformers leaves unexpected keys)")
 
     def has_tensor(self, name: str) -> bool:
         if name == "output.weight" and self.tied:

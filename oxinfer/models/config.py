@@ -393,12 +393,21 @@ GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "g
 GGUF_YARN = ("llama", "qwen2", "qwen3")  # where rope.scaling.type yarn is applied (_gguf_yarn)
 
 
+# the counts a GGUF gives as integers (llama.cpp reads each with its type checked)
+GGUF_COUNTS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+               "attention.head_count_kv", "context_length", "attention.key_length", "attention.value_length",
+               "rope.dimension_count", "vocab_size")
+
+
 def _check_gguf_keys(f, arch: str) -> None:
-    """UnsupportedModelError naming an `{arch}.*` key oxinfer neither applies nor knows to be harmless."""
+    """UnsupportedModelError naming an `{arch}.*` key oxinfer neither applies nor knows to be harmless;
+    ModelFormatError naming a count that is no positive integer."""
     for key in f.keys():
         if not key.startswith(arch + "."):
             continue
         name, value = key[len(arch) + 1:], f.get(key)
+        if name in GGUF_COUNTS and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ModelFormatError(f"{key} = {value!r}: must be a positive integer")
         if name in GGUF_APPLIED_BY.get(arch, GGUF_APPLIED):
             continue
         if arch in GGUF_YARN and f.get(f"{arch}.rope.scaling.type", None) == "yarn" and name in (

@@ -129,7 +129,34 @@ class Llama:
             ))
         embed = f.matrix("token_embd.weight")
         head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
-        return cls(cfg, embed, blocks, norm("output_norm.weight"), head, ops)
+        model = cls(cfg, embed, blocks, norm("output_norm.weight"), head, ops)
+        model.check_shapes(getattr(f, "path", ""))
+        return model
+
+    def check_shapes(self, where) -> None:
+        """Every weight's shape as the config says it must be (llama.cpp's check_tensor_dims): a file
+        whose metadata disagrees with its tensors (a head count, a width, a vocabulary) is refused
+        here, naming the tensor, not at its first request with numpy's broadcast error."""
+        c, hd = self.cfg, self.cfg.head_dim
+        q, kv = c.n_heads * hd, c.n_kv_heads * hd
+        sizes = (f"(vocabulary {c.vocab_size}, width {c.d_model}, {c.n_heads} heads and {c.n_kv_heads} kv heads of "
+                 f"{hd}, feed-forward {c.d_ff})")
+        matrices = [(self.embed, c.vocab_size, c.d_model), (self.head, c.vocab_size, c.d_model)]
+        vectors = [("output_norm", self.out_norm, c.d_model)]
+        for i, b in enumerate(self.blocks):
+            matrices += [(b.wq, q, c.d_model), (b.wk, kv, c.d_model), (b.wv, kv, c.d_model), (b.wo, c.d_model, q),
+                         (b.w_gate, c.d_ff, c.d_model), (b.w_up, c.d_ff, c.d_model), (b.w_down, c.d_model, c.d_ff)]
+            vectors += [(f"blk.{i}.{n}", v, size) for n, v, size in (
+                ("attn_norm", b.attn_norm, c.d_model), ("ffn_norm", b.ffn_norm, c.d_model),
+                ("attn_q|k|v bias", b.qkv_bias, q + 2 * kv), ("attn_q_norm", b.q_norm, hd), ("attn_k_norm", b.k_norm, hd),
+                ("post_attention_norm", b.post_attn_norm, c.d_model), ("post_ffw_norm", b.post_ffn_norm, c.d_model))]
+        for m, n_out, n_in in matrices:
+            if (m.n_out, m.n_in) != (n_out, n_in):
+                raise ModelFormatError(f"{where}: tensor {m.name} is {m.n_out} x {m.n_in} (rows x columns), the "
+                                       f"config needs {n_out} x {n_in} {sizes}")
+        for name, v, n in vectors:
+            if v is not None and v.shape != (n,):
+                raise ModelFormatError(f"{where}: tensor {name} holds {v.size} values, the config needs {n} {sizes}")
 
     def matrices(self) -> list[QuantMatrix]:
         """Every matrix the forward multiplies by (the runtime prepares them once)."""
