@@ -353,3 +353,38 @@ async def test_a_shorter_context_bounds_requests_and_the_rope_tables(tmp_path):
                                 context_length=48)
         assert gpu.resident is not None and gpu.resident.rope.size == 48 * gpu.config.rope_dim // 2 * 8
         assert (await tokens_of(gpu, prompt, params))[0] == (await tokens_of(full, prompt, params))[0]
+
+
+async def test_an_embedding_model_pools_its_rows_as_it_says(tmp_path):
+    """The default pooling is the model's own: a GGUF's pooling_type (llama.cpp's: 1 mean, 2 cls, 3
+    last), a sentence-transformers directory's 1_Pooling; else mean. Checked by causality: a row is
+    its prefix's last row, so mean pooling is the mean of the prefixes' last rows and cls the first
+    token's alone. A reranker's pooling (4) is refused by name."""
+    import json
+
+    from gguf import GGMLQuantizationType as T
+
+    from oxinfer.errors import UnsupportedModelError
+    from oxinfer.testing import write_tiny_hf, write_tiny_llama
+
+    e = await Engine.load(write_tiny_llama(tmp_path / "e.gguf", metadata={"pooling_type": 3}, qtype=T.F32),
+                                  cpu_int8=False)
+    assert e.config.pooling == "last"
+    ids = e.tokenizer.encode("a longer sentence here")
+    default, last, mean, cls = [await e.embed([ids], pooling=p, normalize=False) for p in (None, "last", "mean", "cls")]
+    prefixes = np.concatenate([await e.embed([ids[:k]], pooling="last", normalize=False) for k in range(1, len(ids) + 1)])
+    np.testing.assert_array_equal(default, last)
+    np.testing.assert_allclose(last[0], prefixes[-1], atol=1e-5)
+    np.testing.assert_allclose(mean[0], prefixes.mean(axis=0), atol=1e-5)
+    np.testing.assert_allclose(cls[0], prefixes[0], atol=1e-5)
+    plain = await Engine.load(write_tiny_llama(tmp_path / "p.gguf", qtype=T.F32), cpu_int8=False)
+    assert plain.config.pooling == "" and np.allclose(await plain.embed([ids]), await plain.embed([ids], pooling="mean"))
+    with pytest.raises(UnsupportedModelError, match=r"pooling_type = 4"):
+        await Engine.load(write_tiny_llama(tmp_path / "r.gguf", metadata={"pooling_type": 4}))
+    d = tmp_path / "st"
+    write_tiny_hf(d)
+    (d / "1_Pooling").mkdir()
+    (d / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 64,
+                                                             "pooling_mode_cls_token": True,
+                                                             "pooling_mode_mean_tokens": False}))
+    assert (await Engine.load(d, cpu_int8=False)).config.pooling == "cls"

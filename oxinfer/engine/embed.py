@@ -1,10 +1,12 @@
 """Embeddings: a prompt-only pass per input on the CPU executor (its products batched with the other
 requests' in the scheduler), the final norm's output pooled and L2-normalized; no KV is kept.
 
-Pooling: "mean" (every position's row: what llama.cpp's --pooling mean and sentence-transformers'
-mean pooling do; the default, as decoder-only chat models such as SmolLM2, Llama and Qwen have no
-pooling of their own) or "last" (the last token's row: how last-token embedding models such as
-e5-mistral and Qwen3-Embedding are read).
+Pooling: the model's own where it names one (a GGUF's pooling_type, as llama.cpp reads it; a
+sentence-transformers directory's 1_Pooling), else "mean" (every position's row: what llama.cpp's
+--pooling mean and sentence-transformers' mean pooling do, as decoder-only chat models such as
+SmolLM2, Llama and Qwen have no pooling of their own); or as asked: "mean", "cls" (the first row)
+or "last" (the last token's row: how last-token embedding models such as e5-mistral and
+Qwen3-Embedding are read).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 from oxinfer.errors import ContextOverflowError
 from oxinfer.runtime.executor import PREFILL_CHUNK
 
-POOLINGS = ("mean", "last")
+POOLINGS = ("mean", "cls", "last")
 BATCH_ROWS = 2048  # inputs stacked into one pass up to this many rows
 
 
@@ -45,8 +47,9 @@ def inputs_ids(engine, inputs) -> list[list[int]]:
     return out
 
 
-async def embed(engine, inputs, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
-    """(n inputs, d) float32 embeddings."""
+async def embed(engine, inputs, pooling: str | None = None, normalize: bool = True) -> np.ndarray:
+    """(n inputs, d) float32 embeddings (pooling: None, the model's own or mean)."""
+    pooling = pooling or engine.config.pooling or "mean"
     if pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
     ids = inputs_ids(engine, inputs)
@@ -84,4 +87,4 @@ async def embed(engine, inputs, pooling: str = "mean", normalize: bool = True) -
 
 
 def _pool(rows: np.ndarray, pooling: str) -> np.ndarray:
-    return rows.mean(axis=0) if pooling == "mean" else rows[-1]
+    return rows.mean(axis=0) if pooling == "mean" else rows[0] if pooling == "cls" else rows[-1]

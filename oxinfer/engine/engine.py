@@ -257,9 +257,10 @@ class Engine:
             if isinstance(ev, Token):
                 yield ev.token_id
 
-    async def embed(self, inputs, *, pooling: str = "mean", normalize: bool = True) -> np.ndarray:
+    async def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True) -> np.ndarray:
         """(n, d) float32 embeddings of a text, token ids, or a list of either (engine/embed.py):
-        the final norm's output pooled ("mean" or "last" token) and L2-normalized; no KV is kept."""
+        the final norm's output pooled (the model's own pooling, else "mean"; or "mean", "cls",
+        "last") and L2-normalized; no KV is kept."""
         return await embed.embed(self, inputs, pooling, normalize)
 
     async def next_logits(self, ids: Sequence[int]) -> np.ndarray:

@@ -59,6 +59,9 @@ class ModelConfig:
     # None: every layer rotates by rope_base and rope_freq_factors
     local_rope: Rope | None = None
     local_layers: tuple[int, ...] = ()
+    # an embedding model's own pooling of its rows (a GGUF's pooling_type, a sentence-transformers
+    # directory's 1_Pooling): "mean", "cls" (the first row) or "last"; "" where it names none
+    pooling: str = ""
 
     def __post_init__(self):
         if not self.head_dim:
@@ -173,6 +176,7 @@ class ModelConfig:
             logit_softcap=softcap("final_logit_softcapping"),
             local_rope=local if local != rope else None,
             local_layers=local_layers if local != rope else (),
+            pooling=_hf_pooling(d.path),
         )
 
     @classmethod
@@ -209,11 +213,36 @@ class ModelConfig:
             **_gguf_longrope(f, arch),
             **_gguf_yarn(f, arch, float(a("rope.freq_base", 10000.0)), rope_dim, context),
             "head_dim": head_dim,
+            "pooling": _gguf_pooling(a("pooling_type", 0), arch),
             **gemma,
         })
 
 
 GGUF_GEMMA = ("gemma2", "gemma3")
+
+
+def _gguf_pooling(value, arch: str) -> str:
+    if value not in GGUF_POOLING:
+        raise UnsupportedModelError(f"{arch}.pooling_type = {value!r} is not supported (a reranker's, 4, or no "
+                                    "pooling llama.cpp knows): embeddings pool by mean (1), cls (2) or last (3)")
+    return GGUF_POOLING[value]
+
+
+def _hf_pooling(path) -> str:
+    """A sentence-transformers directory's pooling (1_Pooling/config.json), as its models are read."""
+    import json
+
+    f = path / "1_Pooling" / "config.json"
+    if not f.is_file():
+        return ""
+    modes = {k.removeprefix("pooling_mode_"): v for k, v in json.loads(f.read_text()).items()
+             if k.startswith("pooling_mode_")}
+    on = [k for k, v in modes.items() if v]
+    names = {"mean_tokens": "mean", "cls_token": "cls", "lasttoken": "last"}
+    if len(on) != 1 or on[0] not in names:
+        raise UnsupportedModelError(f"{f}: pooling {on or 'none'} is not supported (one of "
+                                    f"{', '.join('pooling_mode_' + k for k in names)})")
+    return names[on[0]]
 
 
 def _gguf_factors(f, name: str) -> tuple[float, ...] | None:
@@ -379,7 +408,8 @@ def _llama3_factors(scaling: dict, base: float, dim: int) -> tuple[float, ...]:
 GGUF_APPLIED = frozenset({
     "block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
     "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
-    "attention.key_length", "vocab_size"})
+    "attention.key_length", "vocab_size", "pooling_type"})
+GGUF_POOLING = {0: "", 1: "mean", 2: "cls", 3: "last"}  # llama.cpp's LLAMA_POOLING_TYPE_* (4, rank: a reranker's)
 GGUF_APPLIED_BY = {"gemma2": GGUF_APPLIED | {"attn_logit_softcapping", "final_logit_softcapping"},  # (_gguf_gemma)
                    "gemma3": GGUF_APPLIED | {"attention.sliding_window_pattern", "rope.freq_base_swa"},
                    "phi3": GGUF_APPLIED | {"rope.scaling.attn_factor", "rope.scaling.original_context_length"}}
