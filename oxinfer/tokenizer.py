@@ -10,6 +10,7 @@ llama.cpp's merge loop.
 from __future__ import annotations
 
 import codecs
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -52,6 +53,25 @@ def _gguf_templates(f) -> tuple[str | None, dict[str, str]]:
     names = f.get("tokenizer.chat_templates", None) or []
     return f.get("tokenizer.chat_template", None), {n: f.get(f"tokenizer.chat_template.{n}") for n in names
                                                     if f.get(f"tokenizer.chat_template.{n}", None) is not None}
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _metaspace_decoder(dec: dict) -> bool | None:
+    """A tokenizer.json decoder of SentencePiece's pieces (▁ for a space, byte fallback): whether it
+    drops the first space (the Strip of Llama 2's, a Metaspace that prepends one); None for any
+    other decoder."""
+    if dec.get("type") == "Metaspace" and dec.get("replacement", _spm.SPACE) == _spm.SPACE:
+        return dec.get("prepend_scheme", "always") != "never" and dec.get("add_prefix_space", True) is not False
+    steps = dec.get("decoders") if dec.get("type") == "Sequence" else None
+    if not steps or not any(s.get("type") == "ByteFallback" for s in steps) or not any(
+            s.get("type") == "Replace" and (s.get("pattern") or {}).get("String") == _spm.SPACE for s in steps):
+        return None
+    allowed = {"Replace", "ByteFallback", "Fuse", "Strip"}
+    if any(s.get("type") not in allowed for s in steps):
+        return None
+    return any(s.get("type") == "Strip" and s.get("start", 0) == 1 and s.get("content") == " " for s in steps)
 
 
 def _hf_templates(d) -> tuple[str | None, dict[str, str]]:
@@ -130,6 +150,10 @@ class Tokenizer:
         self.chat_template = chat_template
         self.named_templates = named_templates or {}  # name -> template: tool_use, taken when tools are given
         self._token_bytes: list[bytes | None] = [None] * len(tokens)
+        # an HF tokenizer.json of SentencePiece's kind (Llama 2's, Mistral's, Gemma's): its pieces spell
+        # spaces as ▁ and bytes as <0xXX> (not byte-level), and its decoder may drop the first space
+        self.metaspace = False
+        self.strips_first_space = spm.add_space_prefix if spm is not None else False
 
     @classmethod
     def from_gguf(cls, f) -> Tokenizer:
@@ -196,9 +220,10 @@ class Tokenizer:
         except Exception as e:  # noqa: BLE001 - OSError, JSON errors, and tokenizers' own Exception type
             raise ModelFormatError(f"{path}: unreadable ({e})") from e
         kind, dec = (spec.get("model") or {}).get("type"), (spec.get("decoder") or {}).get("type")
-        if kind != "BPE" or dec != "ByteLevel":
+        metaspace = _metaspace_decoder(spec.get("decoder") or {})
+        if kind != "BPE" or (dec != "ByteLevel" and metaspace is None):
             raise UnsupportedModelError(f"{path}: a {kind} model with a {dec} decoder is not supported "
-                                        "(only byte-level BPE)")
+                                        "(byte-level BPE, and SentencePiece's BPE with ▁ and byte fallback)")
         n = tk.get_vocab_size(with_added_tokens=True)
         tokens = [tk.id_to_token(i) or "" for i in range(n)]
         types = [1] * n
@@ -222,7 +247,9 @@ class Tokenizer:
         plain, marked = tk.encode("a", add_special_tokens=False).ids, tk.encode("a").ids
         add_bos = bos is not None and len(marked) > len(plain) and marked[0] == bos  # its post-processor adds BOS
         template, named = _hf_templates(d)
-        return cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template, named)
+        out = cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template, named)
+        out.metaspace, out.strips_first_space = metaspace is not None, bool(metaspace)
+        return out
 
     @property
     def vocab_size(self) -> int:
@@ -251,6 +278,9 @@ class Tokenizer:
                 b = self._spm.piece(i)
             elif self._types[i] in (CONTROL, USER_DEFINED):
                 b = t.encode()
+            elif self.metaspace:  # (the same spelling, in an HF tokenizer.json)
+                byte = _BYTE_PIECE.fullmatch(t)
+                b = bytes([int(byte[1], 16)]) if byte else t.replace(_spm.SPACE, " ").encode()
             else:
                 dec = _byte_decoder()
                 b = bytes(dec[c] for c in t) if all(c in dec for c in t) else t.encode()
@@ -273,7 +303,7 @@ class Tokenizer:
         leading space, so that decode(encode(text)) is the text. (The Detokenizer does not: its
         tokens follow a prompt.)"""
         pieces = [b"" if skip_special and self.is_control(i) else self.token_bytes(i) for i in ids]
-        if self._spm is not None and self._spm.add_space_prefix and pieces and pieces[0][:1] == b" ":
+        if self.strips_first_space and pieces and pieces[0][:1] == b" ":
             pieces[0] = pieces[0][1:]
         return b"".join(pieces).decode("utf-8", errors="replace")
 

@@ -144,3 +144,30 @@ def test_a_logprob_entry_holds_the_token_s_own_text_and_bytes(tmp_path):
         assert text.startswith(" ") and text == tk.token_bytes(spaced).decode()
         if chat:
             assert bytes(entry["bytes"]) == tk.token_bytes(spaced) and entry["top_logprobs"][0]["token"] == text
+
+
+def test_an_hf_directory_of_sentencepiece_pieces(tmp_path, tokenizers):
+    """An HF tokenizer.json of SentencePiece's kind (Llama 2's, Mistral's: BPE with byte fallback,
+    ▁ for spaces, a ▁ prepended and stripped again; transformers' LlamaConverter writes them so):
+    the same vocabulary as the "llama" file gives llama.cpp's ids, pieces and decoded texts."""
+    from tokenizers import processors
+
+    from oxinfer.formats import HFDirectory
+    from oxinfer.testing import write_tiny_hf
+    from oxinfer.tokenizer import _spm_hf_tokenizer
+
+    d = tmp_path / "hf"
+    write_tiny_hf(d)
+    tk = _spm_hf_tokenizer(tokenizers["llama"]._spm)
+    tk.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tk.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+    hf = Tokenizer.from_hf(HFDirectory(d))
+    assert hf.metaspace and hf.strips_first_space and hf.special.add_bos
+    rows = REFERENCE["variants"]["llama"]["rows"]
+    for text, row in zip(TEXTS, rows, strict=True):
+        if any(t in text for t in SPECIALS):  # (llama.cpp parses specials its own way: the GGUF path's test)
+            continue
+        assert hf.encode(text) == row["ids"], text
+        assert [hf.token_bytes(i).hex() for i in row["ids"]] == row["pieces"], text
+        assert hf.decode(row["plain"]) == row["decoded"], text
