@@ -819,3 +819,18 @@ def test_a_thinking_model_answers_its_reasoning_apart(tmp_path):
         assert "".join(d.content or "" for d in deltas) == m.content
     finally:
         s.close()
+
+
+def test_a_template_that_takes_arguments_as_text_gets_them_so():
+    """HF templates read a call's arguments as an object (the server parses OpenAI's JSON text for
+    them); a template that concatenates them as text (Functionary's) fails on an object: found by
+    probing, it gets the text (llama.cpp's server probes templates so)."""
+    from oxinfer.chat_template import render
+    from oxinfer.server.tools import shown
+
+    text_only = ("{% for m in messages %}{{ m.role }}:{{ m.content }}{% for c in m.tool_calls or [] %}"
+                 "{{ '<call>' + c.function.name + ' ' + c.function.arguments }}{% endfor %}|{% endfor %}")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"city": "Paris"}}}
+    talk = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    assert render(text_only, shown(talk, text_only)) == 'user:go|assistant:<call>f {"city": "Paris"}|'
+    assert shown(talk, TOOLS) == talk  # (an object-reading template keeps the object)

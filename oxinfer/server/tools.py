@@ -44,11 +44,14 @@ def shown(messages: list[dict], template: str | None) -> list[dict]:
     {"tool_response": {"name": ..., "content": ...}} (results in a row: one message)."""
     if not template or not any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
         return messages
-    calls_shown, results_shown = _shows(template)
+    calls_shown, results_shown, text_arguments = _shows(template)
     out: list[dict] = []
     names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or ()}
     for m in messages:
-        if m.get("tool_calls") and not calls_shown:
+        if m.get("tool_calls") and calls_shown and text_arguments:  # (Functionary's: arguments as JSON text)
+            m = m | {"tool_calls": [c | {"function": c["function"] | {"arguments": _as_text(c["function"]["arguments"])}}
+                                    for c in m["tool_calls"]]}
+        elif m.get("tool_calls") and not calls_shown:
             text = "\n".join(json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]},
                                         ensure_ascii=False) for c in m["tool_calls"])
             m = {k: v for k, v in m.items() if k != "tool_calls"} | {"content": "\n".join(filter(None, (m["content"], text)))}
@@ -66,15 +69,21 @@ def shown(messages: list[dict], template: str | None) -> list[dict]:
 _PROBE = "oxinfer_probe_fn"  # a name no template writes on its own
 
 
+def _as_text(arguments) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
 @lru_cache(maxsize=16)
-def _shows(template: str) -> tuple[bool, bool]:
-    """(whether the template writes an assistant's tool calls, whether it writes a tool's result),
-    found by rendering a conversation that has both."""
+def _shows(template: str) -> tuple[bool, bool, bool]:
+    """(whether the template writes an assistant's tool calls, whether it writes a tool's result,
+    whether it writes calls only with their arguments as JSON text), found by rendering a
+    conversation that has both (llama.cpp's server probes templates so)."""
     from oxinfer.chat_template import render
 
-    call = {"id": "call_0", "type": "function", "function": {"name": _PROBE, "arguments": {"x": 1}}}
-    talk = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": "call_0", "name": _PROBE, "content": _PROBE + "_result"}]
+    def talk(arguments) -> list[dict]:
+        call = {"id": "call_0", "type": "function", "function": {"name": _PROBE, "arguments": arguments}}
+        return [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_0", "name": _PROBE, "content": _PROBE + "_result"}]
 
     def written(messages: list[dict]) -> str:
         try:
@@ -82,7 +91,9 @@ def _shows(template: str) -> tuple[bool, bool]:
         except Exception:  # noqa: BLE001 - a template that refuses the shape does not show it
             return ""
 
-    return _PROBE in written(talk[:2]), _PROBE + "_result" in written(talk)
+    as_objects, as_text = (_PROBE in written(talk(a)[:2]) for a in ({"x": 1}, '{"x": 1}'))
+    results = any(_PROBE + "_result" in written(talk(a)) for a in ({"x": 1}, '{"x": 1}'))
+    return as_objects or as_text, results, as_text and not as_objects
 
 
 def may_be_call(text: str) -> bool | None:
