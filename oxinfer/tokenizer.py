@@ -153,6 +153,7 @@ class Tokenizer:
         # an HF tokenizer.json of SentencePiece's kind (Llama 2's, Mistral's, Gemma's): its pieces spell
         # spaces as ▁ and bytes as <0xXX> (not byte-level), and its decoder may drop the first space
         self.metaspace = False
+        self.chat_adds_bos = True  # (encode_chat: an HF directory's adds none, as transformers)
         self.strips_first_space = spm.add_space_prefix if spm is not None else False
 
     @classmethod
@@ -249,6 +250,7 @@ class Tokenizer:
         template, named = _hf_templates(d)
         out = cls(tk, tokens, types, SpecialIds(bos, eos, frozenset(eog), add_bos), template, named)
         out.metaspace, out.strips_first_space = metaspace is not None, bool(metaspace)
+        out.chat_adds_bos = False
         return out
 
     @property
@@ -332,10 +334,13 @@ class Tokenizer:
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
                     **variables) -> list[int]:
-        """The ids of the chat template's rendering, with one BOS: a template that writes bos_token
-        itself (Gemma's, Llama 2's, Mistral's) would otherwise begin with two where the model adds
-        one (transformers adds none to a rendering; llama.cpp warns of the doubled BOS)."""
-        ids = self.encode(self.apply_chat_template(messages, add_generation_prompt, tools, **variables))
+        """The ids of the chat template's rendering. A GGUF's as llama.cpp's server tokenizes it:
+        the model's BOS added, but one only where the template writes bos_token itself (Gemma's,
+        Llama 2's; llama.cpp warns of the doubled BOS). An HF directory's as transformers'
+        apply_chat_template (and vLLM) does: the rendering's own tokens, no BOS added to them
+        (Phi-3.5's template writes none, and its tokenizer would add one)."""
+        text = self.apply_chat_template(messages, add_generation_prompt, tools, **variables)
+        ids = self.encode(text, add_bos=None if self.chat_adds_bos else False)
         bos = self.special.bos
         if self.special.add_bos and bos is not None and ids[:2] == [bos, bos]:
             ids = ids[1:]

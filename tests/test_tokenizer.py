@@ -179,3 +179,31 @@ def test_hf_templates_wherever_transformers_keeps_them(tmp_path):
                                                              {"name": "tool_use", "template": "gguf tools"}])
     tk = Tokenizer.from_gguf(GGUFFile(g))
     assert (tk.apply_chat_template(talk), tk.apply_chat_template(talk, tools=[])) == ("gguf", "gguf tools")
+
+
+def test_an_hf_directory_s_chat_prompt_is_its_rendering_s_tokens(tmp_path):
+    """transformers' apply_chat_template (and vLLM's chat) tokenize the rendering without adding the
+    tokenizer's BOS: a template that writes none (Phi-3.5's) gets none, one that writes it gets one.
+    (A GGUF's gets the model's BOS, as llama.cpp's server: test_a_chat_prompt_begins_with_one_bos.)"""
+    import json
+
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import processors
+
+    from oxinfer.formats import HFDirectory
+    from oxinfer.testing import write_tiny_hf
+    from oxinfer.tokenizer import Tokenizer
+
+    d = tmp_path / "hf"
+    write_tiny_hf(d)
+    tk = HFTokenizer.from_file(str(d / "tokenizer.json"))
+    tk.post_processor = processors.TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 256)])
+    tk.save(str(d / "tokenizer.json"))
+    for template, bos in (("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", 0),
+                          ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", 1)):
+        cfg = json.loads((d / "tokenizer_config.json").read_text()) | {"chat_template": template}
+        (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+        t = Tokenizer.from_hf(HFDirectory(d))
+        assert t.special.add_bos and t.encode("hi")[0] == 256  # (its encode adds one, as the tokenizer does)
+        ids = t.encode_chat([{"role": "user", "content": "hi"}])
+        assert ids.count(256) == bos and ids[bos] == 257, ids
