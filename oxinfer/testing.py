@@ -117,9 +117,9 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
         w.add_key_length(hd)
         w.add_value_length(hd)
     w.add_vocab_size(vocab)
-    for key, value in (metadata or {}).items():
+    for key, value in (metadata or {}).items():  # ("general." keys as they are)
         add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
-        add(f"{arch}.{key}", value)
+        add(key if key.startswith("general.") else f"{arch}.{key}", value)
     _add_tiny_vocab(w, extra_vocab, llama_cpp)
     w.add_chat_template(chat_template)
 

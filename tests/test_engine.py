@@ -388,3 +388,29 @@ async def test_an_embedding_model_pools_its_rows_as_it_says(tmp_path):
                                                              "pooling_mode_cls_token": True,
                                                              "pooling_mode_mean_tokens": False}))
     assert (await Engine.load(d, cpu_int8=False)).config.pooling == "cls"
+
+
+async def test_the_model_s_recommended_sampling_fills_what_a_request_leaves_out(tmp_path):
+    """A GGUF's general.sampling.* (llama.cpp's defaults) and an HF directory's generation_config.json
+    (vLLM's --generation-config auto) become the sampling a request takes where it says nothing:
+    stream() without params, default_params(); a field given wins; a bad one is refused at load."""
+    import json
+
+    from oxinfer.errors import ModelFormatError
+    from oxinfer.testing import write_tiny_hf, write_tiny_llama
+
+    e = await Engine.load(write_tiny_llama(tmp_path / "g.gguf", metadata={"general.sampling.temp": 0.0,
+                                                                          "general.sampling.top_k": 5}))
+    assert dict(e.config.sampling) == {"temperature": 0.0, "top_k": 5}
+    p = e.default_params(max_tokens=6)
+    assert (p.temperature, p.top_k, p.max_tokens) == (0.0, 5, 6) and e.default_params(temperature=0.7).temperature == 0.7
+    greedy = (await e.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6))).token_ids
+    assert [(await e.generate([1, 2, 3], e.default_params(max_tokens=6))).token_ids for _ in range(2)] == [greedy] * 2
+    d = tmp_path / "hf"
+    write_tiny_hf(d)
+    gc = json.loads((d / "generation_config.json").read_text())
+    (d / "generation_config.json").write_text(json.dumps(gc | {"temperature": 0.6, "top_p": 0.9, "do_sample": True}))
+    assert dict((await Engine.load(d, cpu_int8=False)).config.sampling) == {"temperature": 0.6, "top_p": 0.9}
+    (d / "generation_config.json").write_text(json.dumps(gc | {"top_p": 2.0}))
+    with pytest.raises(ModelFormatError, match=r"generation_config\.json: .*top_p"):
+        await Engine.load(d, cpu_int8=False)

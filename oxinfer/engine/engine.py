@@ -153,7 +153,7 @@ class Engine:
         does not fit the context with max_tokens (unless truncate=True: the oldest prompt tokens
         are dropped), a full queue (EngineOverloaded) all raise at once.
         """
-        params = params or SamplingParams()
+        params = params or self.default_params()
         vocab = self.config.vocab_size
         if params.logit_bias and params.logit_bias[-1][0] >= vocab:
             raise ValueError(f"logit_bias: token id {params.logit_bias[-1][0]} is not in the vocabulary (0..{vocab - 1})")
@@ -242,6 +242,12 @@ class Engine:
             bad = [i for i in ids if not 0 <= i < vocab]
             raise ValueError(f"token ids out of range [0, {vocab}): {bad[:5]}")
         return ids
+
+    def default_params(self, **fields) -> SamplingParams:
+        """SamplingParams with the model's recommended sampling (config.sampling: a GGUF's
+        general.sampling.*, an HF directory's generation_config.json) where `fields` leave them
+        out; what stream() takes when given none, as llama.cpp and vLLM do."""
+        return SamplingParams(**(dict(self.config.sampling) | fields))
 
     # --- convenience (greedy) -----------------------------------------------------------------
     async def generate_text(self, prompt: Prompt, max_tokens: int = 128) -> AsyncIterator[str]:

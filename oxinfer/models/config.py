@@ -62,6 +62,10 @@ class ModelConfig:
     # an embedding model's own pooling of its rows (a GGUF's pooling_type, a sentence-transformers
     # directory's 1_Pooling): "mean", "cls" (the first row) or "last"; "" where it names none
     pooling: str = ""
+    # the sampling its makers recommend, (SamplingParams field, value) pairs: a GGUF's
+    # general.sampling.* (llama.cpp's defaults), an HF directory's generation_config.json (vLLM's,
+    # --generation-config auto); what a request leaves out takes them (Engine.default_params)
+    sampling: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if not self.head_dim:
@@ -177,6 +181,7 @@ class ModelConfig:
             local_rope=local if local != rope else None,
             local_layers=local_layers if local != rope else (),
             pooling=_hf_pooling(d.path),
+            sampling=_sampling(d.generation_config, HF_SAMPLING, "generation_config.json: "),
         )
 
     @classmethod
@@ -214,11 +219,40 @@ class ModelConfig:
             **_gguf_yarn(f, arch, float(a("rope.freq_base", 10000.0)), rope_dim, context),
             "head_dim": head_dim,
             "pooling": _gguf_pooling(a("pooling_type", 0), arch),
+            "sampling": _sampling({k: f.get(f"general.sampling.{k}", None) for k in GGUF_SAMPLING} | {
+                k: f.get(f"general.sampling.{k}", None) for k in GGUF_SAMPLING_UNUSED}, GGUF_SAMPLING, "general.sampling."),
             **gemma,
         })
 
 
 GGUF_GEMMA = ("gemma2", "gemma3")
+
+
+GGUF_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                 "penalty_repeat": "repetition_penalty"}
+# llama.cpp's other sampling keys: samplers oxinfer has not, said at load where a file sets them
+GGUF_SAMPLING_UNUSED = ("sequence", "xtc_probability", "xtc_threshold", "penalty_last_n", "mirostat",
+                        "mirostat_tau", "mirostat_eta")
+HF_SAMPLING = {k: k for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")}  # (vLLM's)
+
+
+def _sampling(found: dict, names: dict[str, str], where: str) -> tuple[tuple[str, float], ...]:
+    """The sampling defaults a file recommends, checked as a request's are (a bad one refused here,
+    naming it, not in every request after)."""
+    import structlog
+
+    from oxinfer.sampling import SamplingParams
+
+    unused = {k: v for k, v in found.items() if k in GGUF_SAMPLING_UNUSED and v is not None}
+    if unused:
+        structlog.get_logger("oxinfer.models").info("sampling_defaults_not_applied", keys=unused,
+                                                    why="samplers oxinfer does not have; requests may set the others")
+    out = tuple((names[k], found[k]) for k in names if found.get(k) is not None)
+    try:
+        SamplingParams(**dict(out))
+    except (TypeError, ValueError) as e:
+        raise ModelFormatError(f"{where}the recommended sampling {dict(out)} is invalid: {e}") from None
+    return out
 
 
 def _gguf_pooling(value, arch: str) -> str:

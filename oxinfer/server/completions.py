@@ -77,7 +77,8 @@ class Completions:
         if max_tokens is None:  # fit the default into what the context leaves
             rest = engine.config.context_length - len(ids)
             max_tokens = max(1, rest if isinstance(req, ChatCompletionRequest) else min(DEFAULT_MAX_TOKENS_COMPLETION, rest))
-        kw = req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
+        # (what the request leaves out: the model's recommended sampling, as llama.cpp's and vLLM's servers take it)
+        kw = dict(engine.config.sampling) | req.sampling_kwargs() | {"max_tokens": max_tokens, "logprobs": req.logprobs_n}
         if "seed" in kw:
             kw["seed"] = choice_seed(kw["seed"], choice)
         chat = isinstance(req, ChatCompletionRequest)
