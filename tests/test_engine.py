@@ -414,3 +414,30 @@ async def test_the_model_s_recommended_sampling_fills_what_a_request_leaves_out(
     (d / "generation_config.json").write_text(json.dumps(gc | {"top_p": 2.0}))
     with pytest.raises(ModelFormatError, match=r"generation_config\.json: .*top_p"):
         await Engine.load(d, cpu_int8=False)
+
+
+def test_an_engine_outlives_a_loop_that_ended_with_streams_in_flight(tmp_path):
+    """A loop that ends (asyncio.run's cancel of every task; a test whose gather failed) while streams
+    decode cancels their step's batch too: the tickets of the cancelled owners must not stay queued
+    holding the batcher's flusher role (every later request waited forever on it). Several times over,
+    as the moment of the cancel varies."""
+    from oxinfer.testing import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "t.gguf", extra_vocab=64)
+    engine = asyncio.run(Engine.load(path))
+
+    async def leave_streams_running():
+        async def consume():
+            async for _ in engine.stream("Hello there", SamplingParams(max_tokens=200, ignore_eos=True)):
+                pass
+        for _ in range(3):
+            asyncio.get_running_loop().create_task(consume())
+        await asyncio.sleep(0.05)
+
+    async def one_request():
+        return (await engine.generate("Hello", SamplingParams(max_tokens=4, temperature=0))).finished.reason
+
+    for _ in range(6):
+        asyncio.run(leave_streams_running())
+        assert asyncio.run(asyncio.wait_for(one_request(), 30)) == "length"
+    assert engine.stats().running == 0 and engine.steps.batcher.pending == 0

@@ -31,6 +31,7 @@ class Ticket:
     out: Any = _PENDING
     error: BaseException | None = None
     flusher: bool = False
+    left: bool = False  # its owner stopped waiting for it (cancelled) before it was done
 
     @property
     def done(self) -> bool:
@@ -76,8 +77,10 @@ class Batcher:
                     await t.wake.wait()
                     t.wake = anyio.Event()
         finally:
-            if not t.done and t in self._queue:
-                self._queue.remove(t)  # cancelled before its batch: it never runs
+            if not t.done:  # cancelled before its batch was done: it never runs again
+                t.left = True
+                if t in self._queue:
+                    self._queue.remove(t)
             if t.flusher:
                 self._hand_off(t)
         if t.error is not None:
@@ -87,6 +90,7 @@ class Batcher:
     def _hand_off(self, leaving: Ticket) -> None:
         leaving.flusher = False
         self._flushing = False
+        self._queue = [t for t in self._queue if not t.left]  # (a ticket whose owner is gone cannot flush)
         if self._queue:
             nxt = self._queue[0]
             nxt.flusher = self._flushing = True
@@ -110,8 +114,11 @@ class Batcher:
                 await self._run_batch(batch)
         finally:
             # asyncio's task.cancel() goes through shields: what an interrupted batch left undone
-            # goes back to the front of the queue (the flusher role is handed on after)
-            self._queue[:0] = [t for t in batch if not t.done]
+            # goes back to the front of the queue (the flusher role is handed on after), but for
+            # the tickets whose owners were cancelled with it (a loop's end, a shutdown cancelling
+            # every task): put back, they held the flusher role with no task to flush (every later
+            # submit waited forever)
+            self._queue[:0] = [t for t in batch if not t.done and not t.left]
             for t in batch:
                 if t.done:
                     t.wake.set()
