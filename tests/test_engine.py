@@ -441,3 +441,32 @@ def test_an_engine_outlives_a_loop_that_ended_with_streams_in_flight(tmp_path):
         asyncio.run(leave_streams_running())
         assert asyncio.run(asyncio.wait_for(one_request(), 30)) == "length"
     assert engine.stats().running == 0 and engine.steps.batcher.pending == 0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_timeout_ends_a_lone_stream_under_either_anyio_backend(tmp_path, backend):
+    """A lone request's steps are each a batch of one, run shielded (a decode step must finish what
+    it writes): a timeout must still end the stream between them. asyncio's task.cancel() goes
+    through shields; trio's cancel scopes do not, and only a checkpoint outside the batch let it end
+    (a 0.3 s move_on_after had waited out all 150 tokens)."""
+    pytest.importorskip(backend)
+    from oxinfer.testing import write_tiny_llama
+
+    path = write_tiny_llama(tmp_path / "t.gguf", extra_vocab=64, context=2048)
+
+    async def main():
+        engine = await Engine.load(path)
+        await engine.generate("warm", SamplingParams(max_tokens=2))
+        events = []
+        with anyio.move_on_after(0.3) as scope:
+            async for ev in engine.stream("Hello there", SamplingParams(max_tokens=400, ignore_eos=True)):
+                events.append(ev)
+                await anyio.sleep(0.01)  # (a consumer that takes its time: 400 tokens outlast the timeout)
+        assert scope.cancelled_caught and not any(isinstance(e, Finished) for e in events)
+        with anyio.move_on_after(0.2) as scope:
+            await engine.generate("Hello there", SamplingParams(max_tokens=1500, ignore_eos=True))
+        assert scope.cancelled_caught
+        assert (await engine.generate("Hi", SamplingParams(max_tokens=3))).finished.reason == "length"
+        assert engine.stats().running == 0
+
+    anyio.run(main, backend=backend)

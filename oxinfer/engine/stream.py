@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import anyio
 import anyio.to_thread
@@ -27,18 +28,19 @@ async def generate(engine, req: Request) -> AsyncIterator[Event]:
     try:
         await engine.admission.admit(req)
         rlog.debug("request_started", prompt_tokens=len(req.prompt_ids), queue_s=time.perf_counter() - req.arrived)
-        async for ev in decode_loop(engine, req):
-            if isinstance(ev, Finished):
-                finished, clean = True, ev.reason != "cancelled"
-                totals[ev.reason] += 1
-                totals["prompt_tokens"] += ev.prompt_tokens
-                totals["cached_tokens"] += ev.cached_tokens
-                totals["generation_tokens"] += ev.completion_tokens
-                rlog.info("request_finished", reason=ev.reason, prompt_tokens=ev.prompt_tokens,
-                          cached_tokens=ev.cached_tokens,
-                          completion_tokens=ev.completion_tokens, ttft_s=round(ev.ttft_s, 4),
-                          prompt_tps=round(ev.prompt_tps, 1), generation_tps=round(ev.generation_tps, 1))
-            yield ev
+        async with aclosing(decode_loop(engine, req)) as events:  # (closed here, not by the garbage collector)
+            async for ev in events:
+                if isinstance(ev, Finished):
+                    finished, clean = True, ev.reason != "cancelled"
+                    totals[ev.reason] += 1
+                    totals["prompt_tokens"] += ev.prompt_tokens
+                    totals["cached_tokens"] += ev.cached_tokens
+                    totals["generation_tokens"] += ev.completion_tokens
+                    rlog.info("request_finished", reason=ev.reason, prompt_tokens=ev.prompt_tokens,
+                              cached_tokens=ev.cached_tokens,
+                              completion_tokens=ev.completion_tokens, ttft_s=round(ev.ttft_s, 4),
+                              prompt_tps=round(ev.prompt_tps, 1), generation_tps=round(ev.generation_tps, 1))
+                yield ev
     finally:
         if not finished:  # the consumer went away (break, aclose, task cancelled)
             totals["cancelled"] += 1

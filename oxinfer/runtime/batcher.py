@@ -65,6 +65,9 @@ class Batcher:
         return len(self._queue)
 
     async def submit(self, payload: Any, tag: Any = None) -> Any:
+        # a cancelled scope ends here, before the batch: inside it every checkpoint is shielded, so
+        # a lone request's steps (each a batch of one) gave trio's cancel scopes no point to end at
+        await anyio.lowlevel.checkpoint_if_cancelled()
         t = Ticket(payload, tag)
         self._queue.append(t)
         if not self._flushing:
