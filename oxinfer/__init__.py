@@ -10,7 +10,7 @@ from oxinfer.errors import (
     UnsupportedQuantError,
 )
 from oxinfer.events import EngineStats, Event, Finished, GenerationResult, Token
-from oxinfer.logs import configure_logging, ensure_configured
+from oxinfer.logs import configure_logging
 from oxinfer.sampling import SamplingParams
 
 __all__ = [
@@ -43,4 +43,3 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'oxinfer' has no attribute {name!r}")
 
 
-ensure_configured()

@@ -104,8 +104,8 @@ async def main():
             print("event", type(ev).__name__)
     with __import__("pytest").raises(oxinfer.ContextOverflowError):
         engine.stream([1, 2, 3], oxinfer.SamplingParams(max_tokens=10**6))
-    import structlog
-    structlog.get_logger("oxinfer.engine").warning("a_warning_an_app_sees")
+    from oxinfer.logs import get_logger
+    get_logger("oxinfer.engine").warning("a_warning_an_app_sees")
 
 anyio.run(main)
 """
@@ -132,3 +132,39 @@ def test_serving_a_corrupt_model_fails_cleanly(tmp_path, module):
     r = subprocess.run([sys.executable, "-m", module, *args, "--model", str(bad), "--port", "0"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 2 and "not a GGUF file" in r.stderr and "Traceback" not in r.stderr
+
+
+LOGGING_APP = r"""
+import logging, sys
+import anyio, structlog
+mode = sys.argv[2]
+if mode == "stdlib":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
+structlog.get_logger("app").info("app_line_before")
+import oxinfer
+from pathlib import Path
+from oxinfer.testing import write_tiny_llama
+structlog.get_logger("app").info("app_line_after")
+
+async def main():
+    engine = await oxinfer.Engine.load(write_tiny_llama(Path(sys.argv[1]) / "tiny.gguf"))
+    await engine.generate([1, 2, 3], oxinfer.SamplingParams(max_tokens=2))
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("mode", ["structlog", "stdlib"])
+def test_importing_oxinfer_leaves_an_app_s_logging_as_it_was(tmp_path, mode):
+    """An app's own structlog lines print before and after `import oxinfer` alike (importing it
+    configured structlog for the whole process, and the app's info lines vanished); an app that
+    configures Python's logging sees oxinfer's events there, under oxinfer's logger names."""
+    r = subprocess.run([sys.executable, "-c", LOGGING_APP, str(tmp_path), mode], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "app_line_before" in out and "app_line_after" in out
+    if mode == "stdlib":
+        assert "oxinfer.engine INFO request_finished request_id=" in r.stderr and "reason=length" in r.stderr, r.stderr
+    else:
+        assert "request_finished" not in out  # (structlog unconfigured: oxinfer's info stays quiet)

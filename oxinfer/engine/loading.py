@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import structlog
 
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path, hub
+from oxinfer.logs import get_logger
 from oxinfer.models import Llama, ModelConfig
 from oxinfer.models.kv_cache import kv_cache_dtype
 from oxinfer.runtime import CpuBackend, MatmulScheduler
@@ -16,7 +16,7 @@ from oxinfer.runtime.ops import CpuOps
 from oxinfer.runtime.select import device_executor, select_gpu_backend
 from oxinfer.tokenizer import Tokenizer
 
-log = structlog.get_logger("oxinfer.engine")
+log = get_logger("oxinfer.engine")
 
 
 def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,

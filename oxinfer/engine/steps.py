@@ -13,15 +13,15 @@ from typing import NamedTuple
 import anyio
 import anyio.to_thread
 import numpy as np
-import structlog
 
 from oxinfer.engine.admission import Admission, Request
+from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.executor import prompt_chunks
 from oxinfer.sampling import Draw, Sampler
 
-log = structlog.get_logger("oxinfer.engine")
+log = get_logger("oxinfer.engine")
 
 
 class Rows(NamedTuple):

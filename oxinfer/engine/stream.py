@@ -9,15 +9,15 @@ from contextlib import aclosing
 
 import anyio
 import anyio.to_thread
-import structlog
 
 from oxinfer.constraints import Guide
 from oxinfer.engine.admission import Request
 from oxinfer.events import Event, Finished, Token
+from oxinfer.logs import get_logger
 from oxinfer.sampling import Sampler
 from oxinfer.stop import StopMatcher
 
-log = structlog.get_logger("oxinfer.engine")
+log = get_logger("oxinfer.engine")
 
 
 async def generate(engine, req: Request) -> AsyncIterator[Event]:

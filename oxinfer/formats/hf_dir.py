@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import structlog
 
 from oxinfer.errors import ModelFormatError, UnsupportedQuantError
 from oxinfer.formats.quants import QuantMatrix, codec
+from oxinfer.logs import get_logger
 
-log = structlog.get_logger("oxinfer.formats")
+log = get_logger("oxinfer.formats")
 
 DTYPES = {"F32": ("F32", 4), "F16": ("F16", 2), "BF16": ("BF16", 2)}  # safetensors dtype -> (codec, bytes)
 

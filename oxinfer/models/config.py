@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
+from oxinfer.logs import get_logger
 from oxinfer.models import hf_config
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGUF general.architecture
@@ -239,14 +240,12 @@ HF_SAMPLING = {k: k for k in ("temperature", "top_k", "top_p", "min_p", "repetit
 def _sampling(found: dict, names: dict[str, str], where: str) -> tuple[tuple[str, float], ...]:
     """The sampling defaults a file recommends, checked as a request's are (a bad one refused here,
     naming it, not in every request after)."""
-    import structlog
-
     from oxinfer.sampling import SamplingParams
 
     unused = {k: v for k, v in found.items() if k in GGUF_SAMPLING_UNUSED and v is not None}
     if unused:
-        structlog.get_logger("oxinfer.models").info("sampling_defaults_not_applied", keys=unused,
-                                                    why="samplers oxinfer does not have; requests may set the others")
+        get_logger("oxinfer.models").info("sampling_defaults_not_applied", keys=unused,
+                                          why="samplers oxinfer does not have; requests may set the others")
     out = tuple((names[k], found[k]) for k in names if found.get(k) is not None)
     try:
         SamplingParams(**dict(out))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import structlog
 
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
+from oxinfer.logs import get_logger
 
 # read by ModelConfig.from_hf (or by the checks below, where a value is refused unless it is the harmless one)
 APPLIED = frozenset({
@@ -43,7 +43,7 @@ DEFAULTS = {
 }
 DEFAULT_THETA = {"gemma3_text": 1e6}  # (10000 elsewhere)
 
-log = structlog.get_logger("oxinfer.models")
+log = get_logger("oxinfer.models")
 
 # known to change nothing in the forward oxinfer computes: what the weights' dtype was saved as, token
 # ids (tokenizer_config.json and generation_config.json are read for those), training-time settings

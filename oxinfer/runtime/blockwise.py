@@ -29,17 +29,17 @@ from collections.abc import Callable
 
 import numpy as np
 import onnxruntime as ort
-import structlog
 import threadpoolctl
 
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.logs import get_logger
 from oxinfer.runtime import onnx_proto
 
 BLOCK = 32  # MatMulNBits' block_size: codecs of 256-value super-blocks give 8 sub-blocks each
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
 IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.30 refuses; opset 21 needs 10
 
-log = structlog.get_logger("oxinfer.runtime")
+log = get_logger("oxinfer.runtime")
 _threads: dict[str, object] = {}  # process-wide settings, made once
 # the CPU graph's threads: onnxruntime's one global pool of threads() ("global"), or a pool of the
 # graph's own session ("own") sized and pinned by onnxruntime's defaults (a thread a physical core,

@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 import anyio
 import anyio.to_thread
 import numpy as np
-import structlog
 
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.logs import get_logger
 from oxinfer.runtime import blockwise
 from oxinfer.runtime.backend import BackendStats, Job, fused_runs
 
-log = structlog.get_logger("oxinfer.runtime")
+log = get_logger("oxinfer.runtime")
 
 Kernel = Callable[[np.ndarray], np.ndarray]  # x (t, n_in) -> (t, n_out) for one whole matrix
 

@@ -39,13 +39,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
-import structlog
 
+from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
 from oxinfer.runtime import block_minimums, blockwise
 from oxinfer.runtime.graph_ops import GraphOps, kernel_weights, zero_point
 
-log = structlog.get_logger("oxinfer.runtime")
+log = get_logger("oxinfer.runtime")
 
 BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0.1 ms)
 # first prompts run together up to this many rows (padding included): llama.cpp's n_batch. Their

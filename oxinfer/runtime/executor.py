@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-import structlog
 
+from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVCache
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.sampling import Draw
 
-log = structlog.get_logger("oxinfer.executor")
+log = get_logger("oxinfer.executor")
 
 PREFILL_CHUNK = 512  # prompt tokens per forward (llama.cpp's default n_batch)
 # the CPU's: onnxruntime's attention computes a prompt's scores against every key of the run, the

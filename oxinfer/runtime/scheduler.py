@@ -24,15 +24,15 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import numpy as np
-import structlog
 
 from oxinfer.finish import finish
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.logs import get_logger
 from oxinfer.runtime.backend import Backend, Job
 from oxinfer.runtime.batcher import Batcher, Ticket
 from oxinfer.runtime.cpu import CpuBackend
 
-log = structlog.get_logger("oxinfer.scheduler")
+log = get_logger("oxinfer.scheduler")
 
 _solo_requests = contextvars.ContextVar("oxinfer_solo_requests", default=0)  # in a solo forward: requests it serves
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
 
+from oxinfer.logs import get_logger
 from oxinfer.runtime.backend import Backend
 
-log = structlog.get_logger("oxinfer.runtime")
+log = get_logger("oxinfer.runtime")
 
 BACKENDS = ("auto", "cpu", "webgpu")
 

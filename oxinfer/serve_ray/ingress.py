@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import structlog
 from ray import serve
 from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 from starlette.types import Receive, Scope, Send
 
+from oxinfer.logs import get_logger
 from oxinfer.serve_ray.request import ForwardedRequest
 from oxinfer.server.errors import APIError, from_status
 from oxinfer.server.sse import ClientDisconnected, sse
 
-log = structlog.get_logger("oxinfer.serve_ray")
+log = get_logger("oxinfer.serve_ray")
 
 ATTEMPTS = 3  # replicas lost under one request before it is refused (each loss also drops that replica)
 

@@ -20,12 +20,13 @@ import structlog
 from ray import serve
 
 from oxinfer.engine import Engine
+from oxinfer.logs import get_logger
 from oxinfer.serve_ray.config import RayServeConfig
 from oxinfer.serve_ray.request import REPLICA_HEADER, ForwardedRequest
 from oxinfer.server.app import create_app
 from oxinfer.server.errors import from_status
 
-log = structlog.get_logger("oxinfer.serve_ray")
+log = get_logger("oxinfer.serve_ray")
 
 MESSAGES_IN_FLIGHT = 16  # ASGI messages the app may send ahead of Serve's reading them
 APP_REQUEST_ID_HEADER = b"x-oxinfer-request-id"

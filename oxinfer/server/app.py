@@ -15,7 +15,6 @@ from contextlib import aclosing
 from dataclasses import dataclass
 
 import jinja2
-import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,6 +24,7 @@ from starlette.routing import Route
 
 from oxinfer.engine.embed import inputs_ids
 from oxinfer.errors import ContextOverflowError, OxinferError
+from oxinfer.logs import get_logger
 from oxinfer.server import responses
 from oxinfer.server.completions import Completions, answer_for
 from oxinfer.server.errors import APIError, bad_request, from_status
@@ -44,7 +44,7 @@ from oxinfer.server.schemas import (
 from oxinfer.server.tools import shown
 from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 
-log = structlog.get_logger("oxinfer.server")
+log = get_logger("oxinfer.server")
 
 MAX_BODY_BYTES = 1 << 20  # 1 MiB: ~250k tokens of text, far over any context this runtime serves
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import anyio
 import jinja2
 import numpy as np
-import structlog
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from oxinfer.constraints import ConstraintError
 from oxinfer.errors import ContextOverflowError, EngineOverloaded, OxinferError
 from oxinfer.events import Event, Finished, Token
+from oxinfer.logs import get_logger
 from oxinfer.server.errors import RETRY_AFTER_S, APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY
@@ -30,7 +30,7 @@ from oxinfer.server.schemas import ChatCompletionRequest, CompletionRequest, sam
 from oxinfer.server.sse import ClientDisconnected, EventStreamResponse, sse, until_disconnect
 from oxinfer.server.tools import with_tools
 
-log = structlog.get_logger("oxinfer.server")
+log = get_logger("oxinfer.server")
 
 # chat: OpenAI's "rest of the context" (the KV pools take memory as tokens arrive, not up front)
 DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's documented default for /v1/completions

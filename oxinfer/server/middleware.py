@@ -13,10 +13,11 @@ import uuid
 import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from oxinfer.logs import get_logger
 from oxinfer.server.errors import APIError
 from oxinfer.server.sse import DISCONNECTED_KEY
 
-log = structlog.get_logger("oxinfer.server")
+log = get_logger("oxinfer.server")
 
 REQUEST_ID_KEY = "oxinfer.request_id"
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyio
-import structlog
 
+from oxinfer.logs import get_logger
 from oxinfer.server.errors import RETRY_AFTER_S, from_status
 
-log = structlog.get_logger("oxinfer.server")
+log = get_logger("oxinfer.server")
 
 
 

@@ -18,14 +18,14 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
-import structlog
 
 from oxinfer.events import Event, Finished, Token
+from oxinfer.logs import get_logger
 from oxinfer.server.errors import bad_request, from_status
 from oxinfer.server.openai_format import Answer
 from oxinfer.server.responses_schema import ResponsesRequest, ToolChoiceFunction
 
-log = structlog.get_logger("oxinfer.server")
+log = get_logger("oxinfer.server")
 
 MAX_STORED = 1024  # responses kept for previous_response_id, the least recently used given up first
 

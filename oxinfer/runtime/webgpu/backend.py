@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import anyio
 import anyio.to_thread
 import numpy as np
-import structlog
 
 from oxinfer.errors import WebGpuUnavailable
 from oxinfer.formats.gpu_layout import device_chunks, device_size
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.logs import get_logger
 from oxinfer.runtime.backend import BackendStats, Job, fused_runs
 from oxinfer.runtime.webgpu.device import (
     ALIGN,
@@ -45,7 +45,7 @@ from oxinfer.runtime.webgpu.kernels import (
 )
 from oxinfer.runtime.webgpu.shaders import DECODERS, KERNELS, shader_source
 
-log = structlog.get_logger("oxinfer.webgpu")
+log = get_logger("oxinfer.webgpu")
 
 # weights go up in pieces of this many bytes, each run before the next is written, so the host
 # holds one piece's staging copy at a time, not the model's (lavapipe: a 1.25 GiB upload in 16 MiB

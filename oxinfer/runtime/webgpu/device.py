@@ -14,9 +14,9 @@ import time
 from contextlib import contextmanager
 from functools import lru_cache
 
-import structlog
 
 from oxinfer.errors import WebGpuUnavailable
+from oxinfer.logs import get_logger
 
 try:
     import wgpu
@@ -26,7 +26,7 @@ except Exception as e:  # noqa: BLE001 - ImportError, or cffi failing to load wg
 else:
     _IMPORT_ERROR = None
 
-log = structlog.get_logger("oxinfer.webgpu")
+log = get_logger("oxinfer.webgpu")
 
 PARAMS_BYTES = 48  # struct Params of common.wgsl (36 bytes) and Op of ops_common.wgsl (44), bound in multiples of 16
 ALIGN = 256  # sub-buffer offsets: min-*-buffer-offset-alignment is <= 256 on every adapter

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.to_thread
 import numpy as np
-import structlog
 
 from oxinfer.constraints import ConstraintError
 from oxinfer.errors import WebGpuUnavailable
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
@@ -43,7 +43,7 @@ from oxinfer.runtime.webgpu.shaders import kv_half, shader_dir, unroll
 if TYPE_CHECKING:
     from oxinfer.runtime.webgpu.backend import WebGpuBackend
 
-log = structlog.get_logger("oxinfer.resident")
+log = get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
