@@ -252,6 +252,31 @@ async def test_limits_queue_in_order_then_overload(engine):
     assert idle(small)
 
 
+async def test_a_stream_holds_its_place_in_line_from_the_call(engine):
+    """max_concurrent + max_queue streams made and none iterated yet (a server makes a request's n
+    choices so) fill the line: the next call is refused at once (all ten had passed the check); one
+    dropped unstarted gives its place back; the ones made then run."""
+    import gc
+
+    small = Engine(engine.path, engine.tokenizer, engine.model, engine.scheduler, max_concurrent=2, max_queue=2)
+    params = SamplingParams(temperature=0, max_tokens=2)
+    streams = [small.stream(PROMPTS[i], params) for i in range(4)]
+    with pytest.raises(EngineOverloaded, match="max_queue"):
+        small.stream(PROMPTS[5], params)
+    await streams.pop().aclose()  # (never started)
+    gc.collect()
+    streams.append(small.stream(PROMPTS[5], params))
+    results = []
+
+    async def consume(s):
+        results.append([ev async for ev in s][-1].reason)
+
+    async with anyio.create_task_group() as tg:
+        for s in streams:
+            tg.start_soon(consume, s)
+    assert results == ["length"] * 4 and idle(small) and not small.admission.reserved
+
+
 async def test_logprobs(engine):
     r = await engine.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=3, logprobs=3))
     assert len(r.logprobs) == 3 and all(lp <= 0 for lp in r.logprobs)

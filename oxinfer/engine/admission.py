@@ -8,6 +8,7 @@ A preempted request waits in line again before every request that came after it.
 from __future__ import annotations
 
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,20 +53,32 @@ class Admission:
         self.available = available
         self.running: dict[str, Request] = {}
         self.queued: deque[Request] = deque()
+        # the requests stream() made whose consumers have not started them yet: they hold their
+        # place in the line from the call on (else n streams made before any is iterated, as a
+        # server makes a request's n choices, all passed the check)
+        self.reserved: dict[str, Request] = {}
 
     def check_room(self, rid: str) -> None:
-        """EngineOverloaded when the line is full; ValueError for an id in use."""
-        if len(self.running) >= self.max_concurrent and len(self.queued) >= self.max_queue:
-            raise EngineOverloaded(f"{len(self.running)} requests running and {len(self.queued)} queued "
-                                   f"(max_queue={self.max_queue}); retry later")
+        """EngineOverloaded when the line is full (max_concurrent running and max_queue waiting, the
+        requests made and not yet started among them); ValueError for an id in use."""
+        waiting = len(self.queued) + len(self.reserved)
+        if len(self.running) + waiting >= self.max_concurrent + self.max_queue:
+            raise EngineOverloaded(f"{len(self.running)} requests running and {waiting} waiting "
+                                   f"(max_concurrent={self.max_concurrent}, max_queue={self.max_queue}); retry later")
         if self.find(rid) is not None:
             raise ValueError(f"request_id {rid!r} is already in use")
 
+    def reserve(self, req: Request, stream) -> None:
+        """req's place in the line, from stream() on, until its stream starts or is dropped unstarted."""
+        self.reserved[req.id] = req
+        weakref.finalize(stream, self.reserved.pop, req.id, None)
+
     def find(self, rid: str) -> Request | None:
-        return self.running.get(rid) or next((r for r in self.queued if r.id == rid), None)
+        return self.running.get(rid) or self.reserved.get(rid) or next((r for r in self.queued if r.id == rid), None)
 
     async def admit(self, req: Request) -> None:
         """Take a place among the running requests, or wait in line for one."""
+        self.reserved.pop(req.id, None)
         if not self.queued and self._fits(req):
             self._start(req)
             return
@@ -86,6 +99,7 @@ class Admission:
         if req in self.queued:
             self.queued.remove(req)
         self.running.pop(req.id, None)
+        self.reserved.pop(req.id, None)
         self.admit_next()
 
     def admit_next(self) -> None:

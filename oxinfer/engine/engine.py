@@ -176,7 +176,10 @@ class Engine:
                                        len(ids), params.max_tokens, room, "the KV memory's positions (kv_bytes)")
         rid = request_id or f"req-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         self.admission.check_room(rid)
-        return stream.generate(self, Request(rid, ids, params, history=list(ids)))
+        req = Request(rid, ids, params, history=list(ids))
+        events = stream.generate(self, req)
+        self.admission.reserve(req, events)  # (its place in the line holds from here, started or not yet)
+        return events
 
     def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, **kw) -> AsyncIterator[Event]:
         """`stream` over chat messages ([{"role": ..., "content": ...}]), the chat template applied."""
