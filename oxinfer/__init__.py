@@ -1,6 +1,7 @@
 """oxinfer: an asyncio-native LLM inference runtime (GGUF models, WebGPU or numpy matmuls)."""
 
 from oxinfer.errors import (
+    ChatTemplateError,
     ContextOverflowError,
     EngineOverloaded,
     ModelFormatError,
@@ -14,6 +15,7 @@ from oxinfer.logs import configure_logging
 from oxinfer.sampling import SamplingParams
 
 __all__ = [
+    "ChatTemplateError",
     "ContextOverflowError",
     "Engine",
     "EngineOverloaded",

@@ -9,11 +9,7 @@ import json
 from datetime import datetime
 from functools import lru_cache
 
-from oxinfer.errors import OxinferError
-
-
-class ChatTemplateError(OxinferError, ValueError):
-    """The template raised, or the messages do not fit it."""
+from oxinfer.errors import ChatTemplateError
 
 
 def _raise(message: str):

@@ -40,3 +40,7 @@ class ContextOverflowError(OxinferError, ValueError):
 
 class WebGpuUnavailable(OxinferError):
     """No usable WebGPU adapter or device (the message says why)."""
+
+
+class ChatTemplateError(OxinferError, ValueError):
+    """The chat template raised, or the messages do not fit it."""

@@ -41,10 +41,14 @@ class SamplingParams:
     constraint: Constraint | None = field(init=False, default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        if isinstance(self.stop, str):
+        if self.stop is None:  # (as OpenAI's and vLLM's take it: no stop strings)
+            object.__setattr__(self, "stop", ())
+        elif isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             object.__setattr__(self, "stop", tuple(self.stop))
+        else:
+            raise ValueError(f"stop must be a string, a list of strings or None, got {type(self.stop).__name__}")
         _check_int("max_tokens", self.max_tokens, 1)
         _check_num("temperature", self.temperature, 0.0, 100.0)
         _check_int("top_k", self.top_k, 0)

@@ -179,11 +179,16 @@ async def test_seeded_sampling_is_reproducible_alone_and_in_a_crowd(engine):
     ("max_tokens", 0), ("max_tokens", 1.5), ("temperature", -0.1), ("temperature", float("nan")),
     ("top_k", -1), ("top_p", 0.0), ("top_p", 1.5), ("min_p", -0.1), ("min_p", 2.0),
     ("repetition_penalty", 0.0), ("presence_penalty", 3.0), ("frequency_penalty", -2.5),
-    ("seed", -1), ("seed", "x"), ("stop", [""]), ("stop", [1]), ("logprobs", 50), ("logprobs", -1),
+    ("seed", -1), ("seed", "x"), ("stop", [""]), ("stop", [1]), ("stop", {"a": 1}), ("stop", 3), ("logprobs", 50),
+    ("logprobs", -1),
 ])
 def test_invalid_sampling_params_raise(field, value):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**{field: value})
+
+
+def test_no_stop_strings_as_openai_gives_them():
+    assert SamplingParams(stop=None).stop == () and SamplingParams(stop="x").stop == ("x",)
 
 
 async def test_bad_prompts_raise_before_any_work(engine):
@@ -197,6 +202,9 @@ async def test_bad_prompts_raise_before_any_work(engine):
     for ids in ([1, True], [1, 2.0], np.array([1.0, 2.0]), np.array([True]), [[1, 2]]):  # ids: ints only
         with pytest.raises(ValueError, match="prompt must be"):
             engine.stream(ids)
+    for raw in (b"Hi there", bytearray(b"Hi")):  # (a Sequence of ints: it ran as the ids 72, 105...)
+        with pytest.raises(ValueError, match="bytes"):
+            engine.stream(raw)
     long = "hello " * 9000
     with pytest.raises(ContextOverflowError, match="context length"):
         engine.stream(long, SamplingParams(max_tokens=16))
@@ -495,3 +503,16 @@ def test_a_timeout_ends_a_lone_stream_under_either_anyio_backend(tmp_path, backe
         assert engine.stats().running == 0
 
     anyio.run(main, backend=backend)
+
+
+async def test_chat_messages_in_openai_s_shape(engine):
+    """Content as OpenAI's list of text parts reaches a template that reads text (SmolLM2's) as the
+    parts' text, as the server sends it; a template's failure is a ChatTemplateError (oxinfer's)."""
+    from oxinfer import ChatTemplateError
+
+    params = SamplingParams(temperature=0, max_tokens=4)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name the capital "}, {"type": "text", "text": "of France."}]}]
+    plain = [{"role": "user", "content": "Name the capital of France."}]
+    assert (await engine.generate(parts, params)).token_ids == (await engine.generate(plain, params)).token_ids
+    with pytest.raises(ChatTemplateError):
+        engine.stream([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])

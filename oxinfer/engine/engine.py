@@ -33,6 +33,15 @@ KV_BYTES = 1 << 30  # KV memory by default (at least one whole context), as the 
 Prompt = str | Sequence[int] | Sequence[dict]  # text, token ids, or chat messages
 
 
+def _text_parts_joined(m: dict) -> dict:
+    """A message whose content is OpenAI's list of text parts, with that text as its content (what
+    the server does with them; a template that reads content as text would fail on the list)."""
+    content = m.get("content")
+    if isinstance(content, list) and content and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return {**m, "content": "".join(str(p.get("text", "")) for p in content)}
+    return m
+
+
 class Engine:
     """A loaded model ready to serve. `await Engine.load()`, or `async with await Engine.load()`."""
 
@@ -231,8 +240,10 @@ class Engine:
             if not prompt:
                 raise ValueError("the prompt is empty")
             ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (bytes, bytearray, memoryview)):  # (a Sequence of ints, which it is not meant as)
+            raise ValueError("prompt is bytes: decode it to text (prompt.decode()) or give token ids as a list")
         elif isinstance(prompt, Sequence) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.tokenizer.encode_chat(list(prompt))
+            ids = self.tokenizer.encode_chat([_text_parts_joined(m) for m in prompt])
         elif isinstance(prompt, (Sequence, np.ndarray)) and all(
                 issubclass(t, (int, np.integer)) and not issubclass(t, bool) for t in set(map(type, prompt))):
             ids = list(map(int, prompt))  # (checked by type, not item by item: 0.3 ms of a 512-token prompt)
