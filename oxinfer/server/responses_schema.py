@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from oxinfer.server.errors import APIError, bad_request
-from oxinfer.server.schemas import (MEDIA_PARTS, REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body,
-                                    _param)
+from oxinfer.server.schemas import (REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body,
+                                    _param, refused_part)
 
 
 
@@ -262,11 +262,7 @@ def _part(raw: dict, where: str, role: str) -> BaseModel:
         return _validated(InputPart, raw, where)
     if kind == "refusal" and role == "assistant":
         return _validated(RefusalPart, raw, where)
-    if kind in MEDIA_PARTS:
-        raise bad_request(f"{where}.type: {kind} parts are not supported: this server's models read text, not "
-                          f"{MEDIA_PARTS[kind]}", param=f"{where}.type", code="unsupported_parameter")
-    raise bad_request(f"{where}.type: {kind!r} is not a content part this server takes (input_text, output_text"
-                      f"{', refusal' if role == 'assistant' else ''})", param=f"{where}.type", code="invalid_value")
+    raise refused_part(kind, where, role, "input_text, output_text")
 
 
 def _tool(i: int, raw: dict) -> FunctionTool:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from oxinfer.sampling import SamplingParams
-from oxinfer.server.errors import bad_request
+from oxinfer.server.errors import APIError, bad_request
 
 
 def _utf8(s: str) -> str:
@@ -115,11 +115,17 @@ def _part_text(part: dict, where: str, role: str) -> str:
         if not isinstance(text, str):
             raise bad_request(f"{where}.{field}: must be a string", param=f"{where}.{field}", code="invalid_type")
         return _utf8_param(text, f"{where}.{field}")
+    raise refused_part(kind, where, role, "text")
+
+
+def refused_part(kind, where: str, role: str, takes: str) -> APIError:
+    """The 400 for a content part the server does not take: images, audio and files named by what
+    they hold, any other kind by the kinds it takes (`takes`, and an assistant's refusal)."""
     if kind in MEDIA_PARTS:
-        raise bad_request(f"{where}.type: {kind} parts are not supported: this server's models read text, not "
-                          f"{MEDIA_PARTS[kind]}", param=f"{where}.type", code="unsupported_parameter")
-    raise bad_request(f"{where}.type: {kind!r} is not a content part this server takes (text"
-                      f"{', refusal' if role == 'assistant' else ''})", param=f"{where}.type", code="invalid_value")
+        return bad_request(f"{where}.type: {kind} parts are not supported: this server's models read text, not "
+                           f"{MEDIA_PARTS[kind]}", param=f"{where}.type", code="unsupported_parameter")
+    return bad_request(f"{where}.type: {kind!r} is not a content part this server takes ({takes}"
+                       f"{', refusal' if role == 'assistant' else ''})", param=f"{where}.type")
 
 
 def _utf8_param(s: str, where: str) -> str:
