@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from oxinfer.formats import GGUFFile, HFDirectory, default_model_path, hub
 from oxinfer.logs import get_logger
 from oxinfer.models import Llama, ModelConfig

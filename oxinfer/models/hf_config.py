@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.logs import get_logger
 

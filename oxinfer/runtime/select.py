@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 from oxinfer.logs import get_logger
 from oxinfer.runtime.backend import Backend
 

@@ -18,7 +18,6 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 
-
 from oxinfer.events import Event, Finished, Token
 from oxinfer.logs import get_logger
 from oxinfer.server.errors import bad_request, from_status

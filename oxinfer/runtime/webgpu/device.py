@@ -14,7 +14,6 @@ import time
 from contextlib import contextmanager
 from functools import lru_cache
 
-
 from oxinfer.errors import WebGpuUnavailable
 from oxinfer.logs import get_logger
 
