@@ -19,6 +19,8 @@ from oxinfer.server.cli import KV_CACHE_DTYPE_HELP, add_serve_parser, serve_comm
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="oxinfer", description="asyncio-native LLM inference")
     p.add_argument("--log-level", default="WARNING", help="structlog level (DEBUG shows every matmul)")
+    p.add_argument("--log-format", choices=["console", "json"], default="console",
+                   help="log lines as text, or one JSON object a line (the event's fields as keys)")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="stream a reply from the model")
@@ -109,9 +111,9 @@ def exit_status(command) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    configure_logging(args.log_level)
 
     def command() -> None:
+        configure_logging(args.log_level, json=args.log_format == "json")
         if args.command == "bench":
             bench_command(args)
         elif args.command == "serve" and args.ray:

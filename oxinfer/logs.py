@@ -32,7 +32,10 @@ def configure_logging(level: str | int = "INFO", json: bool = False) -> None:
     """An application's choice (the CLI and server make it): structlog's events to stderr at
     `level`, as lines or JSON; oxinfer's then go through it."""
     if isinstance(level, str):
-        level = logging.getLevelNamesMapping()[level.upper()]
+        names = {k: v for k, v in logging.getLevelNamesMapping().items() if k != "NOTSET"}
+        if level.upper() not in names:
+            raise ValueError(f"log level {level!r}: one of {', '.join(n.lower() for n in names)}")
+        level = names[level.upper()]
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
         processors=[

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -168,3 +169,40 @@ def test_importing_oxinfer_leaves_an_app_s_logging_as_it_was(tmp_path, mode):
         assert "oxinfer.engine INFO request_finished request_id=" in r.stderr and "reason=length" in r.stderr, r.stderr
     else:
         assert "request_finished" not in out  # (structlog unconfigured: oxinfer's info stays quiet)
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--port", "70000"], "--port: must be in [0, 65535]"), (["--kv-mib", "-5"], "--kv-mib: must be positive"),
+    (["--api-key", ""], "--api-key: empty"), (["--log-level", "LOUD"], "log level 'LOUD'"),
+    (["--shutdown-timeout", "-1"], "--shutdown-timeout"),
+])
+def test_serve_refuses_values_no_server_runs_with(flags, message):
+    """One line, status 2, before anything loads (a port out of range was a traceback after the load;
+    an empty --api-key, as an unset variable gives, served without a key)."""
+    r = oxinfer("serve", *flags)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_serve_on_port_0_says_the_port_it_got(tmp_path):
+    """The 'serving' line comes once the socket is bound, with the port the system gave (it printed
+    :0, before the bind); that port answers; SIGTERM ends the server."""
+    import re
+    import signal
+
+    import httpx
+
+    from oxinfer.testing import write_tiny_llama
+
+    model = write_tiny_llama(tmp_path / "t.gguf")
+    p = subprocess.Popen([sys.executable, "-m", "oxinfer.cli", "serve", "--model", str(model), "--port", "0",
+                          "--backend", "cpu"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.time() + 60
+        while "serving" not in line and time.time() < deadline:
+            line = p.stderr.readline()
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)/v1", line).group(1))
+        assert port > 0 and httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["status"] == "ok"
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)

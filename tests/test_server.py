@@ -834,3 +834,53 @@ def test_a_template_that_takes_arguments_as_text_gets_them_so():
     talk = [{"role": "user", "content": "go"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
     assert render(text_only, shown(talk, text_only)) == 'user:go|assistant:<call>f {"city": "Paris"}|'
     assert shown(talk, TOOLS) == talk  # (an object-reading template keeps the object)
+
+
+def test_a_client_that_stops_reading_gives_its_slot_back(tiny_srv, tiny_http, monkeypatch):
+    """Generation waits for its reader: a client that keeps its connection and stops reading (its
+    socket's buffer full) would hold its slot and KV memory for ever. Past SEND_TIMEOUT_S of a blocked
+    write its stream ends, as one whose client left (here 1 s)."""
+    import socket
+
+    from oxinfer.server import sse as sse_module
+
+    monkeypatch.setattr(sse_module, "SEND_TIMEOUT_S", 1.0)
+    port = int(tiny_srv.url.rsplit(":", 1)[1])
+    body = json.dumps({"model": tiny_srv.engine.model_name, "messages": CHAT, "max_tokens": 1900, "stream": True,
+                       "ignore_eos": True, "n": 4, "logprobs": True, "top_logprobs": 20}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    try:
+        deadline = time.time() + 60
+        running = []
+        while time.time() < deadline:
+            running.append(tiny_http.get("/health").json()["running"])
+            if running[-1] == 0 and max(running) > 0:
+                break
+            time.sleep(0.2)
+        assert max(running) > 0 and running[-1] == 0, running  # it ran, and ended though its client never read
+    finally:
+        s.close()
+
+
+def test_cors_when_asked_for(tmp_path):
+    """--allowed-origins: a browser's preflight (no key: browsers send none) is answered before the
+    key check, and the responses carry the CORS headers; without it, none are sent."""
+    from starlette.testclient import TestClient
+
+    from oxinfer.server.app import create_app
+
+    engine = asyncio.run(oxinfer.Engine.load(write_tiny_llama(tmp_path / "t.gguf", **TINY_MODEL), backend="cpu"))
+    pre = {"origin": "https://app.example", "access-control-request-method": "POST",
+           "access-control-request-headers": "authorization, content-type"}
+    with TestClient(create_app(engine, api_key="k", allowed_origins=["https://app.example"])) as c:
+        r = c.options("/v1/chat/completions", headers=pre)
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        r = c.get("/v1/models", headers={"origin": "https://app.example", "authorization": "Bearer k"})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+        assert c.get("/v1/models", headers={"origin": "https://app.example"}).status_code == 401
+    with TestClient(create_app(engine)) as c:
+        assert "access-control-allow-origin" not in c.get("/v1/models", headers={"origin": "https://x"}).headers

@@ -18,7 +18,8 @@ import jinja2
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -68,11 +69,14 @@ class _Server:
         if declared.isdigit() and int(declared) > limit:
             raise from_status(413, f"request body of {declared} bytes is over the limit of {limit} bytes")
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise from_status(413, f"request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise from_status(413, f"request body is over the limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:  # (the client's doing: no server error, and nobody to answer)
+            raise from_status(499, "the client went away before its request's body was whole") from None
         return b"".join(chunks)
 
     async def leased(self, model: str | None, handle: Callable[[ServedModel], Awaitable[Response]]) -> Response:
@@ -282,13 +286,16 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
 
 
 def create_app(engine=None, *, api_key: str | None = None, model_name: str | None = None,
-               max_body_bytes: int = MAX_BODY_BYTES, models: ModelPool | None = None) -> Starlette:
+               max_body_bytes: int = MAX_BODY_BYTES, models: ModelPool | None = None,
+               allowed_origins: list[str] | None = None) -> Starlette:
     """The ASGI app serving `engine` (an oxinfer.Engine), or the `models` of a ModelPool
     (models.py: several, loaded on first use), with OpenAI's API.
 
     api_key: when set, the API routes want `Authorization: Bearer <api_key>` (else 401).
     model_name: the id clients use for `engine` (default: the model file's stem; that one is accepted too).
     max_body_bytes: larger request bodies are refused with 413 before they are read whole.
+    allowed_origins: the browser origins allowed to call it (CORS: preflights answered, the headers
+    sent; "*" for any); none: no CORS headers (browsers' cross-origin calls refused).
     """
     if (engine is None) == (models is None):
         raise ValueError("create_app: give either engine or models")
@@ -313,6 +320,9 @@ def create_app(engine=None, *, api_key: str | None = None, model_name: str | Non
         Route("/detokenize", srv.detokenize, methods=["POST"]),
     ]
     middleware = [Middleware(AccessLog)]
+    if allowed_origins:  # (before the key check: a browser's preflight carries no key)
+        middleware.append(Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                                     allow_headers=["*"], expose_headers=["x-request-id"]))
     if api_key:
         middleware.append(Middleware(ApiKeyAuth, api_key=api_key))
     app = Starlette(routes=routes, middleware=middleware,

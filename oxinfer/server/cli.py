@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import anyio
 from oxinfer.formats.hub import is_hub_name
 
 
+SHUTDOWN_TIMEOUT_S = 25.0
 KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; on the CPU its decode is "
                        "slower; llama.cpp's --cache-type-k f16); default: float32")
 
@@ -23,8 +25,17 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                         "again to serve several models, chosen by the request's `model` (the first one when it "
                         "names none)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on the API routes")
+    p.add_argument("--port", type=int, default=8000, help="port to bind (0: any free one, printed)")
+    p.add_argument("--api-key", default=os.environ.get("OXINFER_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on the API routes (default: $OXINFER_API_KEY)")
+    p.add_argument("--allowed-origins", action="append",
+                   help="browser origins allowed to call the API (CORS; '*' for any; repeatable; default: none)")
+    p.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S,
+                   help=f"seconds the requests in flight get to finish on Ctrl-C or SIGTERM (default "
+                        f"{SHUTDOWN_TIMEOUT_S:g}: under Kubernetes' 30)")
+    p.add_argument("--log-level", default=argparse.SUPPRESS, help="as oxinfer's --log-level, here too")
+    p.add_argument("--log-format", choices=["console", "json"], default=argparse.SUPPRESS,
+                   help="log lines as text, or one JSON object a line")
     p.add_argument("--backend", choices=["auto", "cpu", "webgpu"], default="auto",
                    help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
     p.add_argument("--max-concurrent", type=int, default=16, help="requests generating at once")
@@ -60,8 +71,7 @@ async def run_serve(args) -> None:
     names = args.served_model_name or []
     if names and len(names) != len(sources):
         raise ValueError(f"--served-model-name: given {len(names)} times for {len(sources)} --model")
-    if args.memory_mib is not None and args.memory_mib <= 0:
-        raise ValueError(f"--memory-mib: must be positive, got {args.memory_mib}")
+    check_serve_flags(args)
 
     async def load(source):
         return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
@@ -76,8 +86,30 @@ async def run_serve(args) -> None:
         models.append(ServedModel(names[i] if names else _stem(source), source))
     pool = ModelPool(models, load, budget_bytes=args.memory_mib and args.memory_mib << 20)
     listing = ", ".join(m.name for m in models)
-    print(f"oxinfer: serving {listing} on http://{args.host}:{args.port}/v1", file=sys.stderr, flush=True)
-    await serve(models=pool, host=args.host, port=args.port, api_key=args.api_key)
+
+    def bound(host: str, port: int) -> None:  # (once the socket is bound: --port 0's real port)
+        print(f"oxinfer: serving {listing} on http://{_url_host(host)}:{port}/v1", file=sys.stderr, flush=True)
+
+    await serve(models=pool, host=args.host, port=args.port, api_key=args.api_key,
+                allowed_origins=args.allowed_origins, shutdown_timeout=args.shutdown_timeout, on_bound=bound)
+
+
+def check_serve_flags(args) -> None:
+    """Values no server can run with, refused before anything loads (ValueError: one line, status 2)."""
+    if args.memory_mib is not None and args.memory_mib <= 0:
+        raise ValueError(f"--memory-mib: must be positive, got {args.memory_mib}")
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: must be in [0, 65535], got {args.port}")
+    if args.kv_mib is not None and args.kv_mib <= 0:
+        raise ValueError(f"--kv-mib: must be positive, got {args.kv_mib}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key: empty (an unset variable?): give a key, or leave the flag out to serve without one")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout: must be >= 0, got {args.shutdown_timeout}")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 def _reachable(source: str) -> bool:

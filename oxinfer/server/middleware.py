@@ -32,8 +32,9 @@ class AccessLog:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        rid = uuid.uuid4().hex
+        rid = uuid.uuid4().hex  # (ours: unique, for the engine's requests and the response ids)
         scope[REQUEST_ID_KEY] = rid
+        given = _incoming_id(scope)  # a proxy's or client's own x-request-id: logged beside ours
         status: list[int] = []
         t0 = time.perf_counter()
 
@@ -43,15 +44,22 @@ class AccessLog:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", rid.encode())]
             await send(message)
 
-        with structlog.contextvars.bound_contextvars(request_id=rid):
+        with structlog.contextvars.bound_contextvars(request_id=rid, **({"client_request_id": given} if given else {})):
             try:
                 await self.app(scope, receive, send_with_id)
             finally:
                 client = scope.get("client")
-                log.info("http_request", method=scope["method"], path=scope["path"],
+                probe = scope["path"] in ApiKeyAuth.OPEN and (status or [500])[0] < 400  # (scrapes and probes: quiet)
+                (log.debug if probe else log.info)("http_request", method=scope["method"], path=scope["path"],
                          status=status[0] if status else 500, duration_s=round(time.perf_counter() - t0, 4),
                          client=f"{client[0]}:{client[1]}" if client else None,
                          disconnected=scope.get(DISCONNECTED_KEY, False))
+
+
+def _incoming_id(scope: Scope) -> str | None:
+    """The request's own x-request-id, where it is a sane one (printable ASCII, up to 128 characters)."""
+    rid = dict(scope.get("headers", [])).get(b"x-request-id", b"")
+    return rid.decode() if 0 < len(rid) <= 128 and all(33 <= c < 127 for c in rid) else None
 
 
 class ApiKeyAuth:

@@ -18,6 +18,10 @@ from starlette.types import Receive, Scope, Send
 T = TypeVar("T")
 
 DISCONNECTED_KEY = "oxinfer.disconnected"
+# a stream's write that waits longer than this for a client that stopped reading (its socket's buffer
+# full, the connection open) ends the stream: generation waits for its reader, and a reader that never
+# reads would hold its slot and KV memory for ever (16 such clients held every slot of a default server)
+SEND_TIMEOUT_S = 30.0
 
 
 class ClientDisconnected(Exception):
@@ -30,11 +34,13 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return (f"event: {event}\n" if event else "").encode() + f"data: {payload}\n\n".encode()
 
 
-async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, flag: list[bool]) -> None:
+async def _watch_disconnect(receive: Receive, scope: anyio.CancelScope, flag: list[bool],
+                            complete: list[bool] = ()) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            flag.append(True)
+            if not complete:  # (after the last byte went out, a closing connection is no disconnect)
+                flag.append(True)
             scope.cancel()
             return
 
@@ -75,18 +81,25 @@ class EventStreamResponse:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(k.encode(), v.encode()) for k, v in self.headers.items()]})
         gone: list[bool] = []
+        complete: list[bool] = []
         async with anyio.create_task_group() as tg:
             async def pump() -> None:
                 try:
                     async with aclosing(self.events) as events:
                         async for chunk in events:
-                            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                            with anyio.move_on_after(SEND_TIMEOUT_S) as wait:
+                                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                            if wait.cancelled_caught:  # a client that stopped reading: as one that left
+                                gone.append(True)
+                                break
+                        else:
+                            complete.append(True)
+                            await send({"type": "http.response.body", "body": b"", "more_body": False})
                 except OSError:  # the transport broke under a write: same as a disconnect
                     gone.append(True)
                 tg.cancel_scope.cancel()
 
-            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, gone)
+            tg.start_soon(_watch_disconnect, receive, tg.cancel_scope, gone, complete)
             tg.start_soon(pump)
         self.disconnected = bool(gone)
         if gone:
