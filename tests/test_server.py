@@ -790,7 +790,7 @@ def test_embeddings_through_the_official_client(srv, client, http):
     np.testing.assert_allclose(client.embeddings.create(model=name, input=[ids]).data[0].embedding, got[0], atol=1e-6)
     for body, field in [({"input": ""}, "input"), ({"input": []}, "input"), ({"input": [[]]}, "input"),
                         ({"input": "x", "dimensions": 8}, "dimensions"), ({"input": "x", "truncate": True}, "truncate"),
-                        ({"input": 3}, "input"), ({"input": [10 ** 9]}, "input")]:
+                        ({"input": 3}, "input"), ({"input": [10 ** 9]}, "input"), ({"input": ["a"] * 2049}, "input")]:
         resp = http.post("/v1/embeddings", json={"model": name, **body})
         assert resp.status_code == 400, (body, resp.text)
         assert field in resp.text, (body, resp.text)
