@@ -884,3 +884,24 @@ def test_cors_when_asked_for(tmp_path):
         assert c.get("/v1/models", headers={"origin": "https://app.example"}).status_code == 401
     with TestClient(create_app(engine)) as c:
         assert "access-control-allow-origin" not in c.get("/v1/models", headers={"origin": "https://x"}).headers
+
+
+def test_metrics_count_refusals_and_kv_usage(tiny_http):
+    """Refused requests are counted by status (a 5xx-rate or 4xx-rate alert needs them); the KV
+    pool's use is a ratio (vLLM's kv_cache_usage_perc); totals are counters (the exposition's
+    _total, TYPE counter), parsed by Prometheus's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def count(status: str) -> float:
+        try:
+            return metric(tiny_http, f'oxinfer_http_responses_total{{status="{status}"}}')
+        except KeyError:
+            return 0.0
+
+    before = count("400")
+    assert tiny_http.post("/v1/chat/completions", json={"messages": []}).status_code == 400
+    assert count("400") == before + 1
+    families = {f.name: f for f in text_string_to_metric_families(tiny_http.get("/metrics").text)}
+    assert families["oxinfer_kv_evictions"].type == families["oxinfer_preemptions"].type == "counter"
+    ratio = [s.value for s in families["oxinfer_kv_cache_usage_ratio"].samples]
+    assert ratio and all(0 <= r <= 1 for r in ratio)

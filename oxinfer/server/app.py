@@ -319,7 +319,7 @@ def create_app(engine=None, *, api_key: str | None = None, model_name: str | Non
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
     ]
-    middleware = [Middleware(AccessLog)]
+    middleware = [Middleware(AccessLog, observe=metrics.response)]
     if allowed_origins:  # (before the key check: a browser's preflight carries no key)
         middleware.append(Middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                                      allow_headers=["*"], expose_headers=["x-request-id"]))

@@ -20,9 +20,10 @@ _GAUGES = (("requests_running", "running", "Requests generating now"),
            ("requests_queued", "queued", "Requests waiting for a slot"),
            ("kv_bytes", "kv_bytes", "KV cache memory held by live requests"),
            ("kv_blocks_used", "kv_blocks_used", "KV blocks live requests hold"),
-           ("kv_blocks_cached", "kv_blocks_cached", "Full KV blocks kept for later prompts"),
-           ("kv_evictions", "kv_evictions", "Kept KV blocks given up for room (total)"),
-           ("preemptions_total", "preemptions_total", "Requests that gave their KV blocks back to be computed again"))
+           ("kv_blocks_cached", "kv_blocks_cached", "Full KV blocks kept for later prompts"))
+# totals of stats(): counters (the exposition adds _total)
+_TOTALS = (("kv_evictions", "kv_evictions", "Kept KV blocks given up for room"),
+           ("preemptions", "preemptions_total", "Requests that gave their KV blocks back to be computed again"))
 
 
 class Metrics:
@@ -44,6 +45,8 @@ class Metrics:
         self.jobs_per_call = Histogram("oxinfer_scheduler_jobs_per_call",
                                        "Matmul jobs per backend call (one submission)", ["model"], buckets=_COUNTS,
                                        registry=r)
+        self.responses = Counter("oxinfer_http_responses", "HTTP responses, by status (refusals included: 400, "
+                                 "401, 404, 413, 503...)", ["status"], registry=r)
         self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
                                        "Rows of x per backend call (requests stacked)", ["model"], buckets=_COUNTS,
                                        registry=r)
@@ -81,6 +84,9 @@ class Metrics:
             self.ttft.labels(model=model).observe(fin.ttft_s)
             self.e2e.labels(model=model).observe(e2e_s)
 
+    def response(self, status: int) -> None:
+        self.responses.labels(status=str(status)).inc()
+
     def cancelled(self, model: str) -> None:
         self.finished.labels(model=model, reason="cancelled").inc()
 
@@ -106,6 +112,16 @@ class _Scraped:
             for name, s in stats.items():
                 g.add_metric([name], getattr(s, field))
             yield g
+        for metric, field, help_ in _TOTALS:
+            c = CounterMetricFamily(f"oxinfer_{metric}", help_, labels=["model"])
+            for name, s in stats.items():
+                c.add_metric([name], getattr(s, field))
+            yield c
+        g = GaugeMetricFamily("oxinfer_kv_cache_usage_ratio", "KV blocks in use over the pool's (vLLM's "
+                              "kv_cache_usage_perc, llama.cpp's kv_cache_usage_ratio)", labels=["model"])
+        for name, e in engines:
+            g.add_metric([name], stats[name].kv_blocks_used / max(1, e.kv_pool.n_blocks))
+        yield g
         rows: dict[str, tuple[str, list]] = {}
         for name, e in engines:
             for metric, help_, value in scheduler_rows(e) + step_rows(e):

@@ -26,8 +26,9 @@ class AccessLog:
     """Gives each request an id (scope[REQUEST_ID_KEY], the `x-request-id` header, the structlog
     `request_id` of everything logged while it runs) and logs one `http_request` line for it."""
 
-    def __init__(self, app: ASGIApp):
+    def __init__(self, app: ASGIApp, observe=None):
         self.app = app
+        self.observe = observe  # observe(status): each response's (the metrics' count by status)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -49,6 +50,8 @@ class AccessLog:
                 await self.app(scope, receive, send_with_id)
             finally:
                 client = scope.get("client")
+                if self.observe is not None:
+                    self.observe(status[0] if status else 500)
                 probe = scope["path"] in ApiKeyAuth.OPEN and (status or [500])[0] < 400  # (scrapes and probes: quiet)
                 (log.debug if probe else log.info)("http_request", method=scope["method"], path=scope["path"],
                          status=status[0] if status else 500, duration_s=round(time.perf_counter() - t0, 4),
