@@ -42,6 +42,8 @@ class GenerationResult:
     token_ids: tuple[int, ...]
     finished: Finished
     logprobs: tuple[float, ...] | None = None
+    # each token's top alternatives, (token id, logprob) best first, where logprobs > 0 asked for them
+    top_logprobs: tuple[tuple[tuple[int, float], ...], ...] | None = None
 
     @property
     def finish_reason(self) -> str:

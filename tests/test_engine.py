@@ -288,6 +288,7 @@ async def test_a_stream_holds_its_place_in_line_from_the_call(engine):
 async def test_logprobs(engine):
     r = await engine.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=3, logprobs=3))
     assert len(r.logprobs) == 3 and all(lp <= 0 for lp in r.logprobs)
+    assert [len(t) for t in r.top_logprobs] == [3] * 3 and [t[0][0] for t in r.top_logprobs] == list(r.token_ids)
     events = [e async for e in engine.stream("The capital of France is", SamplingParams(temperature=0, max_tokens=2, logprobs=3))]
     tok = events[0]
     assert tok.top_logprobs[0][0] == tok.token_id and tok.top_logprobs[0][1] == pytest.approx(tok.logprob)

@@ -198,16 +198,18 @@ class Engine:
 
     async def generate(self, prompt: Prompt, params: SamplingParams | None = None, **kw) -> GenerationResult:
         """The whole answer at once."""
-        text, ids, lps, fin = [], [], [], None
+        text, ids, lps, tops, fin = [], [], [], [], None
         async for ev in self.stream(prompt, params, **kw):
             if isinstance(ev, Token):
                 text.append(ev.text)
                 ids.append(ev.token_id)
                 lps.append(ev.logprob)
+                tops.append(tuple(ev.top_logprobs or ()))
             else:
                 fin = ev
         want_lp = params is not None and params.logprobs is not None
-        return GenerationResult("".join(text), tuple(ids), fin, tuple(lps) if want_lp else None)
+        return GenerationResult("".join(text), tuple(ids), fin, tuple(lps) if want_lp else None,
+                                tuple(tops) if want_lp and params.logprobs else None)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now: its stream ends with Finished(reason="cancelled"). False if unknown."""
