@@ -784,6 +784,9 @@ def test_embeddings_through_the_official_client(srv, client, http):
     np.testing.assert_allclose(floats, want, atol=1e-5)
     assert got[0] @ got[1] > got[0] @ got[2] + 0.1  # cosine: the vectors are unit length
     assert r.usage.prompt_tokens == r.usage.total_tokens == sum(len(srv.engine.tokenizer.encode(t)) for t in texts)
+    before = metric(http, "oxinfer_embedding_inputs_total")
+    client.embeddings.create(model=name, input=texts)
+    assert metric(http, "oxinfer_embedding_inputs_total") == before + 3  # (they were in no metric)
     solo = np.array([client.embeddings.create(model=name, input=t).data[0].embedding for t in texts])
     np.testing.assert_allclose(solo, got, atol=1e-6)
     ids = srv.engine.tokenizer.encode(texts[0])

@@ -212,9 +212,9 @@ class _Server:
 
     async def embeddings(self, request: Request) -> Response:
         req = parse_body(await self.body(request), EmbeddingRequest)
-        return await self.leased(req.model, lambda m: self._embeddings(req, m))
+        return await self.leased(req.model, lambda m: self._embeddings(request, req, m))
 
-    async def _embeddings(self, req: EmbeddingRequest, m: ServedModel) -> Response:
+    async def _embeddings(self, request: Request, req: EmbeddingRequest, m: ServedModel) -> Response:
         engine = m.engine
         d = engine.config.d_model
         if req.dimensions is not None and req.dimensions != d:
@@ -222,9 +222,13 @@ class _Server:
                               param="dimensions", code="unsupported_parameter")
         try:
             ids = inputs_ids(engine, req.input)
-            vectors = await engine.embed(ids)
         except (ValueError, ContextOverflowError) as e:
             raise bad_request(str(e), param="input") from None
+        try:  # (a client that leaves cancels the work, as a generation's does)
+            vectors = await until_disconnect(request.scope, request.receive, lambda: engine.embed(ids))
+        except ClientDisconnected:
+            return Response(status_code=499)
+        self.metrics.embedded(m.name, len(ids), sum(map(len, ids)))
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if req.encoding_format == "base64"
                  else v.tolist()} for i, v in enumerate(vectors)]

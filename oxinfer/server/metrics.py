@@ -45,6 +45,8 @@ class Metrics:
         self.jobs_per_call = Histogram("oxinfer_scheduler_jobs_per_call",
                                        "Matmul jobs per backend call (one submission)", ["model"], buckets=_COUNTS,
                                        registry=r)
+        self.embedding_inputs = Counter("oxinfer_embedding_inputs", "Inputs embedded (/v1/embeddings)", ["model"],
+                                        registry=r)
         self.responses = Counter("oxinfer_http_responses", "HTTP responses, by status (refusals included: 400, "
                                  "401, 404, 413, 503...)", ["status"], registry=r)
         self.rows_per_call = Histogram("oxinfer_scheduler_rows_per_call",
@@ -83,6 +85,11 @@ class Metrics:
         if fin.completion_tokens:
             self.ttft.labels(model=model).observe(fin.ttft_s)
             self.e2e.labels(model=model).observe(e2e_s)
+
+    def embedded(self, model: str, inputs: int, tokens: int) -> None:
+        """An embeddings request answered: its inputs, and its tokens among the prompt tokens."""
+        self.embedding_inputs.labels(model=model).inc(inputs)
+        self.prompt_tokens.labels(model=model).inc(tokens)
 
     def response(self, status: int) -> None:
         self.responses.labels(status=str(status)).inc()
