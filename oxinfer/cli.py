@@ -8,6 +8,7 @@ import json
 import sys
 
 import anyio
+import anyio.to_thread
 
 from oxinfer.bench import add_bench_parser, bench_command
 from oxinfer.errors import OxinferError
@@ -24,7 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="stream a reply from the model")
-    run.add_argument("prompt", help="the user's message (- reads it from standard input)")
+    run.add_argument("prompt", nargs="?", help="the user's message (- reads it from standard input; none: a chat, "
+                     "a message a line, each answer kept in the conversation, until end of input)")
     run.add_argument("--system", help="a system message before it (with the chat template)")
     run.add_argument("--model", help="a .gguf, an HF directory, or a hub name (org/repo, org/repo:Q4_K_M, "
                      "org/repo/file.gguf; default: SmolLM2-135M-Instruct Q4_1)")
@@ -59,24 +61,47 @@ async def _run(args) -> None:
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.raw and args.system is not None:
         raise ValueError("--system needs the chat template: it cannot go with --raw")
+    if args.raw and text is None:
+        raise ValueError("--raw needs a prompt (a chat takes the chat template)")
     sampling = {"top_p": args.top_p, "top_k": args.top_k, "min_p": args.min_p, "repetition_penalty": args.repeat_penalty,
                 "seed": args.seed, "stop": tuple(args.stop) if args.stop else None}
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             **{k: v for k, v in sampling.items() if v is not None})
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
-    prompt = text if args.raw else [*system, {"role": "user", "content": text}]
     engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size,
                                kv_cache_dtype=args.kv_cache_dtype)
     generated = 0
-    async for ev in engine.stream(prompt, params):
-        if isinstance(ev, Finished):
-            generated = ev.completion_tokens
-            print(f"\n-- {ev.prompt_tokens} prompt tokens, prefill {ev.prompt_tps:.1f} tok/s, "
-                  f"{ev.completion_tokens} generated, decode {ev.generation_tps:.1f} tok/s ({ev.reason})",
-                  file=sys.stderr)
-        else:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
+
+    async def reply(prompt) -> str:
+        nonlocal generated
+        out = []
+        async for ev in engine.stream(prompt, params):
+            if isinstance(ev, Finished):
+                generated += ev.completion_tokens
+                print(f"\n-- {ev.prompt_tokens} prompt tokens, prefill {ev.prompt_tps:.1f} tok/s, "
+                      f"{ev.completion_tokens} generated, decode {ev.generation_tps:.1f} tok/s ({ev.reason})",
+                      file=sys.stderr)
+            else:
+                out.append(ev.text)
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+        return "".join(out)
+
+    if text is not None:
+        await reply(text if args.raw else [*system, {"role": "user", "content": text}])
+    else:  # a chat (Ollama's `run` without a prompt): a message a line, the conversation kept
+        talk = list(system)
+        while True:
+            if sys.stdin.isatty():
+                print(">>> ", end="", file=sys.stderr, flush=True)
+            line = await anyio.to_thread.run_sync(sys.stdin.readline)
+            if not line:
+                break
+            if not line.strip():
+                continue
+            talk.append({"role": "user", "content": line.rstrip("\n")})
+            talk.append({"role": "assistant", "content": await reply(talk)})
+            print(file=sys.stdout, flush=True)
     if engine.resident is not None:
         print(f"-- gpu: whole forward on the GPU: {engine.resident.stats.summary(generated)}", file=sys.stderr)
     elif engine.scheduler.gpu is not None:

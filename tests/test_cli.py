@@ -206,3 +206,14 @@ def test_serve_on_port_0_says_the_port_it_got(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+
+
+def test_run_without_a_prompt_is_a_chat():
+    """Ollama's `run` without a prompt: a message a line, each answer kept in the conversation (the
+    second turn's prompt holds the first turn), until the end of input."""
+    r = subprocess.run([sys.executable, "-m", "oxinfer.cli", "run", "--max-tokens", "12"], capture_output=True,
+                       text=True, timeout=120, input="Name the capital city of France.\n\nAnd of Italy?\n")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout and "Rome" in r.stdout
+    prompts = [int(line.split()[1]) for line in r.stderr.splitlines() if line.startswith("-- ") and "prompt tokens" in line]
+    assert len(prompts) == 2 and prompts[1] > prompts[0] + 15  # (the first exchange, then the question)
