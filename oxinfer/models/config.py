@@ -220,8 +220,8 @@ class ModelConfig:
             **_gguf_yarn(f, arch, float(a("rope.freq_base", 10000.0)), rope_dim, context),
             "head_dim": head_dim,
             "pooling": _gguf_pooling(a("pooling_type", 0), arch),
-            "sampling": _sampling({k: f.get(f"general.sampling.{k}", None) for k in GGUF_SAMPLING} | {
-                k: f.get(f"general.sampling.{k}", None) for k in GGUF_SAMPLING_UNUSED}, GGUF_SAMPLING, "general.sampling."),
+            "sampling": _sampling({k: f.get(f"general.sampling.{k}", None) for k in (*GGUF_SAMPLING, *GGUF_SAMPLING_UNUSED)},
+                                  GGUF_SAMPLING, "general.sampling."),
             **gemma,
         })
 

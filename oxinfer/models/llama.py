@@ -130,7 +130,7 @@ class Llama:
         embed = f.matrix("token_embd.weight")
         head = f.matrix("output.weight") if f.has_tensor("output.weight") else embed  # tied head
         model = cls(cfg, embed, blocks, norm("output_norm.weight"), head, ops)
-        model.check_shapes(getattr(f, "path", ""))
+        model.check_shapes(f.path)
         return model
 
     def check_shapes(self, where) -> None:
