@@ -180,31 +180,10 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
     let c0 = min(n, w0 + chunk * span);
     let c1 = min(n, c0 + span);
     for (var t0 = c0; t0 < c1; t0 += WG) {
-        let p = t0 + lid;
-        var s = -3.0e38;
-        if (decode && p + 1u == n) {   // the row's own position
-            vrow[lid] = OWN;
-            var s4 = vec4<f32>(0.0);
-            for (var d = 0u; d < DG; d++) {
-                s4 += qs[d] * kown[d];
-            }
-            s = s4.x + s4.y + s4.z + s4.w;
-        } else if (p < c1) {
-            let kb = kv_row(slot, kvh, p);
-            vrow[lid] = kb;
-            var s4 = vec4<f32>(0.0);
-            for (var d = 0u; d < DG; d++) {
-                s4 += qs[d] * kpool[kb + d];
-            }
-            s = s4.x + s4.y + s4.z + s4.w;
-        }
-        if (P.cap > 0.0 && p < c1) {
-            s = soft_cap(s, P.cap);
-        }
-        sc[lid] = s;
+        let cnt = min(WG, c1 - t0);
+        tile_scores(t0, cnt, n, slot, kvh, decode, lid);   // (attention_scores*.wgsl)
         workgroupBarrier();
         if (lane < LANES) {   // all but WG % DG invocations
-            let cnt = min(WG, c1 - t0);
             var cm = m;
             for (var j = lane; j < cnt; j += LANES) {
                 cm = max(cm, sc[j]);

@@ -403,15 +403,20 @@ async def test_keys_and_values_in_float16_on_the_device(tmp_path, monkeypatch, k
 
 
 @pytest.mark.parametrize("d,n_heads,n_kv", [(64, 4, 2), (128, 8, 2)])
-@pytest.mark.parametrize("kernel", ["attention:attend_decode_kv", "attention:attend_decode"])
+@pytest.mark.parametrize("kernel,quads", [("attention:attend_decode_kv", True), ("attention:attend_decode", True),
+                                          ("attention:attend_decode", False)])
 async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_path, monkeypatch, d, n_heads, n_kv,
-                                                                           kernel):
+                                                                           kernel, quads):
     """Planned as on a GPU with chunks of 8 positions (attend_decode_kv's tiles of KV_TILE, attend_decode's
     DECODE_CHUNK_KEYS; 32 and 256 on a real one), a decode step's attention walks each row's positions
     in chunks (flash-decoding: attend_decode_kv with workgroup x a kv head, or attend_decode with x a
     query head, z a chunk, then their merge), with 2 and 4 query heads a kv head: two streams of different lengths (so a
     row's last chunks can be empty), then one alone, each step's token and its 5 best logprobs as
-    on the CPU."""
+    on the CPU. attend_decode scores a position by 4 invocations (quads: where the device has
+    subgroups) or by one."""
+    if quads and "subgroup" not in WebGpuBackend.create(allow_cpu_adapter=True).features:
+        pytest.skip("the adapter has no subgroups: attend_decode scores a position by one invocation")
+    monkeypatch.setattr(webgpu_attention, "QUAD_SCORES", quads)
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
     backend.cpu_adapter = False  # plan as on a GPU
     backend.int8_dot = False  # prompts' products in floats, as the CPU's (mm_i8 would move logprobs ~1e-2)
@@ -422,6 +427,7 @@ async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_p
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
     assert gpu.resident.attend_kv
     gpu.resident.attend_kv = kernel == "attention:attend_decode_kv"
+    assert gpu.resident.tile_scores == ("attention_scores_quad" if quads else "attention_scores")
     rng = np.random.default_rng(7)
     prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (20, 45)]
     params = oxinfer.SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=5)

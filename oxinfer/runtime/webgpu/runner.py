@@ -31,6 +31,7 @@ from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
+from oxinfer.runtime.webgpu import attention
 from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile, rows_tile_bytes
 from oxinfer.runtime.webgpu.device import ALIGN, Readback, round_up, wgpu
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
@@ -47,6 +48,10 @@ log = get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
+# a steady decode's furthest step ahead encoded and submitted by the background thread while this
+# step is read and the caller handles its tokens (True), or by the reading thread before it reads
+# (False: no two threads of Python contend for the GIL in a step; a trial switch until the H200 says)
+BACKGROUND_ENCODE = True
 
 
 @dataclass(eq=False)
@@ -158,6 +163,9 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         # a decode step's attention by attend_decode_kv where a workgroup's 256 invocations hold
         # every (query head, 4 dims) of a kv head and its tile fits in workgroup memory
         self.kv_tile = kv_tile(wg_bytes, group, cfg.head_dim)
+        # attend_decode's (and attend's) scores: 4 invocations a position where subgroups sum them
+        self.tile_scores = ("attention_scores_quad" if attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
+                            else "attention_scores")
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
@@ -203,7 +211,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         if pipe is None:
             file, entry = kernel.split(":")
             d = shader_dir()
-            files = ["ops_common", *(["xq_block"] if file == "attention" else []), file,
+            files = ["ops_common", *(["xq_block", self.tile_scores] if file == "attention" else []), file,
                      *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
             code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
             hd = self.cfg.head_dim
@@ -298,7 +306,10 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         if job is not None:
             self._pending = self._background.submit(job)
         elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
-            self._pending = self._background.submit(self._submit_after, caches)
+            if BACKGROUND_ENCODE:
+                self._pending = self._background.submit(self._submit_after, caches)
+            else:
+                self._submit_after(caches)
         t3 = time.perf_counter()
         behind = bool(self._aheads) and self._aheads[0].submitted  # the device has the next step meanwhile
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
