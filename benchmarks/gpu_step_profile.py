@@ -79,7 +79,7 @@ async def profile(path: Path, streams: list[int], whole_only: bool = False) -> N
             d = prog.disps[i]
             name = _family(r, d, m if d.rows == "s" else t) + ("", " +norm", " +swiglu")[plan.pre[i]]
             if d.kernel == "mm" and (kind := name.split()[0]) in PARTS:  # its operands' kernels timed apart
-                part = next(k for k in PARTS[kind] if call[0] is r.gpu.pipeline(d.qtype, k)[0])
+                part = r.gpu.kind_of(call[0])
                 name = name.replace(kind, part, 1)
             if d.kernel == "attention:attend" and t == m:
                 name = "attention:attend_decode (+rope_kv)"

@@ -17,6 +17,21 @@
 var<workgroup> bpart: array<f32, max(BLK_SHARED, BLK_WG / 4u * BLK_ROWS)>;   // [subgroup][row] (subgroups of 4 invocations at least)
 var<workgroup> bpart_ss: array<f32, BLK_WG / 4u>;
 
+// Params.xf and .xo fixed for the pipeline where the host built one a form (backend.pipeline's
+// `form`: kernels.BLK_FORMS_FIXED), so that the driver compiles the one loop and epilogue the form
+// runs, and a workgroup's rows as offsets from its first (for the gate|up form's interleaved rows
+// every row had a register of its own through the loop: 16 in the batched form); 255: Params'
+override XF: u32 = 255u;
+override XO: u32 = 255u;
+
+fn x_form() -> u32 {
+    return select(P.xf, XF, XF != 255u);
+}
+
+fn out_form() -> u32 {
+    return select(P.xo, XO, XO != 255u);
+}
+
 // one whole block of W's row times x's block in int8 (x ~ xs * q8: 8 words of 4 signed bytes in
 // order, xsum the sum of x as it was): each word of the weights' bytes is an integer dot product of
 // 4 (dot4I8Packed), a 4-bit block's 32 products in 8 instructions: d * xs * (q . q8) + m * xsum
@@ -79,7 +94,7 @@ fn xq_k(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xb = x8(tok, 4u * blk + 1u);
     let xc = x8(tok, 4u * blk + 2u);
     let xd = x8(tok, 4u * blk + 3u);
-    if (P.xf == 2u) {   // the product reads xqg blocks (a batched step's down product: as one-token steps' gate|up writes them)
+    if (x_form() == 2u) {   // the product reads xqg blocks (a batched step's down product: as one-token steps' gate|up writes them)
         let g = 24u * (tok * nb + blk);
         put_xqg4(g, 0u, xa.a);
         put_xqg4(g, 1u, xa.b);
@@ -109,7 +124,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let r{d} = min(blk_row(g, {d}u), last);   // unroll d < BLK_ROWS
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
-    if (P.xf == 2u) {
+    if (x_form() == 2u) {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
             let o = 6u * (tok * nb + blk);
             let qa = xq[o];   // (loaded once for the rows: inside the unrolled calls, each row loaded them again)
@@ -119,7 +134,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             let xsum = dot(bitcast<vec4<f32>>(xq[o + 4u]) + bitcast<vec4<f32>>(xq[o + 5u]), vec4<f32>(1.0));
             a{d} += blk_dot_i8g(r{d}, blk, qa, qb, xl, xh, xsum);   // unroll d < BLK_ROWS
         }
-    } else if (P.xf != 0u) {
+    } else if (x_form() != 0u) {
         for (var blk = lid; blk < nb; blk += BLK_WG) {
             let o = 5u * (tok * nb + blk);
             let qa = xq[o];
@@ -159,9 +174,9 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         }
         put(tok * P.n_out + row, total * x_scale(sq));
     }
-    if (P.xo == 1u) {
+    if (out_form() == 1u) {
         put_xqs(tok, g * BLK_ROWS, lid);
-    } else if (P.xo != 0u) {
+    } else if (out_form() != 0u) {
         put_xqg(tok, g, lid);
     }
 }
@@ -171,7 +186,7 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // from g * BLK_ROWS / 2 and the ups of the same columns
 fn blk_row(g: u32, d: u32) -> u32 {
     let h = BLK_ROWS / 2u;
-    if (P.xo >= 2u) {
+    if (out_form() >= 2u) {
         return g * h + d % h + select(0u, P.n_out >> 1u, d >= h);
     }
     return g * BLK_ROWS + d;
@@ -227,7 +242,7 @@ fn put_xqg(tok: u32, g: u32, lid: u32) {
         let gate = vec4<f32>(bpart[i], bpart[i + 1u], bpart[i + 2u], bpart[i + 3u]);
         let up = vec4<f32>(bpart[h + i], bpart[h + i + 1u], bpart[h + i + 2u], bpart[h + i + 3u]);
         var v = silu4(gate) * up;
-        if (P.xo == 3u) {
+        if (out_form() == 3u) {
             v = gelu4(gate) * up;
         }
         let col = g * h + i;   // the first of the 4 values' columns in the down product's x

@@ -119,7 +119,8 @@ class WebGpuBackend(KernelChoice):
         self.max_binding = min(limits["max-storage-buffer-binding-size"], limits["max-buffer-size"])
         self._weights: dict[QuantMatrix, DeviceWeight] = {}
         self._buffers: dict[QuantMatrix, object] = {}  # uploaded base (or plain matrix) -> GPUBuffer
-        self._pipelines: dict[tuple[str, str], tuple[object, object]] = {}
+        self._pipelines: dict[tuple, tuple[object, object]] = {}
+        self._modules: dict[tuple[str, str], object] = {}
         self._pool = BufferPool(device)
         self.lock = threading.Lock()  # one thread in wgpu at a time: matmul_sync may be called directly too
         self.limiter = anyio.CapacityLimiter(1)
@@ -271,15 +272,24 @@ class WebGpuBackend(KernelChoice):
 
 
 
-    def pipeline(self, qtype: str, kind: str):
-        """(pipeline, bind group layout) for one format and kernel, built once."""
-        key = (qtype, kind)
+    def pipeline(self, qtype: str, kind: str, form: tuple[int, int] | None = None):
+        """(pipeline, bind group layout) for one format and kernel, built once; `form`: mv_blk_i8's
+        (Params.xf, Params.xo) fixed in it (matvec_block.wgsl's XF and XO), else read each dispatch."""
+        key = (qtype, kind, form)
         if key not in self._pipelines:
-            module = self.device.create_shader_module(code=shader_source(qtype, kind))
-            pipe = self.device.create_compute_pipeline(
-                layout="auto", compute={"module": module, "entry_point": KERNELS[kind][1]})
+            module = self._modules.get((qtype, kind))
+            if module is None:
+                module = self._modules[(qtype, kind)] = self.device.create_shader_module(code=shader_source(qtype, kind))
+            stage = {"module": module, "entry_point": KERNELS[kind][1]}
+            if form is not None:
+                stage["constants"] = {"XF": form[0], "XO": form[1]}
+            pipe = self.device.create_compute_pipeline(layout="auto", compute=stage)
             self._pipelines[key] = (pipe, pipe.get_bind_group_layout(0))
         return self._pipelines[key]
+
+    def kind_of(self, pipe) -> str | None:
+        """The kernel kind a pipeline of `pipeline` runs (any of its forms)."""
+        return next((kind for (_, kind, _), (p, _) in self._pipelines.items() if p is pipe), None)
 
     def warmup(self) -> None:
         """Build every pipeline this adapter can run (shader compile errors surface here)."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oxinfer.runtime.webgpu import kernels
 from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES, call_args, wgpu
 from oxinfer.runtime.webgpu.kernels import (
     BLK_MV,
@@ -96,7 +97,7 @@ class Planning:
         if got is None:
             entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
-                pipe, layout = self.gpu.pipeline(d.qtype, kind)
+                pipe, layout = self.gpu.pipeline(d.qtype, kind, (xf, xo) if kind in BLK_MV and kernels.BLK_FORMS_FIXED else None)
                 if split:
                     entries[2] = prog.disps[i + 1].entries[2]
                 if kind in PART_BINDINGS:  # a product of several kernels: its operands' scratch (PARTS)
