@@ -48,10 +48,11 @@ log = get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
-# a steady decode's furthest step ahead encoded and submitted by the background thread while this
-# step is read and the caller handles its tokens (True), or by the reading thread before it reads
-# (False: no two threads of Python contend for the GIL in a step; a trial switch until the H200 says)
-BACKGROUND_ENCODE = True
+# a steady decode of at least BACKGROUND_MIN_SEQS sequences has its furthest step ahead encoded and
+# submitted by the background thread while this step is read and the caller handles its tokens;
+# one of fewer, by the reading thread before it reads (no two threads of Python contend for the GIL
+# in its step). A trial setting until the H200 says: 1, every step in the background (as before)
+BACKGROUND_MIN_SEQS = 1
 
 
 @dataclass(eq=False)
@@ -306,7 +307,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         if job is not None:
             self._pending = self._background.submit(job)
         elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
-            if BACKGROUND_ENCODE:
+            if n >= BACKGROUND_MIN_SEQS:
                 self._pending = self._background.submit(self._submit_after, caches)
             else:
                 self._submit_after(caches)
