@@ -176,12 +176,17 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Path:
     """A .safetensors file of {name: (dtype, array)}; dtype "BF16" takes the array's top 16 bits
-    (the safetensors package's numpy writer has no bf16)."""
+    (the safetensors package's numpy writer has no bf16), "F16" and "F32" its values rounded so."""
     import json
 
     header, blobs, offset = {}, [], 0
     for name, (dtype, a) in tensors.items():
-        raw = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dtype == "BF16" else a
+        if dtype == "BF16":
+            raw = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        elif dtype in ("F16", "F32"):
+            raw = a.astype(np.float16 if dtype == "F16" else np.float32)
+        else:
+            raise ValueError(f"write_safetensors: dtype {dtype!r} (BF16, F16 or F32)")
         b = np.ascontiguousarray(raw).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
         blobs.append(b)
@@ -197,13 +202,13 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
                   model_type: str = "llama", qkv_bias: bool = False, head_dim: int | None = None,
                   qk_norm: bool = False, config_text: str | None = None, fused: bool = False,
                   gemma: bool = False, wrapped: bool = False, **config) -> dict[str, np.ndarray]:
-    """An HF Llama directory with random weights (float32, or bf16) and a byte-level BPE tokenizer
+    """An HF Llama directory with random weights (float32, bf16 or f16: `dtype` F32, BF16, F16) and a byte-level BPE tokenizer
     (256 bytes + 3 control tokens, as write_tiny_llama's); q/k rows in HF's order (rotate-half
     rope); `config`: more config.json keys; `config_text`: config.json itself, as a transformers
     version wrote it (tests/data/hf_configs/: its shapes must be these); gemma: Gemma's norms (four a
     layer, each weight w near 0, as its x * (1 + w) wants); wrapped: the tensors under language_model.
     (Gemma 3's image-text checkpoints; config_text its config). Returns the weights by the files' names,
-    as float32 (bf16's values when dtype is BF16)."""
+    as float32 (the values the files hold)."""
     import json
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -249,6 +254,8 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     weights = {("language_model." if wrapped else "") + k: v.astype(np.float32) for k, v in weights.items()}
     if dtype == "BF16":  # the values the file holds
         weights = {k: ((v.view(np.uint32) >> 16) << 16).view(np.float32) for k, v in weights.items()}
+    elif dtype == "F16":
+        weights = {k: v.astype(np.float16).astype(np.float32) for k, v in weights.items()}
     names = list(weights)
     parts = [names[i::shards] for i in range(shards)]
     files = ["model.safetensors"] if shards == 1 else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors"

@@ -155,6 +155,17 @@ async def test_bf16_stays_bf16_and_the_gpu_reads_it(tmp_path):
     await on_the_gpu(tmp_path / "m", ref, cpu)
 
 
+async def test_f16_stays_f16_on_the_cpu(tmp_path):
+    """A float16 directory (torch's half): its matrices stay F16, exact with cpu_int8=False, and the
+    default's int8 blocks within the quantized tolerance, as bf16's."""
+    w = write_tiny_hf(tmp_path / "m", dtype="F16", seed=4)
+    cpu = await oxinfer.Engine.load(tmp_path / "m", cpu_int8=False)
+    assert cpu.model.blocks[0].wq.qtype == "F16"
+    ref = hf_reference(w, TOKENS)
+    close(await cpu.all_logits(TOKENS), ref)
+    close(await (await oxinfer.Engine.load(tmp_path / "m")).all_logits(TOKENS), ref, tol=2e-2)
+
+
 async def test_the_tokenizer_files_give_ids_eos_list_and_chat_template(tmp_path):
     write_tiny_hf(tmp_path / "m")
     e = await oxinfer.Engine.load(tmp_path / "m")
