@@ -27,8 +27,9 @@ DECODE_WORKGROUPS = 2048
 # TinyLlama's one stream at 128: 10.4 us a layer against 11.0 and a dispatch; 32 at 64: 22 vs 15.
 KV_TILE = 32
 # attend_decode's scores by quads of invocations (shaders/attention_scores_quad.wgsl) where the
-# device has subgroups, else one invocation a position (attention_scores.wgsl): a trial switch
-QUAD_SCORES = True
+# device has subgroups, or one invocation a position (attention_scores.wgsl, as before; without
+# subgroups always): a trial switch, off until the H200 says
+QUAD_SCORES = False
 KV_WORKGROUPS = 128
 KV_MAX_TILES = 8
 KV_MAX_CHUNKS = 128
