@@ -48,11 +48,6 @@ log = get_logger("oxinfer.resident")
 
 KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
-# a steady decode of at least BACKGROUND_MIN_SEQS sequences has its furthest step ahead encoded and
-# submitted by the background thread while this step is read and the caller handles its tokens;
-# one of fewer, by the reading thread before it reads (no two threads of Python contend for the GIL
-# in its step). A trial setting until the H200 says: 1, every step in the background (as before)
-BACKGROUND_MIN_SEQS = 1
 
 
 @dataclass(eq=False)
@@ -307,10 +302,9 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         if job is not None:
             self._pending = self._background.submit(job)
         elif ahead_run and not masked and self._aheads and len(self._aheads) < AHEAD:
-            if n >= BACKGROUND_MIN_SEQS:
-                self._pending = self._background.submit(self._submit_after, caches)
-            else:
-                self._submit_after(caches)
+            # (in the reading thread before it reads instead, a lone stream's step lost on the H200:
+            # 1.1B 949 / 893 -> 904 / 653 tok/s, 135M 837 / 684 -> 819 / 533, in turns, session 25)
+            self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
         behind = bool(self._aheads) and self._aheads[0].submitted  # the device has the next step meanwhile
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
