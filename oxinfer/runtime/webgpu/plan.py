@@ -97,7 +97,8 @@ class Planning:
         if got is None:
             entries = dict(d.entries)
             if d.kernel in ("mm", "embed"):
-                pipe, layout = self.gpu.pipeline(d.qtype, kind, (xf, xo) if kind in BLK_MV and kernels.BLK_FORMS_FIXED else None)
+                fixed = kernels.BLK_FORMS_FIXED and (kind == "mv_blk_i8" or kind in BLK_MV and kernels.BLK_FORMS_ONE_TOKEN)
+                pipe, layout = self.gpu.pipeline(d.qtype, kind, (xf, xo) if fixed else None)
                 if split:
                     entries[2] = prog.disps[i + 1].entries[2]
                 if kind in PART_BINDINGS:  # a product of several kernels: its operands' scratch (PARTS)
