@@ -181,12 +181,10 @@ def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) ->
 
     header, blobs, offset = {}, [], 0
     for name, (dtype, a) in tensors.items():
-        if dtype == "BF16":
-            raw = (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        elif dtype in ("F16", "F32"):
-            raw = a.astype(np.float16 if dtype == "F16" else np.float32)
-        else:
+        if dtype not in ("BF16", "F16", "F32"):
             raise ValueError(f"write_safetensors: dtype {dtype!r} (BF16, F16 or F32)")
+        raw = ((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16) if dtype == "BF16"
+               else a.astype(np.float16 if dtype == "F16" else np.float32))
         b = np.ascontiguousarray(raw).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
         blobs.append(b)
