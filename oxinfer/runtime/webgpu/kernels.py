@@ -39,11 +39,12 @@ BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
 # interleaved rows came in), on the H200 in turns (docs/h200/ab-quads-forms-inline-2026-12-05-s25.txt):
 # 8B 8 streams 781 / 782 -> 809 / 809 tok/s, 32 streams 988 / 1,006 -> 1,070 / 1,071 (GPU pass
 # 33.4 -> 30.8 ms), one stream unchanged; session 21's 1,109 / 1,381 not reached: not all of it.
-# One-token steps (mv_blk_i8_1) only with BLK_FORMS_ONE_TOKEN: their q|k|v, o, gate|up and down
-# products would each set a pipeline of their own, where one is set for the four (the small shapes'
-# lone streams are bound by the host's encoding of a step), for nothing at 8B (356 -> 358 tok/s)
+# One-token steps (mv_blk_i8_1) too while BLK_FORMS_ONE_TOKEN (as measured there): their q|k|v, o,
+# gate|up and down products then each set a pipeline of their own, where one served the four (the
+# small shapes' lone streams are bound by the host's encoding of a step), for nothing at 8B (356 ->
+# 358 tok/s); False, a trial for the next call the H200 answers
 BLK_FORMS_FIXED = True
-BLK_FORMS_ONE_TOKEN = False
+BLK_FORMS_ONE_TOKEN = True
 PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
 # (mv_blk_i8 also binds the next norm's weight and the xqs blocks it may write: Params.xo)
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
