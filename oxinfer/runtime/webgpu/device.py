@@ -34,6 +34,7 @@ SPIN_S = 0.02  # readbacks poll without sleeping this long (a real GPU's step), 
 # 0.5 ms on a software adapter (its CPU cores are the ones this loop would take), 50 us on a GPU (0.5
 # ms cost TinyLlama's 36 ms prompt step ~0.3 ms on the H200, its end found late)
 POLL_S = {True: 5e-4, False: 5e-5}  # cpu_adapter -> seconds
+SPIN_SLEEP_S = 0.0  # the pause between polls while spinning (a trial: each poll takes wgpu's locks)
 
 
 # WGSL's packed 4 x 8-bit integer built-ins (the packed_4x8_integer_dot_product language feature),
@@ -263,7 +264,7 @@ class Readback:
                 break
             waited = True
             # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
-            time.sleep(0 if time.perf_counter() < spin_until else POLL_S[cpu_adapter])
+            time.sleep(SPIN_SLEEP_S if time.perf_counter() < spin_until else POLL_S[cpu_adapter])
         if self._status[0] != _lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"mapping a readback buffer failed (wgpu's status {self._status[0]})")
         try:
