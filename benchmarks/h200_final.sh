@@ -2,9 +2,9 @@
 # On the lent H200 (the device tool; carry [".gl", ".whl"]): a session's closing GPU table, issue 28's
 # rows: benchmarks/gpu_model.py, WebGPU, greedy, prefill 512 and 1/8/32 streams, one stream after
 # 128 and 4,000 tokens of context, for the 135M, 1.1B and 8B shapes (synthetic Q4_1 files written
-# once, the same method as reference/h200). AB="name:SETTING,... name2:..." first runs the 8B one-stream
-# step under each entry's settings (ENV=VAL, or --set=MODULE.NAME=VALUE: gpu_model.py's trial
-# constant), AB_ROUNDS times in turns, and the table takes the fastest median (its name printed).
+# once, the same method as reference/h200). AB="name:SETTING,... name2:..." first runs the one-stream
+# decode of AB_SHAPE (8b) under each entry's settings (ENV=VAL, or --set=MODULE.NAME=VALUE: gpu_model.py's
+# trial constant), AB_ROUNDS times in turns, and the table takes the fastest median (its name printed).
 # FLAGS: more options of gpu_model.py (--sampled: every sampling mode beside greedy). Outputs in $OUT.
 . benchmarks/h200_setup.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -15,9 +15,10 @@ for round in $(seq ${AB_ROUNDS:-1}); do
   for v in $AB; do
     name=${v%%:*}; sets=${v#*:}; envs=""; flags=""
     for x in ${sets//,/ }; do case $x in --*) flags="$flags $x";; *) envs="$envs $x";; esac; done
-    tps=$(env $envs timeout 60 python3 benchmarks/gpu_model.py $flags --model /tmp/s-8b.gguf --backends webgpu --concurrency 1 \
-          --prompt-tokens 64 --decode-tokens 64 2>/dev/null | grep "^| s-8b | webgpu | [0-9]" | head -1 | cut -d'|' -f5 | tr -d ' ')
-    echo "A/B $name ($sets): 8B one stream ${tps:-failed} tok/s" | tee -a $OUT/table.txt
+    ab=${AB_SHAPE:-8b}
+    tps=$(env $envs timeout 60 python3 benchmarks/gpu_model.py $flags --model /tmp/s-$ab.gguf --backends webgpu --concurrency 1 \
+          --prompt-tokens 64 --decode-tokens 64 2>/dev/null | grep "^| s-$ab | webgpu | [0-9]" | head -1 | cut -d'|' -f5 | tr -d ' ')
+    echo "A/B $name ($sets): $ab one stream ${tps:-failed} tok/s" | tee -a $OUT/table.txt
     got[$name]="${got[$name]} ${tps:-0}"
   done
 done
