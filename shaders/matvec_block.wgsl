@@ -20,7 +20,8 @@ var<workgroup> bpart_ss: array<f32, BLK_WG / 4u>;
 // Params.xf and .xo fixed for the pipeline where the host built one a form (backend.pipeline's
 // `form`: kernels.BLK_FORMS_FIXED), so that the driver compiles the one loop and epilogue the form
 // runs, and a workgroup's rows as offsets from its first (for the gate|up form's interleaved rows
-// every row had a register of its own through the loop: 16 in the batched form); 255: Params'
+// every row had a register of its own through the loop: 16 in the batched form); 255: read from
+// Params each dispatch
 override XF: u32 = 255u;
 override XO: u32 = 255u;
 

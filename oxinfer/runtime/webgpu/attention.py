@@ -26,15 +26,15 @@ DECODE_WORKGROUPS = 2048
 # up to DECODE_CHUNK_KEYS positions while the kv heads make fewer than KV_WORKGROUPS workgroups:
 # TinyLlama's one stream at 128: 10.4 us a layer against 11.0 and a dispatch; 32 at 64: 22 vs 15.
 KV_TILE = 32
+KV_WORKGROUPS = 128
+KV_MAX_TILES = 8
+KV_MAX_CHUNKS = 128
 # attend_decode's scores by quads of invocations (shaders/attention_scores_quad.wgsl) where the
 # device has subgroups, else one invocation a position (attention_scores.wgsl). On the H200, in
 # turns (docs/h200/ab-quads-forms-inline-2026-12-05-s25.txt), the 8B shape's one stream: 356, 356
 # -> 386, 386 tok/s (GPU pass 2.99 -> 2.77 ms: 32 layers of one workgroup a query head, ~7 us
 # each saved); its batched rows unchanged (8 streams 781 / 782 -> 799 / 775)
 QUAD_SCORES = True
-KV_WORKGROUPS = 128
-KV_MAX_TILES = 8
-KV_MAX_CHUNKS = 128
 
 
 ROWS_TILE = 32  # positions of attend_rows' key and value tiles (KT of shaders/attention_rows.wgsl)

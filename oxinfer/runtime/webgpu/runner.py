@@ -160,8 +160,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         # every (query head, 4 dims) of a kv head and its tile fits in workgroup memory
         self.kv_tile = kv_tile(wg_bytes, group, cfg.head_dim)
         # attend_decode's (and attend's) scores: 4 invocations a position where subgroups sum them
-        self.tile_scores = ("attention_scores_quad" if attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
-                            else "attention_scores")
+        quads = attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
+        self.tile_scores = "attention_scores_quad" if quads else "attention_scores"
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
