@@ -9,6 +9,7 @@ decode steps with it.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -109,13 +110,16 @@ class Batcher:
         batch = self._pick(self._queue)
         taken = set(map(id, batch))
         self._queue = [t for t in self._queue if id(t) not in taken]
+        run = self._run_batch(batch)
         try:
             if self._isolate:
                 async with anyio.create_task_group() as tg:  # waits for the child even if we are cancelled
-                    tg.start_soon(self._run_batch, batch)
+                    tg.start_soon(lambda: run)
             else:
-                await self._run_batch(batch)
+                await run
         finally:
+            if inspect.getcoroutinestate(run) == inspect.CORO_CREATED:
+                run.close()  # (a loop that ended before the child started: no "never awaited" warning)
             # asyncio's task.cancel() goes through shields: what an interrupted batch left undone
             # goes back to the front of the queue (the flusher role is handed on after), but for
             # the tickets whose owners were cancelled with it (a loop's end, a shutdown cancelling
