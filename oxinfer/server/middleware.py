@@ -50,11 +50,12 @@ class AccessLog:
                 await self.app(scope, receive, send_with_id)
             finally:
                 client = scope.get("client")
+                code = status[0] if status else 500  # (no response started: the app failed)
                 if self.observe is not None:
-                    self.observe(status[0] if status else 500)
-                probe = scope["path"] in ApiKeyAuth.OPEN and (status or [500])[0] < 400  # (scrapes and probes: quiet)
+                    self.observe(code)
+                probe = scope["path"] in ApiKeyAuth.OPEN and code < 400  # (scrapes and probes: quiet)
                 (log.debug if probe else log.info)("http_request", method=scope["method"], path=scope["path"],
-                         status=status[0] if status else 500, duration_s=round(time.perf_counter() - t0, 4),
+                         status=code, duration_s=round(time.perf_counter() - t0, 4),
                          client=f"{client[0]}:{client[1]}" if client else None,
                          disconnected=scope.get(DISCONNECTED_KEY, False))
 
