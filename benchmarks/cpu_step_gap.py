@@ -4,7 +4,7 @@ under the threads OXINFER_CPU_THREADS and taskset give it (the H200 host's 16 co
 0.3-0.56 ms, docs/h200/cpu-step-gap-2026-12-05-s21.txt).
 
     OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
-        [--streams 1] [--graph-pool global|own]
+        [--streams 1] [--graph-pool global|own] [--ahead 2]
 
 --streams N: N streams at once (prompts of 64 tokens), the steps that decode all N counted. On the
 2-core dev VM (session 23), the 135M shape: 1 stream 6.6-7.1 ms a run, 0.42-0.49 between (timing
@@ -26,20 +26,21 @@ async def main(args) -> None:
     import oxinfer
     from oxinfer.bench import SYNTHETIC
     from oxinfer.bench_llama import prompt_ids
-    from oxinfer.runtime import blockwise, cpu_graph
+    from oxinfer.runtime import blockwise, cpu_ahead, cpu_graph
     from oxinfer.testing import write_tiny_llama
 
     spans = []
-    run = cpu_graph.CpuGraph.run
+    run = cpu_graph.CpuGraph._runs  # (the engine's steps' and those run ahead of it, runtime/cpu_ahead.py)
 
-    def timed(self, seqs, caches):
+    def timed(self, seqs, caches, starts):
         t0 = time.perf_counter()
-        out = run(self, seqs, caches)
+        out = run(self, seqs, caches, starts)
         if len(seqs) == args.streams and all(len(s) == 1 for s in seqs):  # a step decoding every stream
             spans.append((t0, time.perf_counter()))
         return out
 
-    cpu_graph.CpuGraph.run = timed
+    cpu_graph.CpuGraph._runs = timed
+    cpu_ahead.AHEAD = args.ahead
     blockwise.GRAPH_POOL = args.graph_pool
     path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
     write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
@@ -64,7 +65,7 @@ async def main(args) -> None:
             rate = (f"decode {results[0].finished.generation_tps:.1f} tok/s" if args.streams == 1
                     else f"{args.streams} streams {args.streams * args.tokens / wall:.1f} tok/s (prompts in)")
             pool = "onnxruntime's own pool" if args.graph_pool == "own" else f"{blockwise.threads()} threads"
-            print(f"{len(os.sched_getaffinity(0))} cores, {pool}: {rate}; graph.run "
+            print(f"{len(os.sched_getaffinity(0))} cores, {pool}, {args.ahead} ahead: {rate}; graph.run "
                   f"{np.median(runs):.2f} ms, between runs {np.median(gaps):.2f} ms (p90 {np.percentile(gaps, 90):.2f})",
                   flush=True)
 
@@ -75,6 +76,7 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
+    p.add_argument("--ahead", type=int, default=2, help="cpu_ahead.AHEAD: decode steps run ahead of the engine (0: none)")
     p.add_argument("--graph-pool", choices=["global", "own"], default="global",
                    help="blockwise.GRAPH_POOL: onnxruntime's global pool, or the graph's own (onnxruntime's sizes, pinned)")
     anyio.run(main, p.parse_args())

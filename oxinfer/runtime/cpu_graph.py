@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -90,6 +91,7 @@ class CpuGraph:
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
         self._rows_read = 0  # embedding rows read since its pages were last dropped
+        self._lock = threading.Lock()  # one run at a time (a step run ahead, or the engine's)
         # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
@@ -132,14 +134,26 @@ class CpuGraph:
         """The logits after each sequence's last row (n_seqs, vocab); each cache holds its rows'
         keys and values after. Blocking (a worker thread's)."""
         ops = self.model.ops
-        step = ops.begin(seqs, caches)  # context overflow, every block of the step reserved
-        out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
-        for rows, fresh in _runs(seqs, caches):
-            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], fresh)
-        ops.end(step)
+        with self._lock:
+            step = ops.begin(seqs, caches)  # context overflow, every block of the step reserved
+            out = self._runs(seqs, caches, step.starts)
+            ops.end(step)
         return out
 
-    def _run(self, seqs: list[np.ndarray], caches: list, fresh: bool) -> np.ndarray:
+    def run_at(self, seqs: list[np.ndarray], caches: list, starts: list[int], stopped: Callable[[], bool]):
+        """The logits of one-row sequences at positions `starts` (their blocks reserved), the
+        caches not advanced: a step run ahead (runtime/cpu_ahead.py). None if stopped() once no
+        other run is in progress (nothing written then)."""
+        with self._lock:
+            return None if stopped() else self._runs(seqs, caches, starts)
+
+    def _runs(self, seqs, caches, starts) -> np.ndarray:
+        out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
+        for rows, fresh in _runs(seqs, caches):
+            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
+        return out
+
+    def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool) -> np.ndarray:
         """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
         (fresh) first prompts, each padded to the longest, over keys and values of their own
         that are then copied into their lanes."""
@@ -155,7 +169,7 @@ class CpuGraph:
         if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
             self._released(self.embed.data)  # and the ~16 around each that a fault maps
             self._rows_read = 0
-        rows.lens[:] = [c.offset + len(s) - 1 for c, s in zip(caches, seqs)]  # length after, minus one
+        rows.lens[:] = [s0 + len(s) - 1 for s0, s in zip(starts, seqs)]  # length after, minus one
         rows.total[()] = rows.lens.max() + 1
         rows.last[:] = np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None]
         self.session.run_with_iobinding(io, self._shrink if S > 1 else None)

@@ -16,10 +16,12 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+import anyio.to_thread
 import numpy as np
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVCache
+from oxinfer.runtime import cpu_ahead
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.sampling import Draw
 
@@ -97,6 +99,7 @@ class CpuExecutor:
         self.model, self.scheduler = model, scheduler
         self.stats = StepStats()
         self._ids = 0
+        self._chain: cpu_ahead.Chain | None = None  # the decode steps run ahead of the engine
         # 2 x n_out x n_in FLOPs a row of the layers' products, and of the head once a sequence
         self._flop_row = sum(2 * m.n_out * m.n_in for m in model.matrices()[:-1])
         self._flop_seq = 2 * model.head.n_out * model.head.n_in
@@ -116,15 +119,33 @@ class CpuExecutor:
 
     async def step(self, seqs, caches, samplers, tag=None) -> list:
         t0 = time.perf_counter()
+        if (chain := self._chain) is not None:
+            if chain.matches(seqs, caches, samplers):
+                done = chain.take() if chain.ready() else await anyio.to_thread.run_sync(chain.take)
+                if done is not None:
+                    for c, t in zip(caches, done.tokens):
+                        c.append([t])
+                    self.scheduler.counters.graph_steps += 1
+                    self._record(len(seqs), len(seqs), done.seconds, sum(not s.params.greedy for s in samplers))
+                    return done.draws
+            await self._stop_chain()
         if (graph := self.scheduler.cpu.graph) is not None:
             rows = await self.scheduler.run_whole(graph.run, seqs, caches)
         else:
             rows = await self.scheduler.run(self.model.forward_batch, seqs, caches, solo=True, requests=len(seqs), tag=tag)
         # (numpy, on the loop: ~0.1-0.5 ms a row; no sampler: the argmax)
         draws = [Draw(int(np.argmax(row))) if s is None else s.pick(row) for s, row in zip(samplers, rows)]
+        if graph is not None and cpu_ahead.runs_ahead(seqs, caches, samplers):
+            self._chain = cpu_ahead.Chain(graph.run_at, caches, samplers, draws, self.model.cfg.context_length)
         self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0,
                      sum(s is not None and not s.params.greedy for s in samplers))
         return draws
+
+    async def _stop_chain(self) -> None:
+        """No step runs ahead any more (the samplers' generators as if none had)."""
+        chain, self._chain = self._chain, None
+        if chain is not None:
+            await anyio.to_thread.run_sync(chain.join)
 
     async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
         """In chunks of prompt_rows tokens (bounds the attention scores: 8k tokens at once would
@@ -154,15 +175,25 @@ class CpuExecutor:
         return cache
 
     def keep(self, cache) -> None:
-        cache.pool.keep(cache)  # its prefix blocks stay for later requests
+        """Its prefix blocks stay for later requests, once no step run ahead writes into it (none
+        is in flight where it ended by length: cpu_ahead.Chain)."""
+        if self._chain is not None and self._chain.holds(cache):
+            chain, self._chain = self._chain, None
+            chain.join()
+        cache.pool.keep(cache)
 
     async def drop(self, cache) -> None:
+        if self._chain is not None and self._chain.holds(cache):
+            await self._stop_chain()
         if cache.hashes:
             cache.pool.keep(cache)  # its full blocks stay for its return, until their memory is wanted
         else:
             cache.release()
 
     def settle(self) -> None:
+        chain, self._chain = self._chain, None
+        if chain is not None:
+            chain.join()
         gc.collect()  # ended requests' caches go back
 
     def _record(self, rows: int, seqs: int, seconds: float, sampled: int) -> None:

@@ -1,0 +1,110 @@
+"""The CPU's decode steps run ahead of the engine (runtime/cpu_ahead.py): the same tokens, logprobs
+and seeded draws as steps that wait for the engine, through requests joining and ending (each a
+chain stopped, its draws not taken undone), a finished request's lane kept for its prefix, and a
+chain whose thread ended while the engine was idle."""
+
+import threading
+
+import anyio
+import pytest
+
+import oxinfer
+from oxinfer.runtime import cpu_ahead
+
+SP = oxinfer.SamplingParams
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    return await oxinfer.Engine.load(None, backend="cpu")
+
+
+@pytest.fixture
+def taken(monkeypatch):
+    """The steps the engine took from chains."""
+    count = [0]
+    take = cpu_ahead.Chain.take
+
+    def counted(self):
+        done = take(self)
+        count[0] += done is not None
+        return done
+    monkeypatch.setattr(cpu_ahead.Chain, "take", counted)
+    return count
+
+
+async def _crowd(engine) -> dict:
+    """Requests that start and end at different steps: greedy with logprobs, seeded draws with
+    cuts, and one with a penalty (which runs ahead of nothing: its counts take each token)."""
+    asks = {
+        "greedy": ("Name three colors.", SP(max_tokens=24, temperature=0, logprobs=3, ignore_eos=True)),
+        "seeded": ("Tell me about the sea.", SP(max_tokens=40, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True)),
+        "min_p": ("Count to ten.", SP(max_tokens=16, temperature=0.7, min_p=0.05, seed=3, logprobs=0, ignore_eos=True)),
+        "penalty": ("Write a list.", SP(max_tokens=20, temperature=0.8, presence_penalty=0.5, seed=5, ignore_eos=True)),
+    }
+    out = {}
+
+    async def one(name, delay):
+        await anyio.sleep(delay)
+        prompt, params = asks[name]
+        r = await engine.generate(prompt, params)
+        out[name] = (r.token_ids, r.logprobs, r.top_logprobs)
+
+    async with anyio.create_task_group() as tg:
+        for i, name in enumerate(asks):
+            tg.start_soon(one, name, 0.05 * i)
+    alone = await engine.generate("Tell me about the sea.", asks["seeded"][1])
+    out["alone"] = (alone.token_ids, alone.logprobs)
+    return out
+
+
+async def test_steps_run_ahead_draw_what_steps_that_wait_draw(engine, monkeypatch, taken):
+    monkeypatch.setattr(cpu_ahead, "AHEAD", 0)
+    waited = await _crowd(engine)
+    assert taken[0] == 0
+    monkeypatch.setattr(cpu_ahead, "AHEAD", 2)
+    ahead = await _crowd(engine)
+    assert taken[0] > 40  # (most of the greedy and seeded requests' steps)
+    assert ahead == waited
+    assert ahead["alone"] == (waited["seeded"][0], waited["seeded"][1])  # a seed's draws, alone or in a crowd
+
+
+async def test_a_finished_request_s_blocks_are_kept_once_its_chain_stopped(engine, monkeypatch, taken):
+    """A request's prefix kept as it ends, a chain still writing past its end, then a request that
+    reuses that prefix at once: the tokens of steps that wait."""
+    first = SP(max_tokens=70, temperature=0, ignore_eos=True)
+    out = {}
+    for ahead in (0, 2):
+        monkeypatch.setattr(cpu_ahead, "AHEAD", ahead)
+        a = await engine.generate(f"A story, take {ahead}.", first)
+        b = await engine.generate(list(engine.prompt_ids(f"A story, take {ahead}.")) + list(a.token_ids),
+                                  SP(max_tokens=12, temperature=0, ignore_eos=True))
+        assert b.finished.cached_tokens >= 64  # (its prefix from the first's kept blocks)
+        out[ahead] = (a.token_ids, b.token_ids)
+    assert taken[0] > 60
+    gold = {}
+    monkeypatch.setattr(cpu_ahead, "AHEAD", 0)
+    for ahead in (0, 2):  # each prompt's answer, with nothing kept before it to reuse
+        a = await engine.generate(f"A story, take {ahead}.", first)
+        gold[ahead] = a.token_ids
+    assert out[2][0] == gold[2] and out[0][0] == gold[0]
+    assert out[2][1] == (await engine.generate(list(engine.prompt_ids("A story, take 2.")) + list(gold[2]),
+                                               SP(max_tokens=12, temperature=0, ignore_eos=True))).token_ids
+
+
+async def test_a_chain_whose_thread_ended_while_the_engine_idled_is_still_taken(engine, monkeypatch, taken):
+    """The consumer waits longer than IDLE_S between tokens: each chain's thread ends (no thread
+    held by an idle engine), the steps it ran are taken, then the engine's own step runs."""
+    params = SP(max_tokens=8, temperature=0.8, seed=9, ignore_eos=True)
+    monkeypatch.setattr(cpu_ahead, "AHEAD", 0)
+    gold = (await engine.generate("Slowly now.", params)).token_ids
+    monkeypatch.setattr(cpu_ahead, "AHEAD", 2)
+    monkeypatch.setattr(cpu_ahead, "IDLE_S", 0.05)
+    got = []
+    async for ev in engine.stream("Slowly now.", params):
+        if isinstance(ev, oxinfer.Token):
+            got.append(ev.token_id)
+            await anyio.sleep(0.15)
+    assert tuple(got) == gold and taken[0] >= 2
+    await anyio.sleep(0.2)
+    assert not [t for t in threading.enumerate() if t.name == "oxinfer-cpu-ahead"]
