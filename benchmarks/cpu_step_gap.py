@@ -42,8 +42,9 @@ async def main(args) -> None:
     cpu_graph.CpuGraph._runs = timed
     cpu_ahead.AHEAD = args.ahead
     blockwise.GRAPH_POOL = args.graph_pool
-    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
-    write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
+    path = Path(args.model or Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf")
+    if not path.exists():
+        write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
     engine = await oxinfer.Engine.load(path, backend="cpu", max_concurrent=max(16, args.streams))
     params = oxinfer.SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     for k in range(args.rounds + 1):
@@ -73,6 +74,7 @@ async def main(args) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--synthetic", default="135m")
+    p.add_argument("--model", help="the synthetic model's file: written there once, read after")
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)

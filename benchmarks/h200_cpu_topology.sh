@@ -7,8 +7,9 @@
 # and its own default (a thread per physical core, pinned) and llama.cpp's (-t: physical cores) are
 # what threads() should give. The topology first, then benchmarks/cpu_step_gap.py (one stream's
 # decode, and 32 streams'; the graph's run and the time between runs) under each placement, and with
-# the graph's own pool (blockwise.GRAPH_POOL "own": onnxruntime's size and affinities), ROUNDS
-# turns (1), for the 135M and 1.1B shapes (SHAPES; ~6 minutes). Carry [".whl", ".ortwhl"]; outputs in $OUT.
+# the graph's own pool (blockwise.GRAPH_POOL "own": onnxruntime's size and affinities), and with no
+# decode step run ahead of the engine (--ahead 0, runtime/cpu_ahead.py) beside the default, ROUNDS
+# turns (1), for the 135M and 1.1B shapes (SHAPES; ~6-8 minutes). Carry [".whl", ".ortwhl"]; outputs in $OUT.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   ${EXTRA_WHEELS:-.ortwhl/*.whl} || exit 1
@@ -22,14 +23,16 @@ N1=$(echo $ONE | tr ',' '\n' | wc -l)
 echo "one CPU a core: $ONE ($N1)" | tee -a $OUT/topology.txt
 gap() {  # label, cpus, threads (empty: onnxruntime's own pool), shape, more options
   env ${3:+OXINFER_CPU_THREADS=$3} timeout 120 taskset -c $2 python3 benchmarks/cpu_step_gap.py --synthetic $4 \
-    --tokens 100 --rounds 1 $5 2>&1 | grep "tok/s" | sed "s/^/$4 $1: /" | tee -a $OUT/gap.txt
+    --model /tmp/gap-$4.gguf --tokens 100 --rounds 1 $5 2>&1 | grep "tok/s" | sed "s/^/$4 $1: /" | tee -a $OUT/gap.txt
 }
 for round in $(seq ${ROUNDS:-1}); do
   for s in ${SHAPES:-135m 1b}; do
     gap "all 16 CPUs, 16 threads" 0-15 16 $s
+    gap "all 16 CPUs, 16 threads" 0-15 16 $s "--ahead 0"
     gap "one CPU a core, $N1 threads" $ONE $N1 $s
-    gap "CPUs 0-7, 8 threads" 0-7 8 $s
-    gap "all 16 CPUs, the graph's own pool" 0-15 "" $s "--graph-pool own"
+    gap "one CPU a core, $N1 threads" $ONE $N1 $s "--ahead 0"
+    [ $s = 135m ] && gap "CPUs 0-7, 8 threads" 0-7 8 $s
+    [ $s = 135m ] && gap "all 16 CPUs, the graph's own pool" 0-15 "" $s "--graph-pool own"
     gap "all 16 CPUs, 16 threads, 32 streams" 0-15 16 $s "--streams 32"
     gap "one CPU a core, $N1 threads, 32 streams" $ONE $N1 $s "--streams 32"
   done
