@@ -154,10 +154,11 @@ class Sampler:
         self._bias = np.array([b for _, b in p.logit_bias], np.float32)
         self.penalized = p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
 
-    def pick(self, logits: np.ndarray) -> Draw:
-        """The token drawn from one logits row (vocab,), on the host."""
+    def pick(self, logits: np.ndarray, counts: dict[int, int] | None = None) -> Draw:
+        """The token drawn from one logits row (vocab,), on the host. counts: the output's tokens
+        the penalties see, where not yet `accept`ed (a step run ahead: runtime/cpu_ahead.py)."""
         p = self.params
-        x = self._penalize(logits)
+        x = self._penalize(logits, self.counts if counts is None else counts)
         if (p.logit_bias or self.guide is not None) and x is logits:
             x = x.astype(np.float32)  # one copy for the bias and the mask to write into
         if p.logit_bias:  # (ids the vocabulary has: the engine refuses others)
@@ -196,18 +197,18 @@ class Sampler:
         row[self._bias_ids] = self._bias
         return row
 
-    def _penalize(self, logits: np.ndarray) -> np.ndarray:
+    def _penalize(self, logits: np.ndarray, counts: dict[int, int]) -> np.ndarray:
         p = self.params
         if not self.penalized:
             return logits
         x = logits.astype(np.float32, copy=True)
         if p.repetition_penalty != 1.0:
-            seen = np.unique(np.fromiter([*self.prompt_ids, *self.counts], np.int64))
+            seen = np.unique(np.fromiter([*self.prompt_ids, *counts], np.int64))
             v = x[seen]
             x[seen] = np.where(v > 0, v / np.float32(p.repetition_penalty), v * np.float32(p.repetition_penalty))
-        if self.counts and (p.presence_penalty or p.frequency_penalty):
-            ids = np.fromiter(self.counts, np.int64)
-            n = np.fromiter(self.counts.values(), np.float32)
+        if counts and (p.presence_penalty or p.frequency_penalty):
+            ids = np.fromiter(counts, np.int64)
+            n = np.fromiter(counts.values(), np.float32)
             x[ids] -= np.float32(p.frequency_penalty) * n + np.float32(p.presence_penalty)
         return x
 

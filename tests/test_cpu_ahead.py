@@ -4,6 +4,7 @@ chain stopped, its draws not taken undone), a finished request's lane kept for i
 chain whose thread ended while the engine was idle."""
 
 import threading
+import time
 
 import anyio
 import pytest
@@ -35,12 +36,17 @@ def taken(monkeypatch):
 
 async def _crowd(engine) -> dict:
     """Requests that start and end at different steps: greedy with logprobs, seeded draws with
-    cuts, and one with a penalty (which runs ahead of nothing: its counts take each token)."""
+    cuts, penalties (they see the tokens drawn ahead), and one with a JSON schema (which runs
+    ahead of nothing: its matcher takes each token first)."""
     asks = {
         "greedy": ("Name three colors.", SP(max_tokens=24, temperature=0, logprobs=3, ignore_eos=True)),
         "seeded": ("Tell me about the sea.", SP(max_tokens=40, temperature=0.9, top_p=0.9, seed=11, ignore_eos=True)),
         "min_p": ("Count to ten.", SP(max_tokens=16, temperature=0.7, min_p=0.05, seed=3, logprobs=0, ignore_eos=True)),
-        "penalty": ("Write a list.", SP(max_tokens=20, temperature=0.8, presence_penalty=0.5, seed=5, ignore_eos=True)),
+        "penalty": ("Write a list.", SP(max_tokens=36, temperature=0.8, presence_penalty=0.5, frequency_penalty=0.3,
+                                        repetition_penalty=1.2, seed=5, ignore_eos=True)),
+        "greedy_penalty": ("Say yes.", SP(max_tokens=30, temperature=0, repetition_penalty=1.3, ignore_eos=True)),
+        "json": ("A person as JSON.", SP(max_tokens=12, temperature=0, ignore_eos=True,
+                                        json_schema={"type": "object"})),
     }
     out = {}
 
@@ -50,7 +56,13 @@ async def _crowd(engine) -> dict:
         r = await engine.generate(prompt, params)
         out[name] = (r.token_ids, r.logprobs, r.top_logprobs)
 
+    async def lagging_loop():  # the engine takes each token late: chains run their 2 steps ahead
+        while len(out) < len(asks):
+            time.sleep(0.02)
+            await anyio.sleep(0)
+
     async with anyio.create_task_group() as tg:
+        tg.start_soon(lagging_loop)
         for i, name in enumerate(asks):
             tg.start_soon(one, name, 0.05 * i)
     alone = await engine.generate("Tell me about the sea.", asks["seeded"][1])

@@ -7,9 +7,9 @@ cores 0.3-0.56 ms of ~3.5.
 
 A chain runs the steps of one set of caches (one row each, in lanes of the CPU's pool), at most
 AHEAD steps past the one the engine last took, and draws each step's tokens with the requests' own
-samplers in the order the engine would. Only samplers whose draw needs nothing the engine does
-after a token (no penalties, whose counts take it; no constraint, whose matcher takes it) run
-ahead. A step that does not match the chain's next (another request joined, one ended, a token
+samplers in the order the engine would (penalties see the tokens drawn ahead, as the engine's
+counts will). A sampler with a constraint does not run ahead: its matcher takes each token first,
+in the engine. A step that does not match the chain's next (another request joined, one ended, a token
 the engine chose itself) stops it: each sampler's generator goes back to its state before the
 first draw not taken, so a seed gives the same tokens with or without the chain. A chain runs no
 step past the first of its requests' max_tokens, so one that ends by length has no step in flight
@@ -43,8 +43,8 @@ IDLE_S = 1.0  # a chain's thread ends when the engine took none of its steps for
 
 def runs_ahead(seqs, caches, samplers) -> bool:
     """Whether a step's next steps may run ahead: one row each, in lanes of a shared pool, drawn
-    by samplers that need nothing of the engine between tokens."""
-    return AHEAD > 0 and all(len(s) == 1 and not c.pool.growable and x is not None and x.guide is None and not x.penalized
+    by samplers with no constraint."""
+    return AHEAD > 0 and all(len(s) == 1 and not c.pool.growable and x is not None and x.guide is None
                              for s, c, x in zip(seqs, caches, samplers))
 
 
@@ -70,6 +70,9 @@ class Chain:
         # steps the first request to end by length still takes (the draws given were its token
         # len(counts) + 1: its sampler's counts take a token once the engine has it)
         self._steps_left = min(s.params.max_tokens - sum(s.counts.values()) - 1 for s in samplers)
+        # the penalized samplers' counts as the engine's will be at each draw (its own take a
+        # token once the engine has it; these, the draws given and those run ahead)
+        self._counts = [_counted(dict(s.counts), d.token) if s.penalized else None for s, d in zip(samplers, draws)]
         self._room = threading.Semaphore(AHEAD)
         self._lock = threading.Condition()
         self._done: deque[Done] = deque()
@@ -138,7 +141,10 @@ class Chain:
                 if logits is None:  # (stopped before it ran)
                     return
                 states = [s.rng.bit_generator.state for s in samplers]
-                draws = [s.pick(row) for s, row in zip(samplers, logits)]
+                draws = [s.pick(row, n) for s, row, n in zip(samplers, logits, self._counts)]
+                for n, d in zip(self._counts, draws):
+                    if n is not None:
+                        _counted(n, d.token)
                 with self._lock:
                     self._done.append(Done(tokens, draws, states, time.perf_counter() - t0))
                     self._lock.notify_all()
@@ -150,6 +156,11 @@ class Chain:
             with self._lock:
                 self._ended = True
                 self._lock.notify_all()
+
+
+def _counted(counts: dict[int, int], token: int) -> dict[int, int]:
+    counts[token] = counts.get(token, 0) + 1
+    return counts
 
 
 @atexit.register
