@@ -6,6 +6,7 @@ Runs on any adapter wgpu finds; in CI that is lavapipe. Skipped only when there 
 
 import dataclasses
 import gc
+import threading
 
 import anyio
 import numpy as np
@@ -19,6 +20,7 @@ from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import kernels as webgpu
 from oxinfer.runtime.webgpu import attention as webgpu_attention
 from oxinfer.runtime.webgpu import plan as webgpu_plan
+from oxinfer.runtime.webgpu import runner as webgpu_runner
 from oxinfer.runtime.webgpu import submission
 from oxinfer.runtime.webgpu.kv import BS
 from oxinfer.runtime.webgpu.plan import FLAGS_WORD, MERGES, SLICES_WORD, SPLITS_WORD, XS_WORD
@@ -620,6 +622,31 @@ async def test_a_step_s_readback_leaves_wgpu_s_poll_thread_asleep(pair, monkeypa
     assert len(got.token_ids) == 12 and logits.shape[-1] == r.cfg.vocab_size
     assert r.stats.steps - s0.steps == 13 and r.stats.ahead_steps - s0.ahead_steps == 11
     assert not woken
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0, logprobs=2), dict(temperature=0.8, top_k=20, seed=4)])
+async def test_a_step_the_gpu_computed_ahead_is_read_on_the_event_loop(pair, monkeypatch, params):
+    """A consumer slower than the device: each step asked for was computed ahead, so the runner
+    reads it on the event loop (no worker thread): the tokens and logprobs of steps read in threads."""
+    _, gpu = pair
+    r = gpu.resident
+    on_loop = []
+    step_sync = r.step_sync
+    monkeypatch.setattr(r, "step_sync", lambda *a: on_loop.append(threading.current_thread() is threading.main_thread())
+                        or step_sync(*a))
+    params = oxinfer.SamplingParams(max_tokens=10, ignore_eos=True, **params)
+    got = {}
+    for inline in (False, True):
+        monkeypatch.setattr(webgpu_runner, "STEP_ON_LOOP", inline)
+        on_loop.clear()
+        toks = []
+        async for ev in gpu.stream([2, 7, 1, 8], params):
+            if isinstance(ev, oxinfer.Token):
+                toks.append((ev.token_id, ev.logprob, ev.top_logprobs))
+                await anyio.sleep(0.1)  # (the device finishes the steps ahead meanwhile)
+        got[inline] = toks, sum(on_loop)
+    assert got[True][0] == got[False][0] and got[False][1] == 0
+    assert got[True][1] >= 5  # (lavapipe may be slower than the consumer now and then)
 
 
 async def test_eight_concurrent_streams_equal_their_solo_runs(pair):

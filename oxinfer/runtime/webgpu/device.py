@@ -231,6 +231,7 @@ class Readback:
         self.device = device
         self.buffer = device.create_buffer(size=size, usage=wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST)
         self._status: list[int] = []  # the map's status, once wgpu calls back
+        self._asked = 0  # the bytes of a map asked for and not yet read (ready(): 0 when none)
         if _lib is not None:
             status = self._status
 
@@ -243,10 +244,25 @@ class Readback:
             self._info.mode = _lib.WGPUCallbackMode_AllowProcessEvents
             self._info.callback = mapped
 
+    def ready(self, size: int) -> bool:
+        """Whether the work that writes the first `size` bytes is done, so that `mapped` will not
+        wait: the map asked for (once) and wgpu polled once, not waiting. False without the raw calls."""
+        if _lib is None:
+            return False
+        if not self._asked:
+            self._ask(size)
+        _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
+        return bool(self._status)
+
+    def _ask(self, size: int) -> None:
+        self._status.clear()
+        self._asked = size
+        _lib.wgpuBufferMapAsync(self.buffer._internal, _lib.WGPUMapMode_Read, 0, size, self._info[0])
+
     @contextmanager
     def mapped(self, size: int, cpu_adapter: bool):
         """(the first `size` bytes, whether the host had to wait for the GPU), mapped once the work
-        that writes them is done; unmapped after the block."""
+        that writes them is done (the map `ready` asked for, or now); unmapped after the block."""
         if _lib is None:
             self.buffer.map_sync("READ_NOSYNC", 0, size)
             try:
@@ -254,17 +270,20 @@ class Readback:
             finally:
                 self.buffer.unmap()
             return
-        self._status.clear()
         handle = self.buffer._internal
-        _lib.wgpuBufferMapAsync(handle, _lib.WGPUMapMode_Read, 0, size, self._info[0])
+        if self._asked != size:
+            if self._asked:
+                raise RuntimeError(f"a readback's map of {self._asked} bytes was asked for, {size} read")
+            self._ask(size)
         waited, spin_until = False, time.perf_counter() + SPIN_S
-        while True:
+        while not self._status:
             _lib.wgpuDevicePoll(self.device._internal, False, _ffi.NULL)
             if self._status:
                 break
             waited = True
             # 20 ms of polling cover most of a real GPU's steps; past that, poll now and then
             time.sleep(SPIN_SLEEP_S if time.perf_counter() < spin_until else POLL_S[cpu_adapter])
+        self._asked = 0
         if self._status[0] != _lib.WGPUMapAsyncStatus_Success:
             raise RuntimeError(f"mapping a readback buffer failed (wgpu's status {self._status[0]})")
         try:

@@ -205,14 +205,17 @@ class Submitting:
         return (up, down, h.encode_s + t1 - t0, h.submit_s + time.perf_counter() - t1, len(h.plan.calls), submissions,
                 h.prog.gflop(h.t, h.n))
 
+    def _read_bytes(self, t: int, all_logits: bool, picks) -> int:
+        """The bytes of a step's staging buffer that _read maps."""
+        return self._ids_bytes + (t if all_logits else max(len(picks), 1)) * self.cfg.vocab_size * 4
+
     def _read(self, staging, t, n, all_logits, picks, samplers):
         """Map the step's staging buffer (a Readback) and copy out ids, logits and
         timestamps: (draws, or with all_logits the argmax ids; logits, GPU s, whether the host
         had to wait)."""
         vocab = self.cfg.vocab_size
         row_bytes = vocab * 4
-        size = self._ids_bytes + (t if all_logits else max(len(picks), 1)) * row_bytes
-        with staging.mapped(size, self.gpu.cpu_adapter) as (mem, waited):
+        with staging.mapped(self._read_bytes(t, all_logits, picks), self.gpu.cpu_adapter) as (mem, waited):
             kernel_s = None
             ts = self.gpu.ts
             if ts:
