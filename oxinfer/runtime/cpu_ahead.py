@@ -9,12 +9,16 @@ A chain runs the steps of one set of caches (one row each, in lanes of the CPU's
 AHEAD steps past the one the engine last took, and draws each step's tokens with the requests' own
 samplers in the order the engine would (penalties see the tokens drawn ahead, as the engine's
 counts will). A sampler with a constraint does not run ahead: its matcher takes each token first,
-in the engine. A step that does not match the chain's next (another request joined, one ended, a token
-the engine chose itself) stops it: each sampler's generator goes back to its state before the
-first draw not taken, so a seed gives the same tokens with or without the chain. A chain runs no
-step past the first of its requests' max_tokens, so one that ends by length has no step in flight
-when its cache is kept for its prefix (the executor waits for one that is: runtime/executor.py).
-The rows a chain wrote past a cache's end are no one's (the next step writes them again).
+in the engine. A step that does not match the chain's next (another request joined, one ended, a
+token the engine chose itself) stops it: each sampler's generator goes back to its state before
+the first draw not taken, so a seed gives the same tokens with or without the chain. A chain runs
+no step past the first of its requests' max_tokens, so one that ends by length has no step in
+flight when its cache is kept for its prefix (the executor waits for one that is:
+runtime/executor.py). The rows a chain wrote past a cache's end are no one's (the next step writes
+them again).
+
+Measured on an H100 machine's 16-core Xeon (docs/benchmarks.md, session 26): the 135M shape's one
+stream 169.5-202 -> 215.5-226.7 tok/s, ~0.65 ms between the graph's runs -> 0.08.
 """
 
 from __future__ import annotations
@@ -168,5 +172,4 @@ def _end_all() -> None:
     """A chain's thread inside onnxruntime while the process exits aborts it (onnxruntime's pool
     goes first): each one stops and ends before."""
     for chain in list(_live):
-        chain.stop()
-        chain._thread.join(timeout=10)
+        chain.join()
