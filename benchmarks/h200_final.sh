@@ -5,7 +5,8 @@
 # once, the same method as reference/h200). AB="name:SETTING,... name2:..." first runs the one-stream
 # decode of AB_SHAPE (8b) under each entry's settings (ENV=VAL, --set=MODULE.NAME=VALUE: gpu_model.py's
 # trial constant, or cpus=LIST: the process on those CPUs, taskset's list, "onecore" one CPU of each
-# core), AB_ROUNDS times in turns, and the table takes the fastest median (its name printed).
+# core), AB_ROUNDS times in turns, each decoding AB_DECODE tokens (256: 64 spread one setting's lone
+# stream over 465-871 tok/s on an H100, session 26), and the table takes the fastest median (its name printed).
 # FLAGS: more options of gpu_model.py (--sampled: every sampling mode beside greedy). Outputs in $OUT.
 . benchmarks/h200_setup.sh || exit 1
 export PYTHONPATH=/tmp/site:$PWD
@@ -23,7 +24,7 @@ for round in $(seq ${AB_ROUNDS:-1}); do
     [ "$pin" = onecore ] && pin=$ONECORE
     ab=${AB_SHAPE:-8b}
     tps=$(env $envs timeout 60 ${pin:+taskset -c $pin} python3 benchmarks/gpu_model.py $flags --model /tmp/s-$ab.gguf --backends webgpu --concurrency 1 \
-          --prompt-tokens 64 --decode-tokens 64 2>/dev/null | grep "^| s-$ab | webgpu | [0-9]" | head -1 | cut -d'|' -f5 | tr -d ' ')
+          --prompt-tokens 64 --decode-tokens ${AB_DECODE:-256} 2>/dev/null | grep "^| s-$ab | webgpu | [0-9]" | head -1 | cut -d'|' -f5 | tr -d ' ')
     echo "A/B $name ($sets): $ab one stream ${tps:-failed} tok/s" | tee -a $OUT/table.txt
     got[$name]="${got[$name]} ${tps:-0}"
   done
