@@ -50,8 +50,9 @@ KV_BYTES = 1 << 30  # default device KV pool (256 MiB on CPU adapters)
 AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded in the background)
 # a decode step that the GPU has already computed (submitted ahead, its draws written, the background
 # idle) is read on the event loop: no hop into a worker thread and back (~0.25 ms a step on the
-# 2-core VM, more on the H200 host) for work that waits for nothing. False: every step in a worker
-# thread (a trial setting for the H200)
+# 2-core VM) for work that waits for nothing. False: every step in a worker thread. On an H100
+# machine (session 26) the lone stream's A/B could not tell them apart (638, 583 against 546, 871
+# tok/s: the host's encoding of a step sets that pace)
 STEP_ON_LOOP = True
 
 
