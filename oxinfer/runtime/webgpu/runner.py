@@ -51,8 +51,8 @@ AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded 
 # a decode step that the GPU has already computed (submitted ahead, its draws written, the background
 # idle) is read on the event loop: no hop into a worker thread and back (~0.25 ms a step on the
 # 2-core VM) for work that waits for nothing. False: every step in a worker thread. On an H100
-# machine (session 26) the lone stream's A/B could not tell them apart (638, 583 against 546, 871
-# tok/s: the host's encoding of a step sets that pace)
+# machine (session 26) the lone stream's A/Bs could not tell them apart (1.1B: medians 732 and 733
+# tok/s over seven turns; the host's encoding of a step sets that pace)
 STEP_ON_LOOP = True
 
 
