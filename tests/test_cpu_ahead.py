@@ -1,10 +1,12 @@
 """The CPU's decode steps run ahead of the engine (runtime/cpu_ahead.py): the same tokens, logprobs
 and seeded draws as steps that wait for the engine, through requests joining and ending (each a
-chain stopped, its draws not taken undone), a finished request's lane kept for its prefix, and a
-chain whose thread ended while the engine was idle."""
+chain stopped, its draws not taken undone), a finished request's lane kept for its prefix, a
+cancelled one's let go, and a chain whose thread ended while the engine was idle."""
 
+import gc
 import threading
 import time
+import weakref
 
 import anyio
 import pytest
@@ -120,3 +122,23 @@ async def test_a_chain_whose_thread_ended_while_the_engine_idled_is_still_taken(
     assert tuple(got) == gold and taken[0] >= 2
     await anyio.sleep(0.2)
     assert not [t for t in threading.enumerate() if t.name == "oxinfer-cpu-ahead"]
+
+
+async def test_a_cancelled_request_s_steps_ahead_stop_and_its_cache_goes(engine, monkeypatch):
+    """A consumer that goes away mid-stream: the chain running its steps stops (a step in flight
+    ends), and nothing keeps its cache, nor its slot, once that step is done."""
+    made = []
+    new_cache = engine.steps.cpu.new_cache
+    monkeypatch.setattr(engine.steps.cpu, "new_cache", lambda *a, **k: made.append(c := new_cache(*a, **k)) or c)
+    got, stream = 0, engine.stream("Tell me a long story.", SP(max_tokens=200, temperature=0, ignore_eos=True))
+    async for ev in stream:
+        got += isinstance(ev, oxinfer.Token)
+        if got == 20:
+            break
+    await stream.aclose()  # (the consumer goes: the request's end runs now)
+    chain = engine.steps.cpu._chain
+    assert chain is not None and chain._stop
+    gone = weakref.ref(made.pop())
+    chain._thread.join(5)
+    gc.collect()
+    assert gone() is None

@@ -48,6 +48,8 @@ async def generate(engine, req: Request) -> AsyncIterator[Event]:
         # break, aclose(), task cancellation, abort or the end: nothing of this request remains
         if clean and req.cache is not None:  # its prefix blocks stay for later requests (not a
             req.cache.executor.keep(req.cache)  # cancelled one's: a forward may still write into it)
+        elif req.cache is not None and req.cache.executor is not None:
+            req.cache.executor.forget(req.cache)  # (steps run ahead for it stop)
         req.cache = None
         engine.admission.leave(req)  # its place and its blocks are free
 

@@ -68,7 +68,11 @@ class Chain:
     the graph's (lanes' keys and values at positions `starts`, the caches not advanced)."""
 
     def __init__(self, run: Callable, caches: list, samplers: list, draws: list[Draw], context: int):
-        self.caches, self.samplers = caches, samplers
+        # weak references: a request cancelled meanwhile lets its cache (and slot) go; the thread
+        # holds them only through a step, and ends when one is gone
+        self._caches = [weakref.ref(c) for c in caches]
+        self._starts = [c.offset for c in caches]
+        self.samplers = samplers
         self.next_tokens = [d.token for d in draws]  # what the engine must ask for to take the next step
         self._run, self._context = run, context
         # steps the first request to end by length still takes (the draws given were its token
@@ -87,12 +91,12 @@ class Chain:
         _live.add(self)
 
     def matches(self, seqs, caches, samplers) -> bool:
-        return (len(caches) == len(self.caches) and all(a is b for a, b in zip(caches, self.caches))
+        return (len(caches) == len(self._caches) and all(r() is c for r, c in zip(self._caches, caches))
                 and all(a is b for a, b in zip(samplers, self.samplers))
                 and all(len(s) == 1 and int(s[0]) == t for s, t in zip(seqs, self.next_tokens)))
 
     def holds(self, cache) -> bool:
-        return any(c is cache for c in self.caches)
+        return any(r() is cache for r in self._caches)
 
     def take(self) -> Done | None:
         """The next step (blocking until it ran), or None: the chain ended before it (no room in
@@ -129,11 +133,13 @@ class Chain:
             s.rng.bit_generator.state = state
 
     def _steps(self) -> None:
-        caches, samplers, tokens = self.caches, self.samplers, self.next_tokens
-        starts = [c.offset for c in caches]
+        samplers, tokens, starts = self.samplers, self.next_tokens, self._starts
         try:
             for _ in range(self._steps_left):
                 if not self._room.acquire(timeout=IDLE_S) or self._stop or max(starts) >= self._context:
+                    return
+                caches = [r() for r in self._caches]
+                if any(c is None for c in caches):  # (a request went: its slot may be another's now)
                     return
                 try:
                     for c, s0 in zip(caches, starts):
@@ -142,6 +148,7 @@ class Chain:
                     return
                 t0 = time.perf_counter()
                 logits = self._run([np.array([t]) for t in tokens], caches, starts, lambda: self._stop)
+                del caches
                 if logits is None:  # (stopped before it ran)
                     return
                 states = [s.rng.bit_generator.state for s in samplers]

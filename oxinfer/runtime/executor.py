@@ -77,6 +77,10 @@ class Executor(Protocol):
     def keep(self, cache) -> None:
         """The request of this cache ended cleanly: its full blocks may serve later prompts."""
 
+    def forget(self, cache) -> None:
+        """The request of this cache went (cancelled): no step runs ahead for it any more (a step
+        in flight finishes; the cache goes when no one holds it)."""
+
     async def drop(self, cache) -> None:
         """A preempted request's cache: its blocks go back (full ones may stay cached)."""
 
@@ -181,6 +185,10 @@ class CpuExecutor:
             chain, self._chain = self._chain, None
             chain.join()
         cache.pool.keep(cache)
+
+    def forget(self, cache) -> None:
+        if self._chain is not None and self._chain.holds(cache):
+            self._chain.stop()  # (the next step joins it: the others' draws not taken are undone)
 
     async def drop(self, cache) -> None:
         if self._chain is not None and self._chain.holds(cache):

@@ -51,6 +51,9 @@ class GpuExecutor:
     def keep(self, cache) -> None:
         pass  # its published blocks stay cached in the pool once it is collected
 
+    def forget(self, cache) -> None:
+        pass  # steps ahead hold weak references to their caches (the next step discards them)
+
     async def drop(self, cache) -> None:
         await anyio.to_thread.run_sync(self.runner.settle)  # no step is being submitted ahead for it
         cache.release()
