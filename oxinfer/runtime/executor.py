@@ -146,10 +146,15 @@ class CpuExecutor:
         return draws
 
     async def _stop_chain(self) -> None:
-        """No step runs ahead any more (the samplers' generators as if none had)."""
+        if self._chain is not None:
+            await anyio.to_thread.run_sync(self._end_chain)
+
+    def _end_chain(self) -> None:
+        """No step runs ahead any more (the samplers' generators as if none had). Blocking: up
+        to a step in flight."""
         chain, self._chain = self._chain, None
         if chain is not None:
-            await anyio.to_thread.run_sync(chain.join)
+            chain.join()
 
     async def prefill(self, tokens, cache, *, all_logits: bool = False, alone: bool = False, **kw) -> np.ndarray:
         """In chunks of prompt_rows tokens (bounds the attention scores: 8k tokens at once would
@@ -182,8 +187,7 @@ class CpuExecutor:
         """Its prefix blocks stay for later requests, once no step run ahead writes into it (none
         is in flight where it ended by length: cpu_ahead.Chain)."""
         if self._chain is not None and self._chain.holds(cache):
-            chain, self._chain = self._chain, None
-            chain.join()
+            self._end_chain()
         cache.pool.keep(cache)
 
     def forget(self, cache) -> None:
@@ -199,9 +203,7 @@ class CpuExecutor:
             cache.release()
 
     def settle(self) -> None:
-        chain, self._chain = self._chain, None
-        if chain is not None:
-            chain.join()
+        self._end_chain()
         gc.collect()  # ended requests' caches go back
 
     def _record(self, rows: int, seqs: int, seconds: float, sampled: int) -> None:
