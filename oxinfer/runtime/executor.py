@@ -130,7 +130,7 @@ class CpuExecutor:
                     for c, t in zip(caches, done.tokens):
                         c.append([t])
                     self.scheduler.counters.graph_steps += 1
-                    self._record(len(seqs), len(seqs), done.seconds, sum(not s.params.greedy for s in samplers))
+                    self._record(len(seqs), len(seqs), done.seconds, samplers)
                     return done.draws
             await self._stop_chain()
         if (graph := self.scheduler.cpu.graph) is not None:
@@ -141,8 +141,7 @@ class CpuExecutor:
         draws = [Draw(int(np.argmax(row))) if s is None else s.pick(row) for s, row in zip(samplers, rows)]
         if graph is not None and cpu_ahead.runs_ahead(seqs, caches, samplers):
             self._chain = cpu_ahead.Chain(graph.run_at, caches, samplers, draws, self.model.cfg.context_length)
-        self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0,
-                     sum(s is not None and not s.params.greedy for s in samplers))
+        self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0, samplers)
         return draws
 
     async def _stop_chain(self) -> None:
@@ -206,9 +205,9 @@ class CpuExecutor:
         self._end_chain()
         gc.collect()  # ended requests' caches go back
 
-    def _record(self, rows: int, seqs: int, seconds: float, sampled: int) -> None:
+    def _record(self, rows: int, seqs: int, seconds: float, samplers: list) -> None:
         self._ids += 1
         rec = StepRecord(self._ids, self.name, rows, seqs, (rows * self._flop_row + seqs * self._flop_seq) / 1e9,
-                         seconds, sampled=sampled)
+                         seconds, sampled=sum(s is not None and not s.params.greedy for s in samplers))
         self.stats.add(rec)
         log.debug("step", **rec.__dict__)
