@@ -1,11 +1,15 @@
-"""What encoding a lone stream's decode step costs the host, part by part, on the device wgpu finds:
-the pass's recording (the raw calls, benchmarks' `encode_pass`), the encoder's finish (wgpu-core
-checks the pass and records it for the driver), the submit; then the same step in two command
-buffers finished in two threads at once (the finishes let go of the GIL), to see whether a step's
-encoding could be split. No other thread runs meanwhile: the runner's own figures (gpu_model.py's
-phase lines) add its contention.
+"""What a lone stream's decode step costs the host and the GPU, part by part, on the device wgpu
+finds: the pass's recording (the raw calls, benchmarks' `encode_pass`), the encoder's finish
+(wgpu-core checks the pass and records it for the driver), the submit, and the GPU pass (timestamps:
+the step run alone, nothing ahead); then the same step in two command buffers finished in two
+threads at once (the finishes let go of the GIL), to see whether a step's encoding could be split.
+--variants compares plans in turns in one process, each a name and trial settings of
+oxinfer.runtime.webgpu.attention (the q|k|v product running its attention, QKV_ATT_MAX_N_IN=0
+turns it off). No other thread runs meanwhile: the runner's own figures (gpu_model.py's phase
+lines) add its contention.
 
     python benchmarks/gpu_encode_cost.py --synthetic 135m [--reps 300]
+        [--variants "fused: apart:QKV_ATT_MAX_N_IN=0 rows8:QKV_ATT_ROWS=8"] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from gpu_model import SYNTHETIC
 
 import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend
+from oxinfer.runtime.webgpu import attention
 from oxinfer.runtime.webgpu.device import encode_pass
 from oxinfer.testing import write_tiny_llama
+
+PARTS = ("record", "finish", "submit", "GPU pass", "two halves: record", "two halves: finish in 2 threads")
 
 
 def _pass(dev, calls):
@@ -34,13 +41,19 @@ def _pass(dev, calls):
     return enc
 
 
-async def main(args) -> None:
-    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
-    write_tiny_llama(path, fast=True, context=1024, **SYNTHETIC[args.synthetic])
-    gpu = WebGpuBackend.create(allow_cpu_adapter=True)
-    engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu")
-    r = engine.resident
-    r.run_ahead = False
+def _variants(text: str) -> dict[str, dict[str, int]]:
+    """ "name:NAME=V,NAME=V name2:" -> {name: {NAME: V}} """
+    out = {}
+    for v in text.split():
+        name, _, sets = v.partition(":")
+        out[name] = {k: int(x) for k, _, x in (s.partition("=") for s in sets.split(",") if s)}
+    return out
+
+
+def measure(r, pool, reps: int) -> dict[str, list[float]]:
+    """The parts of `reps` lone steps of the runner's current plan (a fresh stream after 16
+    tokens), ms each."""
+    r.program(False).plans.clear()
     cache = r.new_cache()
     r.step_sync([np.arange(16) % 256], [cache])
     for _ in range(3):
@@ -48,9 +61,8 @@ async def main(args) -> None:
     plan = next(v for k, v in r.program(False).plans.items() if k[0] == 1)
     dev, calls = r.device, plan.calls
     half = len(calls) // 2
-    pool = ThreadPoolExecutor(2)
-    times = {k: [] for k in ("record", "finish", "submit", "two halves: record", "two halves: finish in 2 threads")}
-    for _ in range(args.reps):
+    times = {k: [] for k in PARTS}
+    for _ in range(reps):
         t0 = time.perf_counter()
         enc = _pass(dev, calls)
         t1 = time.perf_counter()
@@ -63,16 +75,41 @@ async def main(args) -> None:
         cbs = list(pool.map(lambda e: e.finish(), (a, b)))
         t5 = time.perf_counter()
         dev.queue.submit(cbs)
-        for k, s in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)):
+        r.step_sync([np.array([1])], [cache])  # (waits for the GPU; its own pass timed alone)
+        for k, s in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, r.last.kernel_s or 0.0, t4 - t3, t5 - t4)):
             times[k].append(s * 1e3)
-    r.step_sync([np.array([1])], [cache])  # (waits for the GPU)
-    print(f"{args.synthetic}: {len(calls)} dispatches, {gpu.adapter.summary}")
-    for k, v in times.items():
-        print(f"  {k}: median {np.median(v):.3f} ms, p10 {np.percentile(v, 10):.3f}, p90 {np.percentile(v, 90):.3f}")
+    times["dispatches"] = [len(calls)]
+    return times
+
+
+async def main(args) -> None:
+    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
+    write_tiny_llama(path, fast=True, context=1024, **SYNTHETIC[args.synthetic])
+    gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
+    engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu")
+    r = engine.resident
+    r.run_ahead = False
+    pool = ThreadPoolExecutor(2)
+    variants = _variants(args.variants)
+    defaults = {k: getattr(attention, k) for sets in variants.values() for k in sets}
+    got = {name: {} for name in variants}
+    for _ in range(args.rounds):
+        for name, sets in variants.items():
+            for k, v in {**defaults, **sets}.items():
+                setattr(attention, k, v)
+            for k, v in measure(r, pool, args.reps).items():
+                got[name].setdefault(k, []).extend(v)
+    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.reps} steps, variants in turns")
+    for name, times in got.items():
+        print(f"  {name} ({variants[name] or 'defaults'}): {times.pop('dispatches')[0]} dispatches")
+        for k, v in times.items():
+            print(f"    {k}: median {np.median(v):.3f} ms, p10 {np.percentile(v, 10):.3f}, p90 {np.percentile(v, 90):.3f}")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--synthetic", default="135m")
     p.add_argument("--reps", type=int, default=300)
+    p.add_argument("--variants", default="defaults:")
+    p.add_argument("--rounds", type=int, default=1)
     anyio.run(main, p.parse_args())

@@ -281,9 +281,9 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
     assert xq_k_apart - xq_k == layers == len(plan_apart.calls) - len(plan.calls)
 
 
-@pytest.mark.parametrize("n_heads,n_kv,layers,prompt,kv", [(4, 2, 3, 20, None), (6, 2, 2, BS + 9, "float16"),
-                                                            (4, 1, 2, 300, None)])
-async def test_a_one_token_step_s_q_k_v_product_runs_its_attention(tmp_path, monkeypatch, n_heads, n_kv, layers,
+@pytest.mark.parametrize("d,n_heads,n_kv,layers,prompt,kv", [(128, 4, 2, 3, 20, None), (128, 6, 2, 2, BS + 9, "float16"),
+                                                              (128, 4, 1, 2, 300, None), (1024, 8, 2, 2, 20, None)])
+async def test_a_one_token_step_s_q_k_v_product_runs_its_attention(tmp_path, monkeypatch, d, n_heads, n_kv, layers,
                                                                    prompt, kv):
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): a one-token decode
     step's q|k|v product runs its attention in the same dispatch (mv_blk_att: a workgroup a query
@@ -292,9 +292,10 @@ async def test_a_one_token_step_s_q_k_v_product_runs_its_attention(tmp_path, mon
     writes): the tokens, logprobs and 5 best of 8 greedy steps and of 8 seeded draws are bit for bit
     those of the plan with the two dispatches, one dispatch less a layer after the first. 2 and 3
     query heads a kv head, and 4 (head_dim 32); a prompt past a KV block with keys and values in
-    float16; past 256 positions the attention goes in chunks (attend_decode_kv) and nothing is fused."""
+    float16; past 256 positions the attention goes in chunks (attend_decode_kv) and nothing is fused;
+    rows of 1,024 (a product that may run in k slices: its add_splits recorded after it)."""
     backend = planned_in_int8(monkeypatch)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=128, n_heads=n_heads, n_kv=n_kv, d_ff=192, n_layers=layers, seed=11,
+    path = write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=192, n_layers=layers, seed=11,
                             extra_vocab=40, context=512, qtype=T.Q4_1, mix={"token_embd": T.Q4_1}, head_dim=32)
     tokens = [int(t) for t in np.random.default_rng(4).integers(0, 256, prompt)]
     greedy = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)

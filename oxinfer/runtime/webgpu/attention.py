@@ -42,6 +42,10 @@ ATTEND_WG = 256  # attend_decode's invocations a workgroup (attention.wgsl's WG)
 # long (plan.qkv_runs_attention: the small shapes' lone stream is bound by the host's encoding;
 # an 8B's q|k|v rows read by 32 workgroups alone would take longer than the dispatch saves)
 QKV_ATT_MAX_N_IN = 2048
+# ... each of its row groups BLK_WG invocations as mv_blk_i8_1's (each row summed alike) but
+# QKV_ATT_ROWS rows at a time: its q, k and v rows in fewer rounds (SmolLM2's 192 rows a head in
+# 3 rounds of 4 x 16, not 6 of 4 x 8)
+QKV_ATT_ROWS = 16
 
 
 ROWS_TILE = 32  # positions of attend_rows' key and value tiles (KT of shaders/attention_rows.wgsl)

@@ -385,7 +385,7 @@ def qkv_runs_attention(r, disps: list[Dispatch], c: Choices) -> None:
     if not r.qkv_att:
         return
     for j, d in enumerate(disps):
-        i = j - 2  # the product, rope_kv (d.pre, taken over) between
+        i = j - 3 if j >= 3 and disps[j - 2].optional else j - 2  # the product (past its add_splits), rope_kv between
         if (d.kernel == "attention:attend" and c.kinds[j] == "attention:attend_decode" and c.fused[j] and c.chunks[j] <= 1
                 and i >= 0 and disps[i].kernel == "mm" and c.kinds[i] == "mv_blk_i8_1" and c.rows[i] == 1
                 and c.splits[i] == 1 and not c.xo[i] and c.xf[i] and int(disps[i].params[1]) <= attention.QKV_ATT_MAX_N_IN

@@ -170,7 +170,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         quads = attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
         self.tile_scores = "attention_scores_quad" if quads else "attention_scores"
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
-        rows, wg = BLK_SHAPES["mv_blk_i8_1"]  # mv_blk_att's row groups: attend_decode's invocations in mv_blk_i8_1's
+        rows, wg = attention.QKV_ATT_ROWS, BLK_SHAPES["mv_blk_i8_1"][1]  # mv_blk_att's row groups (attend_decode's invocations)
         self.qkv_att = ("subgroup" in gpu.features and cfg.head_dim % rows == 0 and ATTEND_WG % wg == 0
                         and qkv_att_bytes(cfg.head_dim, max(BLK_SHARED, ATTEND_WG // 4 * rows) + ATTEND_WG // 4) <= wg_bytes)
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
@@ -232,13 +232,14 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
 
     def qkv_att_pipeline(self, qtype: str, xf: int):
         """(pipeline, bind group layout) of mv_blk_att (qkv_attention.wgsl) for the q|k|v product's
-        format, reading x's int8 blocks of form xf (Params.xf): mv_blk_i8_1's row groups, as many
-        as attend_decode's invocations hold, and attention.wgsl's bindings moved up (with_attention)."""
-        key = ("mv_blk_att", qtype, xf)
+        format, reading x's int8 blocks of form xf (Params.xf): row groups of mv_blk_i8_1's
+        invocations (QKV_ATT_ROWS rows each), as many as attend_decode's invocations hold, and
+        attention.wgsl's bindings moved up (with_attention)."""
+        rows, wg = attention.QKV_ATT_ROWS, BLK_SHAPES["mv_blk_i8_1"][1]
+        key = ("mv_blk_att", qtype, xf, rows)
         got = self.pipelines.get(key)
         if got is None:
-            rows, wg = BLK_SHAPES["mv_blk_i8_1"]
-            code = (self._prefix + shader_source(qtype, "mv_blk_i8_1", BLK_GROUPS=ATTEND_WG // wg)
+            code = (self._prefix + shader_source(qtype, "mv_blk_i8_1", BLK_GROUPS=ATTEND_WG // wg, BLK_ROWS=rows)
                     + with_attention(self._op_code(["ops_common", self.tile_scores, "attention"]))
                     + unroll((shader_dir() / "qkv_attention.wgsl").read_text(), {"BLK_ROWS": rows}))
             module = self.device.create_shader_module(code=code)

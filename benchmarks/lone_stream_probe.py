@@ -1,0 +1,100 @@
+"""Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
+tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
+difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
+GPU pass. Variants: a name, then trial settings: attention.NAME=V (oxinfer.runtime.webgpu.attention's
+constants: QKV_ATT_MAX_N_IN=0 runs the q|k|v product and the attention apart), switch=S (Python's
+GIL switch interval, seconds).
+
+    python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
+        --variants "fused: apart:attention.QKV_ATT_MAX_N_IN=0 switch:switch=0.0002"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+from gpu_model import SYNTHETIC
+
+import oxinfer
+from oxinfer.runtime.webgpu import WebGpuBackend, attention
+from oxinfer.runtime.webgpu import submission as sub
+from oxinfer.testing import write_tiny_llama
+
+ENCODES: list[tuple[float, float]] = []  # (wall, thread CPU) of each _submit
+
+
+def _timed_submit(original):
+    def submit(self, *a, **kw):
+        w, c = time.perf_counter(), time.thread_time()
+        try:
+            return original(self, *a, **kw)
+        finally:
+            ENCODES.append((time.perf_counter() - w, time.thread_time() - c))
+    return submit
+
+
+def _variants(text: str) -> dict[str, dict[str, str]]:
+    return {name: dict(s.split("=", 1) for s in sets.split(",") if s)
+            for name, _, sets in (v.partition(":") for v in text.split())}
+
+
+def _apply(sets: dict[str, str], defaults: dict[str, object]) -> None:
+    for k, v in {**defaults, **sets}.items():
+        if k == "switch":
+            sys.setswitchinterval(float(v))
+        else:
+            setattr(attention, k.split(".", 1)[1], int(v))
+
+
+async def run_one(engine, tokens: int) -> dict[str, float]:
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    r = engine.resident
+    r.program(False).plans.clear()
+    await engine.generate(list(range(16)), oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    ENCODES.clear()
+    a = r.stats.kernel_s, r.stats.steps
+    n, t0, c0 = 0, time.perf_counter(), time.thread_time()
+    async for ev in engine.stream(list(range(64)), params):
+        n += isinstance(ev, oxinfer.Token)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    steps = r.stats.steps - a[1]
+    enc = np.array(ENCODES) * 1e3
+    return {"tok/s": n / wall, "loop CPU ms/token": cpu / n * 1e3, "encode wall ms": float(np.median(enc[:, 0])),
+            "encode CPU ms": float(np.median(enc[:, 1])), "GPU pass ms": (r.stats.kernel_s - a[0]) / steps * 1e3}
+
+
+async def main(args) -> None:
+    path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
+    write_tiny_llama(path, fast=True, context=2048, **SYNTHETIC[args.synthetic])
+    gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
+    engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu", max_concurrent=4)
+    sub.Submitting._submit = _timed_submit(sub.Submitting._submit)
+    variants = _variants(args.variants)
+    defaults = {"switch": sys.getswitchinterval(),
+                **{k: getattr(attention, k.split(".", 1)[1]) for sets in variants.values() for k in sets if k != "switch"}}
+    got = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, sets in variants.items():
+            _apply(sets, defaults)
+            got[name].append(await run_one(engine, args.tokens))
+    _apply({}, defaults)
+    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens, variants in turns")
+    for name, runs in got.items():
+        print(f"  {name} ({variants[name] or 'defaults'}): tok/s " + " ".join(f"{r['tok/s']:.0f}" for r in runs))
+        for k in runs[0]:
+            print(f"    {k}: median {np.median([r[k] for r in runs]):.3f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--synthetic", default="135m")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--variants", default="defaults:")
+    anyio.run(main, p.parse_args())
