@@ -3,13 +3,13 @@ finds: the pass's recording (the raw calls, benchmarks' `encode_pass`), the enco
 (wgpu-core checks the pass and records it for the driver), the submit, and the GPU pass (timestamps:
 the step run alone, nothing ahead); then the same step in two command buffers finished in two
 threads at once (the finishes let go of the GIL), to see whether a step's encoding could be split.
---variants compares plans in turns in one process, each a name and trial settings of
-oxinfer.runtime.webgpu.attention (the q|k|v product running its attention, QKV_ATT_MAX_N_IN=0
-turns it off). No other thread runs meanwhile: the runner's own figures (gpu_model.py's phase
-lines) add its contention.
+--variants compares plans in turns in one process, each a name and integer trial settings of
+oxinfer.runtime.webgpu.attention (session 27 compared a fused q|k|v product and attention so:
+docs/benchmarks.md). No other thread runs meanwhile: the runner's own figures (gpu_model.py's
+phase lines, lone_stream_probe.py) add its contention.
 
     python benchmarks/gpu_encode_cost.py --synthetic 135m [--reps 300]
-        [--variants "fused: apart:QKV_ATT_MAX_N_IN=0 rows8:QKV_ATT_ROWS=8"] [--rounds 3]
+        [--variants "default: kv8:KV_WORKGROUPS=8"] [--rounds 3]
 """
 
 from __future__ import annotations

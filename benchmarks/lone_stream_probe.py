@@ -1,12 +1,11 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
 difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
-GPU pass. Variants: a name, then trial settings: attention.NAME=V (oxinfer.runtime.webgpu.attention's
-constants: QKV_ATT_MAX_N_IN=0 runs the q|k|v product and the attention apart), switch=S (Python's
-GIL switch interval, seconds).
+GPU pass. Variants: a name, then trial settings: attention.NAME=V (an integer constant of
+oxinfer.runtime.webgpu.attention), switch=S (Python's GIL switch interval, seconds).
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
-        --variants "fused: apart:attention.QKV_ATT_MAX_N_IN=0 switch:switch=0.0002"
+        --variants "default: switch:switch=0.0002"
 """
 
 from __future__ import annotations

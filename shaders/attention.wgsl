@@ -111,15 +111,9 @@ var<workgroup> kown: array<vec4<f32>, DG>;   // attend_decode: the row's own key
 var<workgroup> vown: array<vec4<f32>, DG>;
 const OWN: u32 = 0xffffffffu;                // vrow of the row's own position (attend_decode)
 
-// element i of the q|k|v rows (attend_decode) or of q (attend): src's; the q|k|v product that runs
-// a one-token step's attention itself (qkv_attention.wgsl) holds its head's rows in workgroup memory
-fn qkv(i: u32) -> f32 {
-    return src[i];
-}
-
-// dims 4g .. 4g + 3 of a head whose row starts at qkv(o), rotated for position pos when rot
+// dims 4g .. 4g + 3 of a head whose row starts at src[o], rotated for position pos when rot
 fn rotated4(o: u32, g: u32, pos: u32, rot: bool) -> vec4<f32> {
-    var v = vec4<f32>(qkv(o + 4u * g), qkv(o + 4u * g + 1u), qkv(o + 4u * g + 2u), qkv(o + 4u * g + 3u));
+    var v = vec4<f32>(src[o + 4u * g], src[o + 4u * g + 1u], src[o + 4u * g + 2u], src[o + 4u * g + 3u]);
     for (var j = 0u; j < 2u; j++) {
         let i = 2u * g + j;   // pair i: dims 2i, 2i + 1
         if (rot && i < ROPE_PAIRS) {

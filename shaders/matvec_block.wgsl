@@ -14,10 +14,8 @@
 
 // BLK_ROWS, BLK_WG: the kind's kernels.py BLK_SHAPES, declared by shaders.py (the unrolled lines
 // repeat BLK_ROWS times); BLK_SHARED: the floats of workgroup memory it claims (kernels.py says why)
-// (BLK_GROUPS: row groups of BLK_WG invocations a workgroup, each its own BLK_ROWS rows: 1 here, more where
-// qkv_attention.wgsl runs several at once)
-var<workgroup> bpart: array<f32, max(BLK_SHARED, BLK_GROUPS * BLK_WG / 4u * BLK_ROWS)>;   // [subgroup][row] (subgroups of 4 invocations at least)
-var<workgroup> bpart_ss: array<f32, BLK_GROUPS * BLK_WG / 4u>;
+var<workgroup> bpart: array<f32, max(BLK_SHARED, BLK_WG / 4u * BLK_ROWS)>;   // [subgroup][row] (subgroups of 4 invocations at least)
+var<workgroup> bpart_ss: array<f32, BLK_WG / 4u>;
 
 // Params.xf and .xo fixed for the pipeline where the host built one a form (backend.pipeline's
 // `form`: kernels.BLK_FORMS_FIXED), so that the driver compiles the one loop and epilogue the form
@@ -122,28 +120,9 @@ fn mv_blk_i8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
              @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32) {
     let g = wid.y + wid.z * nwg.y;   // (the tokens side by side read W's rows from the cache)
     let tok = wid.x;
-    var rows: array<u32, BLK_ROWS>;
-    rows[{d}] = min(blk_row(g, {d}u), P.n_out - 1u);   // unroll d < BLK_ROWS
-    let s = blk_sums(tok, rows, lid, lane, sg_size, 0u);
-    let row = blk_row(g, lid);
-    if (lid < BLK_ROWS && row < P.n_out) {
-        put(tok * P.n_out + row, s.x * x_scale(s.y));
-    }
-    if (out_form() == 1u) {
-        put_xqs(tok, g * BLK_ROWS, lid);
-    } else if (out_form() != 0u) {
-        put_xqg(tok, g, lid);
-    }
-}
-
-// rows[d] of W times token tok's x in int8 blocks, by one row group's BLK_WG invocations (lid: the
-// invocation's index in it; `group`: which of the workgroup's BLK_GROUPS it is), each invocation
-// every BLK_WG-th block: invocation d < BLK_ROWS gets row d's sum and the sum of x's squares (a
-// row's sum depends on BLK_WG alone, whichever kernel runs it). Every invocation of the workgroup
-// calls it (a barrier inside).
-fn blk_sums(tok: u32, rows: array<u32, BLK_ROWS>, lid: u32, lane: u32, sg_size: u32, group: u32) -> vec2<f32> {
+    let last = P.n_out - 1u;
     let nb = P.n_in >> 5u;
-    let r{d} = rows[{d}];   // unroll d < BLK_ROWS
+    let r{d} = min(blk_row(g, {d}u), last);   // unroll d < BLK_ROWS
     var ss = 0.0;
     var a{d} = 0.0;   // unroll d < BLK_ROWS
     if (x_form() == 2u) {
@@ -178,8 +157,7 @@ fn blk_sums(tok: u32, rows: array<u32, BLK_ROWS>, lid: u32, lane: u32, sg_size: 
             a{d} += blk_dot_i8(r{d}, blk, qa, qb, xs, xsum);   // unroll d < BLK_ROWS
         }
     }
-    let sgs = BLK_WG / 4u;   // (the group's subgroups: its share of bpart)
-    let sg = group * sgs + lid / sg_size;
+    let sg = lid / sg_size;
     let s{d} = subgroupAdd(a{d});   // unroll d < BLK_ROWS
     ss = subgroupAdd(ss);
     if (lane == 0u) {
@@ -187,15 +165,21 @@ fn blk_sums(tok: u32, rows: array<u32, BLK_ROWS>, lid: u32, lane: u32, sg_size: 
         bpart_ss[sg] = ss;
     }
     workgroupBarrier();
-    var total = 0.0;
-    var sq = 0.0;
-    if (lid < BLK_ROWS) {
+    let row = blk_row(g, lid);
+    if (lid < BLK_ROWS && row < P.n_out) {
+        var total = 0.0;
+        var sq = 0.0;
         for (var i = 0u; i < (BLK_WG + sg_size - 1u) / sg_size; i++) {
-            total += bpart[(group * sgs + i) * BLK_ROWS + lid];
-            sq += bpart_ss[group * sgs + i];
+            total += bpart[i * BLK_ROWS + lid];
+            sq += bpart_ss[i];
         }
+        put(tok * P.n_out + row, total * x_scale(sq));
     }
-    return vec2<f32>(total, sq);
+    if (out_form() == 1u) {
+        put_xqs(tok, g * BLK_ROWS, lid);
+    } else if (out_form() != 0u) {
+        put_xqg(tok, g, lid);
+    }
 }
 
 // workgroup g's row d: BLK_ROWS rows from g * BLK_ROWS, or where it makes the down product's x (P.xo

@@ -281,42 +281,6 @@ async def test_decode_attention_makes_the_o_product_s_int8_x_as_xq_k_would(tmp_p
     assert xq_k_apart - xq_k == layers == len(plan_apart.calls) - len(plan.calls)
 
 
-@pytest.mark.parametrize("d,n_heads,n_kv,layers,prompt,kv", [(128, 4, 2, 3, 20, None), (128, 6, 2, 2, BS + 9, "float16"),
-                                                              (128, 4, 1, 2, 300, None), (1024, 8, 2, 2, 20, None)])
-async def test_a_one_token_step_s_q_k_v_product_runs_its_attention(tmp_path, monkeypatch, d, n_heads, n_kv, layers,
-                                                                   prompt, kv):
-    """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): a one-token decode
-    step's q|k|v product runs its attention in the same dispatch (mv_blk_att: a workgroup a query
-    head, its q rows and its kv head's k and v rows, then attend_decode's work), in every layer
-    but the first (whose x, xq_k's blocks, shares a buffer with the o product's that the attention
-    writes): the tokens, logprobs and 5 best of 8 greedy steps and of 8 seeded draws are bit for bit
-    those of the plan with the two dispatches, one dispatch less a layer after the first. 2 and 3
-    query heads a kv head, and 4 (head_dim 32); a prompt past a KV block with keys and values in
-    float16; past 256 positions the attention goes in chunks (attend_decode_kv) and nothing is fused;
-    rows of 1,024 (a product that may run in k slices: its add_splits recorded after it)."""
-    backend = planned_in_int8(monkeypatch)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=d, n_heads=n_heads, n_kv=n_kv, d_ff=192, n_layers=layers, seed=11,
-                            extra_vocab=40, context=512, qtype=T.Q4_1, mix={"token_embd": T.Q4_1}, head_dim=32)
-    tokens = [int(t) for t in np.random.default_rng(4).integers(0, 256, prompt)]
-    greedy = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
-    drawn = oxinfer.SamplingParams(temperature=0.9, top_p=0.95, seed=3, max_tokens=8, ignore_eos=True, logprobs=5)
-
-    async def decode():  # (an engine of its own: no prefix kept from the other's run)
-        gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False, kv_cache_dtype=kv)
-        got = [[(t.token_id, t.logprob, t.top_logprobs) async for t in gpu.stream(tokens, p) if isinstance(t, oxinfer.Token)]
-               for p in (greedy, drawn)]
-        r = gpu.resident
-        plan = next(p for (t, n, _, _), p in r.program(False).plans.items() if t == n == 1)
-        fused = sum(c[0] is r.qkv_att_pipeline("Q4_1", 1)[0] for c in plan.calls)
-        return got, len(plan.calls), fused
-
-    fused, calls, runs = await decode()
-    monkeypatch.setattr(webgpu_plan, "qkv_runs_attention", lambda *a: None)
-    apart, calls_apart, runs_apart = await decode()
-    assert fused == apart and len(fused[1]) == 8
-    assert runs_apart == 0 and runs == calls_apart - calls == (layers - 1 if prompt <= 256 else 0)
-
-
 @pytest.mark.parametrize("streams,xqg_batched", [(1, True), (3, True), (3, False)])
 async def test_decode_products_hand_the_next_product_its_int8_x(tmp_path, monkeypatch, streams, xqg_batched):
     """Planned as on a GPU with the products in mv_blk_i8 (MV_BLK_MIN lowered): the o and down

@@ -35,17 +35,6 @@ KV_MAX_CHUNKS = 128
 # -> 386, 386 tok/s (GPU pass 2.99 -> 2.77 ms: 32 layers of one workgroup a query head, ~7 us
 # each saved); its batched rows unchanged (8 streams 781 / 782 -> 799 / 775)
 QUAD_SCORES = True
-ATTEND_WG = 256  # attend_decode's invocations a workgroup (attention.wgsl's WG)
-# mv_blk_att (shaders/qkv_attention.wgsl): a one-token step's q|k|v product and attend_decode in
-# one dispatch, a workgroup a query head computing its rows (its kv head's again in each of the
-# kv head's workgroups), one dispatch less a layer, where the product's rows are at most this
-# long (plan.qkv_runs_attention: the small shapes' lone stream is bound by the host's encoding;
-# an 8B's q|k|v rows read by 32 workgroups alone would take longer than the dispatch saves)
-QKV_ATT_MAX_N_IN = 2048
-# ... each of its row groups BLK_WG invocations as mv_blk_i8_1's (each row summed alike) but
-# QKV_ATT_ROWS rows at a time: its q, k and v rows in fewer rounds (SmolLM2's 192 rows a head in
-# 3 rounds of 4 x 16, not 6 of 4 x 8)
-QKV_ATT_ROWS = 16
 
 
 ROWS_TILE = 32  # positions of attend_rows' key and value tiles (KT of shaders/attention_rows.wgsl)
@@ -61,14 +50,6 @@ def kv_tile_bytes(tp: int, group: int, head_dim: int) -> int:
     rows), scores, the own key and value, 256 invocations' partial softmax (shaders/attention.wgsl)."""
     dg = head_dim // 4
     return 16 * (2 * tp * dg + group * (dg + 1) + 2 * dg) + 4 * group * tp + 256 * 24
-
-
-def qkv_att_bytes(head_dim: int, blk_floats: int) -> int:
-    """mv_blk_att's workgroup memory: attend_decode's (the query, scores, value rows, 256
-    invocations' partial softmax, the own key and value), the product's partial sums
-    (`blk_floats`: matvec_block.wgsl's bpart and bpart_ss) and the head's q, k and v rows."""
-    dg = head_dim // 4
-    return 16 * dg + ATTEND_WG * 28 + 4 + 32 * dg + 4 * blk_floats + 12 * head_dim
 
 
 def kv_tile(limit: int, group: int, head_dim: int) -> int:

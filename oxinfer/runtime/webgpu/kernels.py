@@ -45,7 +45,7 @@ BLK_MV = ("mv_blk_i8", "mv_blk_i8_1")  # mv_blk_i8's forms (BLK_SHAPES)
 # 358 tok/s); False, a trial for the next call the H200 answers
 BLK_FORMS_FIXED = True
 BLK_FORMS_ONE_TOKEN = True
-PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in (*BLK_MV, "mv_blk_att")}}
+PARTS = {"mm_kt": ("xt_k", "wt_k", "mm_kt"), "mm_i8": ("xq_k", "mm_i8"), **{k: ("xq_k", k) for k in BLK_MV}}
 # (mv_blk_i8 also binds the next norm's weight and the xqs blocks it may write: Params.xo)
 PART_BINDINGS = {"xt_k": {1: "x", 7: "xt"}, "wt_k": {3: "w", 5: "wt"}, "mm_kt": {2: "y", 6: "wt", 8: "xt"},
                  "xq_k": {1: "x", 4: "nw", 6: "xq"}, "mm_i8": {2: "y", 3: "w", 5: "xq"},

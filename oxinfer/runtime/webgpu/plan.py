@@ -3,12 +3,11 @@ uniform words the shape decides. The fusion passes that choose them are named fu
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from oxinfer.runtime.webgpu import kernels
-from oxinfer.runtime.webgpu import attention
 from oxinfer.runtime.webgpu.device import ALIGN, PARAMS_BYTES, call_args, wgpu
 from oxinfer.runtime.webgpu.kernels import (
     BLK_MV,
@@ -19,7 +18,6 @@ from oxinfer.runtime.webgpu.kernels import (
     operand_bytes,
 )
 from oxinfer.runtime.webgpu.recorder import PROLOGUES, Dispatch, DTensor
-from oxinfer.runtime.webgpu.shaders import ATT_BINDINGS
 
 PRE_WORD, SPLITS_WORD, XS_WORD, XF_WORD, XO_WORD = 5, 7, 8, 9, 10  # Params.pre, .splits, .xs, .xf, .xo (common.wgsl)
 SLICES_WORD = 2  # Op.k of add_splits (ops_common.wgsl)
@@ -87,25 +85,18 @@ class Planning:
     """The plan-building half of ResidentRunner (mixed into it)."""
 
     def _bind(self, prog: Program, i: int, d: Dispatch, kind: str, pre: int, split: bool, sums: bool = False,
-              xf: int = 0, xo: int = 0, nw_next=None, att: int | None = None):
+              xf: int = 0, xo: int = 0, nw_next=None):
         """(pipeline, bind group) of dispatch i run as `kind` (a matmul kind, or the op's kernel
         or its fused variant), a matvec's prologue doing `pre` (Params.pre), a tiled product in
         k slices (`split`: written to the next dispatch's, add_splits', input), mm_kt's xt_k
         summing the slices of the product before (`sums`: read from that product's add_splits'
         input, which does not run), mv_blk_i8 reading x's xqs or xqg blocks (`xf` 1, 2), writing
-        xqs blocks with the next norm's weight `nw_next` (`xo` 1) or xqg ones (`xo` 2, 3: Params.xf, .xo);
-        mv_blk_att running attention dispatch `att` too (its bindings and uniforms ATT_BINDINGS up)."""
+        xqs blocks with the next norm's weight `nw_next` (`xo` 1) or xqg ones (`xo` 2, 3: Params.xf, .xo)."""
         key = (kind, pre, split, sums, xf, xo, nw_next is not None)
         got = d.bound.get(key)
         if got is None:
             entries = dict(d.entries)
-            if kind == "mv_blk_att":
-                pipe, layout = self.qkv_att_pipeline(d.qtype, xf)
-                a = prog.disps[att]
-                entries = {3: d.entries[3], 5: self._operand(prog, list(XQ_ROLES)[xf]),
-                           **{ATT_BINDINGS + b: buf for b, buf in a.entries.items() if b not in (2, 5)},
-                           ATT_BINDINGS + 11: self.att_parts(), ATT_BINDINGS + 12: self._operand(prog, "xq")}
-            elif d.kernel in ("mm", "embed"):
+            if d.kernel in ("mm", "embed"):
                 fixed = kernels.BLK_FORMS_FIXED and (kind == "mv_blk_i8" or kind in BLK_MV and kernels.BLK_FORMS_ONE_TOKEN)
                 pipe, layout = self.gpu.pipeline(d.qtype, kind, (xf, xo) if fixed else None)
                 if split:
@@ -139,9 +130,7 @@ class Planning:
                     entries = {3: entries[3], 4: entries[4], 6: prog.disps[i - 1].entries[2], 7: entries[2]}
                 pipe = self.op_pipeline(kind)
                 layout = pipe.get_bind_group_layout(0)
-            uniforms = {0: i, **({ATT_BINDINGS: att} if kind == "mv_blk_att" else {})}  # binding -> whose Params
-            group = [{"binding": b, "resource": {"buffer": prog.pbuf, "offset": k * ALIGN, "size": PARAMS_BYTES}}
-                     for b, k in uniforms.items()]
+            group = [{"binding": 0, "resource": {"buffer": prog.pbuf, "offset": i * ALIGN, "size": PARAMS_BYTES}}]
             group += [{"binding": b, "resource": {"buffer": buf, "offset": 0, "size": buf.size}}
                       for b, buf in sorted(entries.items())]
             got = d.bound[key] = (pipe, self.device.create_bind_group(layout=layout, entries=group))
@@ -167,7 +156,7 @@ class Planning:
         past some), and the uniform words the shape decides, built once per shape: a decode step
         of a steady batch re-encodes a list, nothing else. The passes, in order: choose_kernels,
         fuse_prologues, fuse_split_sums, chunk_attention, attention_makes_xq, products_make_xqs,
-        glu_x_in_xqg, qkv_runs_attention, then the calls and the uniform words."""
+        glu_x_in_xqg, then the calls and the uniform words."""
         chunks = self.decode_chunks(n, keys) if t == n else 1
         plan = prog.plans.get((t, n, stages, chunks))
         if plan is None:
@@ -178,7 +167,6 @@ class Planning:
             attention_makes_xq(self, prog.disps, c)
             products_make_xqs(prog.disps, c)
             glu_x_in_xqg(prog.disps, c)
-            qkv_runs_attention(self, prog.disps, c)
             calls, at = self._calls(prog, c, stages)
             where, values = shape_uniforms(prog.disps, c)
             if len(prog.plans) > 64:
@@ -192,9 +180,8 @@ class Planning:
         which dispatch of the program each is: mm_kt after its operands, attend_rows' chunks
         before their merge."""
         disps = prog.disps
-        runs = set(c.att_in.values())  # (attention run by its q|k|v product)
         live = [i for i, d in enumerate(disps) if not c.fused[i + 1] and not (d.optional and c.splits[i - 1] == 1)
-                and (d.stage is None or d.stage in stages) and i not in runs]
+                and (d.stage is None or d.stage in stages)]
         calls, at = [], []
         for i in live:
             parts = (c.kinds[i],)
@@ -204,8 +191,8 @@ class Planning:
                 parts = (c.kinds[i], MERGES[c.kinds[i]])
             for kind in parts:
                 pipe, bg = self._bind(prog, i, disps[i], kind, int(c.pre[i]), bool(c.splits[i] > 1), bool(c.xs[i] > 1),
-                                      int(c.xf[i]), int(c.xo[i]), c.nw_next.get(i), c.att_in.get(i))
-                x, y, z = (self.cfg.n_heads, 1, 1) if kind == "mv_blk_att" else disps[i].grid(kind, c.rows[i])
+                                      int(c.xf[i]), int(c.xo[i]), c.nw_next.get(i))
+                x, y, z = disps[i].grid(kind, c.rows[i])
                 if kind == c.kinds[i] and max(c.splits[i], c.chunks[i]) > 1:  # a product's k slices, attention's chunks
                     z = int(max(c.splits[i], c.chunks[i]))
                 grid = (x, y, z)
@@ -230,7 +217,6 @@ class Choices:
     xo: np.ndarray  # each product's Params.xo: it writes xqs blocks for the product after the norm (1) ...
     nw_next: dict  # ... whose weight (a buffer) is this; or xqg blocks for the down product (2, 3: its glu)
     made: np.ndarray  # 1: a product's x in int8 blocks comes from the kernel before (attention, a product): no xq_k
-    att_in: dict = field(default_factory=dict)  # a q|k|v product run as mv_blk_att -> the attention it runs (which does not)
 
 
 def choose_kernels(r, disps: list[Dispatch], t: int, n: int) -> Choices:
@@ -371,26 +357,6 @@ def glu_x_in_xqg(disps: list[Dispatch], c: Choices) -> None:
             c.xf[i], c.xo[k], c.made[i] = 2, c.pre[i], 1
         elif XQG_BATCHED:
             c.xf[i] = 2
-
-
-def qkv_runs_attention(r, disps: list[Dispatch], c: Choices) -> None:
-    """A one-token step's q|k|v product in mv_blk_i8_1 runs its attention too, as mv_blk_att
-    (shaders/qkv_attention.wgsl: a workgroup a query head, its q, k and v rows into workgroup
-    memory, then attend_decode's work), where the runner can (qkv_att: subgroups, head_dim a
-    multiple of the product's 8 rows, workgroup memory enough), attend_decode runs in one chunk
-    and takes rope_kv's place reading that product's rows, the product's x comes in the blocks the
-    product before made (xqs, xqg: not the xq blocks the attention writes for the o product, as
-    xq_k's for the first layer are) and its rows are at most QKV_ATT_MAX_N_IN long: one dispatch
-    less a layer, and the step's tokens and logits bit for bit those of the two dispatches."""
-    if not r.qkv_att:
-        return
-    for j, d in enumerate(disps):
-        i = j - 3 if j >= 3 and disps[j - 2].optional else j - 2  # the product (past its add_splits), rope_kv between
-        if (d.kernel == "attention:attend" and c.kinds[j] == "attention:attend_decode" and c.fused[j] and c.chunks[j] <= 1
-                and i >= 0 and disps[i].kernel == "mm" and c.kinds[i] == "mv_blk_i8_1" and c.rows[i] == 1
-                and c.splits[i] == 1 and not c.xo[i] and c.xf[i] and int(disps[i].params[1]) <= attention.QKV_ATT_MAX_N_IN
-                and d.pre is disps[j - 1] and disps[j - 1].entries[2] is disps[i].entries[2]):
-            c.kinds[i], c.att_in[i] = "mv_blk_att", j
 
 
 def shape_uniforms(disps: list[Dispatch], c: Choices) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray]:

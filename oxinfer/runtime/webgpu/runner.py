@@ -32,15 +32,14 @@ from oxinfer.models.kv_cache import KVPoolFull
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.runtime.webgpu import attention
-from oxinfer.runtime.webgpu.attention import ATTEND_WG, AttentionChunks, kv_tile, qkv_att_bytes, rows_tile_bytes
+from oxinfer.runtime.webgpu.attention import AttentionChunks, kv_tile, rows_tile_bytes
 from oxinfer.runtime.webgpu.device import ALIGN, Readback, round_up, wgpu
-from oxinfer.runtime.webgpu.kernels import BLK_SHAPES, BLK_SHARED
 from oxinfer.runtime.webgpu.kv import BS, DeviceCache, DeviceKV
 from oxinfer.runtime.webgpu.plan import Planning, Program
 from oxinfer.runtime.webgpu.recorder import Recorder
 from oxinfer.runtime.webgpu.sampler import OUTW, DeviceSampler
 from oxinfer.runtime.webgpu.submission import Half, Submitting
-from oxinfer.runtime.webgpu.shaders import kv_half, shader_dir, shader_source, unroll, with_attention
+from oxinfer.runtime.webgpu.shaders import kv_half, shader_dir, unroll
 
 if TYPE_CHECKING:
     from oxinfer.runtime.webgpu.backend import WebGpuBackend
@@ -170,9 +169,6 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         quads = attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
         self.tile_scores = "attention_scores_quad" if quads else "attention_scores"
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
-        rows, wg = attention.QKV_ATT_ROWS, BLK_SHAPES["mv_blk_i8_1"][1]  # mv_blk_att's row groups (attend_decode's invocations)
-        self.qkv_att = ("subgroup" in gpu.features and cfg.head_dim % rows == 0 and ATTEND_WG % wg == 0
-                        and qkv_att_bytes(cfg.head_dim, max(BLK_SHARED, ATTEND_WG // 4 * rows) + ATTEND_WG // 4) <= wg_bytes)
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
@@ -216,37 +212,18 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         pipe = self.pipelines.get(kernel)
         if pipe is None:
             file, entry = kernel.split(":")
-            code = self._prefix + self._op_code(["ops_common", *(["xq_block", self.tile_scores] if file == "attention" else []),
-                                                 file, *(["attention_rows"] if entry == "attend_rows" else [])])  # (needs subgroups)
+            d = shader_dir()
+            files = ["ops_common", *(["xq_block", self.tile_scores] if file == "attention" else []), file,
+                     *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
+            code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
+            hd = self.cfg.head_dim
+            code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
+            if self.kv_dtype == np.float16:
+                code = kv_half(code)
             module = self.device.create_shader_module(code=code)
             pipe = self.pipelines[kernel] = self.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": entry})
         return pipe
-
-    def _op_code(self, files: list[str]) -> str:
-        """The WGSL of shaders/ files of the forward's own kernels, unrolled for the model's heads,
-        with the pool's keys and values in float16 where they are."""
-        d, hd = shader_dir(), self.cfg.head_dim
-        code = unroll("\n".join((d / f"{f}.wgsl").read_text() for f in files), {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
-        return kv_half(code) if self.kv_dtype == np.float16 else code
-
-    def qkv_att_pipeline(self, qtype: str, xf: int):
-        """(pipeline, bind group layout) of mv_blk_att (qkv_attention.wgsl) for the q|k|v product's
-        format, reading x's int8 blocks of form xf (Params.xf): row groups of mv_blk_i8_1's
-        invocations (QKV_ATT_ROWS rows each), as many as attend_decode's invocations hold, and
-        attention.wgsl's bindings moved up (with_attention)."""
-        rows, wg = attention.QKV_ATT_ROWS, BLK_SHAPES["mv_blk_i8_1"][1]
-        key = ("mv_blk_att", qtype, xf, rows)
-        got = self.pipelines.get(key)
-        if got is None:
-            code = (self._prefix + shader_source(qtype, "mv_blk_i8_1", BLK_GROUPS=ATTEND_WG // wg, BLK_ROWS=rows)
-                    + with_attention(self._op_code(["ops_common", self.tile_scores, "attention"]))
-                    + unroll((shader_dir() / "qkv_attention.wgsl").read_text(), {"BLK_ROWS": rows}))
-            module = self.device.create_shader_module(code=code)
-            pipe = self.device.create_compute_pipeline(layout="auto", compute={
-                "module": module, "entry_point": "mv_blk_att", "constants": {"XF": xf, "XO": 0}})
-            got = self.pipelines[key] = (pipe, pipe.get_bind_group_layout(0))
-        return got
 
     # --- tracing ------------------------------------------------------------------------------
     def program(self, all_logits: bool) -> Program:

@@ -34,8 +34,7 @@ _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common", "xq_block"),
              "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "xq_block", "matvec_block", "matmul")}
 # kernel file -> the sizes kernels.py decides that its WGSL reads as constants
-_DECLARED = {"matvec_block": {**dict(zip(("BLK_ROWS", "BLK_WG"), BLK_SHAPES["mv_blk_i8"])), "BLK_SHARED": BLK_SHARED,
-                              "BLK_GROUPS": 1},
+_DECLARED = {"matvec_block": {**dict(zip(("BLK_ROWS", "BLK_WG"), BLK_SHAPES["mv_blk_i8"])), "BLK_SHARED": BLK_SHARED},
              "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
 # kernel kind -> its own sizes, in place of its file's (one entry point compiled in several forms)
 _KIND_SIZES = {k: dict(zip(("BLK_ROWS", "BLK_WG"), shape)) for k, shape in BLK_SHAPES.items()}
@@ -150,16 +149,3 @@ def shader_source(qtype: str, kind: str, **sizes: int) -> str:
     code = "\n".join(([_ENABLES[file]] if file in _ENABLES else []) + [f"const {k}: u32 = {n}u;" for k, n in consts.items()]
                      + [(d / f"{p}.wgsl").read_text() for p in parts])
     return unroll(code, {"ROWS": MM_ROWS, **consts})
-
-
-ATT_BINDINGS = 16  # where with_attention moves attention.wgsl's bindings up to
-
-
-def with_attention(code: str) -> str:
-    """attention.wgsl's WGSL (with ops_common's Op) made to share a module with a product's
-    (qkv_attention.wgsl): its bindings ATT_BINDINGS up, its uniform Op named A (the product's is P),
-    its xq_out att_xq_out, and its qkv accessor set aside for the module's own."""
-    code = re.sub(r"@binding\((\d+)\)", lambda m: f"@binding({int(m[1]) + ATT_BINDINGS})", code)
-    code = re.sub(r"\bP\b", "A", code)
-    code = re.sub(r"\bxq_out\b", "att_xq_out", code)
-    return re.sub(r"\bfn qkv\(", "fn qkv_bound(", code)
