@@ -2,7 +2,8 @@
 finds: the pass's recording (the raw calls, benchmarks' `encode_pass`), the encoder's finish
 (wgpu-core checks the pass and records it for the driver), the submit, and the GPU pass (timestamps:
 the step run alone, nothing ahead); then the same step in two command buffers finished in two
-threads at once (the finishes let go of the GIL), to see whether a step's encoding could be split.
+threads at once (the finishes let go of the GIL), and in two where the first finishes in a thread
+while the second is recorded (submission.ENCODE_OVERLAP), to see whether a step's encoding can be split.
 --variants compares plans in turns in one process, each a name and integer trial settings of
 oxinfer.runtime.webgpu.attention (session 27 compared a fused q|k|v product and attention so:
 docs/benchmarks.md). No other thread runs meanwhile: the runner's own figures (gpu_model.py's
@@ -30,7 +31,8 @@ from oxinfer.runtime.webgpu import attention
 from oxinfer.runtime.webgpu.device import encode_pass
 from oxinfer.testing import write_tiny_llama
 
-PARTS = ("record", "finish", "submit", "GPU pass", "two halves: record", "two halves: finish in 2 threads")
+PARTS = ("record", "finish", "submit", "GPU pass", "two halves: record", "two halves: finish in 2 threads",
+         "two halves, the first finished in a thread while the second records: record + finish")
 
 
 def _pass(dev, calls):
@@ -75,8 +77,14 @@ def measure(r, pool, reps: int) -> dict[str, list[float]]:
         cbs = list(pool.map(lambda e: e.finish(), (a, b)))
         t5 = time.perf_counter()
         dev.queue.submit(cbs)
+        t6 = time.perf_counter()
+        first = pool.submit(_pass(dev, calls[:half]).finish)  # (submission.ENCODE_OVERLAP's way)
+        second = _pass(dev, calls[half:])
+        cbs = [first.result(), second.finish()]
+        t7 = time.perf_counter()
+        dev.queue.submit(cbs)
         r.step_sync([np.array([1])], [cache])  # (waits for the GPU; its own pass timed alone)
-        for k, s in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, r.last.kernel_s or 0.0, t4 - t3, t5 - t4)):
+        for k, s in zip(PARTS, (t1 - t0, t2 - t1, t3 - t2, r.last.kernel_s or 0.0, t4 - t3, t5 - t4, t7 - t6)):
             times[k].append(s * 1e3)
     times["dispatches"] = [len(calls)]
     return times

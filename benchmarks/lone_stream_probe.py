@@ -1,16 +1,17 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
 difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
-GPU pass. Variants: a name, then trial settings: attention.NAME=V (an integer constant of
-oxinfer.runtime.webgpu.attention), switch=S (Python's GIL switch interval, seconds).
+GPU pass. Variants: a name, then trial settings: MODULE.NAME=V (an integer or boolean constant of
+a module of oxinfer.runtime.webgpu), switch=S (Python's GIL switch interval, seconds).
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
-        --variants "default: switch:switch=0.0002"
+        --variants "default: whole:submission.ENCODE_OVERLAP=0 switch:switch=0.0002"
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ import numpy as np
 from gpu_model import SYNTHETIC
 
 import oxinfer
-from oxinfer.runtime.webgpu import WebGpuBackend, attention
+from oxinfer.runtime.webgpu import WebGpuBackend
 from oxinfer.runtime.webgpu import submission as sub
 from oxinfer.testing import write_tiny_llama
 
@@ -48,7 +49,12 @@ def _apply(sets: dict[str, str], defaults: dict[str, object]) -> None:
         if k == "switch":
             sys.setswitchinterval(float(v))
         else:
-            setattr(attention, k.split(".", 1)[1], int(v))
+            setattr(_module(k), k.split(".", 1)[1], int(v))
+
+
+def _module(key: str):
+    """MODULE of "MODULE.NAME": a module of oxinfer.runtime.webgpu."""
+    return importlib.import_module(f"oxinfer.runtime.webgpu.{key.split('.', 1)[0]}")
 
 
 async def run_one(engine, tokens: int) -> dict[str, float]:
@@ -76,7 +82,7 @@ async def main(args) -> None:
     sub.Submitting._submit = _timed_submit(sub.Submitting._submit)
     variants = _variants(args.variants)
     defaults = {"switch": sys.getswitchinterval(),
-                **{k: getattr(attention, k.split(".", 1)[1]) for sets in variants.values() for k in sets if k != "switch"}}
+                **{k: getattr(_module(k), k.split(".", 1)[1]) for sets in variants.values() for k in sets if k != "switch"}}
     got = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, sets in variants.items():
