@@ -3,7 +3,8 @@ finds: the pass's recording (the raw calls, benchmarks' `encode_pass`), the enco
 (wgpu-core checks the pass and records it for the driver), the submit, and the GPU pass (timestamps:
 the step run alone, nothing ahead); then the same step in two command buffers finished in two
 threads at once (the finishes let go of the GIL), and in two where the first finishes in a thread
-while the second is recorded (submission.ENCODE_OVERLAP), to see whether a step's encoding can be split.
+while the second is recorded, to see whether a step's encoding can be split (neither gains: session
+27, docs/benchmarks.md).
 --variants compares plans in turns in one process, each a name and integer trial settings of
 oxinfer.runtime.webgpu.attention (session 27 compared a fused q|k|v product and attention so:
 docs/benchmarks.md). No other thread runs meanwhile: the runner's own figures (gpu_model.py's
@@ -78,7 +79,7 @@ def measure(r, pool, reps: int) -> dict[str, list[float]]:
         t5 = time.perf_counter()
         dev.queue.submit(cbs)
         t6 = time.perf_counter()
-        first = pool.submit(_pass(dev, calls[:half]).finish)  # (submission.ENCODE_OVERLAP's way)
+        first = pool.submit(_pass(dev, calls[:half]).finish)
         second = _pass(dev, calls[half:])
         cbs = [first.result(), second.finish()]
         t7 = time.perf_counter()

@@ -1,16 +1,17 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
 difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
-GPU pass. Variants: a name, then trial settings: MODULE.NAME=V (an integer or boolean constant of
-a module of oxinfer.runtime.webgpu), switch=S (Python's GIL switch interval, seconds).
+GPU pass. Variants: a name, then trial settings: MODULE.NAME=V (a constant of
+a module of oxinfer.runtime.webgpu, V a Python literal of its type), switch=S (Python's GIL switch interval, seconds).
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
-        --variants "default: whole:submission.ENCODE_OVERLAP=0 switch:switch=0.0002"
+        --variants "default: spin0:device.SPIN_S=0 switch:switch=0.0002"
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
 import sys
 import tempfile
@@ -49,7 +50,7 @@ def _apply(sets: dict[str, str], defaults: dict[str, object]) -> None:
         if k == "switch":
             sys.setswitchinterval(float(v))
         else:
-            setattr(_module(k), k.split(".", 1)[1], int(v))
+            setattr(_module(k), k.split(".", 1)[1], ast.literal_eval(v) if isinstance(v, str) else v)
 
 
 def _module(key: str):

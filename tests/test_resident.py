@@ -104,47 +104,6 @@ async def test_a_prompt_s_step_submitted_in_pieces_computes_the_same(pair, monke
     assert np.array_equal(got, whole)
 
 
-async def test_a_decode_step_encoded_in_two_pieces_computes_the_same(tmp_path, monkeypatch):
-    """Planned as on a GPU: a decode step is encoded in two pieces, the first one finished in the
-    runner's finisher thread while the second is recorded (submission.ENCODE_OVERLAP), and goes to
-    the GPU in two submissions (with a JSON schema, its forward in two before its sampler): greedy
-    tokens with logprobs, a seeded draw and a schema's answer, from streams alone and together,
-    equal those of steps encoded whole, bit for bit."""
-    backend = WebGpuBackend.create(allow_cpu_adapter=True)
-    backend.cpu_adapter = False  # plan as on a GPU
-    monkeypatch.setattr(submission, "OVERLAP_MIN_CALLS", 4)
-    path = write_tiny_llama(tmp_path / "m.gguf", d=96, n_heads=6, n_kv=2, d_ff=160, seed=6, extra_vocab=40)
-    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-    params = [oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=3),
-              oxinfer.SamplingParams(temperature=0.8, top_p=0.9, seed=4, max_tokens=8, ignore_eos=True, logprobs=3),
-              oxinfer.SamplingParams(json_schema=schema, temperature=0, max_tokens=12)]
-
-    async def decode():
-        gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
-        stats = gpu.resident.stats
-        s0, steps0 = stats.submissions, stats.steps
-        alone = [[(t.token_id, t.logprob, t.top_logprobs) async for t in gpu.stream([5, 6, 7], p)
-                  if isinstance(t, oxinfer.Token)] for p in params[:1]]
-        per_step = (stats.submissions - s0) / (stats.steps - steps0)  # (a greedy stream's)
-        alone += [[(t.token_id, t.logprob, t.top_logprobs) async for t in gpu.stream([5, 6, 7], p)
-                   if isinstance(t, oxinfer.Token)] for p in params[1:]]
-        together = [None] * len(params)
-
-        async def one(i):
-            together[i] = (await gpu.generate([5, 6, 7], params[i])).token_ids
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(params)):
-                tg.start_soon(one, i)
-        return alone, together, per_step
-
-    halves, halves_together, per_step = await decode()
-    monkeypatch.setattr(submission, "ENCODE_OVERLAP", False)
-    whole, whole_together, per_step_whole = await decode()
-    assert halves == whole and halves_together == whole_together
-    assert per_step > per_step_whole + 0.5  # (a step's pieces: two submissions where there was one)
-
-
 @pytest.mark.parametrize("qtype,tied", [(T.Q4_1, True), (T.Q4_0, False), (T.Q8_0, True), (T.BF16, False)])
 async def test_forward_matches_the_cpu(tmp_path, qtype, tied):
     """Every op on the GPU (embedding, norms, products, rope, KV append, attention, SwiGLU,

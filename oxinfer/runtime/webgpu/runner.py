@@ -141,7 +141,6 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         self.run_ahead = True
         self._aheads: deque[_Ahead] = deque()  # steps submitted ahead, oldest first, until asked for
         self._background = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-ahead")
-        self._finisher = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-gpu-finish")  # (submission.ENCODE_OVERLAP)
         self._pending: Future | None = None  # the background submission of the furthest step ahead
         self._chain = (frozenset(), False, False)  # the sampler's stages, logprobs, masks of the steps run ahead
         group = cfg.n_heads // cfg.n_kv_heads

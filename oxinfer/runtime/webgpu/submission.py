@@ -20,13 +20,6 @@ from oxinfer.runtime.webgpu.sampler import OUTW
 # before the GPU did anything. Decode steps stay one submission (run-ahead hides their encoding).
 FIRST_PIECES = (16, 80)
 PIECES_MIN_ROWS = 64
-# a decode step on a GPU adapter is encoded in two pieces, the first one's finish (wgpu-core's
-# check and recording of the pass, the GIL let go) in the runner's finisher thread while the second
-# is recorded (Python's loop of raw calls): a lone stream's steps ahead are paced by their encoding
-# where it takes as long as the GPU pass (the 135M shape on the H100 machine: ~1.1 ms of CPU each,
-# record 0.43 and finish 0.46 of it, beside a 1.15 ms pass; docs/benchmarks.md, session 27)
-ENCODE_OVERLAP = True
-OVERLAP_MIN_CALLS = 32  # (each piece at least this many dispatches)
 
 
 @dataclass(eq=False)
@@ -72,26 +65,14 @@ class Submitting:
         up += self._write_plan(prog, plan, t, n)
         pieces = seqs is not None and t >= PIECES_MIN_ROWS
         first = plan.sampler_at if masked else len(plan.calls)
-        halves = ENCODE_OVERLAP and not pieces and not self.gpu.cpu_adapter and first >= 2 * OVERLAP_MIN_CALLS
-        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first} | ({first // 2} if halves else set()))
-        submit_s, finishing = 0.0, None
+        ends = sorted({k for k in FIRST_PIECES if pieces and k < first} | {first})
+        submit_s = 0.0
         for a, b in itertools.pairwise([0, *ends]):
             enc = self._encode(plan, a, b)
-            if finishing is not None:  # the piece before, finished in the finisher thread while this one was recorded
-                t1 = time.perf_counter()
-                self.device.queue.submit([finishing.result()])
-                submit_s += time.perf_counter() - t1
-                finishing = None
-            if b < len(plan.calls) and halves:
-                finishing = self._finisher.submit(enc.finish)
-            elif b < len(plan.calls):
+            if b < len(plan.calls):
                 t1 = time.perf_counter()
                 self.device.queue.submit([enc.finish()])  # the GPU starts on it while the next piece is encoded
                 submit_s += time.perf_counter() - t1
-        if finishing is not None:  # (a step with constraints: its forward's second half)
-            t1 = time.perf_counter()
-            self.device.queue.submit([finishing.result()])
-            submit_s += time.perf_counter() - t1
         half = Half(prog, plan, t, n, all_logits, picks, logprobs, masked, staging, first, up,
                      time.perf_counter() - t0 - submit_s, submit_s, len(ends) - (first == len(plan.calls)),
                      enc if first == len(plan.calls) else None)
