@@ -164,11 +164,11 @@ def encode_pass(cp, calls: list[tuple]) -> None:
         h = ctypes.c_void_p(_handle(cp))
         set_pipeline, set_bind_group, dispatch = _C
         zero, none, size0 = ctypes.c_uint32(0), ctypes.c_void_p(None), ctypes.c_size_t(0)
-        for i, (first, *_, (pipe, bg, x, y, z)) in enumerate(calls):
+        if calls and calls[0][5][0] is None:  # a pass starts with no pipeline: the one a call before set
+            set_pipeline(h, ctypes.c_void_p(_handle(calls[0][0])))
+        for _, _, _, _, _, (pipe, bg, x, y, z) in calls:  # (no starred unpacking: a list a dispatch)
             if pipe is not None:
                 set_pipeline(h, pipe)
-            elif not i:  # a pass starts with no pipeline: the one a call before set
-                set_pipeline(h, ctypes.c_void_p(_handle(first)))
             set_bind_group(h, zero, bg, size0, none)
             dispatch(h, x, y, z)
         return
