@@ -5,13 +5,12 @@ the step run alone, nothing ahead); then the same step in two command buffers fi
 threads at once (the finishes let go of the GIL), and in two where the first finishes in a thread
 while the second is recorded, to see whether a step's encoding can be split (neither gains: session
 27, docs/benchmarks.md).
---variants compares plans in turns in one process, each a name and integer trial settings of
-oxinfer.runtime.webgpu.attention (session 27 compared a fused q|k|v product and attention so:
-docs/benchmarks.md). No other thread runs meanwhile: the runner's own figures (gpu_model.py's
-phase lines, lone_stream_probe.py) add its contention.
+--variants compares plans in turns in one process (trial_settings.py; session 27 compared a fused
+q|k|v product and attention so: docs/benchmarks.md). No other thread runs meanwhile: the runner's
+own figures (gpu_model.py's phase lines, lone_stream_probe.py) add its contention.
 
     python benchmarks/gpu_encode_cost.py --synthetic 135m [--reps 300]
-        [--variants "default: kv8:KV_WORKGROUPS=8"] [--rounds 3]
+        [--variants "default: kv8:attention.KV_WORKGROUPS=8"] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -24,11 +23,11 @@ from pathlib import Path
 
 import anyio
 import numpy as np
+import trial_settings
 from gpu_model import SYNTHETIC
 
 import oxinfer
 from oxinfer.runtime.webgpu import WebGpuBackend
-from oxinfer.runtime.webgpu import attention
 from oxinfer.runtime.webgpu.device import encode_pass
 from oxinfer.testing import write_tiny_llama
 
@@ -42,15 +41,6 @@ def _pass(dev, calls):
     encode_pass(cp, calls)
     cp.end()
     return enc
-
-
-def _variants(text: str) -> dict[str, dict[str, int]]:
-    """ "name:NAME=V,NAME=V name2:" -> {name: {NAME: V}} """
-    out = {}
-    for v in text.split():
-        name, _, sets = v.partition(":")
-        out[name] = {k: int(x) for k, _, x in (s.partition("=") for s in sets.split(",") if s)}
-    return out
 
 
 def measure(r, pool, reps: int) -> dict[str, list[float]]:
@@ -99,13 +89,12 @@ async def main(args) -> None:
     r = engine.resident
     r.run_ahead = False
     pool = ThreadPoolExecutor(2)
-    variants = _variants(args.variants)
-    defaults = {k: getattr(attention, k) for sets in variants.values() for k in sets}
+    variants = trial_settings.parse(args.variants)
+    defaults = trial_settings.current(variants)
     got = {name: {} for name in variants}
     for _ in range(args.rounds):
         for name, sets in variants.items():
-            for k, v in {**defaults, **sets}.items():
-                setattr(attention, k, v)
+            trial_settings.apply(sets, defaults)
             for k, v in measure(r, pool, args.reps).items():
                 got[name].setdefault(k, []).extend(v)
     print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.reps} steps, variants in turns")

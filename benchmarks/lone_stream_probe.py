@@ -1,25 +1,22 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
 difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
-GPU pass. Variants: a name, then trial settings: MODULE.NAME=V (a constant of
-a module of oxinfer.runtime.webgpu, V a Python literal of its type), switch=S (Python's GIL switch interval, seconds).
+GPU pass. --variants: trial_settings.py's.
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
-        --variants "default: spin0:device.SPIN_S=0 switch:switch=0.0002"
+        --variants "default: spin0:device.SPIN_S=0.0 switch:switch=0.0002"
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import anyio
 import numpy as np
+import trial_settings
 from gpu_model import SYNTHETIC
 
 import oxinfer
@@ -38,24 +35,6 @@ def _timed_submit(original):
         finally:
             ENCODES.append((time.perf_counter() - w, time.thread_time() - c))
     return submit
-
-
-def _variants(text: str) -> dict[str, dict[str, str]]:
-    return {name: dict(s.split("=", 1) for s in sets.split(",") if s)
-            for name, _, sets in (v.partition(":") for v in text.split())}
-
-
-def _apply(sets: dict[str, str], defaults: dict[str, object]) -> None:
-    for k, v in {**defaults, **sets}.items():
-        if k == "switch":
-            sys.setswitchinterval(float(v))
-        else:
-            setattr(_module(k), k.split(".", 1)[1], ast.literal_eval(v) if isinstance(v, str) else v)
-
-
-def _module(key: str):
-    """MODULE of "MODULE.NAME": a module of oxinfer.runtime.webgpu."""
-    return importlib.import_module(f"oxinfer.runtime.webgpu.{key.split('.', 1)[0]}")
 
 
 async def run_one(engine, tokens: int) -> dict[str, float]:
@@ -81,15 +60,14 @@ async def main(args) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu", max_concurrent=4)
     sub.Submitting._submit = _timed_submit(sub.Submitting._submit)
-    variants = _variants(args.variants)
-    defaults = {"switch": sys.getswitchinterval(),
-                **{k: getattr(_module(k), k.split(".", 1)[1]) for sets in variants.values() for k in sets if k != "switch"}}
+    variants = trial_settings.parse(args.variants)
+    defaults = trial_settings.current(variants)
     got = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, sets in variants.items():
-            _apply(sets, defaults)
+            trial_settings.apply(sets, defaults)
             got[name].append(await run_one(engine, args.tokens))
-    _apply({}, defaults)
+    trial_settings.apply({}, defaults)
     print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens, variants in turns")
     for name, runs in got.items():
         print(f"  {name} ({variants[name] or 'defaults'}): tok/s " + " ".join(f"{r['tok/s']:.0f}" for r in runs))

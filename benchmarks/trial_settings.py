@@ -1,0 +1,47 @@
+"""Settings a benchmark takes in turns in one process: "name:MODULE.NAME=V,MODULE.NAME=V name2:" (name2:
+the defaults), MODULE a module of oxinfer.runtime.webgpu and V a Python literal of its constant's
+type; switch=S sets Python's GIL switch interval (seconds). (gpu_model.py's --set takes one setting
+a process: for constants read once, at load.)"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+
+
+def parse(text: str) -> dict[str, dict[str, object]]:
+    """{name: {setting: value}} of the variants text."""
+    out = {}
+    for v in text.split():
+        name, _, sets = v.partition(":")
+        out[name] = {k: ast.literal_eval(x) for k, _, x in (s.partition("=") for s in sets.split(",") if s)}
+    return out
+
+
+def current(variants: dict[str, dict[str, object]]) -> dict[str, object]:
+    """The values now of every setting the variants name (what apply puts back between them)."""
+    return {k: _get(k) for sets in variants.values() for k in sets}
+
+
+def apply(sets: dict[str, object], defaults: dict[str, object]) -> None:
+    """The defaults, then these settings."""
+    for k, v in {**defaults, **sets}.items():
+        if k == "switch":
+            sys.setswitchinterval(v)
+        else:
+            module, _, name = k.rpartition(".")
+            setattr(_module(module), name, v)
+
+
+def _get(key: str) -> object:
+    if key == "switch":
+        return sys.getswitchinterval()
+    module, _, name = key.rpartition(".")
+    if not hasattr(_module(module), name):
+        raise SystemExit(f"{key}: no such constant in oxinfer.runtime.webgpu.{module}")
+    return getattr(_module(module), name)
+
+
+def _module(name: str):
+    return importlib.import_module(f"oxinfer.runtime.webgpu.{name}")
