@@ -149,7 +149,7 @@ structlog.get_logger("app").info("app_line_after")
 
 async def main():
     engine = await oxinfer.Engine.load(write_tiny_llama(Path(sys.argv[1]) / "tiny.gguf"))
-    await engine.generate([1, 2, 3], oxinfer.SamplingParams(max_tokens=2))
+    await engine.generate([1, 2, 3], oxinfer.SamplingParams(max_tokens=2, ignore_eos=True))
 
 anyio.run(main)
 """
