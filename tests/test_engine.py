@@ -500,7 +500,7 @@ def test_a_timeout_ends_a_lone_stream_under_either_anyio_backend(tmp_path, backe
         with anyio.move_on_after(0.2) as scope:
             await engine.generate("Hello there", SamplingParams(max_tokens=1500, ignore_eos=True))
         assert scope.cancelled_caught
-        assert (await engine.generate("Hi", SamplingParams(max_tokens=3))).finished.reason == "length"
+        assert (await engine.generate("Hi", SamplingParams(max_tokens=3, ignore_eos=True))).finished.reason == "length"
         assert engine.stats().running == 0
 
     anyio.run(main, backend=backend)
