@@ -119,20 +119,14 @@ fn one_phase(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 """
 
 
-def _buffer(dev, size: int, extra: int = 0):
+def _buffer(dev, size: int):
     return dev.create_buffer(size=max(size, 16), usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
-                             | wgpu.BufferUsage.COPY_DST | extra)
+                             | wgpu.BufferUsage.COPY_DST)
 
 
-def _read_u32(dev, buf, n: int) -> np.ndarray:
-    out = dev.create_buffer(size=max(4 * n, 16), usage=wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.MAP_READ)
-    enc = dev.create_command_encoder()
-    enc.copy_buffer_to_buffer(buf, 0, out, 0, max(4 * n, 16))
-    dev.queue.submit([enc.finish()])
-    out.map_sync(wgpu.MapMode.READ)
-    got = np.frombuffer(out.read_mapped(), np.uint32)[:n].copy()
-    out.unmap()
-    return got
+def _u32(dev, buf) -> int:
+    """The buffer's first word (waits for the work submitted before)."""
+    return int(np.frombuffer(dev.queue.read_buffer(buf, 0, 4), np.uint32)[0])
 
 
 def resident(dev, g: int, wg: int) -> bool:
@@ -149,7 +143,7 @@ def resident(dev, g: int, wg: int) -> bool:
     cp.dispatch_workgroups(g)
     cp.end()
     dev.queue.submit([enc.finish()])
-    return int(_read_u32(dev, saw, 1)[0]) == g
+    return _u32(dev, saw) == g
 
 
 def co_resident(dev, wg: int, most: int = 4096) -> int:
@@ -195,11 +189,11 @@ def compare(dev, g: int, wg: int, phases: int, rounds: int) -> dict[str, list[fl
             cb = enc.finish()
             t = time.perf_counter()
             dev.queue.submit([cb])
-            err = int(_read_u32(dev, errors, 1)[0])
+            err = _u32(dev, errors)
             got[name].append((time.perf_counter() - t) / phases * 1e6)
             got[f"errors: {name}"].append(err)
             if entry == "persistent":
-                got["barriers given up"].append(int(_read_u32(dev, timeouts, 1)[0]))
+                got["barriers given up"].append(_u32(dev, timeouts))
     return got
 
 
