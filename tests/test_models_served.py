@@ -48,9 +48,14 @@ def srv(files):
     s.close()
 
 
+# a request that may load a model first (the tests' clients alike: httpx's own default, 5 s, failed a
+# /tokenize that swapped models on a busy 2-core machine)
+TIMEOUT = 120
+
+
 @pytest.fixture(scope="module")
 def client(srv):
-    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=TIMEOUT)
 
 
 def loaded(srv) -> dict[str, bool]:
@@ -92,7 +97,7 @@ def test_two_models_answer_by_name_and_an_unknown_one_is_a_404(srv, client):
     r = httpx.get(srv.url + "/v1/models/gamma")
     assert r.status_code == 404 and set(r.json()["error"]) == {"message", "type", "param", "code"}
     # no model named: the first one; the file's stem is accepted too once it is loaded
-    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, **GREEDY}).json()
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": CHAT, **GREEDY}, timeout=TIMEOUT).json()
     assert r["model"] == "alpha" and r["choices"][0]["message"]["content"] == answers["alpha"]
 
 
@@ -102,7 +107,7 @@ def test_the_least_recently_used_idle_model_makes_room(srv, client):
     client.embeddings.create(model="beta", input="hello")  # every route picks its model
     assert loaded(srv) == {"alpha": False, "beta": True, "broken": False}
     assert running_series(srv) == [{"beta"}, {"beta"}]
-    ids = httpx.post(srv.url + "/tokenize", json={"model": "alpha", "prompt": "hi"}).json()["tokens"]
+    ids = httpx.post(srv.url + "/tokenize", json={"model": "alpha", "prompt": "hi"}, timeout=TIMEOUT).json()["tokens"]
     assert ids and loaded(srv) == {"alpha": True, "beta": False, "broken": False}
     assert running_series(srv) == [{"alpha"}, {"alpha"}]
 
