@@ -94,7 +94,7 @@ async def main(args) -> None:
     got = {name: {} for name in variants}
     for _ in range(args.rounds):
         for name, sets in variants.items():
-            trial_settings.apply(sets, defaults)
+            trial_settings.apply(sets, defaults, r)
             for k, v in measure(r, pool, args.reps).items():
                 got[name].setdefault(k, []).extend(v)
     print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.reps} steps, variants in turns")

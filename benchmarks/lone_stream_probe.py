@@ -65,7 +65,7 @@ async def main(args) -> None:
     got = {name: [] for name in variants}
     for _ in range(args.rounds):
         for name, sets in variants.items():
-            trial_settings.apply(sets, defaults)
+            trial_settings.apply(sets, defaults, engine.resident)
             got[name].append(await run_one(engine, args.tokens))
     trial_settings.apply({}, defaults)
     print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens, variants in turns")

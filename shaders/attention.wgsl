@@ -131,6 +131,13 @@ fn kv_row(slot: u32, kvh: u32, p: u32) -> u32 {   // first vec4 of position p's 
     return (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
 }
 
+// dims 4g .. 4g + 3 of the value a tile's vrow names (OWN: the row's own, in vown); the pool is read
+// either way, so that the loads of several positions need no branch
+fn value_of(vr: u32, g: u32) -> vec4<f32> {
+    let v = vpool[select(vr, 0u, vr == OWN) + g];
+    return select(v, vown[g], vr == OWN);
+}
+
 @compute @workgroup_size(256)
 fn attend(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     attend_row(wid.x, wid.y, 0u, lid, false);
@@ -191,15 +198,31 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
             let corr = exp(m - cm);   // 0 on a lane's first position
             l *= corr;
             acc *= corr;
-            for (var j = lane; j < cnt; j += LANES) {
+            // four positions at a time, their four value rows loaded before any is summed: one wait
+            // for the loads, not four in a row (the sums in the same order as one at a time)
+            var j = lane;
+            for (; j + 3u * LANES < cnt; j += 4u * LANES) {
+                let v0 = value_of(vrow[j], g);
+                let v1 = value_of(vrow[j + LANES], g);
+                let v2 = value_of(vrow[j + 2u * LANES], g);
+                let v3 = value_of(vrow[j + 3u * LANES], g);
+                let p0 = exp(sc[j] - cm);
+                let p1 = exp(sc[j + LANES] - cm);
+                let p2 = exp(sc[j + 2u * LANES] - cm);
+                let p3 = exp(sc[j + 3u * LANES] - cm);
+                l += p0;
+                acc += p0 * v0;
+                l += p1;
+                acc += p1 * v1;
+                l += p2;
+                acc += p2 * v2;
+                l += p3;
+                acc += p3 * v3;
+            }
+            for (; j < cnt; j += LANES) {
                 let pj = exp(sc[j] - cm);
                 l += pj;
-                let vr = vrow[j];
-                if (vr == OWN) {
-                    acc += pj * vown[g];
-                } else {
-                    acc += pj * vpool[vr + g];
-                }
+                acc += pj * value_of(vrow[j], g);
             }
             m = cm;
         }
