@@ -99,6 +99,7 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
 // attention latency-bound on an H200: 12 us for 80 positions.)
 const WG: u32 = 256u;
 const DG: u32 = HD / 4u;
+const DL: u32 = HD / 16u;   // a quarter of DG: the vec4s of a key (or query) one of 4 invocations holds
 const LANES: u32 = WG / DG;
 var<workgroup> qs: array<vec4<f32>, DG>;
 var<workgroup> sc: array<f32, WG>;
@@ -131,6 +132,46 @@ fn kv_row(slot: u32, kvh: u32, p: u32) -> u32 {   // first vec4 of position p's 
     return (((table[slot * MAXB + p / BS] * P.k + kvh) * BS + p % BS) * HD) / 4u;
 }
 
+// positions c.x .. c.y of a row at `pos`, chunk `chunk` of P.flags: the window's (from pos + 1 -
+// P.window on where the model has one; else from 0) in chunks
+fn positions(pos: u32, chunk: u32) -> vec2<u32> {
+    let n = pos + 1u;   // causal: positions 0 .. own
+    let w0 = select(0u, n - P.window, P.window > 0u && n > P.window);
+    let chunks = max(P.flags, 1u);
+    let span = (n - w0 + chunks - 1u) / chunks;
+    let c0 = min(n, w0 + chunk * span);
+    return vec2<u32>(c0, min(n, c0 + span));
+}
+
+// the tile's scores (sc, vrow) of its cnt positions from t0, KEYS_STEP at a time (attention_scores*.wgsl);
+// with have_first, the first step's keys are `first`, loaded before
+fn tile_scores(t0: u32, cnt: u32, n: u32, slot: u32, kvh: u32, decode: bool, lid: u32, first: Keys, have_first: bool) {
+    for (var j0 = 0u; j0 < cnt; j0 += KEYS_STEP) {
+        var k = first;
+        if (j0 != 0u || !have_first) {
+            k = tile_keys(t0, j0, cnt, n, slot, kvh, decode, lid);
+        }
+        keys_scored(k, j0, cnt, lid);
+    }
+}
+
+// dims 4g .. 4g + 3 of the value of position t0 + j of a row at `pos` (the pool's row of position 0
+// where j is past the tile's cnt or the position is the row's own: dropped by take_value)
+fn first_value(t0: u32, j: u32, cnt: u32, pos: u32, slot: u32, kvh: u32, decode: bool, g: u32) -> vec4<f32> {
+    let own = decode && t0 + j == pos;
+    return vpool[kv_row(slot, kvh, select(0u, t0 + j, j < cnt && !own)) + g];
+}
+
+// position j of the tile (dims 4g .. 4g + 3 of its value as first_value loaded them; the row's
+// own from vown) into a lane's sums
+fn take_value(j: u32, cnt: u32, g: u32, cm: f32, v: vec4<f32>, l: ptr<function, f32>, acc: ptr<function, vec4<f32>>) {
+    if (j < cnt) {
+        let pj = exp(sc[j] - cm);
+        *l += pj;
+        *acc += pj * select(v, vown[g], vrow[j] == OWN);
+    }
+}
+
 // dims 4g .. 4g + 3 of the value a tile's vrow names (OWN: the row's own, in vown); the pool is read
 // either way, so that the loads of several positions need no branch
 fn value_of(vr: u32, g: u32) -> vec4<f32> {
@@ -160,6 +201,18 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
     if (lid == 0u) {
         n_keys = pos + 1u;   // causal: positions 0 .. own
     }
+    // this workgroup's positions: its chunk of the window's (all of them when not in chunks). The
+    // first tile's first keys, and each lane's first four value rows, are loaded now: they wait
+    // for rows_info alone, not for the own row's rotations and the barrier after them.
+    let c = positions(pos, chunk);
+    let cnt0 = min(WG, c.y - c.x);
+    let keys0 = tile_keys(c.x, 0u, cnt0, pos + 1u, slot, kvh, decode, lid);
+    let g = lid % DG;
+    let lane = lid / DG;
+    let v0 = first_value(c.x, lane, cnt0, pos, slot, kvh, decode, g);
+    let v1 = first_value(c.x, lane + LANES, cnt0, pos, slot, kvh, decode, g);
+    let v2 = first_value(c.x, lane + 2u * LANES, cnt0, pos, slot, kvh, decode, g);
+    let v3 = first_value(c.x, lane + 3u * LANES, cnt0, pos, slot, kvh, decode, g);
     if (lid < DG && decode) {
         let row = r * (P.n + 2u * P.k) * HD;
         qs[lid] = rotated4(row + h * HD, lid, pos, true) * P.scale;
@@ -174,21 +227,13 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
         qs[lid] = rotated4((r * P.n + h) * HD, lid, pos, false);
     }
     let n = workgroupUniformLoad(&n_keys);   // also the barrier after qs
-    let g = lid % DG;
-    let lane = lid / DG;
     var m = -3.0e38;   // below any score
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    // a sliding window: the positions from w0 on (0: the whole context)
-    let w0 = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);
-    // this workgroup's positions: its chunk of w0 .. n (all of them when not in chunks)
     let chunks = max(P.flags, 1u);
-    let span = (n - w0 + chunks - 1u) / chunks;
-    let c0 = min(n, w0 + chunk * span);
-    let c1 = min(n, c0 + span);
-    for (var t0 = c0; t0 < c1; t0 += WG) {
-        let cnt = min(WG, c1 - t0);
-        tile_scores(t0, cnt, n, slot, kvh, decode, lid);   // (attention_scores*.wgsl)
+    for (var t0 = c.x; t0 < c.y; t0 += WG) {
+        let cnt = min(WG, c.y - t0);
+        tile_scores(t0, cnt, n, slot, kvh, decode, lid, keys0, t0 == c.x);
         workgroupBarrier();
         if (lane < LANES) {   // all but WG % DG invocations
             var cm = m;
@@ -199,8 +244,16 @@ fn attend_row(h: u32, r: u32, chunk: u32, lid: u32, decode: bool) {
             l *= corr;
             acc *= corr;
             // four positions at a time, their four value rows loaded before any is summed: one wait
-            // for the loads, not four in a row (the sums in the same order as one at a time)
+            // for the loads, not four in a row (the sums in the same order as one at a time); the
+            // first tile's first four loaded at the start
             var j = lane;
+            if (t0 == c.x) {
+                take_value(j, cnt, g, cm, v0, &l, &acc);
+                take_value(j + LANES, cnt, g, cm, v1, &l, &acc);
+                take_value(j + 2u * LANES, cnt, g, cm, v2, &l, &acc);
+                take_value(j + 3u * LANES, cnt, g, cm, v3, &l, &acc);
+                j += 4u * LANES;
+            }
             for (; j + 3u * LANES < cnt; j += 4u * LANES) {
                 let v0 = value_of(vrow[j], g);
                 let v1 = value_of(vrow[j + LANES], g);

@@ -17,7 +17,7 @@
 // to their common max and sums them. (TinyLlama's 512-row prompt made 128 workgroups of 4 warps,
 // which left most of an H200's 132 cores idle, the last rows' walking all 512 positions.)
 const KT: u32 = 32u;   // positions a tile (runtime/webgpu/attention.py: ROWS_TILE)
-const DL: u32 = HD / 16u;   // vec4s of a query an invocation holds
+// DL (attention.wgsl): vec4s of a query an invocation holds
 const NEG: f32 = -3.0e38;   // below any score
 var<workgroup> kt: array<vec4<f32>, KT * DG>;   // [position][d][part]: a quad's 4 reads are 64 contiguous bytes
 var<workgroup> vt: array<vec4<f32>, KT * DG>;
