@@ -1,8 +1,8 @@
 """Settings a benchmark takes in turns in one process: "name:MODULE.NAME=V,MODULE.NAME=V name2:" (name2:
 the defaults), MODULE a module of oxinfer.runtime.webgpu and V a Python literal of its constant's
-type; switch=S sets Python's GIL switch interval (seconds); shaders=DIR takes the attention kernels'
-WGSL files from DIR (a copy of shaders/ from another commit: kernels compared in one process; "" is
-the checkout's). apply(..., runner) drops the runner's pipelines, bind groups and plans, so that the
+type; switch=S sets Python's GIL switch interval (seconds); shaders=DIR takes the kernels' WGSL files
+from DIR (a copy of shaders/ from another commit: kernels compared in one process; "" is the
+checkout's). apply(..., runner) drops the runner's pipelines, bind groups and plans, so that the
 next step builds them under the settings. (gpu_model.py's --set takes one setting a process: for
 constants read once, at load.)"""
 
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from oxinfer.runtime.webgpu import runner as _runner
 from oxinfer.runtime.webgpu import shaders as _shaders
+
+_SHADER_DIR = _shaders.shader_dir  # the checkout's
 
 
 def parse(text: str) -> dict[str, dict[str, object]]:
@@ -37,7 +39,7 @@ def apply(sets: dict[str, object], defaults: dict[str, object], runner=None) -> 
         if k == "switch":
             sys.setswitchinterval(v)
         elif k == "shaders":
-            _runner.shader_dir = (lambda d=v: Path(d)) if v else _shaders.shader_dir
+            _runner.shader_dir = _shaders.shader_dir = (lambda d=v: Path(d)) if v else _SHADER_DIR
         else:
             module, _, name = k.rpartition(".")
             setattr(_module(module), name, v)
@@ -62,6 +64,7 @@ def _module(name: str):
 
 def _rebuild(runner) -> None:
     runner.pipelines.clear()
+    runner.gpu._pipelines.clear()
     for prog in runner._programs.values():
         prog.plans.clear()
         prog.written = None
