@@ -1,4 +1,4 @@
-# The attention kernels of another commit against this checkout's, in turns in one process, on the
+# The kernels (shaders/) of another commit against this checkout's, in turns in one process, on the
 # lent GPU (the device tool, from the repository root, carrying [".gl", ".whl"]): the GPU pass beside
 # the host's parts (gpu_encode_cost.py), a lone stream's tok/s (lone_stream_probe.py), then this
 # checkout's kernel families alone (gpu_step_profile.py), and the grid barrier against a dispatch
