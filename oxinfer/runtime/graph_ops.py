@@ -266,9 +266,9 @@ class GraphOps:
         return self._rope[row0]
 
     def silu_mul(self, gate: Sym, up: Sym) -> Sym:
-        g = self._real(gate)
-        sig = self._node("Sigmoid", [g])[0]
-        silu = self._node("Mul", [g, sig])[0]
+        # silu as QuickGelu's x * sigmoid(alpha x), alpha 1: one node for Sigmoid and Mul, the same
+        # bits (both MLAS's logistic), 6.3 against 7.6 us a decode row of 1,536 on 2 cores
+        silu = self._node("QuickGelu", [self._real(gate)], domain="com.microsoft", alpha=1.0)[0]
         return Sym(self._node("Mul", [silu, self._real(up)])[0], gate.cols)
 
     def gelu_mul(self, gate: Sym, up: Sym) -> Sym:
