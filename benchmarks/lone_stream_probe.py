@@ -1,6 +1,7 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
-difference is time spent waiting, for the GIL above all), the event loop's CPU time a token, the
+difference is time spent waiting, for the GIL above all) and its parts (the rows' writes, the pass's
+encoding, the copies and finish, the submit: wall, medians), the event loop's CPU time a token, the
 GPU pass. --variants: trial_settings.py's.
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
@@ -25,6 +26,8 @@ from oxinfer.runtime.webgpu import submission as sub
 from oxinfer.testing import write_tiny_llama
 
 ENCODES: list[tuple[float, float]] = []  # (wall, thread CPU) of each _submit
+PARTS = {"write rows": "_write_rows", "encode pass": "_encode", "copies and finish": "_encode_rest"}
+PART_S: dict[str, list[float]] = {k: [] for k in PARTS}
 
 
 def _timed_submit(original):
@@ -37,12 +40,24 @@ def _timed_submit(original):
     return submit
 
 
+def _timed(name, original):
+    def part(self, *a, **kw):
+        w = time.perf_counter()
+        try:
+            return original(self, *a, **kw)
+        finally:
+            PART_S[name].append(time.perf_counter() - w)
+    return part
+
+
 async def run_one(engine, tokens: int) -> dict[str, float]:
     params = oxinfer.SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     r = engine.resident
     r.program(False).plans.clear()
     await engine.generate(list(range(16)), oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     ENCODES.clear()
+    for v in PART_S.values():
+        v.clear()
     a = r.stats.kernel_s, r.stats.steps
     n, t0, c0 = 0, time.perf_counter(), time.thread_time()
     async for ev in engine.stream(list(range(64)), params):
@@ -51,7 +66,8 @@ async def run_one(engine, tokens: int) -> dict[str, float]:
     steps = r.stats.steps - a[1]
     enc = np.array(ENCODES) * 1e3
     return {"tok/s": n / wall, "loop CPU ms/token": cpu / n * 1e3, "encode wall ms": float(np.median(enc[:, 0])),
-            "encode CPU ms": float(np.median(enc[:, 1])), "GPU pass ms": (r.stats.kernel_s - a[0]) / steps * 1e3}
+            "encode CPU ms": float(np.median(enc[:, 1])),
+            **{f"{k} ms": float(np.median(v)) * 1e3 for k, v in PART_S.items() if v}, "GPU pass ms": (r.stats.kernel_s - a[0]) / steps * 1e3}
 
 
 async def main(args) -> None:
@@ -60,6 +76,8 @@ async def main(args) -> None:
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu", max_concurrent=4)
     sub.Submitting._submit = _timed_submit(sub.Submitting._submit)
+    for name, method in PARTS.items():
+        setattr(sub.Submitting, method, _timed(name, getattr(sub.Submitting, method)))
     variants = trial_settings.parse(args.variants)
     defaults = trial_settings.current(variants)
     got = {name: [] for name in variants}
