@@ -6,6 +6,7 @@ or attend_decode: runner.decode_kv) for several KV_WORKGROUPS, each variant's lo
 first's. --tiles: attend_decode_kv's tile (KV_TILE), each a load.
 
     python3 benchmarks/gpu_attention_decode.py --synthetic 1b 135m --contexts 128 1000 4000 [--streams 1 8] [--tiles 32 64]
+        [--workgroups 1 128 256]
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from oxinfer.runtime.webgpu.device import call_args
 from oxinfer.runtime.webgpu.kv import BS
 from oxinfer.testing import write_tiny_llama
 
-# (name, attend_decode_kv?, KV_WORKGROUPS)
-VARIANTS = [("attend_decode alone", False, 0), *((f"~{w} workgroups", True, w) for w in (1, 128, 256))]
+
+def variants(workgroups: list[int]) -> list[tuple[str, bool, int]]:
+    """(name, attend_decode_kv?, KV_WORKGROUPS) of each variant: attend_decode alone first."""
+    return [("attend_decode alone", False, 0), *((f"~{w} workgroups", True, w) for w in workgroups)]
 
 
 def pass_ms(r, seqs, caches, reps: int) -> float:  # (each cache one row back after each step)
@@ -50,7 +53,8 @@ def attention_only(prog, plan):
     return dataclasses.replace(plan, calls=calls, at=[plan.at[j] for j in keep], sampler_at=len(calls))
 
 
-async def profile(path: Path, contexts: list[int], streams: list[int], tile: int, reps: int) -> None:
+async def profile(path: Path, contexts: list[int], streams: list[int], tile: int, reps: int,
+                  workgroups: list[int]) -> None:
     webgpu_attention.KV_TILE = tile
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, max_concurrent=max(streams))
@@ -71,7 +75,7 @@ async def profile(path: Path, contexts: list[int], streams: list[int], tile: int
                     r.step_sync([toks[i:i + r.max_rows]], [c])
             seqs = [np.array([1])] * n
             ref = None
-            for name, kv, wgs in VARIANTS:
+            for name, kv, wgs in variants(workgroups):
                 if kv and not has_kv:
                     continue
                 r.attend_kv = kv
@@ -107,6 +111,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, nargs="+", default=[1])
     ap.add_argument("--tiles", type=int, nargs="+", default=[webgpu_attention.KV_TILE], help="KV_TILE values, each a load")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--workgroups", type=int, nargs="+", default=[1, 128, 256],
+                    help="KV_WORKGROUPS values for attend_decode_kv's chunks, each a variant")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     defaults = webgpu_attention.KV_WORKGROUPS, webgpu_attention.KV_TILE
@@ -115,7 +121,7 @@ def main() -> None:
             path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True,
                                     context=max(a.contexts) + 64, **SYNTHETIC[name])
             for tile in a.tiles:
-                anyio.run(profile, path, a.contexts, a.streams, tile, a.reps)
+                anyio.run(profile, path, a.contexts, a.streams, tile, a.reps, a.workgroups)
                 webgpu_attention.KV_WORKGROUPS = defaults[0]
     webgpu_attention.KV_WORKGROUPS, webgpu_attention.KV_TILE = defaults
 
