@@ -1,7 +1,7 @@
 """Where a lone stream's decode step goes on the host, under settings taken in turns in one process:
 tok/s, the background thread's encoding of each step ahead (wall and that thread's CPU time: the
 difference is time spent waiting, for the GIL above all) and its parts (the rows' writes, the pass's
-encoding, the copies and finish, the submit: wall, medians), the event loop's CPU time a token, the
+encoding, the copies and finish: wall, medians), the event loop's CPU time a token, the
 GPU pass. --variants: trial_settings.py's.
 
     python benchmarks/lone_stream_probe.py --synthetic 135m --rounds 6 --tokens 512 \\
