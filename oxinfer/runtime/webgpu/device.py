@@ -178,6 +178,17 @@ def encode_pass(cp, calls: list[tuple]) -> None:
         cp.dispatch_workgroups(x, y, z)
 
 
+def write_buffer(queue, buffer, offset: int, data) -> None:
+    """queue.write_buffer of a contiguous array through wgpu-native's C call: wgpu-py's wrapper
+    (its argument checks and error capture) took half of a decode step's row writes (~10 of ~20 us
+    on this VM; a step's host time is a lone small model's bound). A bad write is wgpu's uncaptured
+    error, logged, not raised: the callers' sizes are fixed at load."""
+    if _lib is None:
+        queue.write_buffer(buffer, offset, data)
+        return
+    _lib.wgpuQueueWriteBuffer(queue._internal, buffer._internal, offset, _ffi.from_buffer(data), data.nbytes)
+
+
 def call_args(pipe, bg, x: int, y: int, z: int, same_pipeline: bool) -> tuple | None:
     """One dispatch's arguments to the raw calls, as ctypes objects (None without them); no
     pipeline when the dispatch before set the same one (a decode step's o, gate|up and down

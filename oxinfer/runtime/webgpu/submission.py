@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oxinfer.runtime.webgpu.device import Readback, encode_pass
+from oxinfer.runtime.webgpu.device import Readback, encode_pass, write_buffer
 from oxinfer.runtime.webgpu.plan import Program
 from oxinfer.runtime.webgpu.sampler import OUTW
 
@@ -91,13 +91,19 @@ class Submitting:
         queue = self.device.queue
         meta = np.zeros(self._meta_words, np.uint32)
         meta[0], meta[1] = t, n
-        meta[4:4 + t] = np.concatenate([np.arange(s0, s0 + k) for s0, k in zip(starts, lens)])
-        meta[4 + self.max_rows:4 + self.max_rows + t] = np.repeat([c.slot for c in caches], lens)
-        meta[4 + 2 * self.max_rows:4 + 2 * self.max_rows + n] = np.cumsum(lens) - 1
+        pos, slot, last = 4, 4 + self.max_rows, 4 + 2 * self.max_rows
+        if all(k == 1 for k in lens):  # a row a sequence (decode): its position, its slot, its own index
+            meta[pos:pos + t] = starts
+            meta[slot:slot + t] = [c.slot for c in caches]
+            meta[last:last + n] = np.arange(n)
+        else:
+            meta[pos:pos + t] = np.concatenate([np.arange(s0, s0 + k) for s0, k in zip(starts, lens)])
+            meta[slot:slot + t] = np.repeat([c.slot for c in caches], lens)
+            meta[last:last + n] = np.cumsum(lens) - 1
         up = meta.nbytes
-        queue.write_buffer(self.meta, 0, meta)
+        write_buffer(queue, self.meta, 0, meta)
         if seqs is not None:
-            queue.write_buffer(self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
+            write_buffer(queue, self.tokens, 0, np.concatenate(seqs).astype(np.uint32))
             up += 4 * t
         with self._lock:
             dirty = sorted(self.kv.dirty)
