@@ -91,12 +91,13 @@ fn rope_kv(@builtin(global_invocation_id) gid: vec3<u32>) {
 // attend -------------------------------------------------------------------------------------
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;   // (t, H*HD)
 
-// A workgroup of WG invocations walks the positions in tiles of WG. Scores: invocation i scores
-// position t0 + i of the tile (and notes where its value row is). Values: the head's HD dims are DG
-// groups of 4, and the WG invocations are DG groups x LANES lanes; lane l accumulates the tile's
-// positions l, l + LANES, ... with an online softmax of its own (max, sum, 4 dims), and the lanes
-// are merged once at the end: WG / LANES serial steps a tile. (64 invocations left a decode step's
-// attention latency-bound on an H200: 12 us for 80 positions.)
+// A workgroup of WG invocations walks the positions in tiles of WG. Scores: tile_scores
+// (attention_scores*.wgsl: a quad or an invocation a position) leaves each position's score and
+// where its value row is. Values: the head's HD dims are DG groups of 4, and the WG invocations are
+// DG groups x LANES lanes; lane l accumulates the tile's positions l, l + LANES, ... with an online
+// softmax of its own (max, sum, 4 dims), four value rows loaded at a time, and the lanes are merged
+// once at the end. The first tile's first keys and value rows load at the start (attend_row). (64
+// invocations left a decode step's attention latency-bound on an H200: 12 us for 80 positions.)
 const WG: u32 = 256u;
 const DG: u32 = HD / 4u;
 const DL: u32 = HD / 16u;   // a quarter of DG: the vec4s of a key (or query) one of 4 invocations holds
