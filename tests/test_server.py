@@ -142,6 +142,38 @@ def test_completions_plain_and_streamed(tiny_client, tiny_srv):
     assert r.choices[0].text == want.text
 
 
+def test_completions_of_a_batch_of_prompts(tiny_client, tiny_srv):
+    """prompt as a list (OpenAI's batch, as vLLM serves it): each prompt's n choices at indices
+    p * n .. p * n + n - 1, each greedy answer the engine's for that prompt alone, the usage each
+    prompt once and every completion; streamed alike; token-id prompts too. An empty prompt or
+    too many choices is refused, naming the prompt."""
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3,"]
+    want = [engine_answer(tiny_srv, x, **GREEDY) for x in prompts]
+    name = tiny_srv.engine.model_name
+    r = tiny_client.completions.create(model=name, prompt=prompts, n=2, **GREEDY)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [w.text for w in want for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(w.finished.prompt_tokens for w in want)
+    assert r.usage.completion_tokens == 6 * 8
+    chunks = list(tiny_client.completions.create(model=name, prompt=prompts, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    texts = {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    assert texts == {i: w.text for i, w in enumerate(want)}
+    assert chunks[-1].usage.prompt_tokens == sum(w.finished.prompt_tokens for w in want)
+    ids = [tiny_srv.engine.tokenizer.encode(x) for x in prompts[:2]]
+    r = tiny_client.completions.create(model=name, prompt=ids, **GREEDY)
+    assert [c.text for c in r.choices] == [w.text for w in want[:2]]
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_client.completions.create(model=name, prompt=["a", ""], **GREEDY)
+    assert e.value.body["param"] == "prompt" and "prompt.1" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_client.completions.create(model=name, prompt=["a"] * 40, n=2, **GREEDY)
+    assert "80 choices" in e.value.body["message"]
+
+
 def test_stop_and_seed(client, srv):
     want = engine_answer(srv, CHAT, **GREEDY)
     stop = want.text.split()[1]

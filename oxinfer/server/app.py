@@ -107,7 +107,7 @@ class _Server:
                        history: list[dict], m: ServedModel) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
         with as_responses_fields():
-            ids, _ = self.generating.prompt_ids(m.engine, chat)
+            (ids,), _ = self.generating.prompt_ids(m.engine, chat)
             stream = self.generating.start(m, chat, ids, "input", rid)
         b = ResponseBuilder(req, answer_for(m, chat, ids, f"resp_{rid}"), m.name, rid)
 

@@ -37,27 +37,33 @@ DEFAULT_MAX_TOKENS_COMPLETION = 16  # OpenAI's documented default for /v1/comple
 
 
 def answer_for(m: ServedModel, req: ChatCompletionRequest | CompletionRequest, ids: list[int], answer_id: str,
-               index: int = 0) -> Answer:
+               index: int = 0, prompt_index: int = 0) -> Answer:
     """The Answer that formats one choice's events (a thinking model's reasoning apart, unless tools)."""
     chat = isinstance(req, ChatCompletionRequest)
     tools = frozenset(t.function.name for t in req.tools or []) if chat else frozenset()
     tk = m.engine.tokenizer
     thinking = chat and not tools and thinks(tk.chat_template)
     return Answer(id=answer_id, model=m.name, created=int(time.time()), chat=chat, tokenizer=tk, index=index,
-                  tool_names=tools, tool_mode=req.tool_mode() if chat else "none", thinking=thinking,
-                  think_open=thinking and tk.decode(ids[-8:]).rstrip().endswith("<think>"))
+                  prompt_index=prompt_index, tool_names=tools, tool_mode=req.tool_mode() if chat else "none",
+                  thinking=thinking, think_open=thinking and tk.decode(ids[-8:]).rstrip().endswith("<think>"))
 
 
 @dataclass
 class Completions:
     metrics: Metrics
 
-    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[int], str]:
-        """(the prompt's token ids, the field it came from); the chat template takes the tools."""
+    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[list[int]], str]:
+        """(each prompt's token ids: a chat's one, a completion request's one or batch; the field
+        they came from); the chat template takes the tools."""
         param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
             if isinstance(req, CompletionRequest):
-                return engine.prompt_ids(req.engine_prompt()), param
+                prompts = req.engine_prompts()
+                out = []
+                for i, p in enumerate(prompts):
+                    param = f"prompt.{i}" if len(prompts) > 1 else "prompt"  # (a refusal names the prompt)
+                    out.append(engine.prompt_ids(p))
+                return out, "prompt"
             tk = engine.tokenizer
             try:
                 switch = template_switch(tk.chat_template, req.reasoning_effort)
@@ -65,7 +71,7 @@ class Completions:
                 raise bad_request(f"reasoning_effort: {e}", param="reasoning_effort",
                                   code="unsupported_parameter") from None
             messages, tools = with_tools(req.prompt(), req.tool_dicts(), tk.template_for(req.tool_dicts() or None))
-            return engine.prompt_ids(tk.encode_chat(messages, tools=tools, **switch)), param
+            return [engine.prompt_ids(tk.encode_chat(messages, tools=tools, **switch))], param
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{param}: {e}", param=param) from None
 
@@ -121,17 +127,21 @@ class Completions:
     # --- chat and completions ---------------------------------------------------------------------
     async def generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
-        ids, param = self.prompt_ids(m.engine, req)
+        prompts, param = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []
-        for i in range(n):
-            try:
-                streams.append(self.start(m, req, ids, param, rid if n == 1 else f"{rid}-{i}", i))
-            except APIError:
-                for st in streams:  # not started yet: nothing ran
-                    await st.aclose()
-                raise
-            answers.append(answer_for(m, req, ids, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", i))
+        # each prompt's n choices, at indices p * n .. p * n + n - 1 (OpenAI's order for a batch)
+        for p, ids in enumerate(prompts):
+            for i in range(n):
+                k = p * n + i
+                try:
+                    where = f"prompt.{p}" if len(prompts) > 1 else param
+                    streams.append(self.start(m, req, ids, where, rid if n * len(prompts) == 1 else f"{rid}-{k}", i))
+                except APIError:
+                    for st in streams:  # not started yet: nothing ran
+                        await st.aclose()
+                    raise
+                answers.append(answer_for(m, req, ids, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", k, p))
         if req.stream:
             return EventStreamResponse(self.stream(streams, answers, req.include_usage))
 
@@ -143,7 +153,7 @@ class Completions:
 
     async def collect(self, streams: list[AsyncIterator[Event]], answers: list[Answer]) -> None:
         try:
-            async with aclosing(merged(streams)) as evs:
+            async with aclosing(merged(streams, [a.prompt_index for a in answers])) as evs:
                 async for i, ev in evs:
                     if isinstance(ev, Token):
                         answers[i].add(ev)
@@ -161,7 +171,7 @@ class Completions:
             for a in answers:
                 yield sse(a.chunk(role=True, include_usage=include_usage))
         try:
-            async with aclosing(merged(streams)) as evs:
+            async with aclosing(merged(streams, [a.prompt_index for a in answers])) as evs:
                 async for i, ev in evs:
                     a = answers[i]
                     chunks = a.on_finish(ev, include_usage) if isinstance(ev, Finished) else a.on_token(ev, include_usage)
@@ -212,29 +222,31 @@ def _overflow(e: ContextOverflowError, prompt_param: str, max_param: str, max_gi
     return bad_request(message, param=param, code="context_length_exceeded")
 
 
-async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[tuple[int, Event]]:
-    """(choice, event) from n streams as they come (they advance together, in the engine's batches),
-    streamed or collected.
-    Choices after the first start once it has its first token: the prompt's blocks are computed
-    once, and the others start from them (prefix caching)."""
+async def merged(streams: list[AsyncIterator[Event]], prompts: list[int]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice, event) from the streams as they come (they advance together, in the engine's
+    batches), streamed or collected; prompts[i]: which of the request's prompts stream i answers.
+    A prompt's choices after its first start once that one has its first token: the prompt's
+    blocks are computed once, and the others start from them (prefix caching)."""
     if len(streams) == 1:
         async with aclosing(streams[0]) as evs:
             async for ev in evs:
                 yield 0, ev
         return
     send, receive = anyio.create_memory_object_stream(len(streams) * 4)
-    prefilled = anyio.Event()  # choice 0 computed the prompt: the others reuse its blocks
+    prefilled = {p: anyio.Event() for p in prompts}  # a prompt's first choice computed it: the others reuse its blocks
+    first = {p: prompts.index(p) for p in prefilled}
 
     async def pump(i: int, st: AsyncIterator[Event], out) -> None:
+        done = prefilled[prompts[i]]
         async with out, aclosing(st) as evs:
             try:
-                if i:
-                    await prefilled.wait()
+                if i != first[prompts[i]]:
+                    await done.wait()
                 async for ev in evs:
-                    prefilled.set()
+                    done.set()
                     await out.send((i, ev))
             finally:
-                prefilled.set()
+                done.set()
 
     async with anyio.create_task_group() as tg:
         try:

@@ -21,7 +21,8 @@ class Answer:
     created: int
     chat: bool
     tokenizer: object
-    index: int = 0  # which of the request's n choices
+    index: int = 0  # which of the request's choices (a batch of prompts: prompt p's n at p * n ..)
+    prompt_index: int = 0  # which of the request's prompts it answers
     tool_names: frozenset = frozenset()  # the functions an answer may call (empty: no tools)
     tool_mode: str = "none"  # none, auto (a call if the answer is one), required or named (always a call)
     text: list[str] = field(default_factory=list)
@@ -199,13 +200,16 @@ def full(answers: list[Answer]) -> dict:
 
 
 def usage(answers: list[Answer]) -> dict | None:
-    """One prompt, n completions (the other choices reuse the first's prompt blocks)."""
+    """Each prompt once (its other choices reuse its first's blocks), every completion: each
+    prompt's tokens and cached tokens as its first choice met them."""
     each = [a.usage() for a in answers]
     if any(u is None for u in each):
         return None
-    prompt, completion = each[0]["prompt_tokens"], sum(u["completion_tokens"] for u in each)
+    firsts = {a.prompt_index: u for a, u in reversed(list(zip(answers, each)))}.values()
+    prompt, completion = sum(u["prompt_tokens"] for u in firsts), sum(u["completion_tokens"] for u in each)
+    cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in firsts)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-            "prompt_tokens_details": each[0]["prompt_tokens_details"]}  # the prompt as the first choice met it
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _merge(entries: list[dict]) -> dict | None:

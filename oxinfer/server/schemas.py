@@ -30,6 +30,7 @@ Text = Annotated[str, AfterValidator(_utf8)]
 
 
 MAX_N = 8  # choices a request may ask for (each one a stream of the engine)
+MAX_CHOICES = 64  # /v1/completions: prompts x n, a batch of prompts' streams together
 REASONING_EFFORTS = Literal["none", "minimal", "low", "medium", "high", "xhigh"]  # reasoning.py: as on/off
 
 
@@ -367,9 +368,10 @@ class CompletionRequest(_Sampling):
                               code="unsupported_parameter")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise bad_request(f"logprobs: must be in [0, 20], got {self.logprobs}", param="logprobs")
-        p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)) and len(p) != 1:
-            raise bad_request("prompt: only one prompt per request is supported", param="prompt")
+        prompts = len(self.engine_prompts())
+        if prompts * (self.n or 1) > MAX_CHOICES:
+            raise bad_request(f"prompt: {prompts} prompts x n={self.n or 1} are {prompts * (self.n or 1)} "
+                              f"choices, over this server's {MAX_CHOICES} a request", param="prompt")
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -379,13 +381,16 @@ class CompletionRequest(_Sampling):
     def logprobs_n(self) -> int | None:
         return self.logprobs
 
-    def engine_prompt(self) -> str | list[int]:
+    def engine_prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one (a string or token ids), or a batch of them (a list of
+        strings or of token-id lists), each answered by n choices."""
         p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            p = p[0]
-        if not p:
-            raise bad_request("prompt: the prompt is empty", param="prompt")
-        return p
+        batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        for i, one in enumerate(batch):
+            if not one:
+                raise bad_request("prompt: the prompt is empty" if len(batch) == 1 else f"prompt.{i}: the prompt is empty",
+                                  param="prompt")
+        return batch
 
 
 class TokenizeRequest(_Body):
