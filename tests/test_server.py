@@ -174,6 +174,37 @@ def test_completions_of_a_batch_of_prompts(tiny_client, tiny_srv):
     assert "80 choices" in e.value.body["message"]
 
 
+def test_completions_echo_scores_a_prompt(tiny_client, tiny_srv):
+    """echo (as lm-evaluation-harness scores a text: token ids, echo, logprobs, max_tokens 0): the
+    prompt comes back as the answer's beginning, each of its tokens with the logprob the model
+    gives it after the ones before (none for the first), equal to the logprobs of the same tokens
+    when the model generated them; text offsets count the prompt; the usage is the prompt's."""
+    name = tiny_srv.engine.model_name
+    prompt = "The capital of France is"
+    gen = engine_answer(tiny_srv, prompt, temperature=0.0, max_tokens=4, logprobs=0, ignore_eos=True)
+    full = tiny_srv.engine.tokenizer.encode(prompt) + list(gen.token_ids)
+    r = tiny_client.completions.create(model=name, prompt=full, max_tokens=0, echo=True, logprobs=2)
+    c = r.choices[0]
+    assert c.text == tiny_srv.engine.tokenizer.decode(full) and c.finish_reason == "length"
+    lp = c.logprobs
+    assert len(lp.tokens) == len(full) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    # (teacher-forced rows against decode steps: the products' int8 kernels for many rows and for one)
+    np.testing.assert_allclose(lp.token_logprobs[-4:], gen.logprobs, atol=1e-2)
+    # the best alternatives (2, fewer where two tokens' texts are alike): the best at least the token's own
+    assert all(1 <= len(t) <= 2 and max(t.values()) >= x - 1e-9 for t, x in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(full))]
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (len(full), 0)
+    kw = dict(model=name, prompt=prompt, max_tokens=4, temperature=0.0, echo=True, extra_body={"ignore_eos": True})
+    r = tiny_client.completions.create(**kw)
+    assert r.choices[0].text == prompt + gen.text and r.choices[0].logprobs is None
+    chunks = list(tiny_client.completions.create(stream=True, **kw))
+    assert chunks[0].choices[0].text == prompt
+    assert "".join(x.choices[0].text for x in chunks if x.choices) == prompt + gen.text
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_client.completions.create(model=name, prompt=prompt, max_tokens=0)
+    assert e.value.body["param"] == "max_tokens"
+
+
 def test_stop_and_seed(client, srv):
     want = engine_answer(srv, CHAT, **GREEDY)
     stop = want.text.split()[1]

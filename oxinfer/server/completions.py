@@ -5,6 +5,7 @@ sent whole or as chunks."""
 
 from __future__ import annotations
 
+import codecs
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -130,18 +131,25 @@ class Completions:
         prompts, param = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []
+        echo = not chat and bool(req.echo)
         # each prompt's n choices, at indices p * n .. p * n + n - 1 (OpenAI's order for a batch)
         for p, ids in enumerate(prompts):
+            where = f"prompt.{p}" if len(prompts) > 1 else param
+            echoed = await echo_of(m.engine, ids, req.logprobs, req.name_of(where)) if echo else None
             for i in range(n):
                 k = p * n + i
-                try:
-                    where = f"prompt.{p}" if len(prompts) > 1 else param
-                    streams.append(self.start(m, req, ids, where, rid if n * len(prompts) == 1 else f"{rid}-{k}", i))
-                except APIError:
-                    for st in streams:  # not started yet: nothing ran
-                        await st.aclose()
-                    raise
+                if echo and req.max_tokens == 0:  # the prompt back, nothing generated
+                    streams.append(only(Finished("length", rid, len(ids), 0, 0.0, 0.0, 0.0)))
+                else:
+                    try:
+                        streams.append(self.start(m, req, ids, where, rid if n * len(prompts) == 1 else f"{rid}-{k}", i))
+                    except APIError:
+                        for st in streams:  # not started yet: nothing ran
+                            await st.aclose()
+                        raise
                 answers.append(answer_for(m, req, ids, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", k, p))
+                if echoed is not None:
+                    answers[-1].echo(*echoed)
         if req.stream:
             return EventStreamResponse(self.stream(streams, answers, req.include_usage))
 
@@ -170,6 +178,9 @@ class Completions:
         if answers[0].chat:
             for a in answers:
                 yield sse(a.chunk(role=True, include_usage=include_usage))
+        for a in answers:
+            if a.echoed:  # the prompt first, as its own chunk
+                yield sse(a.chunk(text="".join(a.text), logprobs=a.chat_logprobs, include_usage=include_usage))
         try:
             async with aclosing(merged(streams, [a.prompt_index for a in answers])) as evs:
                 async for i, ev in evs:
@@ -189,6 +200,49 @@ class Completions:
         if include_usage:
             yield sse(answers[0].usage_chunk(usage(answers)))
         yield sse("[DONE]")
+
+
+ECHO_LOGITS_BYTES = 1 << 30  # echo with logprobs: the prompt's logits at every position, at most this much
+
+
+async def only(ev: Event) -> AsyncIterator[Event]:
+    """A choice's stream of one event (echo with max_tokens 0: its Finished)."""
+    yield ev
+
+
+async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[list[str], list[dict]]:
+    """A prompt as an echoed answer begins (/v1/completions' echo): its tokens' pieces of text (each
+    token's bytes, decoded as they complete a character), and where logprobs are asked for (top:
+    how many alternatives) each token's entry: its logprob given the tokens before it (the raw
+    logits' log-softmax, as the generated tokens'; none for the first) and the top alternatives
+    there, from the prompt's logits at every position (computed for this)."""
+    tk = engine.tokenizer
+    raw = [tk.token_bytes(i) for i in ids]
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # (a character split over tokens: its last)
+    pieces = [utf8.decode(b) for b in raw]
+    pieces[-1] += utf8.decode(b"", final=True)
+    if top is None:
+        return pieces, []
+    vocab = engine.config.vocab_size
+    if len(ids) * vocab * 4 > ECHO_LOGITS_BYTES:
+        raise bad_request(f"{param}: echo with logprobs reads the prompt's logits at every position: {len(ids)} "
+                          f"tokens x {vocab} are over {ECHO_LOGITS_BYTES >> 20} MiB; send a shorter prompt or no "
+                          f"logprobs", param=param)
+    logits = await engine.all_logits(ids)
+    entries, offset = [], 0
+    for i, (piece, b) in enumerate(zip(pieces, raw)):
+        lp, alts = None, None
+        if i:
+            row = logits[i - 1].astype(np.float64)
+            lse = float(np.log(np.exp(row - row.max()).sum()) + row.max())
+            lp = float(row[ids[i]] - lse)
+            pick = np.argpartition(-row, top - 1)[:top] if top else np.zeros(0, np.int64)
+            pick = pick[np.argsort(-row[pick], kind="stable")]  # best first
+            alts = {tk.token_bytes(int(j)).decode(errors="replace"): float(row[j] - lse) for j in pick}
+        entries.append({"tokens": [b.decode(errors="replace")], "token_logprobs": [lp], "top_logprobs": [alts],
+                        "text_offset": [offset]})
+        offset += len(piece)
+    return pieces, entries
 
 
 def choice_seed(seed: int, choice: int) -> int:

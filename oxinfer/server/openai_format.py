@@ -34,10 +34,18 @@ class Answer:
     thinking: bool = False  # a thinking model's answer (no tools): reasoning apart from content
     think_open: bool = False  # its prompt ended inside a think block
     think: ThinkSplitter | None = None  # (streamed: the split so far)
+    echoed: bool = False  # a completion's answer that begins with its prompt (echo)
 
     def __post_init__(self):
         if self.thinking:
             self.think = ThinkSplitter(self.think_open)
+
+    def echo(self, pieces: list[str], entries: list[dict]) -> None:
+        """A completion's answer that begins with its prompt (echo): the prompt's pieces of text and
+        (logprobs asked for) their entries, before the generated tokens' (whose text offsets count them)."""
+        self.text[:0] = pieces
+        self.chat_logprobs[:0] = entries
+        self.echoed = True
 
     # --- pieces ---------------------------------------------------------------------------------
     def logprobs(self, tok: Token) -> dict | None:

@@ -359,8 +359,9 @@ class CompletionRequest(_Sampling):
 
     def check(self) -> None:
         self.check_common()
-        if self.echo:
-            raise bad_request("echo: not supported", param="echo", code="unsupported_parameter")
+        if self.max_tokens == 0 and not self.echo:
+            raise bad_request("max_tokens: 0 is only allowed with echo (the prompt back, nothing generated)",
+                              param="max_tokens")
         if self.suffix:
             raise bad_request("suffix: not supported", param="suffix", code="unsupported_parameter")
         if self.best_of is not None and self.best_of != 1:
