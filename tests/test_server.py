@@ -203,6 +203,10 @@ def test_completions_echo_scores_a_prompt(tiny_client, tiny_srv):
     with pytest.raises(openai.BadRequestError) as e:
         tiny_client.completions.create(model=name, prompt=prompt, max_tokens=0)
     assert e.value.body["param"] == "max_tokens"
+    too_long = [65] * (tiny_srv.engine.config.context_length + 8)
+    with pytest.raises(openai.BadRequestError) as e:  # the prompt's own logits past the context: named
+        tiny_client.completions.create(model=name, prompt=too_long, max_tokens=0, echo=True, logprobs=1)
+    assert e.value.body["param"] == "prompt" and e.value.body["code"] == "context_length_exceeded"
 
 
 def test_stop_and_seed(client, srv):

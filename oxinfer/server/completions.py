@@ -216,6 +216,10 @@ async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[
     how many alternatives) each token's entry: its logprob given the tokens before it (the raw
     logits' log-softmax, as the generated tokens'; none for the first) and the top alternatives
     there, from the prompt's logits at every position (computed for this)."""
+    context = engine.config.context_length
+    if len(ids) > context:  # (echoed without generating too: the model cannot take it)
+        raise bad_request(f"{param}: the prompt is {len(ids)} tokens, over the context length ({context})",
+                          param=param, code="context_length_exceeded")
     tk = engine.tokenizer
     raw = [tk.token_bytes(i) for i in ids]
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # (a character split over tokens: its last)
@@ -228,7 +232,12 @@ async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[
         raise bad_request(f"{param}: echo with logprobs reads the prompt's logits at every position: {len(ids)} "
                           f"tokens x {vocab} are over {ECHO_LOGITS_BYTES >> 20} MiB; send a shorter prompt or no "
                           f"logprobs", param=param)
-    logits = await engine.all_logits(ids)
+    try:
+        logits = await engine.all_logits(ids)
+    except (ContextOverflowError, ValueError) as e:  # (the KV pool's room, checked as the prompt runs)
+        raise bad_request(f"{param}: {e}", param=param, code="context_length_exceeded") from None
+    except EngineOverloaded as e:
+        raise from_status(503, str(e), code="engine_overloaded", headers={"retry-after": str(RETRY_AFTER_S)}) from None
     entries, offset = [], 0
     for i, (piece, b) in enumerate(zip(pieces, raw)):
         lp, alts = None, None
