@@ -219,6 +219,9 @@ async def test_truncation_only_when_asked(tmp_path):
     ids = [i % 250 for i in range(300)]
     with pytest.raises(ContextOverflowError):
         tiny.stream(ids, SamplingParams(max_tokens=4))
+    for scoring in (tiny.next_logits, tiny.all_logits):  # named, not the forward's own ValueError
+        with pytest.raises(ContextOverflowError, match=r"300 tokens exceed the context length \(256\)"):
+            await scoring(ids)
     events = [e async for e in tiny.stream(ids, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), truncate=True)]
     assert events[-1].prompt_tokens == 256 - 4 and events[-1].completion_tokens == 4
 

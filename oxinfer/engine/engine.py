@@ -287,10 +287,20 @@ class Engine:
 
     async def next_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (vocab,) at the last position of `ids`, on a fresh cache."""
-        ids = self.prompt_ids(list(ids))
+        ids = self._fitting(ids)
         return (await self.steps.forward(ids, self.steps.new_cache(len(ids))))[-1].copy()
 
     async def all_logits(self, ids: Sequence[int]) -> np.ndarray:
         """float32 logits (len(ids), vocab) at every position, on a fresh cache (teacher forcing)."""
-        ids = self.prompt_ids(list(ids))
+        ids = self._fitting(ids)
         return (await self.steps.forward(ids, self.steps.new_cache(len(ids)), all_logits=True)).copy()
+
+    def _fitting(self, ids: Sequence[int]) -> list[int]:
+        """ids checked (prompt_ids), and within the context: ContextOverflowError, not the step's
+        ValueError from inside the forward."""
+        ids = self.prompt_ids(list(ids))
+        ctx = self.config.context_length
+        if len(ids) > ctx:
+            raise ContextOverflowError(f"{len(ids)} tokens exceed the context length ({ctx})",
+                                       prompt_tokens=len(ids), max_tokens=0, limit=ctx)
+        return ids
