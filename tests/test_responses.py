@@ -227,7 +227,7 @@ BAD = [
     ({"input": "hi", "temperature": -1}, "temperature"),
     ({"input": "hi", "top_logprobs": 50}, "top_logprobs"),
     ({"input": "hi", "include": ["file_search_call.results"]}, "include.0"),
-    ({"input": "hi", "truncation": "auto"}, "truncation"),
+    ({"input": "hi", "truncation": "sometimes"}, "truncation"),
     ({"input": "hi", "background": True}, "background"),
     ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning.effort"),
     ({"input": "hi", "reasoning": {"summary": "auto"}}, "reasoning.summary"),
@@ -247,6 +247,30 @@ def tiny(tmp_path_factory):
     s = ServerThread(write_tiny_llama(tmp_path_factory.mktemp("r") / "tiny.gguf", seed=3, context=512)).start()
     yield s
     s.close()
+
+
+def test_truncation_auto_drops_the_oldest_turns(tiny):
+    """truncation auto: a conversation over the context (512 tokens) loses its oldest turns, not
+    its instructions or its last message, and is answered; disabled (the default), it is a 400
+    naming the input. A last message over the context alone is a 400 either way."""
+    turn = "w " * 40  # ~90 tokens a turn in the tiny model's byte-level vocab
+    convo = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {turn}"} for i in range(8)]
+    convo.append({"role": "user", "content": "last question?"})
+    body = {"input": convo, "instructions": "Be brief.", "max_output_tokens": 8}
+    r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
+    r = httpx.post(tiny.url + "/v1/responses", json=body | {"truncation": "auto"}, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["truncation"] == "auto" and out["usage"]["output_tokens"] >= 1
+    assert 256 < out["usage"]["input_tokens"] <= 512 - 8  # the newest turns that fit (several), not the last alone
+    tokenize = lambda messages: httpx.post(tiny.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
+    kept = [m for k in range(9) if tokenize([{"role": "system", "content": "Be brief."}, *convo[k:]]) + 8 <= 512
+            for m in [k]][:1]
+    assert out["usage"]["input_tokens"] == tokenize([{"role": "system", "content": "Be brief."}, *convo[kept[0]:]])
+    huge = {"input": "word " * 400, "max_output_tokens": 8, "truncation": "auto"}
+    r = httpx.post(tiny.url + "/v1/responses", json=huge, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
 
 
 @pytest.mark.parametrize("body,param", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])

@@ -103,11 +103,33 @@ class _Server:
         chat = req.as_chat(history)
         return await self.leased(req.model, lambda m: self._respond(request, req, chat, history, m))
 
+    def _fitted(self, m: ServedModel, chat: ChatCompletionRequest, ids: list[int]) -> tuple[ChatCompletionRequest, list[int]]:
+        """truncation auto (the Responses API's): while the prompt and the room its answer needs
+        are over the context, the oldest turn after the instructions (a message, with the tool
+        results after it) is dropped; the last input message stays, and if it alone does not fit,
+        the request's 400 says so as with truncation disabled."""
+        limit = m.engine.config.context_length
+        need = chat.requested_max_tokens or 1
+        messages = list(chat.messages)
+        while len(ids) + need > limit:
+            first = next((i for i, x in enumerate(messages) if x.role not in ("system", "developer")), len(messages))
+            if first >= len(messages) - 1:
+                break
+            end = first + 1
+            while end < len(messages) - 1 and messages[end].role == "tool":
+                end += 1
+            del messages[first:end]
+            chat = chat.model_copy(update={"messages": messages})
+            (ids,), _ = self.generating.prompt_ids(m.engine, chat)
+        return chat, ids
+
     async def _respond(self, request: Request, req: ResponsesRequest, chat: ChatCompletionRequest,
                        history: list[dict], m: ServedModel) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
         with as_responses_fields():
             (ids,), _ = self.generating.prompt_ids(m.engine, chat)
+            if req.truncation == "auto":
+                chat, ids = self._fitted(m, chat, ids)
             stream = self.generating.start(m, chat, ids, "input", rid)
         b = ResponseBuilder(req, answer_for(m, chat, ids, f"resp_{rid}"), m.name, rid)
 

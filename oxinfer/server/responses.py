@@ -56,7 +56,7 @@ class ResponseBuilder:
             "text": {"format": req.text.format.model_dump(exclude_none=True, by_alias=True)
                      if req.text and req.text.format else {"type": "text"}},
             "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
-            "store": req.store is not False, "truncation": "disabled", "metadata": req.metadata or {},
+            "store": req.store is not False, "truncation": req.truncation or "disabled", "metadata": req.metadata or {},
             "user": req.user, "background": False}
 
     # --- the response object ----------------------------------------------------------------------

@@ -139,7 +139,7 @@ class ResponsesRequest(_Body):
     safety_identifier: Text | None = None  # the same
     prompt_cache_key: Text | None = None  # a routing hint: prompts are cached by their blocks anyway
     reasoning: ReasoningConfig | None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["auto", "disabled"] | None = None  # auto: the oldest turns dropped to fit (app.py)
     background: Literal[False] | None = None
     # extensions, as on chat (llama.cpp's and vLLM's servers take them too)
     top_k: int | None = None
