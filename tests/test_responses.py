@@ -265,9 +265,9 @@ def test_truncation_auto_drops_the_oldest_turns(tiny):
     assert out["truncation"] == "auto" and out["usage"]["output_tokens"] >= 1
     assert 256 < out["usage"]["input_tokens"] <= 512 - 8  # the newest turns that fit (several), not the last alone
     tokenize = lambda messages: httpx.post(tiny.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
-    kept = [m for k in range(9) if tokenize([{"role": "system", "content": "Be brief."}, *convo[k:]]) + 8 <= 512
-            for m in [k]][:1]
-    assert out["usage"]["input_tokens"] == tokenize([{"role": "system", "content": "Be brief."}, *convo[kept[0]:]])
+    # whole turns dropped (a user message and the answer after it): the newest that fit, from a user message
+    kept = next(k for k in range(0, 9, 2) if tokenize([{"role": "system", "content": "Be brief."}, *convo[k:]]) + 8 <= 512)
+    assert out["usage"]["input_tokens"] == tokenize([{"role": "system", "content": "Be brief."}, *convo[kept:]])
     huge = {"input": "word " * 400, "max_output_tokens": 8, "truncation": "auto"}
     r = httpx.post(tiny.url + "/v1/responses", json=huge, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text

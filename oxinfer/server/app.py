@@ -105,9 +105,10 @@ class _Server:
 
     def _fitted(self, m: ServedModel, chat: ChatCompletionRequest, ids: list[int]) -> tuple[ChatCompletionRequest, list[int]]:
         """truncation auto (the Responses API's): while the prompt and the room its answer needs
-        are over the context, the oldest turn after the instructions (a message, with the tool
-        results after it) is dropped; the last input message stays, and if it alone does not fit,
-        the request's 400 says so as with truncation disabled."""
+        are over the context, the oldest turn after the instructions (a user message and what
+        follows it up to the next: answers, calls, tool results) is dropped, so that the turns
+        left still begin with a user message, as chat templates want; the last input message
+        stays, and if it alone does not fit, the request's 400 says so as with truncation disabled."""
         limit = m.engine.config.context_length
         need = chat.requested_max_tokens or 1
         messages = list(chat.messages)
@@ -115,8 +116,8 @@ class _Server:
             first = next((i for i, x in enumerate(messages) if x.role not in ("system", "developer")), len(messages))
             if first >= len(messages) - 1:
                 break
-            end = first + 1
-            while end < len(messages) - 1 and messages[end].role == "tool":
+            end = first + 1  # (and what follows up to the next user message: the turns begin with one)
+            while end < len(messages) - 1 and messages[end].role != "user":
                 end += 1
             del messages[first:end]
             chat = chat.model_copy(update={"messages": messages})
