@@ -209,6 +209,23 @@ def test_completions_echo_scores_a_prompt(tiny_client, tiny_srv):
     assert e.value.body["param"] == "prompt" and e.value.body["code"] == "context_length_exceeded"
 
 
+def test_tags_accepted_and_store_true_refused(tiny_client, tiny_srv):
+    """user, safety_identifier and metadata (OpenAI's stored-completion tags) are accepted (the
+    server logs them); store false is harmless; store true is refused (nothing is kept), as are
+    metadata past OpenAI's limits."""
+    name = tiny_srv.engine.model_name
+    r = tiny_client.chat.completions.create(model=name, messages=CHAT, user="u-7", metadata={"team": "a"},
+                                            store=False, **GREEDY)
+    assert r.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_client.chat.completions.create(model=name, messages=CHAT, store=True, **GREEDY)
+    assert e.value.body["param"] == "store"
+    with pytest.raises(openai.BadRequestError) as e:
+        tiny_client.completions.create(model=name, prompt="x", extra_body={"metadata": {str(i): "v" for i in range(17)}},
+                                       **GREEDY)
+    assert e.value.body["param"] == "metadata"
+
+
 def test_stop_and_seed(client, srv):
     want = engine_answer(srv, CHAT, **GREEDY)
     stop = want.text.split()[1]

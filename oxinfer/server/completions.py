@@ -128,6 +128,10 @@ class Completions:
     # --- chat and completions ---------------------------------------------------------------------
     async def generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
+        tags = {k: v for k, v in (("user", req.user), ("safety_identifier", req.safety_identifier),
+                                  ("metadata", req.metadata)) if v}
+        if tags:  # (what OpenAI keeps for abuse monitoring and stored completions: here the log alone)
+            log.info("request_tags", request_id=rid, **tags)
         prompts, param = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from oxinfer.server.errors import APIError, bad_request
 from oxinfer.server.schemas import (REASONING_EFFORTS, ChatCompletionRequest, JsonSchemaFormat, Text, _Body,
-                                    _param, refused_part)
+                                    _param, check_metadata, refused_part)
 
 
 
@@ -163,10 +163,7 @@ class ResponsesRequest(_Body):
         if self.max_output_tokens is not None and self.max_output_tokens < 1:
             raise bad_request(f"max_output_tokens: must be at least 1, got {self.max_output_tokens}",
                               param="max_output_tokens")
-        if self.metadata is not None and (len(self.metadata) > 16 or any(len(k) > 64 or len(v) > 512
-                                                                         for k, v in self.metadata.items())):
-            raise bad_request("metadata: at most 16 pairs, keys up to 64 characters, values up to 512",
-                              param="metadata")
+        check_metadata(self.metadata)
         f = self.text.format if self.text else None
         if f is not None and f.type == "json_schema" and (f.schema_ is None or f.name is None):
             raise bad_request("text.format: a json_schema format needs its name and schema", param="text.format")

@@ -215,6 +215,12 @@ class StreamOptions(_Body):
     include_usage: bool | None = None
 
 
+def check_metadata(metadata: dict | None) -> None:
+    """OpenAI's limits on a request's metadata (chat's and the Responses API's)."""
+    if metadata is not None and (len(metadata) > 16 or any(len(k) > 64 or len(v) > 512 for k, v in metadata.items())):
+        raise bad_request("metadata: at most 16 pairs, keys up to 64 characters, values up to 512", param="metadata")
+
+
 class _Sampling(_Body):
     """The fields both endpoints share: what the engine's SamplingParams takes."""
 
@@ -234,6 +240,8 @@ class _Sampling(_Body):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     user: str | None = None  # OpenAI: an end-user id for abuse monitoring; logged, nothing else
+    metadata: dict[str, Text] | None = None  # OpenAI: tags for stored completions; logged, nothing else
+    store: bool | None = None  # chat completions are not stored here: true is refused (check_common)
     safety_identifier: Text | None = None  # user's successor: the same
     prompt_cache_key: Text | None = None  # a routing hint: prompts are cached by their blocks anyway
     logit_bias: dict[str, float] | None = None
@@ -246,6 +254,10 @@ class _Sampling(_Body):
         return self._names.get(field, field)
 
     def check_common(self) -> None:
+        if self.store:
+            raise bad_request("store: completions are not stored by this server (the Responses API's are: "
+                              "/v1/responses with store)", param="store", code="unsupported_parameter")
+        check_metadata(self.metadata)
         if self.n is not None and not 1 <= self.n <= MAX_N:
             raise bad_request(f"n: must be in [1, {MAX_N}], got {self.n}", param="n")
         if self.stream_options is not None and not self.stream:
