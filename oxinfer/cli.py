@@ -59,6 +59,8 @@ async def _run(args) -> None:
     from oxinfer.sampling import SamplingParams
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if text is not None and not text.strip():
+        raise ValueError("the prompt is empty: give a message, - to read one from standard input, or none for a chat")
     if args.raw and args.system is not None:
         raise ValueError("--system needs the chat template: it cannot go with --raw")
     if args.raw and text is None:

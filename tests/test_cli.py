@@ -51,6 +51,8 @@ def test_run_reads_stdin_and_takes_a_system_message_and_llama_cpp_s_sampling_fla
     for bad, message in ((["--top-p", "1.5"], "top_p"), (["--raw", "--system", "x"], "--system")):
         r = oxinfer("run", *bad, "hi")
         assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = oxinfer("run", "  ")  # an empty message: named, before the model loads (it had been answered)
+    assert r.returncode == 2 and "the prompt is empty" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_run_with_a_bad_model_path_fails_cleanly(tmp_path):
