@@ -399,10 +399,8 @@ class CompletionRequest(_Sampling):
         strings or of token-id lists), each answered by n choices."""
         p = self.prompt
         batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
-        for i, one in enumerate(batch):
-            if not one:
-                raise bad_request("prompt: the prompt is empty" if len(batch) == 1 else f"prompt.{i}: the prompt is empty",
-                                  param="prompt")
+        if empty := [i for i, one in enumerate(batch) if not one]:
+            raise bad_request(f"prompt{f'.{empty[0]}' if len(batch) > 1 else ''}: the prompt is empty", param="prompt")
         return batch
 
 
