@@ -136,17 +136,19 @@ class Completions:
         n = req.n or 1
         streams, answers = [], []
         echo = not chat and bool(req.echo)
+        where = [f"prompt.{p}" if len(prompts) > 1 else param for p in range(len(prompts))]
+        # (each echo before any stream starts: a refusal leaves nothing running)
+        echoes = [await echo_of(m.engine, ids, req.logprobs, req.name_of(w)) if echo else None
+                  for ids, w in zip(prompts, where)]
         # each prompt's n choices, at indices p * n .. p * n + n - 1 (OpenAI's order for a batch)
-        for p, ids in enumerate(prompts):
-            where = f"prompt.{p}" if len(prompts) > 1 else param
-            echoed = await echo_of(m.engine, ids, req.logprobs, req.name_of(where)) if echo else None
+        for p, (ids, echoed) in enumerate(zip(prompts, echoes)):
             for i in range(n):
                 k = p * n + i
                 if echo and req.max_tokens == 0:  # the prompt back, nothing generated
                     streams.append(only(Finished("length", rid, len(ids), 0, 0.0, 0.0, 0.0)))
                 else:
                     try:
-                        streams.append(self.start(m, req, ids, where, rid if n * len(prompts) == 1 else f"{rid}-{k}", i))
+                        streams.append(self.start(m, req, ids, where[p], rid if n * len(prompts) == 1 else f"{rid}-{k}", i))
                     except APIError:
                         for st in streams:  # not started yet: nothing ran
                             await st.aclose()
