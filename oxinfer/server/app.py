@@ -27,7 +27,7 @@ from oxinfer.engine.embed import inputs_ids
 from oxinfer.errors import ContextOverflowError, OxinferError
 from oxinfer.logs import get_logger
 from oxinfer.server import responses
-from oxinfer.server.completions import Completions, answer_for
+from oxinfer.server.completions import Completions, answer_for, log_tags
 from oxinfer.server.errors import APIError, bad_request, from_status
 from oxinfer.server.metrics import Metrics
 from oxinfer.server.middleware import REQUEST_ID_KEY, AccessLog, ApiKeyAuth
@@ -127,6 +127,7 @@ class _Server:
     async def _respond(self, request: Request, req: ResponsesRequest, chat: ChatCompletionRequest,
                        history: list[dict], m: ServedModel) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
+        log_tags(rid, req)
         with as_responses_fields():
             (ids,), _ = self.generating.prompt_ids(m.engine, chat)
             if req.truncation == "auto":

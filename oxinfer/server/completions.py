@@ -128,10 +128,7 @@ class Completions:
     # --- chat and completions ---------------------------------------------------------------------
     async def generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
-        tags = {k: v for k, v in (("user", req.user), ("safety_identifier", req.safety_identifier),
-                                  ("metadata", req.metadata)) if v}
-        if tags:  # (what OpenAI keeps for abuse monitoring and stored completions: here the log alone)
-            log.info("request_tags", request_id=rid, **tags)
+        log_tags(rid, req)
         prompts, param = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []
@@ -206,6 +203,14 @@ class Completions:
         if include_usage:
             yield sse(answers[0].usage_chunk(usage(answers)))
         yield sse("[DONE]")
+
+
+def log_tags(rid: str, req) -> None:
+    """A request's user, safety_identifier and metadata (what OpenAI keeps for abuse monitoring
+    and stored completions; here the log alone), as request_tags."""
+    tags = {k: v for k in ("user", "safety_identifier", "metadata") if (v := getattr(req, k, None))}
+    if tags:
+        log.info("request_tags", request_id=rid, **tags)
 
 
 ECHO_LOGITS_BYTES = 1 << 30  # echo with logprobs: the prompt's logits at every position, at most this much
