@@ -53,18 +53,18 @@ def answer_for(m: ServedModel, req: ChatCompletionRequest | CompletionRequest, i
 class Completions:
     metrics: Metrics
 
-    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[list[int]], str]:
+    def prompt_ids(self, engine, req: ChatCompletionRequest | CompletionRequest) -> tuple[list[list[int]], list[str]]:
         """(each prompt's token ids: a chat's one, a completion request's one or batch; the field
-        they came from); the chat template takes the tools."""
+        each came from, as a refusal names it); the chat template takes the tools."""
         param = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         try:
             if isinstance(req, CompletionRequest):
                 prompts = req.engine_prompts()
+                fields = [f"prompt.{i}" if len(prompts) > 1 else "prompt" for i in range(len(prompts))]
                 out = []
-                for i, p in enumerate(prompts):
-                    param = f"prompt.{i}" if len(prompts) > 1 else "prompt"  # (a refusal names the prompt)
+                for param, p in zip(fields, prompts):
                     out.append(engine.prompt_ids(p))
-                return out, "prompt"
+                return out, fields
             tk = engine.tokenizer
             try:
                 switch = template_switch(tk.chat_template, req.reasoning_effort)
@@ -72,7 +72,7 @@ class Completions:
                 raise bad_request(f"reasoning_effort: {e}", param="reasoning_effort",
                                   code="unsupported_parameter") from None
             messages, tools = with_tools(req.prompt(), req.tool_dicts(), tk.template_for(req.tool_dicts() or None))
-            return [engine.prompt_ids(tk.encode_chat(messages, tools=tools, **switch))], param
+            return [engine.prompt_ids(tk.encode_chat(messages, tools=tools, **switch))], [param]
         except (ValueError, OxinferError, jinja2.TemplateError) as e:
             raise bad_request(f"{param}: {e}", param=param) from None
 
@@ -129,11 +129,10 @@ class Completions:
     async def generate(self, request: Request, req, m: ServedModel, chat: bool) -> Response:
         rid = request.scope[REQUEST_ID_KEY]
         log_tags(rid, req)
-        prompts, param = self.prompt_ids(m.engine, req)
+        prompts, where = self.prompt_ids(m.engine, req)
         n = req.n or 1
         streams, answers = [], []
         echo = not chat and bool(req.echo)
-        where = [f"prompt.{p}" if len(prompts) > 1 else param for p in range(len(prompts))]
         # (each echo before any stream starts: a refusal leaves nothing running)
         echoes = [await echo_of(m.engine, ids, req.logprobs, req.name_of(w)) if echo else None
                   for ids, w in zip(prompts, where)]
