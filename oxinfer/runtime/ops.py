@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oxinfer.errors import ContextOverflowError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig, Rope
 from oxinfer.models.kv_cache import BLOCK, KVCache, KVPool
@@ -76,7 +77,8 @@ class CpuOps:
         lens = [len(s) for s in seqs]
         for s0, n in zip(starts, lens):
             if s0 + n > ctx:
-                raise ValueError(f"context overflow: {s0 + n} tokens > context length {ctx}")
+                raise ContextOverflowError(f"context overflow: {s0 + n} tokens > context length {ctx}",
+                                           prompt_tokens=s0 + n, max_tokens=0, limit=ctx)
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,)
         for cache, s0, n in zip(caches, starts, lens):  # every block of the step, before any work
             cache.reserve(s0 + n)

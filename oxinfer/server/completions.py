@@ -244,7 +244,7 @@ async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[
                           f"logprobs", param=param)
     try:
         logits = await engine.all_logits(ids)
-    except (ContextOverflowError, ValueError) as e:  # (the KV pool's room, checked as the prompt runs)
+    except ContextOverflowError as e:  # (the context's room, checked again as the prompt runs)
         raise bad_request(f"{param}: {e}", param=param, code="context_length_exceeded") from None
     except EngineOverloaded as e:
         raise from_status(503, str(e), code="engine_overloaded", headers={"retry-after": str(RETRY_AFTER_S)}) from None
