@@ -85,7 +85,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
                      qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False,
                      llama_cpp: bool = False, metadata: dict | None = None,
-                     chat_template: str | list[dict] = CHATML) -> Path:
+                     chat_template: str | list[dict] = CHATML, split_max_tensors: int = 0) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
@@ -97,12 +97,13 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     llama_cpp: loadable by llama.cpp too, which refuses a BPE vocabulary without merges: the first
     filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1). metadata:
     more `{arch}.*` keys ({"rope.scaling.type": "linear"}: str, int or float values). chat_template:
-    text, or [{"name", "template"}] (gguf writes the named ones as llama.cpp reads them)."""
+    text, or [{"name", "template"}] (gguf writes the named ones as llama.cpp reads them). split_max_tensors:
+    shards of that many tensors at most, as convert_hf_to_gguf.py writes them (the first's path returned)."""
     rng = np.random.default_rng(seed)
     if llama_cpp and not extra_vocab:
         raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place)")
     vocab = 259 + extra_vocab
-    w = GGUFWriter(str(path), arch)
+    w = GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_block_count(n_layers)
     w.add_embedding_length(d)
     w.add_feed_forward_length(d_ff)
@@ -167,11 +168,11 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
         mat(p + "ffn_gate.weight", d_ff, d)
         mat(p + "ffn_up.weight", d_ff, d)
         mat(p + "ffn_down.weight", d, d_ff)
-    w.write_header_to_file()
+    w.write_header_to_file(Path(path))
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(Path(path))[0]
 
 
 def write_safetensors(path: Path, tensors: dict[str, tuple[str, np.ndarray]]) -> Path:

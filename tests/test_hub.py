@@ -45,14 +45,18 @@ def repos(tmp_path_factory):
     write_tiny_hf(tmp / "hf", seed=3, tied=True)
     hf = {p.name: p.read_bytes() for p in (tmp / "hf").iterdir()}
     gguf = {"tiny-Q4_1.gguf": write_tiny_llama(tmp / "tiny-Q4_1.gguf").read_bytes(), "README.md": b"tiny"}
-    return tmp, hf, gguf
+    (tmp / "split").mkdir()
+    write_tiny_llama(tmp / "split" / "tiny-Q4_1.gguf", split_max_tensors=12)  # the same model in 2 shards
+    split = {p.name: p.read_bytes() for p in (tmp / "split").iterdir()}
+    return tmp, hf, gguf, split
 
 
 def test_a_cached_model_runs_by_name_offline(repos, tmp_path):
-    tmp, hf, gguf = repos
+    tmp, hf, gguf, split = repos
     cache = tmp_path / "hub"
     fill_cache(cache, "org/tiny", hf)
     fill_cache(cache, "org/tiny-GGUF", gguf)
+    fill_cache(cache, "org/tiny-split-GGUF", {**split, "tiny-Q8_0.gguf": b"not read"})
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache), "HF_ENDPOINT": "http://127.0.0.1:9"}
     local = oxinfer("run", "--model", str(tmp / "hf"), "--raw", "--max-tokens", "6", "hi")
     by_name = oxinfer("run", "--model", "org/tiny", "--raw", "--max-tokens", "6", "hi", **env)
@@ -61,6 +65,10 @@ def test_a_cached_model_runs_by_name_offline(repos, tmp_path):
     for name in ("org/tiny-GGUF:Q4_1", "org/tiny-GGUF:q4_1", "org/tiny-GGUF/tiny-Q4_1.gguf", "org/tiny-GGUF@main:Q4_1"):
         r = oxinfer("run", "--model", name, "--raw", "--max-tokens", "3", "hi", **env)
         assert r.returncode == 0 and "3 generated" in r.stderr, (name, r.stderr)
+    whole = oxinfer("run", "--model", "org/tiny-GGUF:Q4_1", "--raw", "--max-tokens", "6", "hi", **env)
+    for name in ("org/tiny-split-GGUF:Q4_1", "org/tiny-split-GGUF/tiny-Q4_1-00002-of-00002.gguf"):  # every shard
+        r = oxinfer("run", "--model", name, "--raw", "--max-tokens", "6", "hi", **env)
+        assert r.returncode == 0 and r.stdout == whole.stdout and "6 generated" in r.stderr, (name, r.stderr)
     r = oxinfer("run", "--model", "org/tiny-GGUF:Q8_0", "--raw", "hi", **env)
     assert r.returncode == 2 and "org/tiny-GGUF:Q8_0: no GGUF files match (the repository's: tiny-Q4_1.gguf)" in r.stderr
 
@@ -135,14 +143,14 @@ class _Hub(BaseHTTPRequestHandler):
 
 
 def test_a_model_by_name_downloads_from_the_hub_into_the_cache(repos, tmp_path):
-    tmp, hf, gguf = repos
-    _Hub.repos = {"org/tiny": hf, "org/tiny-GGUF": gguf}
+    tmp, hf, gguf, split = repos
+    _Hub.repos = {"org/tiny": hf, "org/tiny-GGUF": gguf, "org/tiny-split-GGUF": split}
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         env = {"HF_ENDPOINT": f"http://127.0.0.1:{server.server_port}", "HF_HUB_CACHE": str(tmp_path / "hub"),
                "HF_HUB_OFFLINE": "0"}
-        for name in ("org/tiny", "org/tiny-GGUF:Q4_1"):
+        for name in ("org/tiny", "org/tiny-GGUF:Q4_1", "org/tiny-split-GGUF:Q4_1"):
             r = oxinfer("run", "--model", name, "--raw", "--max-tokens", "3", "hi", **env)
             assert r.returncode == 0 and "3 generated" in r.stderr, (name, r.stderr[-2000:])
             if name == "org/tiny":  # huggingface_hub's progress bar, drawn on stderr while it downloads

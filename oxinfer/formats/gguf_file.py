@@ -1,5 +1,5 @@
-"""A GGUF file: its header parsed here (struct over a memory map), tensors left memory-mapped, with
-oxinfer's errors.
+"""A GGUF file (or a split GGUF's shards): its header parsed here (struct over a memory map), tensors
+left memory-mapped, with oxinfer's errors.
 
 This is the one place that knows GGUF keys and tensor layouts; everything past it gets
 dataclasses, QuantMatrix objects and float32 vectors. gguf-py's GGUFReader parsed SmolLM2's header
@@ -13,6 +13,7 @@ the data section, which starts at the next multiple of general.alignment (32).
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from oxinfer.errors import ModelFormatError, UnsupportedQuantError
 from oxinfer.formats.quants import QuantMatrix, codec
 
 GGUF_MAGIC = b"GGUF"
+SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")  # llama.cpp's split names
 # value type -> struct format of a scalar (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
@@ -103,65 +105,98 @@ class GGUFFile:
     """Metadata and tensors of one .gguf file. Tensor bytes stay memory-mapped."""
 
     rope_halves = False  # q/k rows as llama.cpp's converter leaves them (by architecture: models/llama.py)
+    shards: list[Path] = []  # a split file's, first to last (none: one file)
 
     def __init__(self, path: str | Path):
+        """path: a .gguf, or any shard of a split one (NAME-00001-of-00003.gguf, as llama.cpp's
+        gguf-split and convert_hf_to_gguf.py --split-max-size write them: the first shard holds the
+        metadata, every shard tensors of its own); its shards are read together."""
         self.path = Path(path)
-        if not self.path.is_file():
-            raise ModelFormatError(f"{self.path}: no such model file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-            if magic != GGUF_MAGIC:
-                raise ModelFormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self._addr = np.frombuffer(self._map, np.uint8).ctypes.data  # where the map starts (release_pages)
-        self._fields: dict[str, Any] = {}
+        self._maps: list[mmap.mmap] = []
         self._tensors: dict[str, TensorInfo] = {}
         self._read: set[str] = set()  # the tensors read (unread())
         self._dropped = False  # drop_metadata()
-        self._parse()
+        self._fields: dict[str, Any] = self._parse(self.path)
+        count = self._fields.get("split.count", 1)
+        if count > 1:
+            self._read_shards(count)
 
-    def _parse(self) -> None:
+    def _read_shards(self, count: int) -> None:
+        """The other shards of a split file, named as the given one is; the metadata is the first's."""
+        named = SHARD_NAME.fullmatch(self.path.name)
+        if named is None or int(named["count"]) != count:
+            raise ModelFormatError(f"{self.path}: one shard of a split GGUF ({count} shards), but not named as its "
+                                   f"shards are (NAME-00001-of-{count:05d}.gguf): its other shards cannot be found")
+        given, given_fields = self.path, self._fields
+        self.shards = [given.with_name(f"{named['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+        for no, shard in enumerate(self.shards):
+            fields = self._parse(shard) if shard != given else given_fields
+            if (fields.get("split.no"), fields.get("split.count")) != (no, count):
+                raise ModelFormatError(f"{shard}: says it is shard {fields.get('split.no', 0) + 1} of "
+                                       f"{fields.get('split.count', 1)}, where the set of {count} expects shard {no + 1}")
+            if no == 0:
+                self._fields = fields
+        self.path = self.shards[0]
+        expected = self._fields.get("split.tensors.count")
+        if expected is not None and expected != len(self._tensors):
+            raise ModelFormatError(f"{self.path}: the shards hold {len(self._tensors)} tensors where the first says "
+                                   f"{expected}: a shard is from another model or an older split")
+
+    def _parse(self, path: Path) -> dict[str, Any]:
+        """One file's metadata (returned) and tensors (added, memory-mapped)."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        c = _Cursor(memoryview(self._map), self.path)
+        if not path.is_file():
+            raise ModelFormatError(f"{path}: no such model file")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+            if magic != GGUF_MAGIC:
+                raise ModelFormatError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._maps.append(mapped)
+        c = _Cursor(memoryview(mapped), path)
         c.at = 4
         version = c.unpack("I")
         if version not in (2, 3):
-            raise ModelFormatError(f"{self.path}: GGUF version {version} is not supported (only 2 and 3)")
+            raise ModelFormatError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
         n_tensors, n_keys = c.unpack("Q"), c.unpack("Q")
+        fields = {}
         for _ in range(n_keys):
             key = c.string()
-            self._fields[key] = c.value(c.unpack("I"))
+            fields[key] = c.value(c.unpack("I"))
         infos = []
         for _ in range(n_tensors):
             name = c.string()
             n_dims = c.unpack("I")
             if n_dims > 4:
-                raise ModelFormatError(f"{self.path}: tensor {name!r} has {n_dims} dimensions: the header is corrupt")
+                raise ModelFormatError(f"{path}: tensor {name!r} has {n_dims} dimensions: the header is corrupt")
             shape = tuple(c.unpack("Q") for _ in range(n_dims))
             type_id, offset = c.unpack("I"), c.unpack("Q")
             try:
                 qtype = GGMLQuantizationType(type_id)
             except ValueError:
-                raise UnsupportedQuantError(f"{self.path}: tensor {name!r} has an unknown GGML type id {type_id}") from None
+                raise UnsupportedQuantError(f"{path}: tensor {name!r} has an unknown GGML type id {type_id}") from None
             infos.append((name, shape, qtype, offset))
-        align = int(self._fields.get("general.alignment", 32))
+        align = int(fields.get("general.alignment", 32))
         start = -(-c.at // align) * align
-        size = len(self._map)
+        size = len(mapped)
         for name, shape, qtype, offset in infos:
             block, type_size = GGML_QUANT_SIZES[qtype]
             if shape and shape[0] % block:
-                raise ModelFormatError(f"{self.path}: tensor {name!r}: rows of {shape[0]} values do not fill "
+                raise ModelFormatError(f"{path}: tensor {name!r}: rows of {shape[0]} values do not fill "
                                        f"{qtype.name}'s blocks of {block}: the file is corrupt")
+            if name in self._tensors:
+                raise ModelFormatError(f"{path}: tensor {name!r} is in two shards: the shards are from different splits")
             n = int(np.prod(shape, dtype=np.int64))
             row_bytes = shape[0] // block * type_size if shape else type_size
             n_bytes = n // block * type_size
             at = start + offset
             if at + n_bytes > size:
-                raise ModelFormatError(f"{self.path}: tensor {name!r} ends at byte {at + n_bytes} but the file has "
+                raise ModelFormatError(f"{path}: tensor {name!r} ends at byte {at + n_bytes} but the file has "
                                        f"{size}: the file is truncated")
-            data = np.frombuffer(self._map, np.uint8, n_bytes, at).reshape(-1, row_bytes) if n_bytes else np.zeros((0,), np.uint8)
+            data = np.frombuffer(mapped, np.uint8, n_bytes, at).reshape(-1, row_bytes) if n_bytes else np.zeros((0,), np.uint8)
             self._tensors[name] = TensorInfo(name, shape, qtype, at, n, n_bytes, data)
+        return fields
 
     # --- metadata -------------------------------------------------------------------------
     def get(self, key: str, default: Any = ...) -> Any:
@@ -189,14 +224,16 @@ class GGUFFile:
         of the whole file when None). They stay readable: the kernel reads them again from the page
         cache on the next access. Once the CPU kernels hold their weights, the file's pages are
         RSS held for nothing (SmolLM2 Q4_1: 93 MiB, of the 98 MB file)."""
-        start, end = 0, len(self._map)
-        if data is not None:
-            start = data.__array_interface__["data"][0] - self._addr
-            end = start + data.nbytes
-            if not (0 <= start and end <= len(self._map)):
-                return  # not this file's bytes (a fused copy, a reordered matrix)
-        start -= start % mmap.PAGESIZE  # a page shared with a neighbour is read back when needed
-        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        for mapped in self._maps:
+            start, end = 0, len(mapped)
+            if data is not None:
+                start = data.__array_interface__["data"][0] - np.frombuffer(mapped, np.uint8).ctypes.data
+                end = start + data.nbytes
+                if not (0 <= start and end <= len(mapped)):
+                    continue  # not this file's bytes (another shard's, a fused copy, a reordered matrix)
+            start -= start % mmap.PAGESIZE  # a page shared with a neighbour is read back when needed
+            mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors
 

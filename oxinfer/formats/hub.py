@@ -3,6 +3,7 @@
     org/repo                 an HF model directory (config.json, safetensors, tokenizer files)
     org/repo:Q4_K_M          the GGUF of the repo whose file name holds that quantization
     org/repo/file.gguf       one GGUF file of the repo
+                             (a split GGUF's first shard, or either name above matching one: all its shards)
     ...@revision             a branch, tag or commit (default: main)
 
 The environment says where and whether: `HF_HUB_CACHE` (or `HF_HOME`/hub) holds the cache,
@@ -20,6 +21,7 @@ import re
 from pathlib import Path
 
 from oxinfer.errors import ModelNotFoundError
+from oxinfer.formats.gguf_file import SHARD_NAME
 
 # what an HF directory needs, and what it may have; nothing else of a repo is downloaded
 DIRECTORY_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -63,7 +65,7 @@ def resolve(spec: str | Path) -> Path:
     where = f"{repo}{'@' + rev if rev else ''}"
     try:
         if file:
-            return Path(hub.hf_hub_download(repo, file[1:], revision=rev, **kw))
+            return _download(hub, repo, _shards_of(file[1:]), rev, kw)
         if quant:
             return _gguf_by_quant(hub, repo, quant, rev, kw)
         return Path(hub.snapshot_download(repo, revision=rev, allow_patterns=DIRECTORY_FILES, **kw))
@@ -91,7 +93,7 @@ def _settings() -> dict:
 
 def _gguf_by_quant(hub, repo: str, quant: str, rev: str | None, kw: dict) -> Path:
     """The one .gguf of the repo whose name holds the quantization (case-insensitive, as llama.cpp's
-    -hf and Ollama match it); split GGUFs (-00001-of-...) are not supported yet."""
+    -hf and Ollama match it), or the shards of one split GGUF whose names hold it."""
     if kw["local_files_only"]:  # the cached snapshot's files
         snap = Path(hub.snapshot_download(repo, revision=rev, allow_patterns=["*.gguf"], **kw))
         names = [str(p.relative_to(snap)) for p in snap.rglob("*.gguf")]
@@ -99,9 +101,24 @@ def _gguf_by_quant(hub, repo: str, quant: str, rev: str | None, kw: dict) -> Pat
         api = hub.HfApi(endpoint=kw["endpoint"], token=os.environ.get("HF_TOKEN"))
         names = [n for n in api.list_repo_files(repo, revision=rev) if n.endswith(".gguf")]
     hits = [n for n in names if quant.lower() in Path(n).name.lower()]
-    if len(hits) != 1:
+    shards = _shards_of(hits[0]) if hits else []
+    if not hits or sorted(hits) != sorted(shards):
         listed = ", ".join(sorted(names)) or "none"
         raise ModelNotFoundError(f"{repo}:{quant}: {'no' if not hits else len(hits)} GGUF files match "
                                  f"(the repository's: {listed})")
-    return Path(hub.hf_hub_download(repo, hits[0], revision=rev, **kw))
+    return _download(hub, repo, shards, rev, kw)
+
+
+def _shards_of(name: str) -> list[str]:
+    """The repo's files a GGUF needs: itself, or each shard of the split one it is a shard of."""
+    m = SHARD_NAME.fullmatch(name)
+    if m is None:
+        return [name]
+    count = int(m["count"])
+    return [f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+def _download(hub, repo: str, files: list[str], rev: str | None, kw: dict) -> Path:
+    """Each file into the cache's snapshot of the revision (shards side by side), the first's path."""
+    return [Path(hub.hf_hub_download(repo, f, revision=rev, **kw)) for f in files][0]
 
