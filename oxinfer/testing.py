@@ -313,7 +313,7 @@ def _llama3_rope_freqs(rope: dict, dim: int) -> np.ndarray:
 
 
 CONVERTED_ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "phi3": "phi3",
-                   "gemma2": "gemma2", "gemma3_text": "gemma3"}  # config.json model_type -> GGUF architecture
+                   "gemma2": "gemma2", "gemma3_text": "gemma3", "smollm3": "smollm3"}  # config.json model_type -> GGUF arch
 
 
 def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dict, qtype: T = T.BF16,
@@ -369,7 +369,7 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
         w.add_value_length(hd)
     if gemma or arch == "phi3":
         w.add_sliding_window(c.get("sliding_window") or 0)
-    if arch == "llama":
+    if arch in ("llama", "smollm3"):  # (the converter's SmolLM3 is its Llama)
         w.add_vocab_size(c["vocab_size"])
         w.add_rope_dimension_count(hd)
     if rope.get("rope_type") == "yarn":  # (mscale and mscale_all_dim: none)
@@ -402,7 +402,7 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
         kind = name.split(".")[-2]
         if name == "token_embd.weight" and llama_cpp:  # the merged token's row
             x = np.concatenate([x, np.random.default_rng(0).normal(0, 1, (1, x.shape[1])).astype(np.float32)])
-        if arch == "llama" and kind in ("attn_q", "attn_k"):
+        if arch in ("llama", "smollm3") and kind in ("attn_q", "attn_k"):
             x = pair(x, heads if kind == "attn_q" else kv)
         if gemma and name.endswith("norm.weight"):
             x = x + np.float32(1)
@@ -410,7 +410,7 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
             w.add_tensor(name, x)
         else:
             w.add_tensor(name, quants.quantize(x, qtype), raw_dtype=qtype)
-    if arch == "llama" and rope.get("rope_type") == "llama3":
+    if arch in ("llama", "smollm3") and rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(rope, hd))
     w.write_header_to_file()
     w.write_kv_data_to_file()

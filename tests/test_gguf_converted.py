@@ -2,8 +2,8 @@
 
 test_hf_transformers.py's tiny directories of Llama 3 (llama3 rope scaling), Qwen2 (with and without
 its sliding window, and with YaRN), Qwen3, Mistral with a sliding window shorter than the prompt, Phi-3 (with and
-without its window, and with LongRoPE past its pretraining context: its long factors), Gemma 2 and
-Gemma 3 were converted by llama.cpp's converter, float32 and bfloat16. oxinfer.testing writes the
+without its window, and with LongRoPE past its pretraining context: its long factors), Gemma 2, Gemma 3
+and SmolLM3 (every 4th layer without rope) were converted by llama.cpp's converter, float32 and bfloat16. oxinfer.testing writes the
 same files (write_converted_gguf): a digest of each file's `{arch}.*` keys and tensors
 (test_gguf_gemma._digest) is stored beside llama.cpp's logits of TOKENS on the float32 conversion,
 in tests/data/converted_llama_cpp_logits.npz. Here oxinfer reads the files it writes, which the
@@ -50,12 +50,13 @@ from oxinfer.errors import UnsupportedModelError
 from oxinfer.testing import write_converted_gguf, write_tiny_hf
 
 CONVERTED = ("llama3@5.24", "qwen2@5.24", "qwen2_swa@5.24", "qwen2_yarn@5.24", "qwen3@5.24", "mistral_swa@5.24",
-             "phi3@5.24", "phi3_swa@5.24", "phi3_longrope@5.24", "gemma2_gguf", "gemma3_gguf")  # test_hf_transformers'
+             "phi3@5.24", "phi3_swa@5.24", "phi3_longrope@5.24", "gemma2_gguf", "gemma3_gguf",
+             "smollm3@5.24")  # test_hf_transformers'
 REFUSED = ("llama_yarn@5.24",)  # converted, and refused by name (llama.cpp reads none of its YaRN betas)
 STORED = Path(__file__).parent / "data" / "converted_llama_cpp_logits.npz"
 HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                    "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                   "gemma3_text": "Gemma3ForCausalLM"}
+                   "gemma3_text": "Gemma3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 
 
 def _write(root: Path, arch: str, qtype: str) -> Path:

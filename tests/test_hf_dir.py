@@ -327,6 +327,31 @@ def test_gemma_keys_are_applied_or_refused_by_name(tmp_path):
         _edit_config(tmp_path / "l", **{key: None})
 
 
+def test_smollm3_s_layers_without_rope_are_read_as_transformers_reads_them(tmp_path):
+    """SmolLM3: the layers no_rope_layers gives 0 take no rope (or every no_rope_layer_interval-th
+    where the list is absent); a list that does not give each layer 0 or 1 is refused by name, and
+    so are its keys in a Llama's config. (Its logits: test_hf_transformers.py.)"""
+    m = tmp_path / "s"
+    write_tiny_hf(m, config_text=(CONFIGS / "smollm3-5.24.json").read_text(), n_layers=4, tied=True)
+    cfg = load_model(m)[2].cfg
+    assert cfg.local_layers == (3,) and set(cfg.local_rope.freq_factors) == {float("inf")}
+    assert cfg.rope_base == 2e6 and cfg.global_rope.freq_factors is None
+    for change, layers in ((dict(no_rope_layers=None, no_rope_layer_interval=2), (1, 3)),
+                           (dict(no_rope_layers=[0, 1, 1, 1, 1]), (0,)), (dict(no_rope_layers=[1] * 4), ())):
+        _edit_config(m, **change)
+        cfg = load_model(m)[2].cfg
+        assert cfg.local_layers == layers and (cfg.local_rope is None) == (not layers), change
+    for bad in ([1, 0, 1], [1, 2, 1, 1], "1110"):
+        _edit_config(m, no_rope_layers=bad)
+        with pytest.raises(ModelFormatError, match=r"no_rope_layers = .*: must give 1 \(rope\) or 0 \(none\) for each "
+                                                   r"of the 4 layers"):
+            load_model(m)
+    write_tiny_hf(tmp_path / "l", seed=1)
+    _edit_config(tmp_path / "l", no_rope_layers=[1, 0])
+    with pytest.raises(UnsupportedModelError, match=r"key 'no_rope_layers' = .* is not supported for model_type 'llama'"):
+        load_model(tmp_path / "l")
+
+
 def test_rope_scaling_beside_rope_parameters_as_transformers_5_reads_them(tmp_path):
     """Model cards tell users to add 4.x's rope_scaling to config.json, which transformers 5 saved
     with rope_parameters: transformers 5.25 takes rope_scaling in its place, theta from rope_theta

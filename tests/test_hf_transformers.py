@@ -85,6 +85,11 @@ SAVED = {"llama3": {"seed": 3, "dtype": "BF16"}, "llama_tied": {"seed": 7, "dtyp
 for _name, _kw in SAVED.items():
     for _version in ("4.57", "5.24"):
         ARCHS[f"{_name}@{_version}"] = {**_kw, "config_text": (CONFIGS / f"{_name}-{_version}.json").read_text()}
+# SmolLM3: every 4th layer without rope, as 5.24 writes its config (no_rope_layers), and a pattern of its own
+ARCHS["smollm3@5.24"] = {"seed": 24, "dtype": "BF16", "tied": True, "n_layers": 4,
+                         "config_text": (CONFIGS / "smollm3-5.24.json").read_text()}
+ARCHS["smollm3_list"] = {"seed": 25, "dtype": "BF16", "n_layers": 5, "model_type": "smollm3", "pad_token_id": None,
+                         "no_rope_layers": [1, 0, 1, 1, 0, 1]}
 # Engine.load's arguments for some directories
 LOAD = {f"phi3_longrope_short@{v}": {"context_length": 16} for v in ("4.57", "5.24")}
 

@@ -11,10 +11,10 @@ from oxinfer.errors import ModelFormatError, UnsupportedModelError
 from oxinfer.logs import get_logger
 from oxinfer.models import hf_config
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")  # GGUF general.architecture
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3", "smollm3")  # GGUF general.architecture
 # config.json model_type: Llama's skeleton, with switches (phi3: q|k|v and gate|up stored fused,
 # formats/hf_dir.py reads their rows; Gemma: the fields below from norm_offset on)
-HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text")
+HF_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma2", "gemma3_text", "smollm3")
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class ModelConfig:
     attn_scale: float = 0.0  # the softmax scale of q.k; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
     attn_softcap: float = 0.0  # scores become cap * tanh(scores / cap) before the softmax; 0: none
     logit_softcap: float = 0.0  # the same of the logits
-    # the rope of the layers in local_layers (Gemma 3's sliding ones: their own base, no scaling);
-    # None: every layer rotates by rope_base and rope_freq_factors
+    # the rope of the layers in local_layers (Gemma 3's sliding ones: their own base, no scaling;
+    # SmolLM3's NoPE ones: no_rope); None: every layer rotates by rope_base and rope_freq_factors
     local_rope: Rope | None = None
     local_layers: tuple[int, ...] = ()
     # an embedding model's own pooling of its rows (a GGUF's pooling_type, a sentence-transformers
@@ -150,6 +150,10 @@ class ModelConfig:
                            for t in ("full_attention", "sliding_attention"))
             slides = hf_config.sliding_layers(conf, arch, n_layers, where)
             local_layers = tuple(i for i, s in enumerate(slides) if s)
+        elif arch == "smollm3":  # layers without rope
+            rope, local_layers = _rope(conf, where, None, default_theta, head_dim, context), hf_config.no_rope_layers(
+                conf, n_layers, where)
+            local = no_rope(rope.base, head_dim) if local_layers else rope
         else:
             rope, local, local_layers = _rope(conf, where, None, default_theta, head_dim, context), None, ()
         softcap = lambda key: float(cfg(key, 0.0) or 0.0) if gemma else 0.0  # noqa: E731
@@ -202,7 +206,10 @@ class ModelConfig:
             raise ModelFormatError(f"{arch}: {n_heads=} {n_kv=} {head_dim=} do not divide")
         vocab = a("vocab_size", None) or len(f.get("tokenizer.ggml.tokens"))
         n_layers, context, rope_dim = int(a("block_count")), int(a("context_length", 2048)), int(a("rope.dimension_count", head_dim))
-        gemma = _gguf_gemma(f, arch, n_layers, context, d_model, n_heads, head_dim, rope_dim) if arch in GGUF_GEMMA else {}
+        own = _gguf_gemma(f, arch, n_layers, context, d_model, n_heads, head_dim, rope_dim) if arch in GGUF_GEMMA else {}
+        if arch == "smollm3" and n_layers >= 4:  # llama.cpp's: every 4th layer without rope (no key of the file)
+            own = {"local_rope": no_rope(float(a("rope.freq_base", 10000.0)), rope_dim),
+                     "local_layers": tuple(i for i in range(n_layers) if (i + 1) % 4 == 0)}
         return cls(**{
             "arch": arch,
             "n_layers": n_layers,
@@ -222,11 +229,17 @@ class ModelConfig:
             "pooling": _gguf_pooling(a("pooling_type", 0), arch),
             "sampling": _sampling({k: f.get(f"general.sampling.{k}", None) for k in (*GGUF_SAMPLING, *GGUF_SAMPLING_UNUSED)},
                                   GGUF_SAMPLING, "general.sampling."),
-            **gemma,
+            **own,
         })
 
 
 GGUF_GEMMA = ("gemma2", "gemma3")
+
+
+def no_rope(base: float, rope_dim: int) -> Rope:
+    """The local rope of layers without position encoding (SmolLM3's NoPE layers): every frequency
+    divided by infinity, so that it rotates by nothing (cos 1, sin 0: q and k exactly as they are)."""
+    return Rope(base, (float("inf"),) * (rope_dim // 2))
 
 
 GGUF_SAMPLING = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
@@ -453,7 +466,7 @@ GGUF_HARMLESS = {"rope.scaling.type": lambda v, arch: v == "none" or (arch == "g
                  # the betas llama.cpp's YaRN takes for GGUF_YARN whatever the file says: harmless as those
                  "rope.scaling.yarn_beta_fast": lambda v, arch: float(v) == 32.0,
                  "rope.scaling.yarn_beta_slow": lambda v, arch: float(v) == 1.0}
-GGUF_YARN = ("llama", "qwen2", "qwen3")  # where rope.scaling.type yarn is applied (_gguf_yarn)
+GGUF_YARN = ("llama", "qwen2", "qwen3", "smollm3")  # where rope.scaling.type yarn is applied (_gguf_yarn)
 
 
 # the counts a GGUF gives as integers (llama.cpp reads each with its type checked)

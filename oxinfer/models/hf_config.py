@@ -23,6 +23,8 @@ APPLIED = frozenset({
     # Gemma 2 and 3 (their defaults below, where a config leaves a key out)
     "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
     "rope_local_base_freq", "sliding_window_pattern", "use_bidirectional_attention",
+    # SmolLM3's layers without rope
+    "no_rope_layers", "no_rope_layer_interval",
 })
 
 GEMMA = ("gemma2", "gemma3_text")
@@ -39,8 +41,11 @@ DEFAULTS = {
                     "query_pre_attn_scalar": 256, "sliding_window": 4096, "final_logit_softcapping": None,
                     "attn_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
                     "tie_word_embeddings": True, "rope_local_base_freq": 10000.0, "sliding_window_pattern": 6},
+    "smollm3": {"vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
+                "num_attention_heads": 16, "num_key_value_heads": 4, "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 32768, "tie_word_embeddings": True, "no_rope_layer_interval": 4},
 }
-DEFAULT_THETA = {"gemma3_text": 1e6}  # (10000 elsewhere)
+DEFAULT_THETA = {"gemma3_text": 1e6, "smollm3": 2e6}  # (10000 elsewhere)
 
 log = get_logger("oxinfer.models")
 
@@ -90,7 +95,8 @@ ROPE_REQUIRED = {"llama3": ROPE_KEYS["llama3"], "linear": ROPE_KEYS["linear"],
 # keys only these model types read (APPLIED for them, refused by name elsewhere)
 ONLY = {"hidden_activation": GEMMA, "query_pre_attn_scalar": GEMMA, "attn_logit_softcapping": GEMMA,
         "final_logit_softcapping": GEMMA, "use_bidirectional_attention": GEMMA, "cache_implementation": GEMMA,
-        "rope_local_base_freq": ("gemma3_text",), "sliding_window_pattern": ("gemma3_text",)}
+        "rope_local_base_freq": ("gemma3_text",), "sliding_window_pattern": ("gemma3_text",),
+        "no_rope_layers": ("smollm3",), "no_rope_layer_interval": ("smollm3",)}
 
 
 # the keys of Gemma 3's image-text config around its text_config: the image side (oxinfer takes text)
@@ -226,7 +232,7 @@ def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: P
             raise UnsupportedModelError(f"{where}: {key} = {config[key]!r} is not supported yet")
     slides = sliding_layers(config, arch, n_layers, where)
     window = config.get("sliding_window")
-    if arch == "llama" or (arch in ("qwen2", "qwen3") and not config.get("use_sliding_window")):
+    if arch == "llama" or (arch in ("qwen2", "qwen3", "smollm3") and not config.get("use_sliding_window")):
         window = None
     if window is None or int(window) >= context:
         return None
@@ -256,4 +262,20 @@ def sliding_layers(config: dict, arch: str, n_layers: int, where: Path) -> list[
     if arch == "gemma3_text":
         pattern = int(config.get("sliding_window_pattern") or 6)
         return [(i + 1) % pattern != 0 for i in range(n_layers)]
+    if arch == "smollm3":  # (its NoPE layers, where a window is set)
+        nope = set(no_rope_layers(config, n_layers, where))
+        return [i in nope and config.get("sliding_window") is not None for i in range(n_layers)]
     return [True] * n_layers
+
+
+def no_rope_layers(config: dict, n_layers: int, where: Path) -> tuple[int, ...]:
+    """SmolLM3's layers without rope, as transformers reads them: a 0 in no_rope_layers (a 1 rotates;
+    the list may be longer than the layers), else every no_rope_layer_interval-th layer."""
+    flags = config.get("no_rope_layers")
+    if flags is None:
+        step = int(config.get("no_rope_layer_interval") or 4)
+        return tuple(i for i in range(n_layers) if (i + 1) % step == 0)
+    if not isinstance(flags, list) or len(flags) < n_layers or any(f not in (0, 1) for f in flags):
+        raise ModelFormatError(f"{where}: no_rope_layers = {flags!r}: must give 1 (rope) or 0 (none) for each of the "
+                               f"{n_layers} layers")
+    return tuple(i for i in range(n_layers) if not flags[i])
