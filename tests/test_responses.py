@@ -123,6 +123,29 @@ def test_a_function_tool_call_and_its_output_in_the_next_turn(srv, client):
     assert r2.output  # auto: text or another call, either parses
 
 
+def test_parallel_calls_are_items_and_their_outputs_go_back_in_one_turn(srv, client):
+    """An answer of two <tool_call> blocks (the grammar extension makes this model write them) is
+    two function_call items; their outputs, sent with previous_response_id, answer as chat answers
+    the conversation with one assistant message holding both calls."""
+    from test_server import TIME, TWO_CALLS, WEATHER as CHAT_WEATHER
+
+    name, ask = srv.engine.model_name, "Weather and time in Paris?"
+    tools = [{"type": "function", **t["function"]} for t in (CHAT_WEATHER, TIME)]
+    r = client.responses.create(model=name, input=ask, tools=tools, temperature=0, max_output_tokens=80,
+                                extra_body={"grammar": "root ::= " + json.dumps(TWO_CALLS)})
+    assert [(i.type, i.name) for i in r.output] == [("function_call", "get_weather"), ("function_call", "get_time")]
+    assert r.status == "completed" and len({i.call_id for i in r.output}) == 2
+    outputs = [{"type": "function_call_output", "call_id": i.call_id, "output": o} for i, o in zip(r.output, ("sunny", "9:00"))]
+    r2 = client.responses.create(model=name, previous_response_id=r.id, tools=tools, tool_choice="none", **GREEDY,
+                                 input=outputs)
+    calls = [{"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.arguments}} for i in r.output]
+    want = _chat(client, [{"role": "user", "content": ask}, {"role": "assistant", "content": None, "tool_calls": calls},
+                          {"role": "tool", "tool_call_id": calls[0]["id"], "content": "sunny"},
+                          {"role": "tool", "tool_call_id": calls[1]["id"], "content": "9:00"}], name,
+                 tools=[CHAT_WEATHER, TIME], tool_choice="none")
+    assert r2.output_text == want
+
+
 def test_an_answer_cut_off_and_its_items_and_what_the_routes_refuse(srv, client):
     """At max_output_tokens the response and its last item are incomplete; the output items come
     back as the client dumps them (model_dump: every field, nulls too); a response's input items

@@ -624,6 +624,38 @@ def test_auto_tools_answer_text_or_a_valid_call_and_tool_results_go_back_in(clie
     assert r.choices[0].message.content and not r.choices[0].message.tool_calls
 
 
+# a model's parallel calls as Qwen and Hermes write them (the grammar extension makes this model write them)
+TWO_CALLS = ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+             '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+
+
+def test_parallel_calls_come_back_as_one_answer_s_calls(client, srv):
+    """Two <tool_call> blocks are two calls, whole and streamed (indices 0 and 1); with
+    parallel_tool_calls false the answer stops at the first block's end: one call. Text around or
+    between blocks, or a block naming no declared function, leaves the answer text."""
+    grammar = "root ::= " + json.dumps(TWO_CALLS)
+    kw = {"model": srv.engine.model_name, "messages": [{"role": "user", "content": "Weather and time in Paris?"}],
+          "tools": [WEATHER, TIME], "temperature": 0.0, "max_tokens": 80, "extra_body": {"grammar": grammar}}
+    c = client.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    got = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
+    assert got == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]
+    assert len({t.id for t in c.message.tool_calls}) == 2
+    deltas, reason = [], None
+    for ch in client.chat.completions.create(stream=True, **kw):
+        for d in ch.choices:
+            assert not d.delta.content
+            deltas += d.delta.tool_calls or []
+            reason = d.finish_reason or reason
+    assert reason == "tool_calls" and [(d.index, d.function.name) for d in deltas] == [(0, "get_weather"), (1, "get_time")]
+    one = client.chat.completions.create(**kw, parallel_tool_calls=False).choices[0]
+    assert [t.function.name for t in one.message.tool_calls] == ["get_weather"] and one.finish_reason == "tool_calls"
+    for text in ("Sure. " + TWO_CALLS, TWO_CALLS.replace("</tool_call>\n<tool_call>", "</tool_call> and <tool_call>"),
+                 TWO_CALLS.replace("get_time", "get_date")):
+        c = client.chat.completions.create(**{**kw, "extra_body": {"grammar": "root ::= " + json.dumps(text)}}).choices[0]
+        assert c.message.content == text and not c.message.tool_calls and c.finish_reason == "stop"
+
+
 # WEATHER as tools are often written (no additionalProperties), and a function without parameters
 OPEN_WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from oxinfer.events import Finished, Token
 from oxinfer.server.reasoning import ThinkSplitter, split
-from oxinfer.server.tools import may_be_call, parse_call, partial_call
+from oxinfer.server.tools import may_be_call, parse_calls, partial_call
 
 FORCED = ("required", "named")  # the tool modes in which an answer is always a call
 
@@ -28,8 +28,8 @@ class Answer:
     text: list[str] = field(default_factory=list)
     chat_logprobs: list[dict] = field(default_factory=list)
     finished: Finished | None = None
-    call: dict | None = None  # the tool call the answer turned out to be
-    call_whole: bool = False  # ... and its JSON closed (not cut off by max_tokens)
+    calls: list[dict] = field(default_factory=list)  # the tool calls the answer turned out to be
+    call_whole: bool = False  # ... and their JSON closed (not cut off by max_tokens)
     held: int = 0  # streamed: how many of text's pieces wait until it is known whether they are a call
     thinking: bool = False  # a thinking model's answer (no tools): reasoning apart from content
     think_open: bool = False  # its prompt ended inside a think block
@@ -77,19 +77,19 @@ class Answer:
     def finish_reason(self) -> str | None:
         """OpenAI's: tool_calls for a call the model chose to make (auto, required), stop for the
         call a named tool_choice made it make, the engine's reason for a call cut off."""
-        if self.call is not None and self.call_whole:
+        if self.calls and self.call_whole:
             return "stop" if self.tool_mode == "named" else "tool_calls"
         return self.finished.reason if self.finished else None
 
     def settle_call(self) -> None:
         """At the end: whether the answer is a tool call (a forced one always is, whole or not)."""
-        if self.tool_mode == "none" or self.call is not None:
+        if self.tool_mode == "none" or self.calls:
             return
         text = "".join(self.text)
-        self.call = parse_call(text, set(self.tool_names))
-        self.call_whole = self.call is not None
-        if self.call is None and self.tool_mode in FORCED:
-            self.call = partial_call(text, set(self.tool_names))
+        self.calls = parse_calls(text, set(self.tool_names)) or []
+        self.call_whole = bool(self.calls)
+        if not self.calls and self.tool_mode in FORCED:
+            self.calls = [partial_call(text, set(self.tool_names))]
 
     # --- streaming ------------------------------------------------------------------------------
     def on_token(self, tok: Token, include_usage: bool) -> list[dict]:
@@ -124,8 +124,8 @@ class Answer:
         out = []
         if self.think is not None:
             out = self._thought(self.think.flush(), None, include_usage)
-        elif self.call is not None:
-            delta = {"tool_calls": [{"index": 0, **self.call}]}
+        elif self.calls:
+            delta = {"tool_calls": [{"index": i, **c} for i, c in enumerate(self.calls)]}
             out.append(self._chat_chunk(delta, self._last_logprobs(self.held), False, include_usage))
         elif self.held:
             out.append(self.chunk(text="".join(self.text[-self.held:]), logprobs=self._last_logprobs(self.held),
@@ -188,8 +188,8 @@ class Answer:
         if self.thinking:
             reasoning, content = split(text, self.think_open)
             message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
-        if self.call is not None:
-            message = {"role": "assistant", "content": None, "tool_calls": [self.call]}
+        if self.calls:
+            message = {"role": "assistant", "content": None, "tool_calls": self.calls}
         return {"index": self.index, "message": message,
                 "logprobs": {"content": self.chat_logprobs} if self.chat_logprobs else None,
                 "finish_reason": self.finish_reason}

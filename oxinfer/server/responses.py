@@ -92,8 +92,7 @@ class ResponseBuilder:
         out = [e for c in self.answer.on_finish(fin, False) for e in self._chunk(c)]
         cut = fin.reason == "length"  # by max_output_tokens: the last item is incomplete, and so is the response
         out += self._close("incomplete" if cut else "completed")
-        call = self.answer.call
-        if call is not None:
+        for call in self.answer.calls:
             item = {"type": "function_call", "id": _id("fc"), "call_id": call["id"], "name": call["function"]["name"],
                     "arguments": "", "status": "in_progress"}
             i = len(self.output)
@@ -106,7 +105,7 @@ class ResponseBuilder:
             out.append(self.event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
                                   name=item["name"], arguments=args))
             out.append(self.event("response.output_item.done", output_index=i, item=item))
-        if cut and (call is None or not self.answer.call_whole):
+        if cut and not (self.answer.calls and self.answer.call_whole):
             self.status, self.incomplete = "incomplete", {"reason": "max_output_tokens"}
             return out + [self.event("response.incomplete", response=self.response())]
         self.status = "completed"
@@ -182,10 +181,13 @@ class ResponseBuilder:
         for item in self.output:
             if item["type"] == "message":
                 out.append({"role": "assistant", "content": item["content"][0]["text"]})
-            elif item["type"] == "function_call":
-                out.append({"role": "assistant", "content": None, "tool_calls": [{
-                    "id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}]})
+            elif item["type"] == "function_call":  # (a turn's parallel calls: one message)
+                call = {"id": item["call_id"], "type": "function",
+                        "function": {"name": item["name"], "arguments": item["arguments"]}}
+                if out and out[-1].get("tool_calls"):
+                    out[-1]["tool_calls"].append(call)
+                else:
+                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         return out
 
 

@@ -130,7 +130,7 @@ class ResponsesRequest(_Body):
     text: TextConfig | None = None
     tools: list[dict] | None = None
     tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
-    parallel_tool_calls: bool | None = None  # allowed; an answer holds at most one call here
+    parallel_tool_calls: bool | None = None  # as chat's
     stream: bool | None = None
     previous_response_id: Text | None = None
     store: bool | None = None

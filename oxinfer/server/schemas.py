@@ -298,7 +298,7 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None  # allowed; an answer holds at most one call here
+    parallel_tool_calls: bool | None = None  # false: an answer stops at its first <tool_call> block's end
     reasoning_effort: REASONING_EFFORTS | None = None
 
     def check(self) -> None:
@@ -322,8 +322,7 @@ class ChatCompletionRequest(_Sampling):
                               param="tool_choice")
 
     def tool_mode(self) -> str:
-        """none (no tools offered), auto (the model may call one), required (it must call one) or
-        named (it must call that one)."""
+        """none (no tools offered), auto (the model may call), required (it must) or named (that one)."""
         if not self.tools or self.tool_choice == "none":
             return "none"
         if self.tool_choice in (None, "auto"):
@@ -345,6 +344,8 @@ class ChatCompletionRequest(_Sampling):
                                                        "arguments": call_arguments(t.function.parameters)},
                       "required": ["name", "arguments"], "additionalProperties": False} for t in forced]
             kw["json_schema"] = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        elif self.tool_mode() == "auto" and self.parallel_tool_calls is False:
+            kw["stop"] = (*kw.get("stop", ()), "</tool_call>")  # (a forced call is one object)
         return kw
 
     def tool_dicts(self) -> list[dict]:

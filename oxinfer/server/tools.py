@@ -6,8 +6,9 @@ a template that does not (SmolLM2's) gets them as a system message, as llama.cpp
 for templates without tool support. A forced call (tool_choice "required" or a named function) is
 generated under the JSON schema {"name": <one of them>, "arguments": <its parameters>}
 (schemas.py), so it always parses, unless max_tokens cuts it off: then it is still a call, its
-arguments as far as they came (`partial_call`), as OpenAI answers. With "auto", an answer that is such an object, bare or inside
-<tool_call> tags (the Hermes/Qwen convention), becomes a call; any other answer is text.
+arguments as far as they came (`partial_call`), as OpenAI answers. With "auto", an answer that is such an object, bare, or
+<tool_call> blocks of them (the Hermes/Qwen convention: several are parallel calls), becomes calls; any other
+answer is text. parallel_tool_calls false stops the answer at its first block's end.
 """
 
 from __future__ import annotations
@@ -106,11 +107,25 @@ def may_be_call(text: str) -> bool | None:
     return CALL_TAG.startswith(t[: len(CALL_TAG)])
 
 
-def parse_call(text: str, names: set[str]) -> dict | None:
-    """The OpenAI tool call an answer stands for, or None when it is plain text."""
+def parse_calls(text: str, names: set[str]) -> list[dict] | None:
+    """The OpenAI tool calls an answer stands for, or None when it is plain text: one JSON object,
+    or one or more <tool_call> blocks (a model's parallel calls, Qwen's and Hermes' form) with
+    nothing but white space between them (the last one's closing tag may be missing: a stop)."""
     t = text.strip()
-    if t.startswith(CALL_TAG):
-        t = t[len(CALL_TAG):].split("</tool_call>", 1)[0].strip()
+    if not t.startswith(CALL_TAG):
+        call = _call(t, names)
+        return None if call is None else [call]
+    calls = []
+    for block in t.split(CALL_TAG)[1:]:
+        body, _, after = block.partition("</tool_call>")
+        call = _call(body.strip(), names)
+        if call is None or after.strip():
+            return None
+        calls.append(call)
+    return calls
+
+
+def _call(t: str, names: set[str]) -> dict | None:
     try:
         obj = json.loads(t)
     except ValueError:
