@@ -50,6 +50,13 @@ async def test_a_split_model_answers_as_the_whole_one(files):
     for given in (first, shards(first)[-1]):
         engine = await oxinfer.Engine.load(given, backend="cpu")
         assert np.array_equal(await engine.all_logits(ids), want), given.name
+    from oxinfer.runtime.webgpu import WebGpuBackend, available
+
+    if not available(allow_cpu_adapter=True):
+        pytest.skip("no WebGPU adapter (not even lavapipe): the shards' upload to a GPU is not checked")
+    on_gpu = [await (await oxinfer.Engine.load(p, gpu=WebGpuBackend.create(allow_cpu_adapter=True))).all_logits(ids)
+              for p in (whole, first)]
+    assert np.array_equal(*on_gpu)
 
 
 def test_a_missing_shard_is_named(files, tmp_path):
