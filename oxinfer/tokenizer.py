@@ -16,6 +16,7 @@ from functools import lru_cache
 
 from oxinfer import spm as _spm
 from oxinfer.errors import ModelFormatError, UnsupportedModelError
+from oxinfer.pretokenizers import IGNORE_MERGES, pre_tokenizer
 
 # llama.cpp's fill-in-the-middle tokens, found by their text where the metadata names none (pad,
 # repository, file separator): they end a generation too
@@ -24,20 +25,6 @@ _FIM_TEXTS = frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]
 _EOG_TEXTS = _spm.EOG_TEXTS | _FIM_TEXTS  # (llama.cpp's list, load: special_eog_ids)
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED = 4
-
-# The regex llama.cpp uses for `llama-bpe` (llama 3) style pre-tokenizers.
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-
-# llama.cpp's default pre-tokenizer (llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_DEFAULT): punctuation runs,
-# then GPT-2's words without their case-insensitive contractions, then digits, then digits in threes
-_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
-                   r"\p{N}+", r"[0-9][0-9][0-9]")
-# llama.cpp looks a whole pre-token up in the vocabulary before merging it for these (its
-# ignore_merges, as Llama 3's tokenizer.json says): a token no merge path reaches is still one token
-IGNORE_MERGES = frozenset({"llama-bpe", "llama3", "llama-v3"})
 
 
 def _gguf_eog(f, tokens: list[str], eos: int | None) -> frozenset[int]:
@@ -88,29 +75,6 @@ def _hf_templates(d) -> tuple[str | None, dict[str, str]]:
     for f in sorted(extra.glob("*.jinja")) if extra.is_dir() else ():
         named.setdefault(f.stem, f.read_text())
     return template, {k: v for k, v in named.items() if isinstance(k, str) and isinstance(v, str)}
-
-
-def _pre_tokenizer(pre: str):
-    """HF pre-tokenizer for llama.cpp's `tokenizer.ggml.pre` name."""
-    from tokenizers import Regex
-    from tokenizers import pre_tokenizers as pt
-
-    byte_level = pt.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact", "command-r"):
-        # digits split one by one, then the GPT-2 regex (llama.cpp's starcoder rules)
-        return pt.Sequence([pt.Digits(individual_digits=True), byte_level])
-    if pre in ("gpt-2", "gpt2", "phi-2", "jina-es", "olmo"):
-        return byte_level
-    if pre == "default":  # (a GGUF without the key too) llama.cpp's own rules, each regex splitting the last's pieces
-        return pt.Sequence([*(pt.Split(Regex(r), behavior="isolated") for r in _DEFAULT_SPLITS),
-                            pt.ByteLevel(add_prefix_space=False, use_regex=False)])
-    if pre in ("llama-bpe", "llama3", "llama-v3", "smaug-bpe", "qwen2"):
-        split = _LLAMA3_SPLIT if pre != "qwen2" else _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")  # digits one by one
-        return pt.Sequence([
-            pt.Split(Regex(split), behavior="isolated"),
-            pt.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    raise UnsupportedModelError(f"tokenizer.ggml.pre = {pre!r} is not supported")
 
 
 @lru_cache(maxsize=1)
@@ -176,7 +140,7 @@ class Tokenizer:
         bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
                          ignore_merges=pre in IGNORE_MERGES)
         tk = HFTokenizer(bpe)
-        tk.pre_tokenizer = _pre_tokenizer(pre)
+        tk.pre_tokenizer = pre_tokenizer(pre)
         tk.decoder = decoders.ByteLevel()
         tk.add_special_tokens([
             AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL

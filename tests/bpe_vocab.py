@@ -1,7 +1,7 @@
 """A small byte-level BPE vocabulary (`tokenizer.ggml.model` = "gpt2") in tiny Llama GGUFs, one a
 pre-tokenizer llama.cpp names (`tokenizer.ggml.pre`): its default rules (the key "default", and no
-key at all), GPT-2's, and Llama 3's, which looks a whole pre-token up in the vocabulary before it
-merges (" zebra" and " 123" are tokens no merge reaches). tests/test_bpe_tokenizer.py checks
+key at all), GPT-2's, Llama 3's, which looks a whole pre-token up in the vocabulary before it
+merges (" zebra" and " 123" are tokens no merge reaches), and other models' (VARIANTS). tests/test_bpe_tokenizer.py checks
 oxinfer against llama.cpp's ids on these files; make_bpe_reference.py (llama-cpp-python) made them."""
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ MERGES = [
     ("'", "s"), ("'", "t"), ("'", "ll"), ("!", "!"), (".", "."), ("..", "."), (G, G), (G + G, G + G), (C, C),
     ("V", "er"), ("Ver", "s"), ("i", "on"), ("Vers", "ion"), (G, "3"), ("|", "^"), (G + "t", "h"), ("e", "m"),
     (G + "th", "em"),
+    # across the places where the rules split differently: case runs (lC, oW), punctuation before letters (.p, /t)
+    ("l", "C"), ("o", "W"), (".", "p"), ("/", "t"),
 ]
 UNREACHED = [G + "zebra", G + "123", "ing!"]  # tokens no merge path makes
 # typed normal in the file (as Qwen2's </s> is), made control tokens that end a generation by llama.cpp
@@ -28,7 +30,12 @@ UNREACHED = [G + "zebra", G + "123", "ing!"]  # tokens no merge path makes
 ENDS = ["</s>", "<|end_of_text|>", "<|fim_pad|>"]
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # the files' tokenizer.ggml.pre (None: the key left out)
-VARIANTS = {"default": "default", "none": None, "gpt-2": "gpt-2", "llama-bpe": "llama-bpe"}
+VARIANTS = {"default": "default", "none": None, "gpt-2": "gpt-2", "llama-bpe": "llama-bpe",
+            # the rules of other models' files: SmolLM's, Qwen2's (and DeepSeek-R1's Qwen distills'), Mistral
+            # Nemo's and Small 3's (tekken), Phi-4-mini's (gpt-4o), DeepSeek's, Falcon 3's, DBRX's
+            "smollm": "smollm", "qwen2": "qwen2", "deepseek-r1-qwen": "deepseek-r1-qwen", "tekken": "tekken",
+            "gpt-4o": "gpt-4o", "deepseek-llm": "deepseek-llm", "deepseek-v3": "deepseek-v3",
+            "deepseek-coder": "deepseek-coder", "falcon3": "falcon3", "dbrx": "dbrx"}
 
 
 def bpe_vocab() -> tuple[list[str], list[int], list[str]]:

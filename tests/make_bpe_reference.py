@@ -20,6 +20,9 @@ TEXTS = [
     "it's ISN'T they'll", "| ^~ $+<=>", "...!!?", "a.b.c...", "café résumé", "中文字符", "emoji 🦀 👩‍👩‍👧",
     "\ttab\t ", "line\r\nbreaks", "    four spaces", "ing! ing!!", "<|im_start|>user\nhi<|im_end|>",
     "x<|endoftext|>y", "Hello!!! World...", "$100 + 20% = ?", "a</s>b", "end<|end_of_text|>", "<|fim_pad|>!",
+    # where the other rules differ: case runs, letters of other scripts and their cases, slashes, kana, hangul
+    "HelloWorld camelCase ABCdef XMLHttpRequest", "ÉCOLE école Ökonomie straße", "path/to/file.py // c++",
+    "日本語のテキスト、カタカナ", "한국어 텍스트", "don't DON'T I'M", "x=1;y=22;z=333;", "  \n  \n", "Ω≈ç√∫",
 ]
 
 

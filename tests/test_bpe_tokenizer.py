@@ -1,7 +1,8 @@
 """oxinfer's byte-level BPE tokenizer from GGUF metadata against llama.cpp's ids (tests/data/
 bpe_llama_cpp.json, made by make_bpe_reference.py) on tests/bpe_vocab.py's files: llama.cpp's default
-pre-tokenizer (the key "default", or none), GPT-2's, and Llama 3's, which takes a whole pre-token the
-vocabulary holds as one token before merging (its ignore_merges)."""
+pre-tokenizer (the key "default", or none), GPT-2's, Llama 3's, which takes a whole pre-token the
+vocabulary holds as one token before merging (its ignore_merges), and those of SmolLM, Qwen2,
+Mistral's tekken, gpt-4o, DeepSeek's three, Falcon 3 and DBRX."""
 
 import json
 from pathlib import Path
@@ -39,6 +40,9 @@ def test_the_rules_differ_where_llama_cpp_s_do():
     texts = REFERENCE["texts"]
     assert ids["llama-bpe"][texts.index(" zebra")] == [_token_id(" zebra")]
     assert ids["default"] == ids["none"] and ids["default"] != ids["gpt-2"] != ids["llama-bpe"]
+    assert ids["falcon3"] == ids["llama-bpe"] and ids["deepseek-r1-qwen"] == ids["qwen2"]  # (llama.cpp's aliases)
+    others = ("smollm", "qwen2", "tekken", "gpt-4o", "deepseek-llm", "deepseek-v3", "deepseek-coder")
+    assert len({json.dumps(ids[v]) for v in ("gpt-2", "llama-bpe", *others)}) == 2 + len(others)
 
 
 def _token_id(text: str) -> int:
