@@ -27,8 +27,8 @@ def _bytes_to_unicode() -> list[str]:
 
 
 # byte offsets of each block type's f16 fields (scales, minimums): everything else is codes
-F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "IQ4_NL": (0,),
-              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+F16_FIELDS = {"Q8_0": (0,), "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2),
+              "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # (others: d at 0)
 
 
 def random_blocks(qtype: str, n_blocks: int, rng, std: float | None = None) -> np.ndarray:
@@ -36,7 +36,7 @@ def random_blocks(qtype: str, n_blocks: int, rng, std: float | None = None) -> n
     sub-block scale and high bit occurs, and finite f16 fields ~ N(0, 0.05), or scaled so that the
     values' standard deviation is `std` (every type's values are linear in its f16 fields)."""
     raw = rng.integers(0, 256, size=(n_blocks, CODECS[qtype].block_bytes), dtype=np.uint8)
-    fields = F16_FIELDS[qtype]
+    fields = F16_FIELDS.get(qtype, (0,))
     f16 = rng.normal(0, 0.05, size=(n_blocks, len(fields)))
 
     def put(values):
@@ -134,7 +134,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
             data = x
         elif q in (T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
             data = quants.quantize(x, q)
-        elif q.name in F16_FIELDS:  # gguf-py cannot quantize it: random codes, weights' scale
+        elif q.name in CODECS:  # gguf-py cannot quantize it: random codes, weights' scale
             block = GGML_QUANT_SIZES[q][0]
             data = random_blocks(q.name, n_out * n_in // block, rng, std=0.5 / np.sqrt(n_in)).reshape(n_out, -1)
         else:  # a type oxinfer cannot read: random bytes of the right size will do for refusal tests

@@ -39,7 +39,7 @@ def int8_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K",
-                                   "Q6_K", "IQ4_XS", "BF16", "F16"])
+                                   "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "BF16", "F16"])
 @pytest.mark.parametrize("rows", [1, 5, 48, 300])
 def test_blockwise_kernel_matches_numpy(qtype, rows):
     w = quant_matrix(qtype, 96, 256, seed=rows)

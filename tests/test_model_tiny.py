@@ -75,7 +75,8 @@ async def test_forward_matches_reference(tmp_path, qtype, tied, cpu_int8):
     np.testing.assert_allclose(last, ref[-1], rtol=0, atol=tol * np.abs(ref).max())
 
 
-K_TYPES = [T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS]
+K_TYPES = [T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS,
+           T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S]
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)

@@ -584,6 +584,23 @@ async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):
     assert (b.wq.qtype, b.wk.qtype, b.wv.qtype, b.w_down.qtype) == ("Q4_K", "Q5_0", "Q6_K", "Q6_K")
 
 
+@pytest.mark.parametrize("qtype,mix", [(T.IQ3_XXS, {"ffn_down": T.IQ3_S, "attn_v": T.IQ2_S}),
+                                       (T.IQ2_XXS, {"ffn_down": T.IQ2_XS, "attn_k": T.IQ3_S})], ids=["iq3", "iq2"])
+async def test_an_iq_model_runs_whole_on_the_gpu(tmp_path, qtype, mix):
+    """The 2- and 3-bit grid types as llama.cpp's IQ3_M / IQ2_M files mix them: each product reads
+    its grid from the front of its matrix's buffer; logits as the CPU's, greedy tokens equal."""
+    path = write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, d=256, n_heads=4, n_kv=2, d_ff=512, seed=12, mix=mix,
+                            extra_vocab=40)
+    cpu, gpu = await engines(path)
+    tokens = list(np.random.default_rng(5).integers(0, 256, size=20))
+    assert rel_err(await gpu.all_logits(tokens), await cpu.all_logits(tokens)) <= TOL
+    params = oxinfer.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    assert (await gpu.generate(tokens, params)).token_ids == (await cpu.generate(tokens, params)).token_ids
+    assert gpu.resident is not None and gpu.resident.stats.steps >= 7
+    b = gpu.model.blocks[0]
+    assert {b.wq.qtype, b.w_down.qtype} == {qtype.name, mix["ffn_down"].name}
+
+
 async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair):
     cpu, gpu = pair
     params = oxinfer.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)

@@ -7,13 +7,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from oxinfer.formats.iquants import GRIDS
 from oxinfer.formats.quants import QuantMatrix
 
 # qtype -> where the layout inserts 2 bytes a block. Q4_0's (its decoder then reads whole words as
 # Q4_1's does) on the H200, a synthetic Q4_0 8B shape, one machine (session 18): one stream 289 ->
 # 314 tok/s (GPU pass 3.49 -> 3.16 ms), 8 streams 841 -> 1,069 (10.09 -> 7.63 ms), a 512-token
 # prompt 3,138 -> 3,277 tok/s; 11% more device memory for its matrices (4,308 -> 4,724 MiB)
-_WORD_ALIGN = {"Q4_0": 2, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210}
+_WORD_ALIGN = {"Q4_0": 2, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210,
+               **dict.fromkeys(GRIDS, 2)}
+# qtype -> the words its buffer begins with: the grid its codes index (gguf-py's, 4 values a word)
+_PREFIX = {q: np.ascontiguousarray(g).view("<u4").reshape(-1) for q, g in GRIDS.items()}
 
 
 def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
@@ -21,8 +25,8 @@ def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
     if qtype not in _WORD_ALIGN:
         return blocks.reshape(-1)
     # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
-    # Q4_0 18 -> 20, Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 after the f16 scale; Q3_K 110 -> 112 and
-    # Q6_K 210 -> 212 at the end
+    # Q4_0 18 -> 20, Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 and the IQ2 / IQ3 grid types after the
+    # f16 scale; Q3_K 110 -> 112 and Q6_K 210 -> 212 at the end
     at = _WORD_ALIGN[qtype]
     out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
     out[:, :at] = blocks[:, :at]
@@ -35,9 +39,9 @@ def _laid_bytes(w: QuantMatrix, nbytes: int) -> int:
 
 
 def device_size(w: QuantMatrix) -> int:
-    """The bytes of w's device buffer: its laid-out blocks, padded to 4 bytes."""
+    """The bytes of w's device buffer: its grid (a grid type's), its laid-out blocks, padded to 4 bytes."""
     n = _laid_bytes(w, w.nbytes)
-    return n + -n % 4
+    return (_PREFIX[w.qtype].nbytes if w.qtype in _PREFIX else 0) + n + -n % 4
 
 
 def device_chunks(w: QuantMatrix, chunk: int = 16 << 20) -> Iterator[np.ndarray]:
@@ -51,6 +55,8 @@ def device_chunks(w: QuantMatrix, chunk: int = 16 << 20) -> Iterator[np.ndarray]
     if any(_laid_bytes(w, p.nbytes) % 4 for p in parts[:-1]):  # a part would end inside a word (a
         parts = (w.data,)  # format of 2-byte blocks, an odd count of them): one stacked copy then
     step = max(2, chunk // c.block_bytes // 2 * 2)  # blocks a piece: even, so that two 2-byte blocks end on a word
+    if w.qtype in _PREFIX:
+        yield _PREFIX[w.qtype].view(np.uint8)
     for p in parts:
         blocks = np.ascontiguousarray(p).reshape(-1, c.block_bytes)
         for i in range(0, len(blocks), step):

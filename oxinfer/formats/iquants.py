@@ -1,0 +1,184 @@
+"""GGUF's grid types of 2 and 3 bits a weight, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (llama.cpp's
+IQ2_M and IQ3_M files are mostly these): super-blocks of 256 values whose codes index a grid of
+8 or 4 values, each value signed by a bit. Registered like the other codecs, each bit for bit with
+`gguf.quants.dequantize` (tests/test_quants.py); the grids are gguf-py's own (`GRIDS`), which the
+WebGPU decoders read from the front of each matrix's buffer (formats/gpu_layout.py).
+
+A sub-block of 32 values takes one scale in IQ2_XXS, IQ3_XXS and IQ3_S, whose values are then the
+scale times small integers: int8 blocks hold them exactly; IQ2_XS's and IQ2_S's scales cover 16
+values each, and their int8 blocks are requantized, as Q2_K's are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oxinfer.formats.codec import Codec, _f16
+from oxinfer.formats.kquants import QK, _bits, _requantized
+
+_ORDER = np.arange(128, dtype=np.uint8)
+# a 7-bit sign index -> its 8 sign bits: the eighth makes the count of set bits even (llama.cpp's ksigns)
+KSIGNS = (_ORDER | ((np.unpackbits(_ORDER[:, None], axis=1).sum(axis=1) & 1) << 7).astype(np.uint8)).astype(np.uint8)
+
+
+def _grid(name: str) -> np.ndarray:
+    """gguf-py's grid of the type: (entries, 8 or 4) uint8 values."""
+    from gguf import quants
+
+    cls = getattr(quants, name)
+    cls.init_grid()
+    return cls.grid.reshape(cls.grid_shape).astype(np.uint8)
+
+
+GRIDS = {name: _grid(name) for name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")}
+
+
+def _signs(masks: np.ndarray) -> np.ndarray:
+    """(..., k) bytes of sign bits -> (..., 8k) float32 +-1 (bit j of a byte: its value j is negative)."""
+    bits = _bits(masks.reshape(-1, masks.shape[-1])).reshape(*masks.shape[:-1], -1)
+    return np.where(bits == 0, np.float32(1), np.float32(-1))
+
+
+def _words(blocks: np.ndarray, at: int, n: int) -> np.ndarray:
+    """(n_blocks, n) little-endian u32 from byte `at` of each block."""
+    return np.ascontiguousarray(blocks[:, at:at + 4 * n]).view("<u4")
+
+
+def _halves(blocks: np.ndarray, at: int, n: int) -> np.ndarray:
+    """(n_blocks, n) little-endian u16 from byte `at` of each block."""
+    return np.ascontiguousarray(blocks[:, at:at + 2 * n]).view("<u2")
+
+
+def _nibble_scales(b: np.ndarray) -> np.ndarray:
+    """(n, k) bytes -> (n, 2k) float32 4-bit fields, the low nibble first."""
+    return np.stack([b & np.uint8(15), b >> np.uint8(4)], axis=-1).reshape(len(b), -1).astype(np.float32)
+
+
+def _values(db: np.ndarray, grid: np.ndarray, signs: np.ndarray, group: int) -> np.ndarray:
+    """db (n, 256 // group) times each value's grid entry (n, 256) times its sign, in gguf-py's order."""
+    n = len(db)
+    return ((db.reshape(n, -1, 1) * grid.reshape(n, -1, group).astype(np.float32)) * signs.reshape(n, -1, group)).reshape(n, QK)
+
+
+def _int8_exact(q: np.ndarray, db: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Signed grid values (n, 256) and one scale a sub-block of 32: the CPU's int8 blocks (offset by 128)."""
+    return (q.astype(np.int16) + 128).astype(np.uint8).reshape(-1, 32), db.reshape(-1).astype(np.float32)
+
+
+class IQ2_XXS(Codec):
+    """66 bytes a super-block of 256: f16 d, then per sub-block of 32 two u32: four bytes indexing
+    the 256 x 8 grid, and four 7-bit sign indices (KSIGNS) with a 4-bit scale in the top bits;
+    value = d * (0.5 + scale) / 4 * grid * sign."""
+
+    name, block_size, block_bytes = "IQ2_XXS", QK, 66
+    int8 = True
+
+    @classmethod
+    def _parts(cls, blocks):
+        n = len(blocks)
+        aux = _words(blocks, 2, 16).reshape(n, 8, 2)
+        db = _f16(blocks[:, :2]) * (np.float32(0.5) + (aux[..., 1] >> 28).astype(np.float32)) * np.float32(0.25)
+        signs = KSIGNS[(aux[..., 1:2] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(127)]  # (n, 8, 4)
+        grid = GRIDS["IQ2_XXS"][aux[..., 0].copy().view(np.uint8).reshape(n, 8, 4)]  # (n, 8, 4, 8)
+        return db, grid.reshape(n, QK), _signs(signs.reshape(n, 32))
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _values(db, grid, signs, 32)
+
+    @classmethod
+    def int8_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
+
+
+class IQ2_XS(Codec):
+    """74 bytes a super-block of 256: f16 d, 32 u16 (a 9-bit index into the 512 x 8 grid, a 7-bit
+    sign index) of 8 values each, 8 bytes of 4-bit scales (one a 16 values, the low nibble first);
+    value = d * (0.5 + scale) / 4 * grid * sign."""
+
+    name, block_size, block_bytes = "IQ2_XS", QK, 74
+    int8 = True
+    int8_blocks = classmethod(_requantized)
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        n = len(blocks)
+        qs = _halves(blocks, 2, 32)
+        db = _f16(blocks[:, :2]) * (np.float32(0.5) + _nibble_scales(blocks[:, 66:74])) * np.float32(0.25)
+        grid = GRIDS["IQ2_XS"][qs & np.uint16(511)].reshape(n, QK)
+        return _values(db, grid, _signs(KSIGNS[qs >> 9]), 16)
+
+
+class IQ2_S(Codec):
+    """82 bytes a super-block of 256: f16 d, 32 bytes of grid index (low 8 bits; 8 values each),
+    32 bytes of sign bits, 8 bytes of the indices' high 2 bits (byte s: sub-block s's four, two
+    bits each, the first lowest), 8 bytes of 4-bit scales (one a 16 values); 1024 x 8 grid;
+    value = d * (0.5 + scale) / 4 * grid * sign."""
+
+    name, block_size, block_bytes = "IQ2_S", QK, 82
+    int8 = True
+    int8_blocks = classmethod(_requantized)
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        n = len(blocks)
+        high = (blocks[:, 66:74, None] >> np.array([0, 2, 4, 6], np.uint8)) & np.uint8(3)  # (n, 8, 4)
+        index = blocks[:, 2:34].astype(np.uint16) | (high.reshape(n, 32).astype(np.uint16) << 8)
+        db = _f16(blocks[:, :2]) * (np.float32(0.5) + _nibble_scales(blocks[:, 74:82])) * np.float32(0.25)
+        return _values(db, GRIDS["IQ2_S"][index].reshape(n, QK), _signs(blocks[:, 34:66]), 16)
+
+
+class IQ3_XXS(Codec):
+    """98 bytes a super-block of 256: f16 d, 64 bytes indexing the 256 x 4 grid, then per sub-block
+    of 32 a u32 of four 7-bit sign indices (KSIGNS) and a 4-bit scale in the top bits;
+    value = d * (0.5 + scale) / 2 * grid * sign."""
+
+    name, block_size, block_bytes = "IQ3_XXS", QK, 98
+    int8 = True
+
+    @classmethod
+    def _parts(cls, blocks):
+        n = len(blocks)
+        aux = _words(blocks, 66, 8)  # (n, 8)
+        db = _f16(blocks[:, :2]) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.5)
+        signs = KSIGNS[(aux[..., None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(127)]
+        return db, GRIDS["IQ3_XXS"][blocks[:, 2:66]].reshape(n, QK), _signs(signs.reshape(n, 32))
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _values(db, grid, signs, 32)
+
+    @classmethod
+    def int8_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
+
+
+class IQ3_S(Codec):
+    """110 bytes a super-block of 256: f16 d, 64 bytes of grid index (low 8 bits; 4 values each),
+    8 bytes of the indices' ninth bits (byte s: sub-block s's eight), 32 bytes of sign bits, 4 bytes
+    of 4-bit scales (one a 32 values, the low nibble first); 512 x 4 grid;
+    value = d * (1 + 2 * scale) * grid * sign."""
+
+    name, block_size, block_bytes = "IQ3_S", QK, 110
+    int8 = True
+
+    @classmethod
+    def _parts(cls, blocks):
+        n = len(blocks)
+        index = blocks[:, 2:66].astype(np.uint16) | (_bits(blocks[:, 66:74]).astype(np.uint16) << 8)
+        db = _f16(blocks[:, :2]) * (1 + 2 * _nibble_scales(blocks[:, 106:110]))
+        return db, GRIDS["IQ3_S"][index].reshape(n, QK), _signs(blocks[:, 74:106])
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _values(db, grid, signs, 32)
+
+    @classmethod
+    def int8_blocks(cls, blocks):
+        db, grid, signs = cls._parts(blocks)
+        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
