@@ -2,7 +2,10 @@
 for one sequence and for B sequences, on the cores this process may use (pin with taskset).
 
     taskset -c 0-3 python benchmarks/cpu_graph_profile.py [--synthetic 135m] [--batch 1,16] [--steps 20] [--profile]
-        [--config session.dynamic_block_base=4 ...]
+        [--config session.dynamic_block_base=4 ...] [--prompt 512]
+
+--prompt N: first a one-sequence prompt of N tokens, three times (the best's tok/s; with --profile
+its ops, from the last of them).
 """
 
 import argparse
@@ -43,6 +46,18 @@ async def main(args) -> None:
     graph, cpu = engine.scheduler.cpu.graph, engine.steps.cpu
     rng = np.random.default_rng(0)
     batches = [int(b) for b in args.batch.split(",")]
+    if args.prompt:
+        toks, walls = rng.integers(300, 20000, args.prompt), []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            graph.run([toks], [cpu.new_cache(args.prompt)])
+            walls.append(time.perf_counter() - t0)
+        print(f"a prompt of {args.prompt}: {[round(w * 1e3, 1) for w in walls]} ms, {args.prompt / min(walls):.0f} tok/s")
+        if args.profile:
+            trace = json.loads(Path(graph.session.end_profiling()).read_text())
+            last = [ev for ev in trace if ev.get("name") == "model_run"][-1]
+            _ops(trace, [last], f"prompt of {args.prompt}")
+            return
     caches = [cpu.new_cache(512) for _ in range(max(batches))]
     graph.run([rng.integers(300, 20000, 128) for _ in caches], caches)
     walls = {}
@@ -64,19 +79,23 @@ async def main(args) -> None:
     trace = json.loads(Path(graph.session.end_profiling()).read_text())
     runs = [ev for ev in trace if ev.get("name") == "model_run"]  # the prompts' runs, then each batch's 3 + steps
     runs = runs[len(runs) - len(batches) * (3 + args.steps) - 1:]  # (as if one prompt run)
-    nodes = [ev for ev in trace if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time")]
     for i, B in enumerate(batches):
-        mine = runs[1 + i * (3 + args.steps) + 3:1 + (i + 1) * (3 + args.steps)]
-        by_op, count = defaultdict(float), defaultdict(int)
-        for ev in nodes:
-            if any(r["ts"] <= ev["ts"] <= r["ts"] + r["dur"] for r in mine):
-                by_op[ev["args"]["op_name"]] += ev["dur"]
-                count[ev["args"]["op_name"]] += 1
-        run_ms = sum(r["dur"] for r in mine) / len(mine) / 1e3
-        ops_ms = sum(by_op.values()) / len(mine) / 1e3
-        print(f"B={B}: a run {run_ms:.2f} ms, its ops {ops_ms:.2f} (between them {run_ms - ops_ms:.2f}); ms a run, nodes: "
-              + ", ".join(f"{k} {v / len(mine) / 1e3:.2f} ({count[k] // len(mine)})"
-                          for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:10]))
+        _ops(trace, runs[1 + i * (3 + args.steps) + 3:1 + (i + 1) * (3 + args.steps)], f"B={B}")
+
+
+def _ops(trace: list[dict], mine: list[dict], label: str) -> None:
+    """The ops' times in these runs (onnxruntime's profile), a run's average."""
+    nodes = [ev for ev in trace if ev.get("cat") == "Node" and ev["name"].endswith("_kernel_time")]
+    by_op, count = defaultdict(float), defaultdict(int)
+    for ev in nodes:
+        if any(r["ts"] <= ev["ts"] <= r["ts"] + r["dur"] for r in mine):
+            by_op[ev["args"]["op_name"]] += ev["dur"]
+            count[ev["args"]["op_name"]] += 1
+    run_ms = sum(r["dur"] for r in mine) / len(mine) / 1e3
+    ops_ms = sum(by_op.values()) / len(mine) / 1e3
+    print(f"{label}: a run {run_ms:.2f} ms, its ops {ops_ms:.2f} (between them {run_ms - ops_ms:.2f}); ms a run, nodes: "
+          + ", ".join(f"{k} {v / len(mine) / 1e3:.2f} ({count[k] // len(mine)})"
+                      for k, v in sorted(by_op.items(), key=lambda kv: -kv[1])[:10]))
 
 
 if __name__ == "__main__":
@@ -85,6 +104,7 @@ if __name__ == "__main__":
     p.add_argument("--batch", default="1")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--profile", action="store_true", help="onnxruntime's profiler: the ops' times")
+    p.add_argument("--prompt", type=int, default=0, help="a first prompt of this many tokens, before the steps")
     p.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="session config entries to try (session.dynamic_block_base=4, ...)")
     asyncio.run(main(p.parse_args()))
