@@ -37,9 +37,10 @@ _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",)
              "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "xq_block", "matvec_block", "matmul")}
 # kernel file -> the sizes kernels.py decides that its WGSL reads as constants
 _DECLARED = {"matvec_block": {**dict(zip(("BLK_ROWS", "BLK_WG"), BLK_SHAPES["mv_blk_i8"])), "BLK_SHARED": BLK_SHARED},
-             "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}}
+             "gemm_i8": {"I8_R": I8_R, "I8_T": I8_T, "I8_TY": I8_TY}, "iq4_levels": {"IQ4_PACKED": 0}}
 # kernel kind -> its own sizes, in place of its file's (one entry point compiled in several forms)
 _KIND_SIZES = {k: dict(zip(("BLK_ROWS", "BLK_WG"), shape)) for k, shape in BLK_SHAPES.items()}
+_KIND_SIZES |= {k: {"IQ4_PACKED": 1} for k in ("mv_subgroup", "mv_subgroup256")}  # (shaders/iq4_levels.wgsl)
 # kernel file -> the WGSL extensions it enables (an `enable` directive must open the module)
 _ENABLES = {"gemm_f16": "enable f16;"}
 # kernel kind -> (file, entry point)
