@@ -105,7 +105,7 @@ class GGUFFile:
     """Metadata and tensors of one .gguf file. Tensor bytes stay memory-mapped."""
 
     rope_halves = False  # q/k rows as llama.cpp's converter leaves them (by architecture: models/llama.py)
-    shards: list[Path] = []  # a split file's, first to last (none: one file)
+    shards: tuple[Path, ...] = ()  # a split file's, first to last (none: one file)
 
     def __init__(self, path: str | Path):
         """path: a .gguf, or any shard of a split one (NAME-00001-of-00003.gguf, as llama.cpp's
@@ -118,6 +118,8 @@ class GGUFFile:
         self._dropped = False  # drop_metadata()
         self._fields: dict[str, Any] = self._parse(self.path)
         count = self._fields.get("split.count", 1)
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ModelFormatError(f"{self.path}: split.count = {count!r}: must be a positive integer")
         if count > 1:
             self._read_shards(count)
 
@@ -128,7 +130,7 @@ class GGUFFile:
             raise ModelFormatError(f"{self.path}: one shard of a split GGUF ({count} shards), but not named as its "
                                    f"shards are (NAME-00001-of-{count:05d}.gguf): its other shards cannot be found")
         given, given_fields = self.path, self._fields
-        self.shards = [given.with_name(f"{named['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1)]
+        self.shards = tuple(given.with_name(f"{named['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
         for no, shard in enumerate(self.shards):
             fields = self._parse(shard) if shard != given else given_fields
             if (fields.get("split.no"), fields.get("split.count")) != (no, count):
