@@ -209,7 +209,7 @@ class ModelConfig:
         own = _gguf_gemma(f, arch, n_layers, context, d_model, n_heads, head_dim, rope_dim) if arch in GGUF_GEMMA else {}
         if arch == "smollm3" and n_layers >= 4:  # llama.cpp's: every 4th layer without rope (no key of the file)
             own = {"local_rope": no_rope(float(a("rope.freq_base", 10000.0)), rope_dim),
-                     "local_layers": tuple(i for i in range(n_layers) if (i + 1) % 4 == 0)}
+                   "local_layers": tuple(i for i in range(n_layers) if (i + 1) % 4 == 0)}
         return cls(**{
             "arch": arch,
             "n_layers": n_layers,

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from oxinfer.errors import WebGpuUnavailable
+from oxinfer.formats.iquants import GRIDS
 from oxinfer.runtime.webgpu.kernels import BLK_SHAPES, BLK_SHARED, I8_R, I8_T, I8_TY
 
 
@@ -30,8 +31,7 @@ DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0",
              "IQ2_S": "decode_iq2_s", "IQ3_XXS": "decode_iq3_xxs", "IQ3_S": "decode_iq3_s"}
 # qtype -> the snippets its decoder shares with another's, put before it
 _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
-                     "IQ4_XS": ("iq4_levels",), **dict.fromkeys(("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"),
-                                                                ("iq_grid",))}
+                     "IQ4_XS": ("iq4_levels",), **dict.fromkeys(GRIDS, ("iq_grid",))}
 # kernel file -> the shared files it is appended to (after common + decoder)
 _PRELUDES = {"matvec": ("matvec_common",), "matvec_subgroup": ("matvec_common",), "matvec_block": ("matvec_common", "xq_block"),
              "gemm_f16": ("matmul",), "gemm_i8": ("matvec_common", "xq_block", "matvec_block", "matmul")}
