@@ -60,27 +60,11 @@ def _values(db: np.ndarray, grid: np.ndarray, signs: np.ndarray, group: int) -> 
     return ((db.reshape(n, -1, 1) * grid.reshape(n, -1, group).astype(np.float32)) * signs.reshape(n, -1, group)).reshape(n, QK)
 
 
-def _int8_exact(q: np.ndarray, db: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Signed grid values (n, 256) and one scale a sub-block of 32: the CPU's int8 blocks (offset by 128)."""
-    return (q.astype(np.int16) + 128).astype(np.uint8).reshape(-1, 32), db.reshape(-1).astype(np.float32)
+class _ScaleA32:
+    """A grid type with one scale a sub-block of 32 (its `_parts`: the scales (n, 8), the grid
+    values (n, 256), the signs): its int8 blocks are its signed grid values, exactly."""
 
-
-class IQ2_XXS(Codec):
-    """66 bytes a super-block of 256: f16 d, then per sub-block of 32 two u32: four bytes indexing
-    the 256 x 8 grid, and four 7-bit sign indices (KSIGNS) with a 4-bit scale in the top bits;
-    value = d * (0.5 + scale) / 4 * grid * sign."""
-
-    name, block_size, block_bytes = "IQ2_XXS", QK, 66
     int8 = True
-
-    @classmethod
-    def _parts(cls, blocks):
-        n = len(blocks)
-        aux = _words(blocks, 2, 16).reshape(n, 8, 2)
-        db = _f16(blocks[:, :2]) * (np.float32(0.5) + (aux[..., 1] >> 28).astype(np.float32)) * np.float32(0.25)
-        signs = KSIGNS[(aux[..., 1:2] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(127)]  # (n, 8, 4)
-        grid = GRIDS["IQ2_XXS"][aux[..., 0].copy().view(np.uint8).reshape(n, 8, 4)]  # (n, 8, 4, 8)
-        return db, grid.reshape(n, QK), _signs(signs.reshape(n, 32))
 
     @classmethod
     def decode_blocks(cls, blocks):
@@ -90,7 +74,25 @@ class IQ2_XXS(Codec):
     @classmethod
     def int8_blocks(cls, blocks):
         db, grid, signs = cls._parts(blocks)
-        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
+        q = grid.astype(np.int16) * signs.astype(np.int16)
+        return (q + 128).astype(np.uint8).reshape(-1, 32), db.reshape(-1).astype(np.float32)
+
+
+class IQ2_XXS(_ScaleA32, Codec):
+    """66 bytes a super-block of 256: f16 d, then per sub-block of 32 two u32: four bytes indexing
+    the 256 x 8 grid, and four 7-bit sign indices (KSIGNS) with a 4-bit scale in the top bits;
+    value = d * (0.5 + scale) / 4 * grid * sign."""
+
+    name, block_size, block_bytes = "IQ2_XXS", QK, 66
+
+    @classmethod
+    def _parts(cls, blocks):
+        n = len(blocks)
+        aux = _words(blocks, 2, 16).reshape(n, 8, 2)
+        db = _f16(blocks[:, :2]) * (np.float32(0.5) + (aux[..., 1] >> 28).astype(np.float32)) * np.float32(0.25)
+        signs = KSIGNS[(aux[..., 1:2] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(127)]  # (n, 8, 4)
+        grid = GRIDS["IQ2_XXS"][aux[..., 0].copy().view(np.uint8).reshape(n, 8, 4)]  # (n, 8, 4, 8)
+        return db, grid.reshape(n, QK), _signs(signs.reshape(n, 32))
 
 
 class IQ2_XS(Codec):
@@ -130,13 +132,12 @@ class IQ2_S(Codec):
         return _values(db, GRIDS["IQ2_S"][index].reshape(n, QK), _signs(blocks[:, 34:66]), 16)
 
 
-class IQ3_XXS(Codec):
+class IQ3_XXS(_ScaleA32, Codec):
     """98 bytes a super-block of 256: f16 d, 64 bytes indexing the 256 x 4 grid, then per sub-block
     of 32 a u32 of four 7-bit sign indices (KSIGNS) and a 4-bit scale in the top bits;
     value = d * (0.5 + scale) / 2 * grid * sign."""
 
     name, block_size, block_bytes = "IQ3_XXS", QK, 98
-    int8 = True
 
     @classmethod
     def _parts(cls, blocks):
@@ -146,25 +147,14 @@ class IQ3_XXS(Codec):
         signs = KSIGNS[(aux[..., None] >> np.array([0, 7, 14, 21], np.uint32)) & np.uint32(127)]
         return db, GRIDS["IQ3_XXS"][blocks[:, 2:66]].reshape(n, QK), _signs(signs.reshape(n, 32))
 
-    @classmethod
-    def decode_blocks(cls, blocks):
-        db, grid, signs = cls._parts(blocks)
-        return _values(db, grid, signs, 32)
 
-    @classmethod
-    def int8_blocks(cls, blocks):
-        db, grid, signs = cls._parts(blocks)
-        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
-
-
-class IQ3_S(Codec):
+class IQ3_S(_ScaleA32, Codec):
     """110 bytes a super-block of 256: f16 d, 64 bytes of grid index (low 8 bits; 4 values each),
     8 bytes of the indices' ninth bits (byte s: sub-block s's eight), 32 bytes of sign bits, 4 bytes
     of 4-bit scales (one a 32 values, the low nibble first); 512 x 4 grid;
     value = d * (1 + 2 * scale) * grid * sign."""
 
     name, block_size, block_bytes = "IQ3_S", QK, 110
-    int8 = True
 
     @classmethod
     def _parts(cls, blocks):
@@ -172,13 +162,3 @@ class IQ3_S(Codec):
         index = blocks[:, 2:66].astype(np.uint16) | (_bits(blocks[:, 66:74]).astype(np.uint16) << 8)
         db = _f16(blocks[:, :2]) * (1 + 2 * _nibble_scales(blocks[:, 106:110]))
         return db, GRIDS["IQ3_S"][index].reshape(n, QK), _signs(blocks[:, 74:106])
-
-    @classmethod
-    def decode_blocks(cls, blocks):
-        db, grid, signs = cls._parts(blocks)
-        return _values(db, grid, signs, 32)
-
-    @classmethod
-    def int8_blocks(cls, blocks):
-        db, grid, signs = cls._parts(blocks)
-        return _int8_exact(grid.astype(np.int16) * signs.astype(np.int16), db)
