@@ -13,3 +13,9 @@ fn sign4(s: u32) -> vec4<f32> {   // bits 0..3 of s as signs: -1 where set
 fn ksign(s7: u32) -> u32 {   // a 7-bit sign index -> its 8 sign bits: the eighth makes their count even
     return s7 | ((countOneBits(s7) & 1u) << 7u);
 }
+
+fn signed4(w: u32, s: u32) -> u32 {   // w's 4 bytes (each 1..127) negated where bits 0..3 of s are set, as int8
+    let m = (((s & 1u) * 0xFFu) | (((s >> 1u) & 1u) * 0xFF00u) | (((s >> 2u) & 1u) * 0xFF0000u)
+             | (((s >> 3u) & 1u) * 0xFF000000u));
+    return (w ^ m) + (m & 0x01010101u);   // (a byte's two's complement: no carry, as no byte is 0)
+}

@@ -110,7 +110,7 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # 1,679-1,686 / 3,200-3,249 tok/s; alone, its 4096 x 14336 read 428 GB/s against 455 in floats.
 # Q5_K in int8 (nibble and fifth bit made one byte) gained nothing: a Q5_K_M-like 1.1B's GPU pass
 # at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8
-MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
+MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS", "IQ3_S")
 MV_BLK_MIN = 512
 # mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
 # a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
