@@ -358,8 +358,8 @@ def write_converted_gguf(path: Path, weights: dict[str, np.ndarray], config: dic
     if arch == "phi3":
         original = c.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
         w.add_rope_scaling_orig_ctx_len(original)
-        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * d) // heads)
-        if rope.get("rope_type") == "longrope":  # the converter's attention factor, and factors as tensors
+        w.add_rope_dimension_count(int(rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0)) * d) // heads)
+        if (rope.get("rope_type") or rope.get("type")) == "longrope":  # the converter's attention factor, and factors as tensors
             scale = c["max_position_embeddings"] / original
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
             for kind in ("long", "short"):

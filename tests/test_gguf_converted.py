@@ -51,7 +51,7 @@ from oxinfer.testing import write_converted_gguf, write_tiny_hf
 
 CONVERTED = ("llama3@5.24", "qwen2@5.24", "qwen2_swa@5.24", "qwen2_yarn@5.24", "qwen3@5.24", "mistral_swa@5.24",
              "phi3@5.24", "phi3_swa@5.24", "phi3_longrope@5.24", "gemma2_gguf", "gemma3_gguf",
-             "smollm3@5.24")  # test_hf_transformers'
+             "smollm3@5.24", "phi3_partial", "phi3_partial_longrope")  # test_hf_transformers'
 REFUSED = ("llama_yarn@5.24",)  # converted, and refused by name (llama.cpp reads none of its YaRN betas)
 STORED = Path(__file__).parent / "data" / "converted_llama_cpp_logits.npz"
 HF_ARCHITECTURE = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",

@@ -88,6 +88,13 @@ for _name, _kw in SAVED.items():
 # SmolLM3: every 4th layer without rope, as 5.24 writes its config (no_rope_layers), and a pattern of its own
 ARCHS["smollm3@5.24"] = {"seed": 24, "dtype": "BF16", "tied": True, "n_layers": 4,
                          "config_text": (CONFIGS / "smollm3-5.24.json").read_text()}
+# Phi-3 rotating three quarters of each head (Phi-4-mini's partial_rotary_factor), with and without its longrope
+ARCHS["phi3_partial"] = {"seed": 32, "dtype": "BF16", "fused": True, "model_type": "phi3", "pad_token_id": None,
+                         "partial_rotary_factor": 0.75, "original_max_position_embeddings": 256}
+ARCHS["phi3_partial_longrope"] = {"seed": 33, "dtype": "BF16", "fused": True, "model_type": "phi3", "pad_token_id": None,
+                                  "partial_rotary_factor": 0.75, "original_max_position_embeddings": 8, "rope_scaling": {
+                                      "type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                                      "long_factor": [1.0, 1.5, 2.2, 3.0, 4.0, 5.0]}}
 ARCHS["smollm3_list"] = {"seed": 25, "dtype": "BF16", "n_layers": 5, "model_type": "smollm3", "pad_token_id": None,
                          "no_rope_layers": [1, 0, 1, 1, 0, 1]}
 # Engine.load's arguments for some directories

@@ -145,17 +145,18 @@ class ModelConfig:
             raise ModelFormatError(f"{where}: {n_heads} heads, {n_kv} kv heads, head_dim {head_dim} do not fit together "
                                    "(the heads must share the kv heads evenly, and head_dim be even)")
         default_theta = hf_config.DEFAULT_THETA.get(arch, 10000.0)
+        rope_dim = hf_config.rotary_dim(conf, arch, head_dim, where)
         if arch == "gemma3_text":  # a rope per layer type
-            rope, local = (_rope(conf, where, t, default_theta, head_dim, context)
+            rope, local = (_rope(conf, where, t, default_theta, rope_dim, context)
                            for t in ("full_attention", "sliding_attention"))
             slides = hf_config.sliding_layers(conf, arch, n_layers, where)
             local_layers = tuple(i for i, s in enumerate(slides) if s)
         elif arch == "smollm3":  # layers without rope
-            rope, local_layers = _rope(conf, where, None, default_theta, head_dim, context), hf_config.no_rope_layers(
+            rope, local_layers = _rope(conf, where, None, default_theta, rope_dim, context), hf_config.no_rope_layers(
                 conf, n_layers, where)
-            local = no_rope(rope.base, head_dim) if local_layers else rope
+            local = no_rope(rope.base, rope_dim) if local_layers else rope
         else:
-            rope, local, local_layers = _rope(conf, where, None, default_theta, head_dim, context), None, ()
+            rope, local, local_layers = _rope(conf, where, None, default_theta, rope_dim, context), None, ()
         softcap = lambda key: float(cfg(key, 0.0) or 0.0) if gemma else 0.0  # noqa: E731
         return cls(
             arch=arch,
@@ -168,7 +169,7 @@ class ModelConfig:
             context_length=context,
             rms_eps=float(cfg("rms_norm_eps", 1e-5)),
             rope_base=rope.base,
-            rope_dim=head_dim,
+            rope_dim=rope_dim,
             rope_freq_factors=rope.freq_factors,
             rope_attn_factor=rope.attn_factor,
             rope_long=rope.long,

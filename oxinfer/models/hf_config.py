@@ -157,10 +157,6 @@ def rope(config: dict, where: Path, layer_type: str | None = None,
     oxinfer does not implement is refused by name. layer_type: Gemma 3's layers of that type,
     whose rope 5.x writes in rope_parameters[layer_type] and 4.x as rope_theta and rope_scaling
     (full_attention) or rope_local_base_freq with the plain rope (sliding_attention)."""
-    partial = config.get("partial_rotary_factor")  # (4.x writes Phi-3's at the top level)
-    if partial is not None and float(partial) != 1.0:
-        raise UnsupportedModelError(f"{where}: partial_rotary_factor = {partial} is not supported yet (1.0: "
-                                    "the whole head rotates)")
     params, name = config.get("rope_parameters"), "rope_parameters"
     own_theta = "rope_local_base_freq" if layer_type == "sliding_attention" else "rope_theta"
     per_type = isinstance(params, dict) and bool(params) and all(isinstance(v, dict) for v in params.values())
@@ -190,7 +186,7 @@ def rope(config: dict, where: Path, layer_type: str | None = None,
         raise UnsupportedModelError(f"{where}: {name} of type {kind!r} is not supported yet "
                                     f"({', '.join(ROPE_KEYS)})")
     for key in scaling:
-        if key not in ROPE_KEYS[kind] and not (key == "partial_rotary_factor" and float(scaling[key]) == 1.0):
+        if key not in ROPE_KEYS[kind] and key != "partial_rotary_factor":  # (rotary_dim reads it)
             raise UnsupportedModelError(f"{where}: {name}.{key} = {scaling[key]!r} is not supported "
                                         f"for rope type {kind!r}")
     if kind in ("llama3", "yarn", "longrope") and config.get("original_max_position_embeddings") is not None:
@@ -218,6 +214,23 @@ def _rope_scaling_over(config: dict, params: dict, layer_type: str | None, per_t
         log.warning("rope_theta_dropped", config=str(where), rope_parameters_theta=dropped, rope_theta=theta,
                     why="rope_scaling takes the place of rope_parameters, as transformers 5 reads such a config")
     return scaling | {"rope_theta": theta}, "rope_scaling"
+
+
+def rotary_dim(config: dict, arch: str, head_dim: int, where: Path) -> int:
+    """The dims of a head that rotate: int(head_dim * partial_rotary_factor), as transformers takes
+    it (4.x writes it at the top level, 5.x in rope_parameters); less than the head only for Phi-3
+    (Phi-4-mini: 0.75), whose attention passes the rest through (the others' would fail there)."""
+    params = config.get("rope_parameters")
+    inner = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+    factor = float(inner if inner is not None else config.get("partial_rotary_factor") or 1.0)
+    dim = int(head_dim * factor)
+    if factor != 1.0 and arch != "phi3":
+        raise UnsupportedModelError(f"{where}: partial_rotary_factor = {factor} is not supported for model_type "
+                                    f"{arch!r} (phi3 reads it; 1.0: the whole head rotates)")
+    if not 0.0 < factor <= 1.0 or dim % 2:
+        raise ModelFormatError(f"{where}: partial_rotary_factor = {factor} rotates {dim} of a head's {head_dim} dims: "
+                               "it must rotate an even number of them, at least 2")
+    return dim
 
 
 def layer_windows(config: dict, arch: str, context: int, n_layers: int, where: Path) -> tuple[int | None, ...] | None:

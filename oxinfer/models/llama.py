@@ -53,14 +53,19 @@ def split_rows(m: QuantMatrix, names: Sequence[str], sizes: Sequence[int]) -> li
     return [QuantMatrix(n, m.qtype, k, m.n_in, m.data[r:r + k]) for n, r, k in zip(names, starts, sizes)]
 
 
-def pair_rope_rows(w, heads: int):
+def pair_rope_rows(w, heads: int, rotary: int | None = None):
     """A q or k matrix (or bias, or one head's norm weights) in rotate-half order -> adjacent-pair
-    order: within each head, rows i and hd/2 + i become rows 2i and 2i + 1. Rows only move (a
-    matrix's stored bytes with them): no value changes."""
+    order: within each head, of its first `rotary` rows (all: None), rows i and rotary/2 + i become
+    rows 2i and 2i + 1; the rows past them (a partial rope's, which pass through) stay. Rows only
+    move (a matrix's stored bytes with them): no value changes."""
     if isinstance(w, QuantMatrix):
-        return QuantMatrix(w.name, w.qtype, w.n_out, w.n_in, pair_rope_rows(w.data, heads))
+        return QuantMatrix(w.name, w.qtype, w.n_out, w.n_in, pair_rope_rows(w.data, heads, rotary))
     n, rest = w.shape[0], w.shape[1:]
-    return np.ascontiguousarray(w.reshape(heads, 2, n // heads // 2, *rest).swapaxes(1, 2).reshape(w.shape))
+    hd = n // heads
+    rotary = rotary or hd
+    h = w.reshape(heads, hd, *rest)
+    paired = h[:, :rotary].reshape(heads, 2, rotary // 2, *rest).swapaxes(1, 2).reshape(heads, rotary, *rest)
+    return np.ascontiguousarray(np.concatenate([paired, h[:, rotary:]], axis=1).reshape(w.shape))
 
 
 class Llama:
@@ -107,11 +112,11 @@ class Llama:
             if f.has_tensor(p + "attn_q_norm.weight"):
                 norms = [norm(p + f"attn_{n}_norm.weight") for n in "qk"]
             if neox:
-                qkv = [pair_rope_rows(m, heads[n]) if heads[n] else m for m, n in zip(qkv, "qkv")]
+                qkv = [pair_rope_rows(m, heads[n], cfg.rope_dim) if heads[n] else m for m, n in zip(qkv, "qkv")]
                 if bias is not None:
-                    bias = [pair_rope_rows(b, heads[n]) if heads[n] else b for b, n in zip(bias, "qkv")]
+                    bias = [pair_rope_rows(b, heads[n], cfg.rope_dim) if heads[n] else b for b, n in zip(bias, "qkv")]
                 if norms is not None:  # one head's weights, in the order its values now have
-                    norms = [pair_rope_rows(w, 1) for w in norms]
+                    norms = [pair_rope_rows(w, 1, cfg.rope_dim) for w in norms]
             wq, wk, wv = QuantMatrix.fuse(p + "attn_qkv", qkv)
             if f.has_tensor(p + "ffn_gate.weight"):
                 gate_up = [f.matrix(p + "ffn_gate.weight"), f.matrix(p + "ffn_up.weight")]
