@@ -352,6 +352,26 @@ def test_smollm3_s_layers_without_rope_are_read_as_transformers_reads_them(tmp_p
         load_model(tmp_path / "l")
 
 
+def test_a_partial_rope_is_phi_3_s_alone_and_rotates_whole_pairs(tmp_path):
+    """partial_rotary_factor: Phi-3's (top level as 4.x writes it, or in rope_parameters as 5.x does)
+    sets the rotated dims; another model type's attention would not pass the rest through, and a
+    factor that rotates an odd number of dims is no rope: both refused by name."""
+    write_tiny_hf(tmp_path / "p", model_type="phi3", fused=True, partial_rotary_factor=0.75)
+    assert load_model(tmp_path / "p")[2].cfg.rope_dim == 12  # (heads of 16)
+    _edit_config(tmp_path / "p", partial_rotary_factor=None, rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                                              "partial_rotary_factor": 0.5})
+    assert load_model(tmp_path / "p")[2].cfg.rope_dim == 8
+    _edit_config(tmp_path / "p", rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.3})
+    assert load_model(tmp_path / "p")[2].cfg.rope_dim == 4  # int(16 * 0.3), as transformers takes it
+    _edit_config(tmp_path / "p", rope_parameters={"rope_type": "default", "rope_theta": 1e4,
+                                                  "partial_rotary_factor": 0.4375})
+    with pytest.raises(ModelFormatError, match=r"partial_rotary_factor = 0\.4375 rotates 7 of a head's 16 dims"):
+        load_model(tmp_path / "p")
+    write_tiny_hf(tmp_path / "l", seed=1, partial_rotary_factor=0.5)
+    with pytest.raises(UnsupportedModelError, match=r"partial_rotary_factor = 0\.5 is not supported for model_type 'llama'"):
+        load_model(tmp_path / "l")
+
+
 def test_rope_scaling_beside_rope_parameters_as_transformers_5_reads_them(tmp_path):
     """Model cards tell users to add 4.x's rope_scaling to config.json, which transformers 5 saved
     with rope_parameters: transformers 5.25 takes rope_scaling in its place, theta from rope_theta
