@@ -111,17 +111,31 @@ class _Server:
         stays, and if it alone does not fit, the request's 400 says so as with truncation disabled."""
         limit = m.engine.config.context_length
         need = chat.requested_max_tokens or 1
+        if len(ids) + need <= limit:
+            return chat, ids
         messages = list(chat.messages)
-        while len(ids) + need > limit:
-            first = next((i for i, x in enumerate(messages) if x.role not in ("system", "developer")), len(messages))
-            if first >= len(messages) - 1:
-                break
-            end = first + 1  # (and what follows up to the next user message: the turns begin with one)
-            while end < len(messages) - 1 and messages[end].role != "user":
-                end += 1
-            del messages[first:end]
-            chat = chat.model_copy(update={"messages": messages})
-            (ids,), _ = self.generating.prompt_ids(m.engine, chat)
+        first = next((i for i, x in enumerate(messages) if x.role not in ("system", "developer")), len(messages))
+        # where the kept turns may begin: each later user message, then the last message alone
+        cuts = [i for i in range(first + 1, len(messages) - 1) if messages[i].role == "user"] + [len(messages) - 1]
+        cuts = [c for c in cuts if c > first]
+
+        def cut(k: int):  # (the fewest turns dropped that fit: a binary search, the prompt made log2(turns) times)
+            kept = chat.model_copy(update={"messages": messages[:first] + messages[cuts[k]:]})
+            (kept_ids,), _ = self.generating.prompt_ids(m.engine, kept)
+            return kept, kept_ids
+
+        lo, hi, best = 0, len(cuts) - 1, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            kept, kept_ids = cut(mid)
+            if len(kept_ids) + need <= limit:
+                best, hi = (kept, kept_ids), mid - 1
+            else:
+                lo = mid + 1
+        if best is not None:
+            return best
+        if cuts:  # not even the last message alone fits: the request's 400 says so
+            chat, ids = cut(len(cuts) - 1)
         return chat, ids
 
     async def _respond(self, request: Request, req: ResponsesRequest, chat: ChatCompletionRequest,
