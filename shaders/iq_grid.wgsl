@@ -19,3 +19,7 @@ fn signed4(w: u32, s: u32) -> u32 {   // w's 4 bytes (each 1..127) negated where
              | (((s >> 3u) & 1u) * 0xFF000000u));
     return (w ^ m) + (m & 0x01010101u);   // (a byte's two's complement: no carry, as no byte is 0)
 }
+
+fn iq1x4(g: u32) -> vec4<f32> {   // IQ1's 4 values at bits 0..7 of an entry's word (2 bits each: value + 1)
+    return vec4<f32>((vec4<u32>(g) >> vec4<u32>(0u, 2u, 4u, 6u)) & vec4<u32>(3u)) - vec4<f32>(1.0);
+}

@@ -66,8 +66,8 @@ def test_unknown_ggml_type_id(tmp_path, tiny):
 
 
 def test_known_but_unsupported_quant_names_the_tensor(tmp_path):
-    p = write_tiny_llama(tmp_path / "k.gguf", qtype=T.IQ1_S, d=256, n_heads=4, n_kv=2, d_ff=256)
-    with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.attn_q\.weight.*IQ1_S"):
+    p = write_tiny_llama(tmp_path / "k.gguf", qtype=T.TQ2_0, d=256, n_heads=4, n_kv=2, d_ff=256)
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.0\.attn_q\.weight.*TQ2_0"):
         load_model(p)
 
 

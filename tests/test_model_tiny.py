@@ -76,7 +76,7 @@ async def test_forward_matches_reference(tmp_path, qtype, tied, cpu_int8):
 
 
 K_TYPES = [T.Q5_0, T.Q5_1, T.IQ4_NL, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS,
-           T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S]
+           T.IQ1_S, T.IQ1_M, T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S]
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)

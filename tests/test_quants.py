@@ -10,7 +10,7 @@ from oxinfer.formats.quants import QuantMatrix, codec
 from oxinfer.testing import random_blocks, random_matrix
 
 QUANTIZED = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
-             "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
+             "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
 GGUF_QUANTIZES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]  # the types gguf-py's quantizer writes
 
 
@@ -24,7 +24,7 @@ def test_block_codecs_match_gguf_bit_for_bit(name):
     assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
 
 
-EXACT_INT8 = ["Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "IQ2_XXS", "IQ3_XXS", "IQ3_S"]  # int8 sub-blocks hold these types' values exactly
+EXACT_INT8 = ["Q8_0", "Q5_0", "IQ4_NL", "IQ4_XS", "IQ1_S", "IQ2_XXS", "IQ3_XXS", "IQ3_S"]  # int8 sub-blocks hold these types' values exactly
 
 
 @pytest.mark.parametrize("name", [n for n in QUANTIZED if not codec(n).int4])  # 4-bit types: int4_blocks
@@ -90,8 +90,8 @@ def test_bf16_matches_gguf():
 
 
 def test_unknown_quant_type_names_the_tensor():
-    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*IQ1_S"):
-        codec("IQ1_S", "blk.3.ffn_up.weight")
+    with pytest.raises(UnsupportedQuantError, match=r"blk\.3\.ffn_up\.weight.*TQ1_0"):
+        codec("TQ1_0", "blk.3.ffn_up.weight")
 
 
 def test_fuse_gives_row_views_of_one_matrix():

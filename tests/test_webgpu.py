@@ -34,7 +34,7 @@ pytestmark = [
 ]
 
 FORMATS = ["BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
-           "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
+           "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
 ROWS = [1, 15, 16, 17, 300]  # around the matvec / tiled switch at 16, and past one 128-row tile
 TOL = 1e-4  # max abs error / max abs reference
 

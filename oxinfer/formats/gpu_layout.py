@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from oxinfer.formats.iquants import GRIDS
+from oxinfer.formats.iquants import GRIDS, grid_words
 from oxinfer.formats.quants import QuantMatrix
 
 # qtype -> where the layout inserts 2 bytes a block. Q4_0's (its decoder then reads whole words as
@@ -15,9 +15,9 @@ from oxinfer.formats.quants import QuantMatrix
 # 314 tok/s (GPU pass 3.49 -> 3.16 ms), 8 streams 841 -> 1,069 (10.09 -> 7.63 ms), a 512-token
 # prompt 3,138 -> 3,277 tok/s; 11% more device memory for its matrices (4,308 -> 4,724 MiB)
 _WORD_ALIGN = {"Q4_0": 2, "Q8_0": 2, "Q5_0": 2, "IQ4_NL": 2, "Q3_K": 110, "Q6_K": 210,
-               **dict.fromkeys(GRIDS, 2)}
-# qtype -> the words its buffer begins with: the grid its codes index (gguf-py's, 4 values a word)
-_PREFIX = {q: np.ascontiguousarray(g).view("<u4").reshape(-1) for q, g in GRIDS.items()}
+               **{q: 2 for q in GRIDS if q != "IQ1_M"}}  # (IQ1_M's 56 bytes begin with codes: word-aligned)
+# qtype -> the words its buffer begins with: the grid its codes index (iquants.grid_words)
+_PREFIX = {q: grid_words(q) for q in GRIDS}
 
 
 def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:

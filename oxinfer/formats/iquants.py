@@ -1,6 +1,7 @@
-"""GGUF's grid types of 2 and 3 bits a weight, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S (llama.cpp's
-IQ2_M and IQ3_M files are mostly these): super-blocks of 256 values whose codes index a grid of
-8 or 4 values, each value signed by a bit. Registered like the other codecs, each bit for bit with
+"""GGUF's grid types of 1 to 3 bits a weight, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S
+(llama.cpp's IQ1_M, IQ2_M and IQ3_M files are mostly these): super-blocks of 256 values whose codes
+index a grid of 8 or 4 values, each value signed by a bit (IQ1's: values -1, 0, 1 and a shift of
++-1/8 a group). Registered like the other codecs, each bit for bit with
 `gguf.quants.dequantize` (tests/test_quants.py); the grids are gguf-py's own (`GRIDS`), which the
 WebGPU decoders read from the front of each matrix's buffer (formats/gpu_layout.py).
 
@@ -22,15 +23,28 @@ KSIGNS = (_ORDER | ((np.unpackbits(_ORDER[:, None], axis=1).sum(axis=1) & 1) << 
 
 
 def _grid(name: str) -> np.ndarray:
-    """gguf-py's grid of the type: (entries, 8 or 4) uint8 values."""
+    """gguf-py's grid of the type: (entries, 8 or 4) values, uint8 (IQ1's -1, 0, 1: int8)."""
     from gguf import quants
 
     cls = getattr(quants, name)
     cls.init_grid()
-    return cls.grid.reshape(cls.grid_shape).astype(np.uint8)
+    grid = cls.grid.reshape(cls.grid_shape)
+    return grid.astype(np.int8 if grid.min() < 0 else np.uint8)
 
 
-GRIDS = {name: _grid(name) for name in ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")}
+GRIDS = {name: _grid(name) for name in ("IQ1_S", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")}
+GRIDS["IQ1_M"] = GRIDS["IQ1_S"]
+IQ1_DELTA = np.float32(0.125)
+
+
+def grid_words(qtype: str) -> np.ndarray:
+    """The words a grid type's GPU buffer begins with (formats/gpu_layout.py): 4 values of a byte
+    each a word; IQ1's 8 values of 2 bits each (value + 1) a word."""
+    g = GRIDS[qtype]
+    if g.dtype == np.int8:
+        fields = (g.astype(np.int32) + 1) << (2 * np.arange(8, dtype=np.int32))
+        return fields.sum(axis=1).astype("<u4")
+    return np.ascontiguousarray(g).view("<u4").reshape(-1)
 
 
 def _signs(masks: np.ndarray) -> np.ndarray:
@@ -162,3 +176,59 @@ class IQ3_S(_ScaleA32, Codec):
         index = blocks[:, 2:66].astype(np.uint16) | (_bits(blocks[:, 66:74]).astype(np.uint16) << 8)
         db = _f16(blocks[:, :2]) * (1 + 2 * _nibble_scales(blocks[:, 106:110]))
         return db, GRIDS["IQ3_S"][index].reshape(n, QK), _signs(blocks[:, 74:106])
+
+
+class IQ1_S(Codec):
+    """50 bytes a super-block of 256: f16 d, 32 bytes of grid index (the low 8 bits; 8 values each),
+    8 u16 (one a sub-block of 32: its four indices' high 3 bits, bits 3l..3l+2; a 3-bit scale at
+    bit 12; bit 15 the sign of its shift); 2048 x 8 grid of -1, 0, 1;
+    value = d * (2 * scale + 1) * (grid +- 1/8). Its int8 blocks are exact: 8 * grid +- 1 with
+    scale d * (2 * scale + 1) / 8."""
+
+    name, block_size, block_bytes = "IQ1_S", QK, 50
+    int8 = True
+
+    @classmethod
+    def _parts(cls, blocks):
+        n = len(blocks)
+        qh = _halves(blocks, 34, 8)  # (n, 8)
+        dl = _f16(blocks[:, :2]) * (2 * ((qh >> 12) & 7) + 1)
+        delta = np.where((qh & np.uint16(0x8000)) == 0, IQ1_DELTA, -IQ1_DELTA)
+        high = (qh[..., None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)
+        index = blocks[:, 2:34].astype(np.uint16) | (high.reshape(n, 32) << 8)
+        return dl, delta, GRIDS["IQ1_S"][index].reshape(n, 8, 32)
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        dl, delta, grid = cls._parts(blocks)
+        return (dl[..., None] * (grid + delta[..., None])).reshape(len(blocks), QK)
+
+    @classmethod
+    def int8_blocks(cls, blocks):
+        dl, delta, grid = cls._parts(blocks)
+        q = 8 * grid.astype(np.int16) + np.where(delta > 0, 1, -1).astype(np.int16)[..., None]
+        return (q + 128).astype(np.uint8).reshape(-1, 32), (dl / np.float32(8)).reshape(-1).astype(np.float32)
+
+
+class IQ1_M(Codec):
+    """56 bytes a super-block of 256: 32 bytes of grid index (the low 8 bits; 8 values each), 16
+    bytes of one nibble an index (its high 3 bits; bit 3 the sign of its shift), 4 u16 of 3-bit
+    scales (one a 16 values, at bits 0, 3, 6, 9) whose top nibbles are, in turn, the f16 d's 16 bits;
+    2048 x 8 grid of -1, 0, 1 (IQ1_S's); value = d * (2 * scale + 1) * (grid +- 1/8)."""
+
+    name, block_size, block_bytes = "IQ1_M", QK, 56
+    int8 = True
+    int8_blocks = classmethod(_requantized)
+
+    @classmethod
+    def decode_blocks(cls, blocks):
+        n = len(blocks)
+        sc = _halves(blocks, 48, 4)  # (n, 4)
+        d = (sc >> np.array([12, 8, 4, 0], np.uint16)) & np.array([0xF, 0xF0, 0xF00, 0xF000], np.uint16)
+        d = np.bitwise_or.reduce(d, axis=1).astype(np.uint16).view(np.float16).astype(np.float32)[:, None]
+        dl = d * (2 * ((sc[..., None] >> np.array([0, 3, 6, 9], np.uint16)) & np.uint16(7)).reshape(n, 16) + 1)
+        nib = (blocks[:, 32:48, None] >> np.array([0, 4], np.uint8)).reshape(n, 32)
+        delta = np.where((nib & 8) == 0, IQ1_DELTA, -IQ1_DELTA)
+        index = blocks[:, :32].astype(np.uint16) | ((nib & np.uint8(7)).astype(np.uint16) << 8)
+        grid = GRIDS["IQ1_M"][index].reshape(n, 16, 2, 8)
+        return (dl[..., None, None] * (grid + delta.reshape(n, 16, 2, 1))).reshape(n, QK)

@@ -28,7 +28,8 @@ DECODERS = {"BF16": "decode_bf16", "Q8_0": "decode_q8_0", "Q4_0": "decode_q4_0",
              "Q5_0": "decode_q5_0", "Q5_1": "decode_q5_1", "IQ4_NL": "decode_iq4_nl", "Q2_K": "decode_q2_k",
              "Q3_K": "decode_q3_k", "Q4_K": "decode_q4_k", "Q5_K": "decode_q5_k", "Q6_K": "decode_q6_k",
              "IQ4_XS": "decode_iq4_xs", "IQ2_XXS": "decode_iq2_xxs", "IQ2_XS": "decode_iq2_xs",
-             "IQ2_S": "decode_iq2_s", "IQ3_XXS": "decode_iq3_xxs", "IQ3_S": "decode_iq3_s"}
+             "IQ2_S": "decode_iq2_s", "IQ3_XXS": "decode_iq3_xxs", "IQ3_S": "decode_iq3_s", "IQ1_S": "decode_iq1_s",
+             "IQ1_M": "decode_iq1_m"}
 # qtype -> the snippets its decoder shares with another's, put before it
 _DECODER_PRELUDES = {"Q4_K": ("kquant_scales",), "Q5_K": ("kquant_scales",), "IQ4_NL": ("iq4_levels",),
                      "IQ4_XS": ("iq4_levels",), **dict.fromkeys(GRIDS, ("iq_grid",))}
