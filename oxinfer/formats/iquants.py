@@ -1,13 +1,12 @@
 """GGUF's grid types of 1 to 3 bits a weight, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S
 (llama.cpp's IQ1_M, IQ2_M and IQ3_M files are mostly these): super-blocks of 256 values whose codes
 index a grid of 8 or 4 values, each value signed by a bit (IQ1's: values -1, 0, 1 and a shift of
-+-1/8 a group). Registered like the other codecs, each bit for bit with
-`gguf.quants.dequantize` (tests/test_quants.py); the grids are gguf-py's own (`GRIDS`), which the
++-1/8 a group). Registered like the other codecs, each bit for bit with `gguf.quants.dequantize` (tests/test_quants.py); the grids are gguf-py's own (`GRIDS`), which the
 WebGPU decoders read from the front of each matrix's buffer (formats/gpu_layout.py).
 
-A sub-block of 32 values takes one scale in IQ2_XXS, IQ3_XXS and IQ3_S, whose values are then the
-scale times small integers: int8 blocks hold them exactly; IQ2_XS's and IQ2_S's scales cover 16
-values each, and their int8 blocks are requantized, as Q2_K's are.
+A sub-block of 32 values takes one scale in IQ1_S, IQ2_XXS, IQ3_XXS and IQ3_S, whose values are then
+the scale times small integers: int8 blocks hold them exactly; IQ1_M's, IQ2_XS's and IQ2_S's scales
+cover 16 values each, and their int8 blocks are requantized, as Q2_K's are.
 """
 
 from __future__ import annotations
