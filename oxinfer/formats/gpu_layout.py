@@ -25,7 +25,7 @@ def _laid(qtype: str, blocks: np.ndarray) -> np.ndarray:
     if qtype not in _WORD_ALIGN:
         return blocks.reshape(-1)
     # two zero bytes at `at` put every block, and the fields after them, on word boundaries:
-    # Q4_0 18 -> 20, Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 and the IQ2 / IQ3 grid types after the
+    # Q4_0 18 -> 20, Q8_0 34 -> 36, Q5_0 22 -> 24, IQ4_NL 18 -> 20 and the grid types (but IQ1_M) after the
     # f16 scale; Q3_K 110 -> 112 and Q6_K 210 -> 212 at the end
     at = _WORD_ALIGN[qtype]
     out = np.zeros((blocks.shape[0], blocks.shape[1] + 2), np.uint8)
