@@ -589,9 +589,10 @@ async def test_a_q4_k_m_style_model_runs_whole_on_the_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("qtype,mix", [(T.IQ3_XXS, {"ffn_down": T.IQ3_S, "attn_v": T.IQ2_S}),
-                                       (T.IQ2_XXS, {"ffn_down": T.IQ2_XS, "attn_k": T.IQ3_S})], ids=["iq3", "iq2"])
+                                       (T.IQ2_XXS, {"ffn_down": T.IQ2_XS, "attn_k": T.IQ3_S}),
+                                       (T.IQ1_M, {"ffn_down": T.IQ1_S, "attn_v": T.IQ2_XXS})], ids=["iq3", "iq2", "iq1"])
 async def test_an_iq_model_runs_whole_on_the_gpu(tmp_path, qtype, mix):
-    """The 2- and 3-bit grid types as llama.cpp's IQ3_M / IQ2_M files mix them: each product reads
+    """The 1- to 3-bit grid types as llama.cpp's IQ3_M / IQ2_M / IQ1_M files mix them: each product reads
     its grid from the front of its matrix's buffer; logits as the CPU's, greedy tokens equal."""
     path = write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, d=256, n_heads=4, n_kv=2, d_ff=512, seed=12, mix=mix,
                             extra_vocab=40)
