@@ -37,7 +37,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
                      mix: dict[str, T] | None = None, rope_freqs: np.ndarray | None = None,
                      qkv_bias: bool = False, head_dim: int | None = None, qk_norm: bool = False,
                      llama_cpp: bool = False, metadata: dict | None = None,
-                     chat_template: str | list[dict] = CHATML, split_max_tensors: int = 0) -> Path:
+                     chat_template: str | list[dict] = CHATML, split_max_tensors: int = 0, fim: bool = False) -> Path:
     """A Llama with random weights and a byte-level vocab (256 bytes + 3 control tokens, plus
     `extra_vocab` filler tokens). fast: Q4_1/Q8_0 blocks of random bytes with sane scales instead of
     quantizing normal weights (gguf-py's quantizer takes minutes for a 1B model). mix: other types
@@ -50,10 +50,12 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     filler token is "ĠĠ" (two spaces), merged from two "Ġ" (needs extra_vocab >= 1). metadata:
     more `{arch}.*` keys ({"rope.scaling.type": "linear"}: str, int or float values). chat_template:
     text, or [{"name", "template"}] (gguf writes the named ones as llama.cpp reads them). split_max_tensors:
-    shards of that many tensors at most, as convert_hf_to_gguf.py writes them (the first's path returned)."""
+    shards of that many tensors at most, as convert_hf_to_gguf.py writes them (the first's path returned).
+    fim: Qwen's fill-in-the-middle tokens in the vocabulary (control tokens 259-261: prefix, suffix, middle;
+    their ids named by tokenizer.ggml.fim_*_token_id as llama.cpp's converter writes them)."""
     rng = np.random.default_rng(seed)
-    if llama_cpp and not extra_vocab:
-        raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place)")
+    if (llama_cpp or fim) and extra_vocab < (3 if fim else 1) or (llama_cpp and fim):
+        raise ValueError("llama_cpp=True needs extra_vocab >= 1 (the merged token's place), fim=True 3, not both")
     vocab = 259 + extra_vocab
     w = GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
     w.add_block_count(n_layers)
@@ -73,7 +75,7 @@ def write_tiny_llama(path: Path, *, qtype: T = T.Q4_1, arch: str = "llama", d: i
     for key, value in (metadata or {}).items():  # ("general." keys as they are)
         add = w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32
         add(key if key.startswith("general.") else f"{arch}.{key}", value)
-    _add_tiny_vocab(w, extra_vocab, llama_cpp)
+    _add_tiny_vocab(w, extra_vocab, llama_cpp, fim)
     w.add_chat_template(chat_template)
 
     def mat(name, n_out, n_in, q=qtype):
@@ -234,17 +236,22 @@ def write_tiny_hf(path: Path, *, d: int = 64, n_layers: int = 2, n_heads: int = 
     return weights
 
 
-def _add_tiny_vocab(w: GGUFWriter, extra: int, llama_cpp: bool) -> None:
+def _add_tiny_vocab(w: GGUFWriter, extra: int, llama_cpp: bool, fim: bool = False) -> None:
     """The tiny byte-level BPE vocabulary: 256 bytes, 3 control tokens, `extra` fillers; llama_cpp:
     the first filler is "ĠĠ", merged from two "Ġ" (llama.cpp refuses a BPE vocabulary without merges,
     HF tokenizers a merge into no token)."""
     tokens = _bytes_to_unicode() + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + [f"<filler_{i}>" for i in range(extra)]
+    types = [1] * 256 + [3, 3, 3] + [1] * extra
+    if fim:  # (the fillers' places: extra >= 3)
+        tokens[259:262], types[259:262] = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"], [3, 3, 3]
+        for key, i in zip(("pre", "suf", "mid"), range(259, 262)):
+            w.add_uint32(f"tokenizer.ggml.fim_{key}_token_id", i)
     if llama_cpp:
         tokens[259] = "\u0120\u0120"
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
-    w.add_token_types([1] * 256 + [3, 3, 3] + [1] * extra)
+    w.add_token_types(types)
     w.add_token_merges(["\u0120 \u0120"] if llama_cpp else [])
     w.add_bos_token_id(256)
     w.add_eos_token_id(258)

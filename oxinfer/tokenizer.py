@@ -23,6 +23,14 @@ from oxinfer.pretokenizers import IGNORE_MERGES, pre_tokenizer
 _FIM_TEXTS = frozenset({"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
                         "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"})
 _EOG_TEXTS = _spm.EOG_TEXTS | _FIM_TEXTS  # (llama.cpp's list, load: special_eog_ids)
+# llama.cpp's fill-in-the-middle prefix, suffix and middle tokens, found by their text where the
+# metadata names none (llama-vocab.cpp's lists: Qwen's, Granite's, DeepSeek's, CodeLlama's, GLM's...)
+_FIM_PSM_TEXTS = (("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>", "\u2581<PRE>",
+                   "<|code_prefix|>", "<|prefix|>"),
+                  ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>", "\u2581<SUF>",
+                   "<|code_suffix|>", "<|suffix|>"),
+                  ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
+                   "<|code_middle|>", "<|middle|>"))
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED = 4
 
@@ -119,6 +127,9 @@ class Tokenizer:
         self.metaspace = False
         self.chat_adds_bos = True  # (encode_chat: an HF directory's adds none, as transformers)
         self.strips_first_space = spm.add_space_prefix if spm is not None else False
+        where = {t: i for i, t in enumerate(tokens) if t.startswith(("<", "\u2581<"))}
+        fim = [next((where[t] for t in texts if t in where), None) for texts in _FIM_PSM_TEXTS]
+        self.fim: tuple[int, int, int] | None = tuple(fim) if None not in fim else None  # (pre, suf, mid)
 
     @classmethod
     def from_gguf(cls, f) -> Tokenizer:
@@ -152,7 +163,14 @@ class Tokenizer:
         # (llama.cpp adds BOS for Llama 3's vocabularies unless the file says otherwise)
         special = SpecialIds(bos, eos, _gguf_eog(f, tokens, eos),
                              bool(f.get("tokenizer.ggml.add_bos_token", pre in IGNORE_MERGES)))
-        return cls(tk, tokens, types, special, *_gguf_templates(f))
+        return cls(tk, tokens, types, special, *_gguf_templates(f))._fim_named(f)
+
+    def _fim_named(self, f) -> Tokenizer:
+        """The fill-in-the-middle ids a GGUF names (tokenizer.ggml.fim_{pre,suf,mid}_token_id) over those found by text."""
+        named = tuple(f.get(f"tokenizer.ggml.fim_{k}_token_id", None) for k in ("pre", "suf", "mid"))
+        if None not in named:
+            self.fim = named
+        return self
 
     @classmethod
     def _from_gguf_spm(cls, f) -> Tokenizer:
@@ -167,7 +185,7 @@ class Tokenizer:
         bos, eos = f.get("tokenizer.ggml.bos_token_id", None), f.get("tokenizer.ggml.eos_token_id", None)
         special = SpecialIds(bos, eos, _gguf_eog(f, tokens, eos), bool(f.get("tokenizer.ggml.add_bos_token", True)),
                              bool(f.get("tokenizer.ggml.add_eos_token", False)))
-        return cls(None, tokens, vocab.types, special, *_gguf_templates(f), spm=vocab)
+        return cls(None, tokens, vocab.types, special, *_gguf_templates(f), spm=vocab)._fim_named(f)
 
     @classmethod
     def from_hf(cls, d) -> Tokenizer:
@@ -220,6 +238,15 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self._tokens)
+
+    def infill(self, prefix: list[int], suffix: list[int]) -> list[int]:
+        """A fill-in-the-middle prompt as llama.cpp's /infill lays one out (prefix, suffix, middle;
+        without its repository lines): [BOS] FIM_PRE prefix FIM_SUF suffix FIM_MID. ValueError where
+        the vocabulary has no such tokens."""
+        if self.fim is None:
+            raise ValueError("this model's vocabulary has no fill-in-the-middle tokens (prefix, suffix and middle)")
+        pre, suf, mid = self.fim
+        return [self.special.bos] * (self.special.add_bos and self.special.bos is not None) + [pre, *prefix, suf, *suffix, mid]
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """llama.cpp's ids for `text`, special tokens parsed; BOS only if the model asks for it (and

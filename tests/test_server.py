@@ -569,6 +569,27 @@ def test_twenty_json_schemas_validate_greedy_sampled_streamed_and_not(client, sr
     assert isinstance(json.loads(r.choices[0].message.content), dict)  # any object (this model's: a person)
 
 
+def test_a_suffix_is_a_fill_in_the_middle_prompt(client, srv, tmp_path):
+    """/v1/completions' suffix: the model's prefix token, the prompt, its suffix token, the suffix, its
+    middle token (llama.cpp's /infill order), answered as the engine answers those ids; refused by
+    name for a model whose vocabulary has no such tokens (the default model's), and beside echo."""
+    s = ServerThread(write_tiny_llama(tmp_path / "fim.gguf", extra_vocab=3, fim=True, **TINY_MODEL)).start()
+    try:
+        fim = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        r = fim.completions.create(model=s.engine.model_name, prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))",
+                                   max_tokens=6, temperature=0.0)
+        tk = s.engine.tokenizer
+        ids = [259, *tk.encode("def add(a, b):\n    return ", add_bos=False), 260, *tk.encode("\n\nprint(add(1, 2))", add_bos=False), 261]
+        want = s.call(s.engine.generate(ids, oxinfer.SamplingParams(temperature=0.0, max_tokens=6)))
+        assert r.usage.prompt_tokens == len(ids) and r.choices[0].text == want.text
+        with pytest.raises(openai.BadRequestError, match="suffix: not with echo"):
+            fim.completions.create(model=s.engine.model_name, prompt="x", suffix="y", echo=True, max_tokens=2)
+    finally:
+        s.close()
+    with pytest.raises(openai.BadRequestError, match="suffix: this model's vocabulary has no fill-in-the-middle tokens"):
+        client.completions.create(model=srv.engine.model_name, prompt="def f():", suffix="return 1", max_tokens=4)
+
+
 def test_grammar_extension_restricts_the_language(client, srv):
     for seed in range(3):
         r = client.completions.create(model=srv.engine.model_name, prompt="Is the sky blue?", max_tokens=5,

@@ -63,7 +63,7 @@ class Completions:
                 fields = [f"prompt.{i}" if len(prompts) > 1 else "prompt" for i in range(len(prompts))]
                 out = []
                 for param, p in zip(fields, prompts):
-                    out.append(engine.prompt_ids(p))
+                    out.append(engine.prompt_ids(p) if not req.suffix else fill_in_the_middle(engine, p, req.suffix))
                 return out, fields
             tk = engine.tokenizer
             try:
@@ -218,6 +218,18 @@ ECHO_LOGITS_BYTES = 1 << 30  # echo with logprobs: the prompt's logits at every 
 async def only(ev: Event) -> AsyncIterator[Event]:
     """A choice's stream of one event (echo with max_tokens 0: its Finished)."""
     yield ev
+
+
+def fill_in_the_middle(engine, prompt, suffix: str) -> list[int]:
+    """A completion with a suffix (OpenAI's `suffix`): the model's fill-in-the-middle prompt of the
+    prompt (text or ids) before and the suffix after (Tokenizer.infill); a 400 naming `suffix` where
+    its vocabulary has no such tokens."""
+    tk = engine.tokenizer
+    if tk.fim is None:
+        raise bad_request("suffix: this model's vocabulary has no fill-in-the-middle tokens (a prefix, suffix and "
+                          "middle token, as code models have)", param="suffix", code="unsupported_parameter")
+    prefix = tk.encode(prompt, add_bos=False) if isinstance(prompt, str) else engine.prompt_ids(prompt)
+    return engine.prompt_ids(tk.infill(prefix, tk.encode(suffix, add_bos=False)))
 
 
 async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[list[str], list[dict]]:

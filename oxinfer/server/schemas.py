@@ -375,8 +375,8 @@ class CompletionRequest(_Sampling):
         if self.max_tokens == 0 and not self.echo:
             raise bad_request("max_tokens: 0 is only allowed with echo (the prompt back, nothing generated)",
                               param="max_tokens")
-        if self.suffix:
-            raise bad_request("suffix: not supported", param="suffix", code="unsupported_parameter")
+        if self.suffix and self.echo:  # (a fill-in-the-middle prompt has no text to echo: completions.py)
+            raise bad_request("suffix: not with echo", param="suffix", code="unsupported_parameter")
         if self.best_of is not None and self.best_of != 1:
             raise bad_request(f"best_of: only 1 is supported, got {self.best_of}", param="best_of",
                               code="unsupported_parameter")
