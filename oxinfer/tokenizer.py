@@ -143,9 +143,11 @@ class Tokenizer:
             raise UnsupportedModelError(f"tokenizer.ggml.model = {model!r} is not supported (only BPE 'gpt2' "
                                         "and SentencePiece 'llama')")
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
-        # llama.cpp makes its end-of-generation texts control tokens whatever the file says (Qwen2's </s>)
-        types = [CONTROL if t in _EOG_TEXTS else ty for t, ty in zip(tokens, f.get("tokenizer.ggml.token_type",
-                                                                                  [1] * len(tokens)))]
+        # llama.cpp makes its end-of-generation and fill-in-the-middle texts control tokens whatever the
+        # file says (Qwen2's </s>)
+        control = _EOG_TEXTS | {t for texts in _FIM_PSM_TEXTS for t in texts}
+        types = [CONTROL if t in control else ty for t, ty in zip(tokens, f.get("tokenizer.ggml.token_type",
+                                                                               [1] * len(tokens)))]
         merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
         pre = f.get("tokenizer.ggml.pre", "default")
         bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,

@@ -28,6 +28,8 @@ UNREACHED = [G + "zebra", G + "123", "ing!"]  # tokens no merge path makes
 # typed normal in the file (as Qwen2's </s> is), made control tokens that end a generation by llama.cpp
 # for their text, as its fill-in-the-middle pad is
 ENDS = ["</s>", "<|end_of_text|>", "<|fim_pad|>"]
+# typed normal too, made control tokens (that end nothing) by llama.cpp: fill-in-the-middle's prefix, suffix, middle
+FIM = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
 CONTROL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # the files' tokenizer.ggml.pre (None: the key left out)
 VARIANTS = {"default": "default", "none": None, "gpt-2": "gpt-2", "llama-bpe": "llama-bpe",
@@ -46,14 +48,14 @@ def bpe_vocab() -> tuple[list[str], list[int], list[str]]:
     for a, b in MERGES:
         if a + b not in tokens:
             tokens.append(a + b)
-    tokens += UNREACHED + ENDS
+    tokens += UNREACHED + ENDS + FIM
     types = [1] * len(tokens) + [3] * len(CONTROL_TOKENS)
     return tokens + CONTROL_TOKENS, types, [f"{a} {b}" for a, b in MERGES]
 
 
 def vocab_digest(variant: str) -> str:
     """What the vocabulary is made of (GPT-2's byte alphabet besides: fixed)."""
-    return hashlib.sha256(json.dumps([MERGES, UNREACHED, ENDS, CONTROL_TOKENS, VARIANTS[variant]]).encode()).hexdigest()
+    return hashlib.sha256(json.dumps([MERGES, UNREACHED, ENDS, FIM, CONTROL_TOKENS, VARIANTS[variant]]).encode()).hexdigest()
 
 
 def write_bpe_llama(path: Path, variant: str, **kwargs) -> Path:

@@ -23,6 +23,7 @@ TEXTS = [
     # where the other rules differ: case runs, letters of other scripts and their cases, slashes, kana, hangul
     "HelloWorld camelCase ABCdef XMLHttpRequest", "ÉCOLE école Ökonomie straße", "path/to/file.py // c++",
     "日本語のテキスト、カタカナ", "한국어 텍스트", "don't DON'T I'M", "x=1;y=22;z=333;", "  \n  \n", "Ω≈ç√∫",
+    "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
 ]
 
 
