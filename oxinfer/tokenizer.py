@@ -31,6 +31,8 @@ _FIM_PSM_TEXTS = (("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim
                    "<|code_suffix|>", "<|suffix|>"),
                   ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>", "\u2581<MID>",
                    "<|code_middle|>", "<|middle|>"))
+# what llama.cpp makes control tokens whatever a file types them: those texts
+_CONTROL_TEXTS = _EOG_TEXTS | {t for texts in _FIM_PSM_TEXTS for t in texts}
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 USER_DEFINED = 4
 
@@ -145,8 +147,7 @@ class Tokenizer:
         tokens: list[str] = f.get("tokenizer.ggml.tokens")
         # llama.cpp makes its end-of-generation and fill-in-the-middle texts control tokens whatever the
         # file says (Qwen2's </s>)
-        control = _EOG_TEXTS | {t for texts in _FIM_PSM_TEXTS for t in texts}
-        types = [CONTROL if t in control else ty for t, ty in zip(tokens, f.get("tokenizer.ggml.token_type",
+        types = [CONTROL if t in _CONTROL_TEXTS else ty for t, ty in zip(tokens, f.get("tokenizer.ggml.token_type",
                                                                                [1] * len(tokens)))]
         merges = [tuple(m.split(" ", 1)) for m in f.get("tokenizer.ggml.merges", [])]
         pre = f.get("tokenizer.ggml.pre", "default")

@@ -255,9 +255,7 @@ async def echo_of(engine, ids: list[int], top: int | None, param: str) -> tuple[
                           f"tokens x {vocab} are over {ECHO_LOGITS_BYTES >> 20} MiB; send a shorter prompt or no "
                           f"logprobs", param=param)
     try:
-        logits = await engine.all_logits(ids)
-    except ContextOverflowError as e:  # (the context's room, checked again as the prompt runs)
-        raise bad_request(f"{param}: {e}", param=param, code="context_length_exceeded") from None
+        logits = await engine.all_logits(ids)  # (its context check is the one above)
     except EngineOverloaded as e:
         raise from_status(503, str(e), code="engine_overloaded", headers={"retry-after": str(RETRY_AFTER_S)}) from None
     entries, offset = [], 0
