@@ -20,21 +20,3 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let g1 = ((idx >> 8u) & 255u) | ((high >> 1u) << 8u);
     return array<vec4<f32>, 2>(db * u8x4(W[g0]) * sign4(s), db * u8x4(W[g1]) * sign4(s >> 4u));
 }
-
-// sub-block blk of the row as int8 (mv_blk_i8, mm_i8): its 32 values' grid entries signed, d its scale
-fn blk_i8(row: u32, blk: u32) -> BlkI8 {
-    let b = IQ_GRID_WORDS + ((P.row0 + row) * (P.n_in >> 8u) + (blk >> 3u)) * 28u;
-    let ib = blk & 7u;
-    let high = (W[b + 17u + (ib >> 2u)] >> (8u * (ib & 3u))) & 255u;   // the eight indices' ninth bits
-    var q: array<u32, 8>;
-    for (var l = 0u; l < 4u; l++) {
-        let idx = W[b + 1u + 2u * ib + (l >> 1u)] >> (16u * (l & 1u));
-        let s = (W[b + 19u + ib] >> (8u * l)) & 255u;
-        let g0 = (idx & 255u) | (((high >> (2u * l)) & 1u) << 8u);
-        let g1 = ((idx >> 8u) & 255u) | (((high >> (2u * l + 1u)) & 1u) << 8u);
-        q[2u * l] = signed4(W[g0], s);
-        q[2u * l + 1u] = signed4(W[g1], s >> 4u);
-    }
-    return BlkI8(vec4<u32>(q[0], q[1], q[2], q[3]), vec4<u32>(q[4], q[5], q[6], q[7]),
-                 unpack2x16float(W[b]).x * (1.0 + 2.0 * f32((W[b + 27u] >> (4u * ib)) & 15u)), 0.0);
-}

@@ -15,18 +15,3 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let s = ksign((aux >> (7u * (k & 3u))) & 127u);
     return array<vec4<f32>, 2>(db * u8x4(W[idx & 255u]) * sign4(s), db * u8x4(W[(idx >> 8u) & 255u]) * sign4(s >> 4u));
 }
-
-// sub-block blk of the row as int8 (mv_blk_i8, mm_i8): its 32 values' grid entries signed, d its scale
-fn blk_i8(row: u32, blk: u32) -> BlkI8 {
-    let b = IQ_GRID_WORDS + ((P.row0 + row) * (P.n_in >> 8u) + (blk >> 3u)) * 25u;
-    let aux = W[b + 17u + (blk & 7u)];
-    var q: array<u32, 8>;
-    for (var l = 0u; l < 4u; l++) {
-        let idx = W[b + 1u + 2u * (blk & 7u) + (l >> 1u)] >> (16u * (l & 1u));   // index bytes 8 blk + 2l, + 1
-        let s = ksign((aux >> (7u * l)) & 127u);
-        q[2u * l] = signed4(W[idx & 255u], s);
-        q[2u * l + 1u] = signed4(W[(idx >> 8u) & 255u], s >> 4u);
-    }
-    return BlkI8(vec4<u32>(q[0], q[1], q[2], q[3]), vec4<u32>(q[4], q[5], q[6], q[7]),
-                 unpack2x16float(W[b]).x * (0.5 + f32(aux >> 28u)) * 0.5, 0.0);
-}

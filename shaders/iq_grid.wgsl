@@ -14,12 +14,6 @@ fn ksign(s7: u32) -> u32 {   // a 7-bit sign index -> its 8 sign bits: the eight
     return s7 | ((countOneBits(s7) & 1u) << 7u);
 }
 
-fn signed4(w: u32, s: u32) -> u32 {   // w's 4 bytes (each 1..127) negated where bits 0..3 of s are set, as int8
-    let m = (((s & 1u) * 0xFFu) | (((s >> 1u) & 1u) * 0xFF00u) | (((s >> 2u) & 1u) * 0xFF0000u)
-             | (((s >> 3u) & 1u) * 0xFF000000u));
-    return (w ^ m) + (m & 0x01010101u);   // (a byte's two's complement: no carry, as no byte is 0)
-}
-
 fn iq1x4(g: u32) -> vec4<f32> {   // IQ1's 4 values at bits 0..7 of an entry's word (2 bits each: value + 1)
     return vec4<f32>((vec4<u32>(g) >> vec4<u32>(0u, 2u, 4u, 6u)) & vec4<u32>(3u)) - vec4<f32>(1.0);
 }

@@ -82,16 +82,15 @@ def test_kernels_match_numpy(gpu, qtype, n_out, n_in):
 
 def block_offsets(w: QuantMatrix) -> np.ndarray:
     """Each 32-value block's constant term c (its values are a * q + c, q the stored integers):
-    Q4_1's minimum, Q4_0's -8 d, Q4_K's -dmin * min of the sub-block, Q8_0's and the IQ grids' 0;
-    (n_out, n_in / 32)."""
+    Q4_1's minimum, Q4_0's -8 d, Q4_K's -dmin * min of the sub-block, Q8_0's 0; (n_out, n_in / 32)."""
     raw = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
     f16 = lambda a, i: a[:, i:i + 2].copy().view(np.float16).astype(np.float64)  # noqa: E731
     if w.qtype == "Q4_1":
         c = f16(raw, 2)
     elif w.qtype == "Q4_0":
         c = -8 * f16(raw, 0)
-    elif w.qtype in ("Q8_0", "IQ2_XXS", "IQ3_XXS", "IQ3_S"):
-        c = np.zeros((len(raw), w.codec.block_size // 32))
+    elif w.qtype == "Q8_0":
+        c = np.zeros((len(raw), 1))
     elif w.qtype == "Q4_K":  # 8 sub-blocks a super-block, their 6-bit minimums (kquant_scales.wgsl)
         b = raw.astype(np.uint32)
         mins = [b[:, 8 + s] & 63 if s < 4 else (b[:, 8 + s] >> 4) | ((b[:, 4 + s] >> 6) << 4) for s in range(8)]
@@ -113,14 +112,13 @@ def int8_x_oracle(x: np.ndarray, w: QuantMatrix) -> np.ndarray:
     return xq.reshape(len(x), -1) @ dq.T + xb.astype(np.float64).sum(axis=2) @ m.T
 
 
-# 130 blocks a row (136 for the super-blocks of 256: the k-quants', the IQ grids'): three turns of mv_blk_i8's invocations' loop
+# 130 blocks a row (136 for the k-quants' rows of 256): three turns of mv_blk_i8's invocations' loop
 # over blocks, the last ragged, and mm_i8's steps of 2 blocks; 3 blocks (1 super-block): its one odd
 # step; 76 rows: the last workgroup's ragged (16 rows, or 128 outputs). mm_i8 at 70 rows: two
 # workgroups' 64 tokens, the second ragged
 @pytest.mark.parametrize("kernel,rows", [("mv_blk_i8", (1, 3)), ("mv_blk_i8_1", (1,)), ("mm_i8", (3, 70))])
 @pytest.mark.parametrize("qtype,n_out,n_in", [(q, n, k) for q in MV_BLK_FORMATS
-                                              for n, k in (((76, 4352), (200, 256)) if CODECS[q].block_size == 256
-                                                           else ((76, 4160), (200, 96)))])
+                                              for n, k in (((76, 4352), (200, 256)) if q.endswith("_K") else ((76, 4160), (200, 96)))])
 def test_the_int8_products_are_the_int8_oracle(gpu, kernel, rows, qtype, n_out, n_in):
     """The products on x in int8 blocks (mv_blk_i8's forms: a decode step's; mm_i8: a prompt's)
     compute what their int8 arithmetic says to float rounding (int8_x_oracle), and stay within a

@@ -110,10 +110,10 @@ PROLOGUE_KINDS = ("mv_rows", "mv_wg", "mv_subgroup", "mv_subgroup256", *BLK_MV)
 # 1,679-1,686 / 3,200-3,249 tok/s; alone, its 4096 x 14336 read 428 GB/s against 455 in floats.
 # Q5_K in int8 (nibble and fifth bit made one byte) gained nothing: a Q5_K_M-like 1.1B's GPU pass
 # at 8 / 32 streams 4.41-4.54 / 10.0-10.1 ms in floats, 4.57 / 10.05-10.16 in int8. IQ2_XXS, IQ3_XXS and
-# IQ3_S (session 29: their values are one scale a 32 times signed bytes) in int8 because their float
-# decoders read ~20 words a 32 values against blk_i8's ~12; not yet timed (their floats on an H100 at one
-# row: 270-530 GB/s, docs/benchmarks.md)
-MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "IQ2_XXS", "IQ3_XXS", "IQ3_S")
+# IQ3_S in int8 (session 29: one scale a 32 times signed grid bytes) were slower on an H100 (session 30,
+# gpu_matvec_bw.py, 4096 x 4096 / 14336 x 4096 / 4096 x 14336): one row 225-474 GB/s against
+# mv_subgroup256's 273-536, 8 rows 24-62 against mv_tok's 121-229: their float decoders stay.
+MV_BLK_FORMATS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K")
 MV_BLK_MIN = 512
 # mv_blk_i8's two forms, (BLK_ROWS, BLK_WG): rows and invocations a workgroup (matvec_block.wgsl), 8 rows for
 # a one-token step, 16 for a batched one. A row's sum depends on the invocations alone (each takes
