@@ -6,7 +6,7 @@ or attend_decode: runner.decode_kv) for several KV_WORKGROUPS, each variant's lo
 first's. --tiles: attend_decode_kv's tile (KV_TILE), each a load.
 
     python3 benchmarks/gpu_attention_decode.py --synthetic 1b 135m --contexts 128 1000 4000 [--streams 1 8] [--tiles 32 64]
-        [--workgroups 1 128 256]
+        [--workgroups 1 128 256] [--max-tiles 8]
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ def pass_ms(r, seqs, caches, reps: int) -> float:  # (each cache one row back af
     return float(np.median(times)) * 1e3
 
 
-def attention_only(prog, plan):
-    """The plan with only its attention dispatches (attend_decode* and their merge)."""
-    keep = [j for j, i in enumerate(plan.at) if prog.disps[i].kernel == "attention:attend"]
+def attention_only(prog, plan, merge: bool = True):
+    """The plan with only its attention dispatches (attend_decode* and their merge, or without it)."""
+    keep = [j for j, i in enumerate(plan.at) if prog.disps[i].kernel == "attention:attend"
+            and (merge or j == 0 or plan.at[j - 1] != i)]
     calls = []
     for j in keep:
         c = plan.calls[j]
@@ -92,13 +93,17 @@ async def profile(path: Path, contexts: list[int], streams: list[int], tile: int
                 whole = pass_ms(r, seqs, caches, reps)
                 chunks = r.decode_chunks(n, ctx + 1)
                 kernel = "attend_decode_kv" if r.decode_kv(n, chunks) else "attend_decode"
-                for key, plan in list(prog.plans.items()):
-                    if key[0] == key[1] == n:
-                        prog.plans[key] = attention_only(prog, plan)
+                plans = {key: plan for key, plan in prog.plans.items() if key[0] == key[1] == n}
+                for key, plan in plans.items():
+                    prog.plans[key] = attention_only(prog, plan)
                 att = pass_ms(r, seqs, caches, reps)
+                for key, plan in list(plans.items()):
+                    prog.plans[key] = attention_only(prog, plan, merge=False)
+                bare = pass_ms(r, seqs, caches, reps)
                 prog.plans.clear()
                 print(f"  {n:2d} x context {ctx:5d}  {name:20s} {kernel:16s} {chunks:4d} chunks: GPU pass {whole:.3f} ms, attention "
-                      f"alone {att:.3f} ms ({att / r.cfg.n_layers * 1e3:.1f} us a layer), logits vs first: {err:.1e}",
+                      f"alone {att:.3f} ms ({att / r.cfg.n_layers * 1e3:.1f} us a layer; without the merge "
+                      f"{bare / r.cfg.n_layers * 1e3:.1f}), logits vs first: {err:.1e}",
                       flush=True)
             del caches
     r.attend_kv = has_kv
@@ -110,12 +115,15 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1000, 4000])
     ap.add_argument("--streams", type=int, nargs="+", default=[1])
     ap.add_argument("--tiles", type=int, nargs="+", default=[webgpu_attention.KV_TILE], help="KV_TILE values, each a load")
+    ap.add_argument("--max-tiles", type=int, default=webgpu_attention.KV_MAX_TILES,
+                    help="KV_MAX_TILES: tiles a chunk of attend_decode_kv may walk")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--workgroups", type=int, nargs="+", default=[1, 128, 256],
                     help="KV_WORKGROUPS values for attend_decode_kv's chunks, each a variant")
     a = ap.parse_args()
     oxinfer.configure_logging("WARNING")
     defaults = webgpu_attention.KV_WORKGROUPS, webgpu_attention.KV_TILE
+    webgpu_attention.KV_MAX_TILES = a.max_tiles
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.synthetic:
             path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True,

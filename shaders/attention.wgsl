@@ -410,6 +410,23 @@ var<workgroup> vtile: array<vec4<f32>, TP * DG>;
 var<workgroup> qg: array<vec4<f32>, GQ * TS>;
 var<workgroup> sg: array<f32, GQ * TP>;
 
+// the vec4 of the pool that vec4 i of the tile from t0 holds (i / DG its position, i % DG its dims);
+// the pool's first where the position is past c1, the row's own (pos), or i past the tile
+fn tile_vec(slot: u32, kvh: u32, t0: u32, i: u32, c1: u32, pos: u32) -> u32 {
+    let p = t0 + i / DG;
+    let keep = i < TP * DG && p < c1 && p != pos;
+    return select(0u, kv_row(slot, kvh, p) + i % DG, keep);
+}
+
+// vec4 i of the tile from t0 into workgroup memory: k and v as loaded, or the row's own
+fn stage(i: u32, t0: u32, pos: u32, k: vec4<f32>, v: vec4<f32>) {
+    if (i < TP * DG) {
+        let own = t0 + i / DG == pos;
+        ktile[i] = select(k, kown[i % DG], own);
+        vtile[i] = select(v, vown[i % DG], own);
+    }
+}
+
 @compute @workgroup_size(256)
 fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let kvh = wid.x;
@@ -447,38 +464,20 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     var m = -3.0e38;   // below any score
     var l = 0.0;
     var acc = vec4<f32>(0.0);
-    var kr: array<vec4<f32>, LOADS>;
-    var vr: array<vec4<f32>, LOADS>;
-    for (var u = 0u; u < LOADS; u++) {   // the first tile's keys and values (the own position's: after the barrier)
-        let i = lid + u * WG;
-        let p = c0 + i / DG;
-        if (i < TP * DG && p < c1 && p != pos) {
-            let b = kv_row(slot, kvh, p) + i % DG;
-            kr[u] = kpool[b];
-            vr[u] = vpool[b];
-        }
-    }
+    // an invocation's LOADS vec4s of a tile's keys and values in named registers (an array indexed
+    // in a loop may live in memory); a vec4 past the chunk (or the own position's) reads the pool's
+    // first and is dropped, so that the loads need no branch
+    let b{u} = tile_vec(slot, kvh, c0, lid + {u}u * WG, c1, pos);   // unroll u < LOADS
+    var kr{u} = kpool[b{u}];   // unroll u < LOADS
+    var vr{u} = vpool[b{u}];   // unroll u < LOADS
     workgroupBarrier();   // qg, kown, vown
     for (var t0 = c0; t0 < c1; t0 += TP) {
-        for (var u = 0u; u < LOADS; u++) {
-            let i = lid + u * WG;
-            if (i < TP * DG) {
-                let own = t0 + i / DG == pos;
-                ktile[i] = select(kr[u], kown[i % DG], own);
-                vtile[i] = select(vr[u], vown[i % DG], own);
-            }
-        }
+        stage(lid + {u}u * WG, t0, pos, kr{u}, vr{u});   // unroll u < LOADS
         workgroupBarrier();
         let t1 = t0 + TP;   // the next tile's, into registers while this one is scored
-        for (var u = 0u; u < LOADS; u++) {
-            let i = lid + u * WG;
-            let p = t1 + i / DG;
-            if (i < TP * DG && p < c1 && p != pos) {
-                let b = kv_row(slot, kvh, p) + i % DG;
-                kr[u] = kpool[b];
-                vr[u] = vpool[b];
-            }
-        }
+        let nx{u} = tile_vec(slot, kvh, t1, lid + {u}u * WG, c1, pos);   // unroll u < LOADS
+        kr{u} = kpool[nx{u}];   // unroll u < LOADS
+        vr{u} = vpool[nx{u}];   // unroll u < LOADS
         let cnt = min(TP, c1 - t0);
         for (var i = lid; i < GQ * TP; i += WG) {   // position i / GQ, query head i % GQ
             let p = i / GQ;

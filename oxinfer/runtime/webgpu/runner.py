@@ -217,7 +217,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
                      *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
             code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
             hd = self.cfg.head_dim
-            code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads})
+            loads = -(-max(self.kv_tile, 1) * hd // 4 // 256)  # attend_decode_kv's vec4s of a tile an invocation loads
+            code = unroll(code, {"DG": hd // 4, "DL": hd // 16, "QH": self.att_heads, "LOADS": loads})
             if self.kv_dtype == np.float16:
                 code = kv_half(code)
             module = self.device.create_shader_module(code=code)
