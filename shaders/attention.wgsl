@@ -144,6 +144,18 @@ fn positions(pos: u32, chunk: u32) -> vec2<u32> {
     return vec2<u32>(c0, min(n, c0 + span));
 }
 
+// positions c.x .. c.y of a decode row at `pos` that chunk `chunk` of P.flags walks in
+// attend_decode_kv: as `positions`, in whole tiles of TP (the last chunks can be empty), as
+// runtime/webgpu/attention.py counts them
+fn tile_chunk(pos: u32, chunk: u32) -> vec2<u32> {
+    let n = pos + 1u;
+    let w0 = select(0u, n - P.window, P.window > 0u && n > P.window);
+    let chunks = max(P.flags, 1u);
+    let span = ((n - w0 + chunks - 1u) / chunks + TP - 1u) / TP * TP;
+    let c0 = min(n, w0 + chunk * span);
+    return vec2<u32>(c0, min(n, c0 + span));
+}
+
 // the tile's scores (sc, vrow) of its cnt positions from t0, KEYS_STEP at a time (attention_scores*.wgsl);
 // with have_first, the first step's keys are `first`, loaded before
 fn tile_scores(t0: u32, cnt: u32, n: u32, slot: u32, kvh: u32, decode: bool, lid: u32, first: Keys, have_first: bool) {

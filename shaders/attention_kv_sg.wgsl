@@ -60,7 +60,6 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     }
     let slot = rows_info[ROW_SLOT + r];
     let pos = rows_info[ROW_POS + r];
-    let n = pos + 1u;   // causal: positions 0 .. own
     let row = r * (P.n + 2u * P.k) * HD;
     let part = lid % SL;
     let grp = lid / SL;
@@ -72,13 +71,10 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
         kpool[at + SL * {d}u] = ko{d};   // unroll d < SV
         vpool[at + SL * {d}u] = vo{d};   // unroll d < SV
     }
-    // a sliding window: the positions from w0 on (0: the whole context); this workgroup's chunk of
-    // them, in whole tiles of TP as attention_kv_tiles.wgsl cuts them (runtime/webgpu/attention.py)
-    let w0 = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);
     let chunks = max(P.flags, 1u);
-    let span = ((n - w0 + chunks - 1u) / chunks + TP - 1u) / TP * TP;
-    let c0 = min(n, w0 + chunk * span);
-    let c1 = min(n, c0 + span);
+    let cs = tile_chunk(pos, chunk);   // this workgroup's positions (a sliding window's from its start)
+    let c0 = cs.x;
+    let c1 = cs.y;
     var m{h} = -3.0e38;   // unroll h < GQ
     var l{h} = 0.0;   // unroll h < GQ
     var a{h}_{d} = vec4<f32>(0.0);   // unroll h < GQ, d < SV

@@ -48,7 +48,6 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     }
     let slot = rows_info[ROW_SLOT + r];
     let pos = rows_info[ROW_POS + r];
-    let n = pos + 1u;   // causal: positions 0 .. own
     let row = r * (P.n + 2u * P.k) * HD;
     for (var i = lid; i < ITEMS; i += WG) {
         qg[(i / DG) * TS + i % DG] = rotated4(row + (kvh * GQ + i / DG) * HD, i % DG, pos, true) * P.scale;
@@ -62,12 +61,10 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             vpool[at] = vown[lid];
         }
     }
-    // a sliding window: the positions from w0 on (0: the whole context); this workgroup's chunk of them
-    let w0 = select(0u, pos + 1u - P.window, P.window > 0u && pos + 1u > P.window);
     let chunks = max(P.flags, 1u);
-    let span = ((n - w0 + chunks - 1u) / chunks + TP - 1u) / TP * TP;   // whole tiles (the last chunks can be empty)
-    let c0 = min(n, w0 + chunk * span);
-    let c1 = min(n, c0 + span);
+    let cs = tile_chunk(pos, chunk);   // this workgroup's positions (a sliding window's from its start)
+    let c0 = cs.x;
+    let c1 = cs.y;
     let item = lid % ITEMS;
     let lane = lid / ITEMS;
     let h = item / DG;
