@@ -30,8 +30,8 @@ from oxinfer.runtime.webgpu.device import (
     best_adapter,
     has_int8_dot,
     is_cpu_adapter,
-    subgroup_min_size,
     round_up,
+    subgroup_min_size,
     wgpu,
 )
 from oxinfer.runtime.webgpu.kernels import (
