@@ -854,3 +854,15 @@ async def test_greedy_sampler_kernels_tie_to_the_lowest_id_as_numpy(pair):
                                                11: np.zeros(t * ROWH, np.uint32), 12: np.zeros(t * OUTW, np.uint32)},
                      [t, n, k], (t, 1, 1), out=3)
         assert ids.tolist() == rows.argmax(-1).tolist(), k
+
+
+def test_attend_decode_kv_s_lanes_a_position_fit_the_subgroups_and_the_registers():
+    """kv_lanes (attention_kv_sg.wgsl's SL): a power of two dividing head_dim / 4, within the device's
+    smallest subgroup, the fewest that keep a lane's queries within KV_SG_VEC4S vec4s."""
+    kv_lanes = webgpu_attention.kv_lanes
+    assert webgpu_attention.KV_SG_VEC4S == 8
+    # on subgroups of 32: the 8B and 1.1B shapes (4 and 8 heads a kv head, head_dim 128 and 64), SmolLM2 (3, 64)
+    assert kv_lanes(4, 128, 32) == 16 and kv_lanes(8, 64, 32) == 16 and kv_lanes(3, 64, 32) == 8
+    assert kv_lanes(2, 96, 32) == 8 and kv_lanes(1, 80, 32) == 4  # head_dim / 4 of 24 and 20
+    assert kv_lanes(8, 64, 4) == 4 and kv_lanes(8, 64, 8) == 8  # as many as the subgroups allow
+    assert kv_lanes(8, 64, 0) == 0  # no subgroups: the tiles form
