@@ -7,7 +7,8 @@
 // registers; a score's SL partial dot products are summed with subgroupShuffleXor. The workgroup's
 // SG groups walk the chunk's positions SG apart, each invocation keeping an online softmax of its
 // vec4s of every query head, the next position's key and value loaded before the current one's are
-// summed; the groups' softmaxes are folded at the end, one (query head, vec4) a round.
+// summed; at the end the groups of a subgroup merge theirs by shuffles, and the subgroups' are
+// folded through workgroup memory, one (query head, vec4) a round.
 // (attention_kv_tiles.wgsl staged a tile of 32 positions and passed it between its invocations
 // through workgroup memory, three barriers a tile: on an H100 a workgroup took ~3.7 us a tile of the
 // 8B shape, and two workgroups on one core no less than one alone.)
@@ -25,25 +26,32 @@ fn sg_row(slot: u32, kvh: u32, p: u32, read: bool) -> u32 {
     return select(0u, kv_row(slot, kvh, p), read);
 }
 
-// vec4 d of every invocation's query head hh (its running max m, sum l and accumulators a) folded
-// over the SG groups, then finished (finish_head: the chunk's part, or the head's output)
-fn sg_fold(hh: u32, d: u32, m: f32, l: f32, a: vec4<f32>, lid: u32, r: u32, kvh: u32, chunk: u32, chunks: u32) {
+// vec4 d of query head hh (a running max m, sum l and accumulators a a subgroup: its first group's
+// lanes hold them) folded over the workgroup's subgroups, then finished (finish_head: the chunk's
+// part, or the head's output)
+fn sg_fold(hh: u32, d: u32, m: f32, l: f32, a: vec4<f32>, lid: u32, sgs: u32, r: u32, kvh: u32, chunk: u32,
+           chunks: u32) {
     workgroupBarrier();   // (the round before read its entries)
-    sg_m[lid] = m;
-    sg_l[lid] = l;
-    sg_a[lid] = a;
+    let part = lid % SL;
+    let e = (lid / sgs) * SL + part;   // the subgroup's entry of this part
+    if (lid % sgs < SL) {
+        sg_m[e] = m;
+        sg_l[e] = l;
+        sg_a[e] = a;
+    }
     workgroupBarrier();
     if (lid < SL) {
+        let entries = WG / sgs * SL;
         var mm = -3.0e38;
-        for (var i = 0u; i < SG; i++) {
-            mm = max(mm, sg_m[lid + i * SL]);
+        for (var i = lid; i < entries; i += SL) {
+            mm = max(mm, sg_m[i]);
         }
         var ll = 0.0;
         var aa = vec4<f32>(0.0);
-        for (var i = 0u; i < SG; i++) {
-            let w = exp(sg_m[lid + i * SL] - mm);
-            ll += w * sg_l[lid + i * SL];
-            aa += w * sg_a[lid + i * SL];
+        for (var i = lid; i < entries; i += SL) {
+            let w = exp(sg_m[i] - mm);
+            ll += w * sg_l[i];
+            aa += w * sg_a[i];
         }
         let g = lid + SL * d;
         finish_head(r, kvh * GQ + hh, g, hh * DG + g, chunk, chunks, aa, mm, ll);
@@ -51,7 +59,8 @@ fn sg_fold(hh: u32, d: u32, m: f32, l: f32, a: vec4<f32>, lid: u32, r: u32, kvh:
 }
 
 @compute @workgroup_size(256)
-fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+                    @builtin(subgroup_size) sgs: u32) {
     let kvh = wid.x;
     let r = wid.y;
     let chunk = wid.z;
@@ -111,7 +120,19 @@ fn attend_decode_kv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
         k{d} = kn{d};   // unroll d < SV
         v{d} = vn{d};   // unroll d < SV
     }
-    sg_fold({h}u, {d}u, m{h}, l{h}, a{h}_{d}, lid, r, kvh, chunk, chunks);   // unroll h < GQ, d < SV
+    // the groups of a subgroup merged (lane ^ o: the same part of another group), so that the fold
+    // reads a subgroup's sums, not each group's
+    for (var o = SL; o < sgs; o <<= 1u) {
+        let om{h} = subgroupShuffleXor(m{h}, o);   // unroll h < GQ
+        let ol{h} = subgroupShuffleXor(l{h}, o);   // unroll h < GQ
+        let mx{h} = max(m{h}, om{h});   // unroll h < GQ
+        let fa{h} = exp(m{h} - mx{h});   // unroll h < GQ
+        let fb{h} = exp(om{h} - mx{h});   // unroll h < GQ
+        a{h}_{d} = a{h}_{d} * fa{h} + subgroupShuffleXor(a{h}_{d}, o) * fb{h};   // unroll h < GQ, d < SV
+        l{h} = l{h} * fa{h} + ol{h} * fb{h};   // unroll h < GQ
+        m{h} = mx{h};   // unroll h < GQ
+    }
+    sg_fold({h}u, {d}u, m{h}, l{h}, a{h}_{d}, lid, sgs, r, kvh, chunk, chunks);   // unroll h < GQ, d < SV
     if (P.xq != 0u && chunks == 1u) {
         put_xq(r, kvh * GQ, GQ, lid);
     }
