@@ -171,7 +171,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
         # attend_decode_kv's form: SL invocations a position in subgroups (attention_kv_sg.wgsl), or
         # tiles in workgroup memory (attention_kv_tiles.wgsl) where the device has no subgroups
-        self.kv_lanes = attention.kv_lanes(group, cfg.head_dim, gpu.subgroup_min) if attention.SG_DECODE else 0
+        self.kv_lanes = (attention.kv_lanes(group, cfg.head_dim, gpu.subgroup_min)
+                         if attention.SG_DECODE and self.attend_kv else 0)
         self.kv_file = "attention_kv_sg" if self.kv_lanes else "attention_kv_tiles"
         dg, sv = cfg.head_dim // 4, cfg.head_dim // 4 // max(self.kv_lanes, 1)
         # the counts of the kernels' unrolled lines (shaders.unroll): attend_decode_kv's vec4s of a tile
