@@ -26,6 +26,16 @@ from oxinfer.formats.quants import QuantMatrix, codec
 
 GGUF_MAGIC = b"GGUF"
 SHARD_NAME = re.compile(r"(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf")  # llama.cpp's split names
+
+
+def shard_names(name: str) -> list[str]:
+    """The names of the split GGUF's shards that `name` names one of, first to last (llama.cpp's
+    NAME-0000k-of-0000N.gguf; a path's folders kept); [name] where it names no shard."""
+    m = SHARD_NAME.fullmatch(name)
+    if m is None:
+        return [name]
+    count = int(m["count"])
+    return [f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 # value type -> struct format of a scalar (8: string, 9: array)
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
@@ -125,12 +135,12 @@ class GGUFFile:
 
     def _read_shards(self, count: int) -> None:
         """The other shards of a split file, named as the given one is; the metadata is the first's."""
-        named = SHARD_NAME.fullmatch(self.path.name)
-        if named is None or int(named["count"]) != count:
+        names = shard_names(self.path.name)
+        if len(names) != count:
             raise ModelFormatError(f"{self.path}: one shard of a split GGUF ({count} shards), but not named as its "
                                    f"shards are (NAME-00001-of-{count:05d}.gguf): its other shards cannot be found")
         given, given_fields = self.path, self._fields
-        self.shards = tuple(given.with_name(f"{named['prefix']}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
+        self.shards = tuple(given.with_name(n) for n in names)
         for no, shard in enumerate(self.shards):
             fields = self._parse(shard) if shard != given else given_fields
             if (fields.get("split.no"), fields.get("split.count")) != (no, count):

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 
 from oxinfer.errors import ModelNotFoundError
-from oxinfer.formats.gguf_file import SHARD_NAME
+from oxinfer.formats.gguf_file import shard_names
 
 # what an HF directory needs, and what it may have; nothing else of a repo is downloaded
 DIRECTORY_FILES = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -65,7 +65,7 @@ def resolve(spec: str | Path) -> Path:
     where = f"{repo}{'@' + rev if rev else ''}"
     try:
         if file:
-            return _download(hub, repo, _shards_of(file[1:]), rev, kw)
+            return _download(hub, repo, shard_names(file[1:]), rev, kw)
         if quant:
             return _gguf_by_quant(hub, repo, quant, rev, kw)
         return Path(hub.snapshot_download(repo, revision=rev, allow_patterns=DIRECTORY_FILES, **kw))
@@ -101,21 +101,12 @@ def _gguf_by_quant(hub, repo: str, quant: str, rev: str | None, kw: dict) -> Pat
         api = hub.HfApi(endpoint=kw["endpoint"], token=os.environ.get("HF_TOKEN"))
         names = [n for n in api.list_repo_files(repo, revision=rev) if n.endswith(".gguf")]
     hits = [n for n in names if quant.lower() in Path(n).name.lower()]
-    shards = _shards_of(hits[0]) if hits else []
+    shards = shard_names(hits[0]) if hits else []
     if not hits or sorted(hits) != sorted(shards):
         listed = ", ".join(sorted(names)) or "none"
         raise ModelNotFoundError(f"{repo}:{quant}: {'no' if not hits else len(hits)} GGUF files match "
                                  f"(the repository's: {listed})")
     return _download(hub, repo, shards, rev, kw)
-
-
-def _shards_of(name: str) -> list[str]:
-    """The repo's files a GGUF needs: itself, or each shard of the split one it is a shard of."""
-    m = SHARD_NAME.fullmatch(name)
-    if m is None:
-        return [name]
-    count = int(m["count"])
-    return [f"{m['prefix']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
 
 
 def _download(hub, repo: str, files: list[str], rev: str | None, kw: dict) -> Path:
