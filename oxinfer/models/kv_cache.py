@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oxinfer.errors import OxinferError
+from oxinfer.errors import ContextOverflowError, OxinferError
 from oxinfer.models.blocks import BlockAllocator
 
 BLOCK = 32  # positions of a block: the unit of KV memory and of shared prefixes (the device pool's too)
@@ -65,6 +65,14 @@ def kv_cache_dtype(name: str | None) -> np.dtype | None:
         raise ValueError(f"kv_cache_dtype {name!r}: expected auto, {', '.join(KV_CACHE_DTYPES)} "
                          "(quantized caches such as q8_0 are not supported)")
     return np.dtype(dtype)
+
+
+def check_context(tokens: int, limit: int) -> None:
+    """Before a step takes a sequence to `tokens` positions (either backend's): ContextOverflowError
+    where that is past the model's context length `limit`."""
+    if tokens > limit:
+        raise ContextOverflowError(f"context overflow: {tokens} tokens > context length {limit}",
+                                   prompt_tokens=tokens, max_tokens=0, limit=limit)
 
 
 class KVPoolFull(OxinferError):

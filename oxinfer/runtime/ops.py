@@ -16,10 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from oxinfer.errors import ContextOverflowError
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.models.config import ModelConfig, Rope
-from oxinfer.models.kv_cache import BLOCK, KVCache, KVPool
+from oxinfer.models.kv_cache import BLOCK, KVCache, KVPool, check_context
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -76,9 +75,7 @@ class CpuOps:
         starts = [cache.offset for cache in caches]
         lens = [len(s) for s in seqs]
         for s0, n in zip(starts, lens):
-            if s0 + n > ctx:
-                raise ContextOverflowError(f"context overflow: {s0 + n} tokens > context length {ctx}",
-                                           prompt_tokens=s0 + n, max_tokens=0, limit=ctx)
+            check_context(s0 + n, ctx)
         pos = np.concatenate([np.arange(s0, s0 + n) for s0, n in zip(starts, lens)])  # (T,)
         for cache, s0, n in zip(caches, starts, lens):  # every block of the step, before any work
             cache.reserve(s0 + n)

@@ -25,10 +25,10 @@ import anyio.to_thread
 import numpy as np
 
 from oxinfer.constraints import ConstraintError
-from oxinfer.errors import ContextOverflowError, WebGpuUnavailable
+from oxinfer.errors import WebGpuUnavailable
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.logs import get_logger
-from oxinfer.models.kv_cache import KVPoolFull
+from oxinfer.models.kv_cache import KVPoolFull, check_context
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.runtime.webgpu import attention
@@ -276,10 +276,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         """Blocks for the coming rows (KVPoolFull before any GPU work when the pool cannot)."""
         with self._lock:
             for c, n in zip(caches, lens):
-                if c.offset + n > self.cfg.context_length:
-                    raise ContextOverflowError(f"context overflow: {c.offset + n} tokens > context length "
-                                               f"{self.cfg.context_length}", prompt_tokens=c.offset + n,
-                                               max_tokens=0, limit=self.cfg.context_length)
+                check_context(c.offset + n, self.cfg.context_length)
                 c.reserve(c.offset + n)
 
     def step_sync(self, seqs, caches, all_logits=False, need=None, samplers=None):
