@@ -20,5 +20,5 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let g = W[((W[b + (k >> 2u)] >> (8u * (k & 3u))) & 255u) | ((nib & 7u) << 8u)];
     let dl = d * f32(2u * sc + 1u);
     let delta = select(0.125, -0.125, (nib & 8u) != 0u);
-    return array<vec4<f32>, 2>(dl * (iq1x4(g) + delta), dl * (iq1x4(g >> 8u) + delta));
+    return iq1x8(dl, g, delta);
 }

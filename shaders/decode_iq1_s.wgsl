@@ -15,5 +15,5 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let g = W[((W[b + 1u + (k >> 2u)] >> (8u * (k & 3u))) & 255u) | (((qh >> (3u * (k & 3u))) & 7u) << 8u)];
     let dl = unpack2x16float(W[b]).x * f32(2u * ((qh >> 12u) & 7u) + 1u);
     let delta = select(0.125, -0.125, (qh & 0x8000u) != 0u);
-    return array<vec4<f32>, 2>(dl * (iq1x4(g) + delta), dl * (iq1x4(g >> 8u) + delta));
+    return iq1x8(dl, g, delta);
 }

@@ -14,9 +14,9 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let lane = 8u * (k & 3u);
     let sub = 8u * ((k >> 2u) & 3u);                    // (sub-block k / 4's byte in its word)
     let high = (W[b + 17u + (k >> 4u)] >> (sub + 2u * (k & 3u))) & 3u;
-    let g = 2u * (((W[b + 1u + (k >> 2u)] >> lane) & 255u) | (high << 8u));
+    let g = ((W[b + 1u + (k >> 2u)] >> lane) & 255u) | (high << 8u);
     let s = (W[b + 9u + (k >> 2u)] >> lane) & 255u;
     let sc = (W[b + 19u + (k >> 4u)] >> (sub + 4u * ((k >> 1u) & 1u))) & 15u;
     let db = unpack2x16float(W[b]).x * (0.5 + f32(sc)) * 0.25;
-    return array<vec4<f32>, 2>(db * u8x4(W[g]) * sign4(s), db * u8x4(W[g + 1u]) * sign4(s >> 4u));
+    return grid8(db, g, s);
 }

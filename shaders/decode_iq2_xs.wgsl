@@ -13,7 +13,6 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let q = (W[b + 1u + (k >> 1u)] >> (16u * (k & 1u))) & 0xFFFFu;
     let sc = (W[b + 17u + (k >> 4u)] >> (8u * ((k >> 2u) & 3u) + 4u * ((k >> 1u) & 1u))) & 15u;
     let db = unpack2x16float(W[b]).x * (0.5 + f32(sc)) * 0.25;
-    let g = 2u * (q & 511u);
     let s = ksign(q >> 9u);
-    return array<vec4<f32>, 2>(db * u8x4(W[g]) * sign4(s), db * u8x4(W[g + 1u]) * sign4(s >> 4u));
+    return grid8(db, q & 511u, s);
 }

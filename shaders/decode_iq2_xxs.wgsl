@@ -11,7 +11,7 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let k = c & 31u;                                                                 // 8 values: one grid entry
     let aux = W[b + 2u + 2u * (k >> 2u)];
     let db = unpack2x16float(W[b]).x * (0.5 + f32(aux >> 28u)) * 0.25;
-    let g = 2u * ((W[b + 1u + 2u * (k >> 2u)] >> (8u * (k & 3u))) & 255u);
+    let g = (W[b + 1u + 2u * (k >> 2u)] >> (8u * (k & 3u))) & 255u;
     let s = ksign((aux >> (7u * (k & 3u))) & 127u);
-    return array<vec4<f32>, 2>(db * u8x4(W[g]) * sign4(s), db * u8x4(W[g + 1u]) * sign4(s >> 4u));
+    return grid8(db, g, s);
 }

@@ -18,5 +18,5 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let db = unpack2x16float(W[b]).x * (1.0 + 2.0 * f32((W[b + 27u] >> (4u * ib)) & 15u));
     let g0 = (idx & 255u) | ((high & 1u) << 8u);
     let g1 = ((idx >> 8u) & 255u) | ((high >> 1u) << 8u);
-    return array<vec4<f32>, 2>(db * u8x4(W[g0]) * sign4(s), db * u8x4(W[g1]) * sign4(s >> 4u));
+    return grid4x2(db, g0, g1, s);
 }

@@ -13,5 +13,5 @@ fn w8(row: u32, c: u32) -> array<vec4<f32>, 2> {
     let db = unpack2x16float(W[b]).x * (0.5 + f32(aux >> 28u)) * 0.5;
     let idx = W[b + 1u + (k >> 1u)] >> (16u * (k & 1u));
     let s = ksign((aux >> (7u * (k & 3u))) & 127u);
-    return array<vec4<f32>, 2>(db * u8x4(W[idx & 255u]) * sign4(s), db * u8x4(W[(idx >> 8u) & 255u]) * sign4(s >> 4u));
+    return grid4x2(db, idx & 255u, (idx >> 8u) & 255u, s);
 }
