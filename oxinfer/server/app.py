@@ -119,10 +119,14 @@ class _Server:
         cuts = [i for i in range(first + 1, len(messages) - 1) if messages[i].role == "user"] + [len(messages) - 1]
         cuts = [c for c in cuts if c > first]
 
-        def cut(k: int):  # (the fewest turns dropped that fit: a binary search, the prompt made log2(turns) times)
-            kept = chat.model_copy(update={"messages": messages[:first] + messages[cuts[k]:]})
-            (kept_ids,), _ = self.generating.prompt_ids(m.engine, kept)
-            return kept, kept_ids
+        made: dict[int, tuple[ChatCompletionRequest, list[int]]] = {}
+
+        def cut(k: int):  # (the fewest turns dropped that fit: a binary search, each prompt made once)
+            if k not in made:
+                kept = chat.model_copy(update={"messages": messages[:first] + messages[cuts[k]:]})
+                (kept_ids,), _ = self.generating.prompt_ids(m.engine, kept)
+                made[k] = kept, kept_ids
+            return made[k]
 
         lo, hi, best = 0, len(cuts) - 1, None
         while lo <= hi:
