@@ -1,4 +1,5 @@
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,9 @@ import oxinfer
 
 # the test suite is the application: it asks for oxinfer's info events (tests capture them)
 oxinfer.configure_logging("INFO")
+# first prompts in onnxruntime's graph (its logits, bit for bit whole or in parts); OpenVINO's
+# prompts (runtime/cpu_prompts.py) are test_cpu_prompts.py's, which turns them on
+os.environ.setdefault("OXINFER_OPENVINO", "0")
 
 GOLDEN_COPY = Path(__file__).parent / "data" / "smollm2-135m-q4_1.llamacpp.json"
 

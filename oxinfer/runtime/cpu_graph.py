@@ -43,7 +43,7 @@ import onnxruntime as ort
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import block_minimums, blockwise
+from oxinfer.runtime import block_minimums, blockwise, cpu_prompts
 from oxinfer.runtime.graph_ops import GraphOps, kernel_weights, zero_point
 
 log = get_logger("oxinfer.runtime")
@@ -96,6 +96,10 @@ class CpuGraph:
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        refused = cpu_prompts.refuses(model)
+        self.prompts = None if refused else cpu_prompts.OpenVinoPrompts(model, lambda m: _converted(m, released, False))
+        if refused and cpu_prompts.openvino is not None:
+            log.info("openvino_prompts_refused", reason=refused, action="prompts run in onnxruntime's graph")
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
                  kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3))
@@ -150,8 +154,32 @@ class CpuGraph:
     def _runs(self, seqs, caches, starts) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         for rows, fresh in _runs(seqs, caches):
-            out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
+            if fresh and self.prompts is not None and any(len(seqs[i]) >= cpu_prompts.MIN_ROWS for i in rows) \
+                    and self.prompts.ready():
+                for i in [i for i in rows if len(seqs[i]) >= cpu_prompts.MIN_ROWS]:
+                    out[i] = self._prompt(seqs[i], caches[i])
+                rows = [i for i in rows if len(seqs[i]) < cpu_prompts.MIN_ROWS]
+            if rows:
+                out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
         return out
+
+    def _prompt(self, seq: np.ndarray, cache) -> np.ndarray:
+        """A first prompt alone through OpenVINO (runtime/cpu_prompts.py): its logits; its keys
+        and values into its lane."""
+        logits, kv = self.prompts.run(self._looked_up(seq))
+        for layer, (k, v) in enumerate(kv):
+            cache.pool.keys[layer][cache.slot, :, :len(seq)] = k
+            cache.pool.values[layer][cache.slot, :, :len(seq)] = v
+        blockwise.trim_heap()
+        return logits
+
+    def _looked_up(self, s: np.ndarray) -> np.ndarray:
+        """The embedding's rows of tokens s; the rows' file pages dropped every RELEASE_ROWS rows."""
+        self._rows_read += len(s)
+        if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
+            self._released(self.embed.data)  # and the ~16 around each that a fault maps
+            self._rows_read = 0
+        return self.embed.dequantize(s)
 
     def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool) -> np.ndarray:
         """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
@@ -164,11 +192,7 @@ class CpuGraph:
         else:
             io, rows = self._binding(caches[0].pool, caches[0].slot, B, S)
         for b, s in enumerate(seqs):  # (rows kept bound are one-row steps': no padding to clear)
-            rows.x[b, :len(s)] = self.embed.dequantize(s)
-        self._rows_read += B * S
-        if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
-            self._released(self.embed.data)  # and the ~16 around each that a fault maps
-            self._rows_read = 0
+            rows.x[b, :len(s)] = self._looked_up(s)
         rows.lens[:] = [s0 + len(s) - 1 for s0, s in zip(starts, seqs)]  # length after, minus one
         rows.total[()] = rows.lens.max() + 1
         rows.last[:] = np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None]

@@ -56,18 +56,20 @@ class GraphOps:
     after this step, minus one), total_seq () int32 (the longest such length), last (B, 1, d) int64
     (each sequence's last row), past_key_l and past_value_l (B, KV, M, hd) for every layer.
     Outputs: logits, present_key_l and present_value_l (the caller binds each present to its
-    past's memory). The products' accuracy_level is blockwise.ACCURACY_INT8 (int8 activations)."""
+    past's memory)."""
 
     def __init__(self, cfg, data, weights: dict[int, tuple] | None = None, kv_dtype=np.float32,
-                 minimums_in_kernel: bool = False):
+                 minimums_in_kernel: bool = False, accuracy_level: int | None = None):
         """data: a binary file, beside where the graph will be saved as a file, that holds the
         initializers past a few KiB (onnxruntime maps it: no copy of them in the graph's protobuf,
         nor in its own memory); weights: id(matrix) -> its blocks as `kernel_weights` makes them
         (made now if missing, with `zero_point`), each dropped once written; kv_dtype: the
         keys' and values' (float16: attention's q, k, v and rope table in float16 too, onnxruntime's
         kernel takes one type); minimums_in_kernel: a Q4_1 product's minimums go into its packed
-        weights (`self.minimums`, for block_minimums.write once the session is made), not beside."""
+        weights (`self.minimums`, for block_minimums.write once the session is made), not beside;
+        accuracy_level: the products' (default blockwise.ACCURACY_INT8, int8 activations; 1 float)."""
         self.cfg, self.data = cfg, data
+        self.accuracy_level = blockwise.ACCURACY_INT8 if accuracy_level is None else accuracy_level
         self.minimums_in_kernel = minimums_in_kernel
         self.minimums: list[block_minimums.Minimums] = []
         self.kv_dtype = np.dtype(kv_dtype)
@@ -181,7 +183,7 @@ class GraphOps:
         prefix, minimums = self._weights.get(id(w)) or self._weight(w)
         y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s", *([prefix + "z"] if minimums == "kernel" else [])],
                        domain="com.microsoft", K=w.n_in, N=w.n_out, bits=4 if w.codec.int4 else 8, block_size=BLOCK,
-                       accuracy_level=blockwise.ACCURACY_INT8)[0]
+                       accuracy_level=self.accuracy_level)[0]
         if minimums != "beside":
             return y
         sums = self._block_sums.get(x)

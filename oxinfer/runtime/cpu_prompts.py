@@ -1,0 +1,117 @@
+"""First prompts through OpenVINO's CPU plugin, where OpenVINO is installed (`pip install
+'oxinfer[openvino]'`): the CPU graph's own ONNX step (runtime/graph_ops.py) written once more for
+it, every Q4_1 minimum as a product beside (OpenVINO reads the file, not onnxruntime's packing)
+and the products at accuracy level 1 (OpenVINO's reader takes level 4 as int8 activations), then
+compiled by OpenVINO. Its FullyConnected keeps the 4-bit weights and runs a prompt's products on
+AMX tiles in bfloat16 where the CPU has them (OpenVINO's own default there; float32 elsewhere):
+what onnxruntime's kernels reach only through int8 products with per-row scales
+(docs/benchmarks.md, session 22). Decode steps stay onnxruntime's (one row: OpenVINO's product was
+3-5x slower, benchmarks/cpu_openvino_probe.py).
+
+On the 2-core dev VM (AVX-512 VNNI, AMX), the default model's 512-token prompt
+(benchmarks/cpu_openvino_prompt.py): onnxruntime 705 tok/s, its logits 1.4e-2 of the largest off
+the exact numpy forward's (int8 activations); OpenVINO bfloat16 2,236 tok/s, 9.7e-3; OpenVINO
+float32 920 tok/s, 1.5e-6.
+
+A prompt runs alone (OpenVINO's GroupQueryAttention takes one sequence), so its logits are the
+same whatever else runs; prompts shorter than MIN_ROWS, and models whose attention has windows or
+soft caps (untested there), stay onnxruntime's. OpenVINO compiles when the first prompt of
+MIN_ROWS rows comes, which waits for it (the default model: ~1.9 s on the 2-core VM); a model that
+never sees one pays nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from oxinfer.logs import get_logger
+from oxinfer.runtime import blockwise
+from oxinfer.runtime.graph_ops import GraphOps
+
+try:
+    import openvino
+except ImportError:  # an optional dependency
+    openvino = None
+
+log = get_logger("oxinfer.runtime")
+
+MIN_ROWS = 32  # prompts of fewer rows run in onnxruntime's graph (OpenVINO's fixed cost a run is larger)
+# OpenVINO's INFERENCE_PRECISION_HINT: None its own (bf16 where the CPU has it, else f32 with int8
+# activations); "f32": float32 activations (its dynamic quantization off), the numpy forward's logits
+PRECISION: str | None = None
+
+
+def refuses(model) -> str | None:
+    """Why prompts of this model stay onnxruntime's (None: OpenVINO takes them)."""
+    cfg = model.cfg
+    if openvino is None:
+        return "openvino is not installed"
+    if os.environ.get("OXINFER_OPENVINO", "").strip() == "0":
+        return "OXINFER_OPENVINO=0"
+    if cfg.layer_windows and any(cfg.layer_windows) or cfg.attn_softcap:
+        return "attention windows or soft caps"
+    return None
+
+
+class OpenVinoPrompts:
+    """A compiled copy of the step graph for first prompts, built at the first `ready()`."""
+
+    def __init__(self, model, converted):
+        """converted(model): every matrix's kernel blocks at zero point 8 (cpu_graph._converted)."""
+        self.model = model
+        self._converted = converted
+        self._request = None
+        self._built = False
+
+    def ready(self) -> bool:
+        """Whether it runs prompts: compiled now if not yet (False if OpenVINO refused the graph)."""
+        if not self._built:
+            self._built = True
+            self._build(self._converted)
+            self._converted = None
+        return self._request is not None
+
+    def _build(self, converted) -> None:
+        t0 = time.perf_counter()
+        try:
+            with tempfile.TemporaryDirectory(prefix="oxinfer-openvino-") as folder:
+                path = os.path.join(folder, "model.onnx")
+                with open(os.path.join(folder, "weights.bin"), "wb") as data:
+                    rec = GraphOps(self.model.cfg, data, converted(self.model), np.float32, False, accuracy_level=1)
+                    onnx = rec.model_bytes(self.model.trace(rec), blockwise.IR_VERSION)
+                with open(path, "wb") as f:
+                    f.write(onnx)
+                del rec, onnx
+                config = {"INFERENCE_NUM_THREADS": blockwise.threads(), "PERFORMANCE_HINT": "LATENCY"}
+                if PRECISION:
+                    config["INFERENCE_PRECISION_HINT"] = PRECISION
+                if PRECISION == "f32":
+                    config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+                compiled = openvino.Core().compile_model(path, "CPU", config)
+            self._names = {o.get_any_name(): i for i, o in enumerate(compiled.outputs)}
+            self._request = compiled.create_infer_request()
+            blockwise.trim_heap()
+            log.info("openvino_prompts", build_s=round(time.perf_counter() - t0, 3),
+                     precision=compiled.get_property("INFERENCE_PRECISION_HINT").to_string())
+        except Exception as e:  # noqa: BLE001 - reported, and the prompts stay onnxruntime's
+            log.warning("openvino_prompts_refused", error=str(e), action="prompts run in onnxruntime's graph")
+
+    def run(self, x: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """One prompt's rows x (S, d) from position 0: its last row's logits (vocab,) and each
+        layer's keys and values (KV, S, hd)."""
+        cfg, S = self.model.cfg, len(x)
+        empty = np.zeros((1, cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
+        inputs = {"x": x[None], "seqlens_k": np.array([S - 1], np.int32), "total_seq": np.array(S, np.int32),
+                  "last": np.full((1, 1, x.shape[1]), S - 1, np.int64)}
+        for layer in range(cfg.n_layers):
+            inputs[f"past_key_{layer}"] = inputs[f"past_value_{layer}"] = empty
+        req = self._request
+        req.infer(inputs)
+        out = req.get_output_tensor
+        kv = [(out(self._names[f"present_key_{layer}"]).data[0], out(self._names[f"present_value_{layer}"]).data[0])
+              for layer in range(cfg.n_layers)]
+        return out(0).data[0, 0].copy(), kv

@@ -1,0 +1,108 @@
+"""First prompts through OpenVINO (runtime/cpu_prompts.py) against the model's numpy forward with
+float activations (exact: float32 in OpenVINO, its dynamic quantization off), on GGUFs of the
+families it takes as llama.cpp's converter writes them and on Q4_1; then its own precision (bf16
+where the CPU has it) against the same forward; the same logits whether prompts come together or
+alone; the models and settings it leaves to onnxruntime. The rest of the suite runs without it
+(conftest.py sets OXINFER_OPENVINO=0): its prompts' logits are onnxruntime's."""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_gguf_converted import _write
+
+import oxinfer
+from oxinfer.runtime import blockwise, cpu_prompts
+from oxinfer.testing import write_tiny_llama
+
+pytest.importorskip("openvino", reason="openvino is not installed (pip install 'oxinfer[openvino]')")
+
+PROMPT = np.random.default_rng(3).integers(3, 250, 45)  # (at least cpu_prompts.MIN_ROWS)
+
+
+@pytest.fixture(autouse=True)
+def _openvino(monkeypatch):
+    monkeypatch.setenv("OXINFER_OPENVINO", "1")
+
+
+async def _logits(engine, graph: bool) -> list[np.ndarray]:
+    """A first prompt, then two decode steps that read the keys it wrote."""
+    cpu = engine.steps.cpu
+    if not graph:
+        engine.scheduler.cpu.graph = None
+    c = cpu.new_cache(64)
+    out = [await cpu.prefill(PROMPT, c)]
+    for t in (5, 9):
+        out.append(await engine.scheduler.run_whole(engine.scheduler.cpu.graph.run, [np.array([t])], [c])
+                   if graph else await engine.scheduler.run(engine.model.forward_batch, [np.array([t])], [c]))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama3@5.24", "qwen2@5.24", "qwen3@5.24", "phi3@5.24", "phi3_longrope@5.24", "q4_1"])
+async def test_a_first_prompt_in_openvino_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
+    """Within 2e-5 of the logits' largest, argmax equal: norms, biases, q/k norms, the ropes
+    (adjacent pairs, scaled, LongRoPE), GQA, SwiGLU, Q4_1's minimums; the decode steps after (in
+    onnxruntime's graph) read the keys and values it wrote."""
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
+    monkeypatch.setattr(cpu_prompts, "PRECISION", "f32")
+    path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3) if arch == "q4_1" \
+        else _write(tmp_path, arch, "BF16")
+    engine = await oxinfer.Engine.load(path)
+    got = await _logits(engine, graph=True)
+    assert engine.scheduler.cpu.graph.prompts.ready()  # (it ran the prompt)
+    want = await _logits(await oxinfer.Engine.load(path), graph=False)
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 2e-5 * np.abs(w).max()
+        assert (g.argmax(-1) == w.argmax(-1)).all()
+
+
+async def test_its_own_precision_stays_within_int8_products_error(monkeypatch):
+    """The default model, a 200-token prompt, OpenVINO's own precision (bf16 on AMX, else float32
+    with int8 activations): its logits within 3e-2 of the exact forward's largest (the 2-core VM:
+    ~1e-2; onnxruntime's int8 products 1.4e-2), the same next token."""
+    prompt = np.random.default_rng(5).integers(300, 40000, 200)
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
+    exact = await oxinfer.Engine.load(None)
+    exact.scheduler.cpu.graph = None
+    want = await exact.steps.cpu.prefill(prompt, exact.steps.cpu.new_cache(256))
+    await exact.aclose()
+    monkeypatch.undo()
+    monkeypatch.setenv("OXINFER_OPENVINO", "1")
+    engine = await oxinfer.Engine.load(None)
+    got = await engine.steps.cpu.prefill(prompt, engine.steps.cpu.new_cache(256))
+    assert engine.scheduler.cpu.graph.prompts.ready()
+    assert np.abs(got - want).max() <= 3e-2 * np.abs(want).max()
+    assert got.argmax() == want.argmax()
+
+
+async def test_first_prompts_give_the_same_logits_together_or_alone():
+    """Three first prompts of 5, 40 and 77 tokens in one step (the two long ones through OpenVINO,
+    each alone; the short one in onnxruntime's graph), and each in a step of its own: bit for bit,
+    keys and values too; a decode step after them as well."""
+    engine = await oxinfer.Engine.load(None)
+    graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(300, 40000, n) for n in (5, 40, 77)]
+    together = [engine.steps.cpu.new_cache(128) for _ in prompts]
+    alone = [engine.steps.cpu.new_cache(128) for _ in prompts]
+    a = graph.run(prompts, together)
+    b = np.concatenate([graph.run([p], [c]) for p, c in zip(prompts, alone)])
+    assert graph.prompts.ready() and np.array_equal(a, b)
+    for p, t, s in zip(prompts, together, alone):
+        for layer in (0, engine.config.n_layers - 1):
+            assert np.array_equal(pool.keys[layer][t.slot, :, :len(p)], pool.keys[layer][s.slot, :, :len(p)])
+            assert np.array_equal(pool.values[layer][t.slot, :, :len(p)], pool.values[layer][s.slot, :, :len(p)])
+    step = [np.array([11]), np.array([12]), np.array([13])]
+    assert np.array_equal(graph.run(step, together), np.concatenate([graph.run([s], [c]) for s, c in zip(step, alone)]))
+
+
+async def test_short_prompts_compile_nothing_and_the_refused_stay_onnxruntime_s(tmp_path, monkeypatch):
+    """A prompt under MIN_ROWS rows leaves OpenVINO uncompiled; attention windows or soft caps
+    (Gemma 2) and OXINFER_OPENVINO=0 leave the prompts to onnxruntime's graph, saying why."""
+    engine = await oxinfer.Engine.load(None)
+    await engine.steps.cpu.prefill(np.arange(300, 300 + cpu_prompts.MIN_ROWS - 1), engine.steps.cpu.new_cache(64))
+    assert engine.scheduler.cpu.graph.prompts._request is None
+    gemma = await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"))
+    assert gemma.scheduler.cpu.graph.prompts is None
+    assert cpu_prompts.refuses(gemma.model) == "attention windows or soft caps"
+    monkeypatch.setenv("OXINFER_OPENVINO", "0")
+    assert (await oxinfer.Engine.load(None)).scheduler.cpu.graph.prompts is None
