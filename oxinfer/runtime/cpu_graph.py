@@ -98,7 +98,7 @@ class CpuGraph:
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         refused = cpu_prompts.refuses(model)
         self.prompts = None if refused else cpu_prompts.OpenVinoPrompts(model, lambda m: _converted(m, released, False))
-        if refused and cpu_prompts.openvino is not None:
+        if refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=refused, action="prompts run in onnxruntime's graph")
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),

@@ -22,6 +22,7 @@ never sees one pays nothing.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import time
@@ -32,14 +33,12 @@ from oxinfer.logs import get_logger
 from oxinfer.runtime import blockwise
 from oxinfer.runtime.graph_ops import GraphOps
 
-try:
-    import openvino
-except ImportError:  # an optional dependency
-    openvino = None
-
 log = get_logger("oxinfer.runtime")
 
 MIN_ROWS = 32  # prompts of fewer rows run in onnxruntime's graph (OpenVINO's fixed cost a run is larger)
+# a prompt's rows one run takes (CpuExecutor.prompt_rows; llama.cpp's n_batch): its first chunk is
+# OpenVINO's, the rest onnxruntime's (after keys already cached)
+PROMPT_ROWS = 2048
 # OpenVINO's INFERENCE_PRECISION_HINT: None its own (bf16 where the CPU has it, else f32 with int8
 # activations); "f32": float32 activations (its dynamic quantization off), the numpy forward's logits
 PRECISION: str | None = None
@@ -48,13 +47,18 @@ PRECISION: str | None = None
 def refuses(model) -> str | None:
     """Why prompts of this model stay onnxruntime's (None: OpenVINO takes them)."""
     cfg = model.cfg
-    if openvino is None:
-        return "openvino is not installed"
     if os.environ.get("OXINFER_OPENVINO", "").strip() == "0":
         return "OXINFER_OPENVINO=0"
+    if not installed():
+        return "openvino is not installed"
     if cfg.layer_windows and any(cfg.layer_windows) or cfg.attn_softcap:
         return "attention windows or soft caps"
     return None
+
+
+def installed() -> bool:
+    """Whether OpenVINO can be imported (imported only once a prompt needs it: ~0.14 s)."""
+    return importlib.util.find_spec("openvino") is not None
 
 
 class OpenVinoPrompts:
@@ -78,6 +82,8 @@ class OpenVinoPrompts:
     def _build(self, converted) -> None:
         t0 = time.perf_counter()
         try:
+            import openvino
+
             with tempfile.TemporaryDirectory(prefix="oxinfer-openvino-") as folder:
                 path = os.path.join(folder, "model.onnx")
                 with open(os.path.join(folder, "weights.bin"), "wb") as data:

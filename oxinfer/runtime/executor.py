@@ -21,7 +21,7 @@ import numpy as np
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import KVCache
-from oxinfer.runtime import cpu_ahead
+from oxinfer.runtime import cpu_ahead, cpu_prompts
 from oxinfer.runtime.stats import StepRecord, StepStats
 from oxinfer.sampling import Draw
 
@@ -96,7 +96,6 @@ class CpuExecutor:
 
     name = "cpu"
     max_rows = sys.maxsize  # a CPU step stacks every row waiting (prompts come in chunks of prompt_rows)
-    prompt_rows = CPU_PROMPT_ROWS
     max_seqs = sys.maxsize  # a CPU step stacks every sequence waiting
 
     def __init__(self, model, scheduler):
@@ -111,6 +110,12 @@ class CpuExecutor:
     @property
     def kv(self):
         return self.model.kv_pool
+
+    @property
+    def prompt_rows(self) -> int:
+        """CPU_PROMPT_ROWS; cpu_prompts.PROMPT_ROWS where OpenVINO runs first prompts."""
+        graph = self.scheduler.cpu.graph
+        return cpu_prompts.PROMPT_ROWS if graph is not None and graph.prompts is not None else CPU_PROMPT_ROWS
 
     def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache:
         cache = self.model.new_cache(capacity, prompt)
