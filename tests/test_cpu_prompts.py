@@ -16,7 +16,7 @@ from oxinfer.testing import write_tiny_llama
 
 pytest.importorskip("openvino", reason="openvino is not installed (pip install 'oxinfer[openvino]')")
 
-PROMPT = np.random.default_rng(3).integers(3, 250, 45)  # (at least cpu_prompts.MIN_ROWS)
+PROMPT = np.random.default_rng(3).integers(3, 250, 85)  # (two parts of at least cpu_prompts.MIN_ROWS)
 
 
 @pytest.fixture(autouse=True)
@@ -25,12 +25,14 @@ def _openvino(monkeypatch):
 
 
 async def _logits(engine, graph: bool) -> list[np.ndarray]:
-    """A first prompt, then two decode steps that read the keys it wrote."""
+    """A first prompt, its rest after the keys it wrote (a cached prefix's case), then two decode
+    steps that read them all."""
     cpu = engine.steps.cpu
     if not graph:
         engine.scheduler.cpu.graph = None
-    c = cpu.new_cache(64)
-    out = [await cpu.prefill(PROMPT, c)]
+    prompt = PROMPT[:engine.config.context_length - 3]  # (LongRoPE's tiny model: 64 positions, its rest onnxruntime's)
+    c = cpu.new_cache(128)
+    out = [await cpu.prefill(prompt[:45], c), await cpu.prefill(prompt[45:], c)]
     for t in (5, 9):
         out.append(await engine.scheduler.run_whole(engine.scheduler.cpu.graph.run, [np.array([t])], [c])
                    if graph else await engine.scheduler.run(engine.model.forward_batch, [np.array([t])], [c]))
@@ -40,8 +42,8 @@ async def _logits(engine, graph: bool) -> list[np.ndarray]:
 @pytest.mark.parametrize("arch", ["llama3@5.24", "qwen2@5.24", "qwen3@5.24", "phi3@5.24", "phi3_longrope@5.24", "q4_1"])
 async def test_a_first_prompt_in_openvino_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
     """Within 2e-5 of the logits' largest, argmax equal: norms, biases, q/k norms, the ropes
-    (adjacent pairs, scaled, LongRoPE), GQA, SwiGLU, Q4_1's minimums; the decode steps after (in
-    onnxruntime's graph) read the keys and values it wrote."""
+    (adjacent pairs, scaled, LongRoPE), GQA over keys of its own and of the lane, SwiGLU, Q4_1's
+    minimums; the decode steps after (in onnxruntime's graph) read the keys and values it wrote."""
     monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
     monkeypatch.setattr(cpu_prompts, "PRECISION", "f32")
     path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3) if arch == "q4_1" \

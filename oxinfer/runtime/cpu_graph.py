@@ -154,22 +154,24 @@ class CpuGraph:
     def _runs(self, seqs, caches, starts) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         for rows, fresh in _runs(seqs, caches):
-            if fresh and self.prompts is not None and any(len(seqs[i]) >= cpu_prompts.MIN_ROWS for i in rows) \
-                    and self.prompts.ready():
-                for i in [i for i in rows if len(seqs[i]) >= cpu_prompts.MIN_ROWS]:
-                    out[i] = self._prompt(seqs[i], caches[i])
-                rows = [i for i in rows if len(seqs[i]) < cpu_prompts.MIN_ROWS]
+            long = [i for i in rows if len(seqs[i]) >= cpu_prompts.MIN_ROWS] if self.prompts is not None else []
+            if long and self.prompts.ready():
+                for i in long:
+                    out[i] = self._prompt(seqs[i], caches[i], starts[i])
+                rows = [i for i in rows if i not in long]
             if rows:
                 out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
         return out
 
-    def _prompt(self, seq: np.ndarray, cache) -> np.ndarray:
-        """A first prompt alone through OpenVINO (runtime/cpu_prompts.py): its logits; its keys
-        and values into its lane."""
-        logits, kv = self.prompts.run(self._looked_up(seq))
+    def _prompt(self, seq: np.ndarray, cache, start: int) -> np.ndarray:
+        """A prompt's rows from position `start` alone through OpenVINO (runtime/cpu_prompts.py):
+        their logits; their keys and values into the cache's lane."""
+        pool, slot, end = cache.pool, cache.slot, start + len(seq)
+        past = [(k[slot, :, :start], v[slot, :, :start]) for k, v in zip(pool.keys, pool.values)]
+        logits, kv = self.prompts.run(self._looked_up(seq), past)
         for layer, (k, v) in enumerate(kv):
-            cache.pool.keys[layer][cache.slot, :, :len(seq)] = k
-            cache.pool.values[layer][cache.slot, :, :len(seq)] = v
+            pool.keys[layer][slot, :, start:end] = k
+            pool.values[layer][slot, :, start:end] = v
         blockwise.trim_heap()
         return logits
 

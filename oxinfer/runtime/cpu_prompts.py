@@ -13,11 +13,12 @@ On the 2-core dev VM (AVX-512 VNNI, AMX), the default model's 512-token prompt
 the exact numpy forward's (int8 activations); OpenVINO bfloat16 2,236 tok/s, 9.7e-3; OpenVINO
 float32 920 tok/s, 1.5e-6.
 
-A prompt runs alone (OpenVINO's GroupQueryAttention takes one sequence), so its logits are the
-same whatever else runs; prompts shorter than MIN_ROWS, and models whose attention has windows or
-soft caps (untested there), stay onnxruntime's. OpenVINO compiles when the first prompt of
-MIN_ROWS rows comes, which waits for it (the default model: ~1.9 s on the 2-core VM); a model that
-never sees one pays nothing.
+A sequence's prompt rows run alone (OpenVINO's GroupQueryAttention takes one sequence), after the
+keys its lane holds (a cached prefix, an earlier chunk: copied out for the run), so its logits are
+the same whatever else runs. Runs of fewer than MIN_ROWS rows (decode steps among them), and models
+whose attention has windows or soft caps (untested there), stay onnxruntime's. OpenVINO compiles
+when the first run of MIN_ROWS rows comes, which waits for it (the default model: ~1.7 s on the
+2-core VM); a model that never sees one pays nothing.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from oxinfer.runtime.graph_ops import GraphOps
 log = get_logger("oxinfer.runtime")
 
 MIN_ROWS = 32  # prompts of fewer rows run in onnxruntime's graph (OpenVINO's fixed cost a run is larger)
-# a prompt's rows one run takes (CpuExecutor.prompt_rows; llama.cpp's n_batch): its first chunk is
-# OpenVINO's, the rest onnxruntime's (after keys already cached)
-PROMPT_ROWS = 2048
+# a prompt's rows a run takes (CpuExecutor.prompt_rows; llama.cpp's n_ubatch): OpenVINO's attention
+# holds a head's scores for every row and key at once (2,048 rows: ~175 MiB more of the default
+# model's RSS than 512)
+PROMPT_ROWS = 512
 # OpenVINO's INFERENCE_PRECISION_HINT: None its own (bf16 where the CPU has it, else f32 with int8
 # activations); "f32": float32 activations (its dynamic quantization off), the numpy forward's logits
 PRECISION: str | None = None
@@ -98,6 +100,7 @@ class OpenVinoPrompts:
                 if PRECISION == "f32":
                     config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
                 compiled = openvino.Core().compile_model(path, "CPU", config)
+                blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
             self._names = {o.get_any_name(): i for i, o in enumerate(compiled.outputs)}
             self._request = compiled.create_infer_request()
             blockwise.trim_heap()
@@ -106,18 +109,20 @@ class OpenVinoPrompts:
         except Exception as e:  # noqa: BLE001 - reported, and the prompts stay onnxruntime's
             log.warning("openvino_prompts_refused", error=str(e), action="prompts run in onnxruntime's graph")
 
-    def run(self, x: np.ndarray) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
-        """One prompt's rows x (S, d) from position 0: its last row's logits (vocab,) and each
-        layer's keys and values (KV, S, hd)."""
-        cfg, S = self.model.cfg, len(x)
-        empty = np.zeros((1, cfg.n_kv_heads, 0, cfg.head_dim), np.float32)
-        inputs = {"x": x[None], "seqlens_k": np.array([S - 1], np.int32), "total_seq": np.array(S, np.int32),
-                  "last": np.full((1, 1, x.shape[1]), S - 1, np.int64)}
-        for layer in range(cfg.n_layers):
-            inputs[f"past_key_{layer}"] = inputs[f"past_value_{layer}"] = empty
+    def run(self, x: np.ndarray, past: list[tuple[np.ndarray, np.ndarray]]
+            ) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """A sequence's rows x (S, d) after the keys and values `past` holds, (KV, start, hd) a
+        layer: the last row's logits (vocab,) and each layer's keys and values of the rows
+        (KV, S, hd; OpenVINO's until the next run)."""
+        S, start = len(x), past[0][0].shape[1]
+        inputs = {"x": x[None].astype(np.float32, copy=False), "seqlens_k": np.array([start + S - 1], np.int32),
+                  "total_seq": np.array(start + S, np.int32), "last": np.full((1, 1, x.shape[1]), S - 1, np.int64)}
+        for layer, (k, v) in enumerate(past):  # (contiguous float32 copies: OpenVINO's attention reads them whole)
+            inputs[f"past_key_{layer}"] = np.ascontiguousarray(k[None], np.float32)
+            inputs[f"past_value_{layer}"] = np.ascontiguousarray(v[None], np.float32)
         req = self._request
         req.infer(inputs)
         out = req.get_output_tensor
-        kv = [(out(self._names[f"present_key_{layer}"]).data[0], out(self._names[f"present_value_{layer}"]).data[0])
-              for layer in range(cfg.n_layers)]
+        kv = [(out(self._names[f"present_key_{layer}"]).data[0, :, start:],
+               out(self._names[f"present_value_{layer}"]).data[0, :, start:]) for layer in range(len(past))]
         return out(0).data[0, 0].copy(), kv
