@@ -36,7 +36,10 @@ from oxinfer.runtime.graph_ops import GraphOps
 
 log = get_logger("oxinfer.runtime")
 
-MIN_ROWS = 32  # prompts of fewer rows run in onnxruntime's graph (OpenVINO's fixed cost a run is larger)
+# runs of fewer rows stay onnxruntime's: a chat turn's prompt never pays OpenVINO's compile (~1.7 s
+# for the default model on 2 cores, against onnxruntime's ~0.06 s for its ~40 tokens) nor its
+# memory (the default model's peak RSS +~300 MiB); a prompt this long gains from the first run on
+MIN_ROWS = 256
 # a prompt's rows a run takes (CpuExecutor.prompt_rows; llama.cpp's n_ubatch): OpenVINO's attention
 # holds a head's scores for every row and key at once (2,048 rows: ~175 MiB more of the default
 # model's RSS than 512)
