@@ -113,7 +113,7 @@ class CpuExecutor:
 
     @property
     def prompt_rows(self) -> int:
-        """CPU_PROMPT_ROWS; cpu_prompts.PROMPT_ROWS where OpenVINO runs first prompts."""
+        """CPU_PROMPT_ROWS; cpu_prompts.PROMPT_ROWS where OpenVINO may run long prompts."""
         graph = self.scheduler.cpu.graph
         return cpu_prompts.PROMPT_ROWS if graph is not None and graph.prompts is not None else CPU_PROMPT_ROWS
 
