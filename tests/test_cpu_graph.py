@@ -104,6 +104,11 @@ async def test_a_prompt_s_rows_are_the_same_whole_or_in_parts(engine, cut):
 async def test_first_prompts_run_together_as_they_run_alone(engine):
     """Three first prompts of 5, 40 and 77 tokens in one run (padded to the longest), and each
     alone: the same logits and keys, bit for bit; then their decode steps agree too."""
+    together_as_alone(engine)
+
+
+def together_as_alone(engine) -> None:
+    """test_first_prompts_run_together_as_they_run_alone's check (test_cpu_prompts.py's too)."""
     graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool
     rng = np.random.default_rng(7)
     prompts = [rng.integers(300, 40000, n) for n in (5, 40, 77)]

@@ -8,6 +8,7 @@ alone; the models and settings it leaves to onnxruntime. The rest of the suite r
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
+from test_cpu_graph import together_as_alone
 from test_gguf_converted import _write
 
 import oxinfer
@@ -83,20 +84,8 @@ async def test_first_prompts_give_the_same_logits_together_or_alone():
     each alone; the short one in onnxruntime's graph), and each in a step of its own: bit for bit,
     keys and values too; a decode step after them as well."""
     engine = await oxinfer.Engine.load(None)
-    graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool
-    rng = np.random.default_rng(7)
-    prompts = [rng.integers(300, 40000, n) for n in (5, 40, 77)]
-    together = [engine.steps.cpu.new_cache(128) for _ in prompts]
-    alone = [engine.steps.cpu.new_cache(128) for _ in prompts]
-    a = graph.run(prompts, together)
-    b = np.concatenate([graph.run([p], [c]) for p, c in zip(prompts, alone)])
-    assert graph.prompts._request is not None and np.array_equal(a, b)
-    for p, t, s in zip(prompts, together, alone):
-        for layer in (0, engine.config.n_layers - 1):
-            assert np.array_equal(pool.keys[layer][t.slot, :, :len(p)], pool.keys[layer][s.slot, :, :len(p)])
-            assert np.array_equal(pool.values[layer][t.slot, :, :len(p)], pool.values[layer][s.slot, :, :len(p)])
-    step = [np.array([11]), np.array([12]), np.array([13])]
-    assert np.array_equal(graph.run(step, together), np.concatenate([graph.run([s], [c]) for s, c in zip(step, alone)]))
+    together_as_alone(engine)
+    assert engine.scheduler.cpu.graph.prompts._request is not None  # (OpenVINO ran the long ones)
 
 
 async def test_short_prompts_compile_nothing_and_the_refused_stay_onnxruntime_s(tmp_path, monkeypatch):
