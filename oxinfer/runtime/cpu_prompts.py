@@ -1,4 +1,4 @@
-"""First prompts through OpenVINO's CPU plugin, where OpenVINO is installed (`pip install
+"""Long prompts through OpenVINO's CPU plugin, where OpenVINO is installed (`pip install
 'oxinfer[openvino]'`): the CPU graph's own ONNX step (runtime/graph_ops.py) written once more for
 it, every Q4_1 minimum as a product beside (OpenVINO reads the file, not onnxruntime's packing)
 and the products at accuracy level 1 (OpenVINO's reader takes level 4 as int8 activations), then
