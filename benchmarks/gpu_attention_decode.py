@@ -6,7 +6,10 @@ or attend_decode: runner.decode_kv) for several KV_WORKGROUPS, each variant's lo
 first's. --tiles: attend_decode_kv's tile (KV_TILE), each a load.
 
     python3 benchmarks/gpu_attention_decode.py --synthetic 1b 135m --contexts 128 1000 4000 [--streams 1 8] [--tiles 32 64]
-        [--workgroups 1 128 256] [--max-tiles 8] [--forms sg tiles]
+        [--workgroups 1 128 256] [--max-tiles 8]
+
+(Session 30's subgroup form of attend_decode_kv, attention_kv_sg.wgsl, lost to the tiles 2.6x on an
+H100 in session 31: docs/h200/h100-attend-kv-forms-2026-12-06-s31.txt; removed.)
 """
 
 from __future__ import annotations
@@ -62,8 +65,7 @@ async def profile(path: Path, contexts: list[int], streams: list[int], tile: int
     r = engine.resident
     r.run_ahead = False
     has_kv = r.attend_kv
-    print(f"{path.stem}: tile {r.kv_tile} positions (KV_TILE {tile}), attend_decode_kv {has_kv} ({r.kv_file}, "
-          f"{r.kv_lanes} lanes a position)")
+    print(f"{path.stem}: tile {r.kv_tile} positions (KV_TILE {tile}), attend_decode_kv {has_kv}")
     rng = np.random.default_rng(0)
     for n in streams:
         for ctx in contexts:
@@ -116,8 +118,6 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 1000, 4000])
     ap.add_argument("--streams", type=int, nargs="+", default=[1])
     ap.add_argument("--tiles", type=int, nargs="+", default=[webgpu_attention.KV_TILE], help="KV_TILE values, each a load")
-    ap.add_argument("--forms", nargs="+", choices=["sg", "tiles"], default=["sg" if webgpu_attention.SG_DECODE else "tiles"],
-                    help="attend_decode_kv's forms (attention_kv_sg.wgsl, attention_kv_tiles.wgsl), each a load")
     ap.add_argument("--max-tiles", type=int, default=webgpu_attention.KV_MAX_TILES,
                     help="KV_MAX_TILES: tiles a chunk of attend_decode_kv may walk")
     ap.add_argument("--reps", type=int, default=30)
@@ -131,11 +131,9 @@ def main() -> None:
         for name in a.synthetic:
             path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True,
                                     context=max(a.contexts) + 64, **SYNTHETIC[name])
-            for form in a.forms:
-                webgpu_attention.SG_DECODE = form == "sg"
-                for tile in a.tiles:
-                    anyio.run(profile, path, a.contexts, a.streams, tile, a.reps, a.workgroups)
-                    webgpu_attention.KV_WORKGROUPS = defaults[0]
+            for tile in a.tiles:
+                anyio.run(profile, path, a.contexts, a.streams, tile, a.reps, a.workgroups)
+                webgpu_attention.KV_WORKGROUPS = defaults[0]
     webgpu_attention.KV_WORKGROUPS, webgpu_attention.KV_TILE = defaults
 
 

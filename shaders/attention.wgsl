@@ -403,7 +403,7 @@ fn attend_merge(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 // attend_decode_kv ---------------------------------------------------------------------------
-// In attention_kv_tiles.wgsl or attention_kv_sg.wgsl (the runner appends one); its chunks are merged here.
+// In attention_kv_tiles.wgsl (the runner appends it); its chunks are merged here.
 
 // attend_decode_kv's P.flags chunks of each query summed: a workgroup per (query head, row); invocation
 // (4 dims, lane) folds the chunks lane, lane + ML, ... (a decode step's chunks can be many: one

@@ -451,13 +451,11 @@ async def test_a_sliding_window_decodes_as_it_prefills(tmp_path):
 # the last: head_dim 128, 2 heads an attend_rows invocation
 @pytest.mark.parametrize("d,n_heads,n_kv,as_gpu", [(64, 4, 2, False), (128, 8, 2, False), (128, 8, 2, True),
                                                      (512, 4, 1, True)])
-@pytest.mark.parametrize("form", ["tiles", "sg"])
-async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, monkeypatch, d, n_heads, n_kv, as_gpu, form):
+async def test_a_sliding_window_on_the_gpu_attends_as_on_the_cpu(tmp_path, monkeypatch, d, n_heads, n_kv, as_gpu):
     """The GPU's attention kernels take a layer's window (Op.window): a prompt past the window (in
     attend_rows' chunks where the device has subgroups, else attend) and decode steps after it
-    (planned as on a GPU: attend_decode_kv in chunks of the window's positions, in either form:
-    SG_DECODE) give the CPU's logits and greedy tokens."""
-    monkeypatch.setattr(webgpu_attention, "SG_DECODE", form == "sg")
+    (planned as on a GPU: attend_decode_kv in chunks of the window's positions) give the CPU's
+    logits and greedy tokens."""
     monkeypatch.setattr(webgpu_attention, "DECODE_CHUNK_KEYS", 4)
     monkeypatch.setattr(webgpu_attention, "KV_TILE", 4)
     write_tiny_hf(tmp_path / "w", seed=13, dtype="BF16", model_type="mistral", sliding_window=8, d=d, n_heads=n_heads,

@@ -468,18 +468,13 @@ async def test_long_contexts_decode_in_chunks_of_positions_as_the_cpu_does(tmp_p
 
 @pytest.mark.parametrize("n_heads,n_kv", [(8, 2), (9, 3)])
 @pytest.mark.parametrize("as_gpu", [True, False])
-@pytest.mark.parametrize("form", ["tiles", "sg"])
-async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_heads, n_kv, as_gpu, form):
+async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_heads, n_kv, as_gpu):
     """A 330-token prompt, then decode steps over it with head dim 64 and 4 or 3 query heads a kv
-    head: attend_decode_kv walks the row's positions in one workgroup a kv head (as lavapipe plans
-    it) or, planned as on a GPU aiming at 4 workgroups a kv head, in 4 chunks of whole tiles (3
-    tiles, the last chunk's last one partial) merged by attend_merge_kv, in either of its forms (tiles
-    in workgroup memory; or lanes of subgroups, SG_DECODE); each step's token and its 5 best logprobs
-    as on the CPU."""
-    monkeypatch.setattr(webgpu_attention, "SG_DECODE", form == "sg")
+    head: attend_decode_kv walks the row's positions in tiles (KV_TILE) in one workgroup a kv head
+    (as lavapipe plans it) or, planned as on a GPU aiming at 4 workgroups a kv head, in 4 chunks of
+    whole tiles (3 tiles, the last chunk's last one partial) merged by attend_merge_kv; each step's
+    token and its 5 best logprobs as on the CPU."""
     backend = WebGpuBackend.create(allow_cpu_adapter=True)
-    if form == "sg" and not backend.subgroup_min:
-        pytest.skip(f"{backend.adapter.summary} has no subgroups: attend_decode_kv takes its tiles")
     backend.cpu_adapter = backend.cpu_adapter and not as_gpu
     backend.int8_dot = False  # prompts' products in floats, as the CPU's (mm_i8 would move logprobs ~1e-2)
     monkeypatch.setattr(webgpu_attention, "KV_WORKGROUPS", 4 * n_kv)
@@ -489,7 +484,6 @@ async def test_a_long_context_decodes_as_on_the_cpu(tmp_path, monkeypatch, n_hea
     gpu = await oxinfer.Engine.load(path, gpu=backend, cpu_int8=False)
     r = gpu.resident
     assert r.attend_kv and r.kv_tile > 1
-    assert r.kv_file == f"attention_kv_{form}" and (r.kv_lanes > 1) == (form == "sg")
     prompt = [int(t) for t in np.random.default_rng(8).integers(0, 256, 330)]
     params = oxinfer.SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
     await assert_same_decode(gpu, cpu, prompt, params, atol=1e-4)
@@ -854,15 +848,3 @@ async def test_greedy_sampler_kernels_tie_to_the_lowest_id_as_numpy(pair):
                                                11: np.zeros(t * ROWH, np.uint32), 12: np.zeros(t * OUTW, np.uint32)},
                      [t, n, k], (t, 1, 1), out=3)
         assert ids.tolist() == rows.argmax(-1).tolist(), k
-
-
-def test_attend_decode_kv_s_lanes_a_position_fit_the_subgroups_and_the_registers():
-    """kv_lanes (attention_kv_sg.wgsl's SL): a power of two dividing head_dim / 4, within the device's
-    smallest subgroup, the fewest that keep a lane's queries within KV_SG_VEC4S vec4s."""
-    kv_lanes = webgpu_attention.kv_lanes
-    assert webgpu_attention.KV_SG_VEC4S == 8
-    # on subgroups of 32: the 8B and 1.1B shapes (4 and 8 heads a kv head, head_dim 128 and 64), SmolLM2 (3, 64)
-    assert kv_lanes(4, 128, 32) == 16 and kv_lanes(8, 64, 32) == 16 and kv_lanes(3, 64, 32) == 8
-    assert kv_lanes(2, 96, 32) == 8 and kv_lanes(1, 80, 32) == 4  # head_dim / 4 of 24 and 20
-    assert kv_lanes(8, 64, 4) == 4 and kv_lanes(8, 64, 8) == 8  # as many as the subgroups allow
-    assert kv_lanes(8, 64, 0) == 0  # no subgroups: the tiles form

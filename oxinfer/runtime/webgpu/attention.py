@@ -35,15 +35,6 @@ KV_MAX_CHUNKS = 128
 # -> 386, 386 tok/s (GPU pass 2.99 -> 2.77 ms: 32 layers of one workgroup a query head, ~7 us
 # each saved); its batched rows unchanged (8 streams 781 / 782 -> 799 / 775)
 QUAD_SCORES = True
-# attend_decode_kv by subgroups (shaders/attention_kv_sg.wgsl) where the device has them: SL lanes a
-# position, each SV = head_dim / 4 / SL vec4s of it and of its GQ queries, GQ * SV <= KV_SG_VEC4S
-# where the subgroups allow (the registers a lane holds: queries and sums 2 * GQ * SV vec4s). Off
-# until timed on a GPU (session 30 ran out of device time; tested against the CPU on lavapipe): the
-# next device call is `gpu_attention_decode.py --synthetic 1b 8b --contexts 128 4000 --streams 1 8 32
-# --workgroups 128 --forms tiles sg`, against attention_kv_tiles.wgsl's 20.7 / 39.5 us a layer (1.1B /
-# 8B, one stream after 4,000 tokens, H100)
-SG_DECODE = False
-KV_SG_VEC4S = 8
 
 
 ROWS_TILE = 32  # positions of attend_rows' key and value tiles (KT of shaders/attention_rows.wgsl)
@@ -65,17 +56,6 @@ def kv_tile(limit: int, group: int, head_dim: int) -> int:
     """Positions of attend_decode_kv's tile: KV_TILE, or half as many until they fit in `limit`
     bytes of workgroup memory (0: none fits)."""
     return next((tp for tp in (KV_TILE >> i for i in range(4)) if tp and kv_tile_bytes(tp, group, head_dim) <= limit), 0)
-
-
-def kv_lanes(group: int, head_dim: int, subgroup_min: int) -> int:
-    """attend_decode_kv's lanes a position in subgroups (SL): a power of two dividing head_dim / 4,
-    at most the device's smallest subgroup, the fewest that keep GQ * SV within KV_SG_VEC4S (else the
-    most); 0 where the device has no subgroups."""
-    dg = head_dim // 4
-    fits = [sl for sl in (1, 2, 4, 8, 16, 32) if dg % sl == 0 and sl <= subgroup_min]
-    if not subgroup_min or not fits:
-        return 0
-    return next((sl for sl in fits if group * (dg // sl) <= KV_SG_VEC4S), fits[-1])
 
 
 class AttentionChunks:

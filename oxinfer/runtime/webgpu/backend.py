@@ -31,7 +31,6 @@ from oxinfer.runtime.webgpu.device import (
     has_int8_dot,
     is_cpu_adapter,
     round_up,
-    subgroup_min_size,
     wgpu,
 )
 from oxinfer.runtime.webgpu.kernels import (
@@ -105,7 +104,6 @@ class WebGpuBackend(KernelChoice):
         self.features = set(device.features)
         self.timestamps = timestamps and "timestamp-query" in self.features
         self.cpu_adapter = is_cpu_adapter(adapter)
-        self.subgroup_min = subgroup_min_size(adapter) if "subgroup" in self.features else 0
         self.kernel = kernel  # force one kernel kind (tests, benchmarks); None picks per call
         # prompts' products in f16 (mm_kt: ~1e-3 relative error against ~1e-6, see gemm_kind) rather
         # than mm_tiled: on GPUs with shader-f16, unless OXINFER_WEBGPU_F16=0

@@ -93,13 +93,6 @@ def is_cpu_adapter(a) -> bool:
     return a.info.get("adapter_type") == "CPU"
 
 
-def subgroup_min_size(a) -> int:
-    """The fewest invocations a subgroup of the adapter has (wgpu-py 0.32 spells the key
-    stackgroup_min_size); 4 where it does not say (the quads attention_scores_quad.wgsl takes)."""
-    info = a.info
-    return int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 4)
-
-
 def best_adapter(allow_cpu_adapter: bool):
     """The adapter to use, or WebGpuUnavailable saying why there is none."""
     if wgpu is None:

@@ -169,19 +169,13 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         quads = attention.QUAD_SCORES and "subgroup" in gpu.features and cfg.head_dim % 16 == 0
         self.tile_scores = "attention_scores_quad" if quads else "attention_scores"
         self.attend_kv = group * cfg.head_dim // 4 <= 256 and self.kv_tile > 0
-        # attend_decode_kv's form: SL invocations a position in subgroups (attention_kv_sg.wgsl), or
-        # tiles in workgroup memory (attention_kv_tiles.wgsl) where the device has no subgroups
-        self.kv_lanes = (attention.kv_lanes(group, cfg.head_dim, gpu.subgroup_min)
-                         if attention.SG_DECODE and self.attend_kv else 0)
-        self.kv_file = "attention_kv_sg" if self.kv_lanes else "attention_kv_tiles"
-        dg, sv = cfg.head_dim // 4, cfg.head_dim // 4 // max(self.kv_lanes, 1)
+        dg = cfg.head_dim // 4
         # the counts of the kernels' unrolled lines (shaders.unroll): attend_decode_kv's vec4s of a tile
-        # an invocation loads (tiles), or of a position a lane holds (subgroups)
-        self._unrolls = {"DG": dg, "DL": cfg.head_dim // 16, "QH": self.att_heads, "GQ": group, "SV": sv,
+        # an invocation loads
+        self._unrolls = {"DG": dg, "DL": cfg.head_dim // 16, "QH": self.att_heads, "GQ": group,
                          "LOADS": -(-max(self.kv_tile, 1) * dg // 256)}
         self._prefix = (f"const RQ: u32 = {self.att_rows}u;\nconst AW: u32 = {att_threads}u;\nconst QH: u32 = {self.att_heads}u;\nconst HD: u32 = {cfg.head_dim}u;\nconst BS: u32 = {BS}u;\nconst MAXB: u32 = {max_blocks}u;\n"
                         f"const GQ: u32 = {group}u;\nconst TP: u32 = {max(self.kv_tile, 1)}u;\n"
-                        f"const SL: u32 = {max(self.kv_lanes, 1)}u;\nconst SV: u32 = {sv}u;\n"
                         f"const ROPE_PAIRS: u32 = {cfg.rope_dim // 2}u;\nconst ROW_POS: u32 = 4u;\n"
                         f"const ROW_SLOT: u32 = {4 + max_rows}u;\nconst SEQ_LAST: u32 = {4 + 2 * max_rows}u;\n"
                         # attend_rows checks each key against a row's window only in a model that has
@@ -225,7 +219,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
             file, entry = kernel.split(":")
             d = shader_dir()
             files = ["ops_common", *(["xq_block", self.tile_scores] if file == "attention" else []), file,
-                     *([self.kv_file] if file == "attention" else []),
+                     *(["attention_kv_tiles"] if file == "attention" else []),
                      *(["attention_rows"] if entry == "attend_rows" else [])]  # (needs subgroups)
             code = self._prefix + "\n".join((d / f"{f}.wgsl").read_text() for f in files)
             code = unroll(code, self._unrolls)
