@@ -67,13 +67,14 @@ def installed() -> bool:
 
 
 class OpenVinoPrompts:
-    """A compiled copy of the step graph for first prompts, built at the first `ready()`."""
+    """OpenVINO's compile of the step graph for long prompts, made at the first `ready()`."""
 
     def __init__(self, model, converted):
         """converted(model): every matrix's kernel blocks at zero point 8 (cpu_graph._converted)."""
         self.model = model
         self._converted = converted
-        self._request = None
+        self._request = None  # OpenVINO's infer request, once compiled
+        self._names: dict[str, int] = {}  # its outputs' indices by name
         self._built = False
 
     def ready(self) -> bool:
