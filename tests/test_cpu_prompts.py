@@ -98,3 +98,19 @@ async def test_short_prompts_compile_nothing_and_the_refused_stay_onnxruntime_s(
     assert cpu_prompts.refuses(gemma.model) == "attention windows or soft caps"
     monkeypatch.setenv("OXINFER_OPENVINO", "0")
     assert (await oxinfer.Engine.load(None)).scheduler.cpu.graph.prompts is None
+
+
+async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):
+    """Engine.load(cpu_prompts=): "onnxruntime" never compiles OpenVINO; "openvino" wins over
+    OXINFER_OPENVINO=0, and where it cannot run (not installed; Gemma 2's windows and soft caps) the
+    load fails saying why; an unknown name fails before anything loads."""
+    assert (await oxinfer.Engine.load(None, cpu_prompts="onnxruntime")).scheduler.cpu.graph.prompts is None
+    monkeypatch.setenv("OXINFER_OPENVINO", "0")
+    assert (await oxinfer.Engine.load(None, cpu_prompts="openvino")).scheduler.cpu.graph.prompts is not None
+    with pytest.raises(ValueError, match="attention windows or soft caps"):
+        await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"), cpu_prompts="openvino")
+    monkeypatch.setattr(cpu_prompts, "installed", lambda: False)
+    with pytest.raises(ValueError, match=r"openvino is not installed \(pip install 'oxinfer\[openvino\]'\)"):
+        await oxinfer.Engine.load(None, cpu_prompts="openvino")
+    with pytest.raises(ValueError, match="cpu_prompts 'ov': expected one of auto, openvino, onnxruntime"):
+        await oxinfer.Engine.load(None, cpu_prompts="ov")

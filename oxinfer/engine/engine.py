@@ -107,7 +107,7 @@ class Engine:
     async def load(cls, path: str | Path | None = None, *, backend: str = "cpu", gpu=None,
                    max_concurrent: int = 16, max_queue: int = 256, cpu_int8: bool = True,
                    resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None,
-                   kv_cache_dtype: str | None = None) -> Engine:
+                   kv_cache_dtype: str | None = None, cpu_prompts: str = "auto") -> Engine:
         """Open a GGUF or an HF directory (the default SmolLM2 when path is None) without blocking
         the event loop. path may be a hub name (formats/hub.py: org/repo, org/repo:Q4_K_M,
         org/repo/file.gguf, @revision), found in or downloaded into the Hugging Face cache.
@@ -132,11 +132,14 @@ class Engine:
         slower) and of the GPU's whole forward (its attention kernels convert as they load and
         store: runtime/webgpu/shaders.py's kv_half); a kernel per matrix (cpu_int8=False) and
         matmuls offloaded to a GPU (resident=False) hold float32 alone and refuse it.
+        cpu_prompts: who runs the CPU graph's long prompt runs (runtime/cpu_prompts.py): "auto"
+        OpenVINO where it is installed (and OXINFER_OPENVINO is not 0), "openvino" it or an error,
+        "onnxruntime" the graph itself.
         """
         spec = path
         path, tokenizer, model, scheduler, device = await anyio.to_thread.run_sync(
             loading.load, path, backend, gpu, max_concurrent, cpu_int8, resident, kv_bytes, context_length,
-            kv_cache_dtype)
+            kv_cache_dtype, cpu_prompts)
         engine = cls(path, tokenizer, model, scheduler, max_concurrent, max_queue, device, kv_bytes)
         if isinstance(spec, str) and hub.is_hub_name(spec):
             engine.name = spec  # the hub name, not the cache's snapshot folder

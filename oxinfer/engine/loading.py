@@ -10,6 +10,7 @@ from oxinfer.logs import get_logger
 from oxinfer.models import Llama, ModelConfig
 from oxinfer.models.kv_cache import kv_cache_dtype
 from oxinfer.runtime import CpuBackend, MatmulScheduler
+from oxinfer.runtime import cpu_prompts as prompts
 from oxinfer.runtime.executor import PREFILL_CHUNK
 from oxinfer.runtime.ops import CpuOps
 from oxinfer.runtime.select import device_executor, select_gpu_backend
@@ -20,9 +21,10 @@ log = get_logger("oxinfer.engine")
 
 def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent: int = 16, cpu_int8: bool = True,
          resident: bool = True, kv_bytes: int | None = None, context_length: int | None = None,
-         kv_dtype: str | None = None):
+         kv_dtype: str | None = None, cpu_prompts: str = "auto"):
     """(path, tokenizer, model, scheduler, the device's executor or None), blocking."""
     kv = kv_cache_dtype(kv_dtype)  # a bad name before anything loads
+    prompts.check_choice(cpu_prompts)
     path = hub.resolve(path) if path is not None else default_model_path()  # a path, or a hub name
     if path.is_dir():  # an HF model directory: config.json, safetensors, tokenizer.json
         f = HFDirectory(path)
@@ -39,6 +41,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
                          "pass context_length <= original_context to get those")
     scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
+    prompts.refuses(model, cpu_prompts)  # (cpu_prompts="openvino" where it cannot: the error before any conversion)
     f.loaded()  # tensors it left: a GGUF's metadata that disagrees with them refused, an HF directory's named
     device = None
     release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as a device or kernels copy them
@@ -51,7 +54,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if device is None:
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv):
+        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv, cpu_prompts):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them

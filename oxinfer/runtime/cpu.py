@@ -63,17 +63,19 @@ class CpuBackend:
             kernel = self._kernels[base] = self._int8_kernel(base) or F32Kernel(base)
         return kernel
 
-    def build_graph(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None) -> bool:
+    def build_graph(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None,
+                    prompts: str = "auto") -> bool:
         """The model's whole step as one onnxruntime graph (runtime/cpu_graph.py), in place of a
         kernel per matrix; False (and the reason logged) when it cannot run here. released: as
-        upload_all's `built`; kv_dtype: its keys' and values' (default: the graph's KV_DTYPE)."""
+        upload_all's `built`; kv_dtype: its keys' and values' (default: the graph's KV_DTYPE);
+        prompts: who runs its long prompts (cpu_prompts.CHOICES)."""
         from oxinfer.runtime.cpu_graph import CpuGraph
         from oxinfer.runtime.graph_ops import graph_refuses
 
         reason = "int8 kernels off" if not self.int8 else graph_refuses(model)
         if reason is None:
             try:
-                self.graph = CpuGraph(model, released, kv_dtype)
+                self.graph = CpuGraph(model, released, kv_dtype, prompts)
             except Exception as e:  # noqa: BLE001 - an onnxruntime without these ops: a kernel per matrix
                 reason = repr(e)
         if reason is not None:

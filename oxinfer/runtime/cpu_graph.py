@@ -71,10 +71,11 @@ class _Rows:
 
 
 class CpuGraph:
-    def __init__(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None):
+    def __init__(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None,
+                 prompts: str = "auto"):
         """released(data): told once a matrix's bytes are converted (a memory-mapped file may drop
         their pages while the rest are), released(None) once all are. kv_dtype: the KV pool's
-        keys and values (default KV_DTYPE)."""
+        keys and values (default KV_DTYPE). prompts: who runs long prompts (cpu_prompts.CHOICES)."""
         t0 = time.perf_counter()
         blockwise.set_up_threads()
         self.model, cfg = model, model.cfg
@@ -96,7 +97,7 @@ class CpuGraph:
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        refused = cpu_prompts.refuses(model)
+        refused = cpu_prompts.refuses(model, prompts)
         self.prompts = None if refused else cpu_prompts.OpenVinoPrompts(model, lambda m: _converted(m, released, False))
         if refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=refused, action="prompts run in onnxruntime's graph")

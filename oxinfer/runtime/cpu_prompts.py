@@ -49,16 +49,31 @@ PROMPT_ROWS = 512
 PRECISION: str | None = None
 
 
-def refuses(model) -> str | None:
-    """Why prompts of this model stay onnxruntime's (None: OpenVINO takes them)."""
+CHOICES = ("auto", "openvino", "onnxruntime")  # Engine.load(cpu_prompts=)
+
+
+def check_choice(choice: str) -> None:
+    if choice not in CHOICES:
+        raise ValueError(f"cpu_prompts {choice!r}: expected one of {', '.join(CHOICES)}")
+
+
+def refuses(model, choice: str = "auto") -> str | None:
+    """Why prompts of this model stay onnxruntime's (None: OpenVINO takes them). choice "openvino"
+    raises ValueError where it cannot (the reason), "onnxruntime" always refuses."""
+    check_choice(choice)
     cfg = model.cfg
-    if os.environ.get("OXINFER_OPENVINO", "").strip() == "0":
+    if choice == "onnxruntime":
+        return "cpu_prompts='onnxruntime'"
+    if choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() == "0":
         return "OXINFER_OPENVINO=0"
+    reason = None
     if not installed():
-        return "openvino is not installed"
-    if cfg.layer_windows and any(cfg.layer_windows) or cfg.attn_softcap:
-        return "attention windows or soft caps"
-    return None
+        reason = "openvino is not installed (pip install 'oxinfer[openvino]')"
+    elif cfg.layer_windows and any(cfg.layer_windows) or cfg.attn_softcap:
+        reason = "attention windows or soft caps"
+    if reason and choice == "openvino":
+        raise ValueError(f"cpu_prompts='openvino': {reason}")
+    return reason
 
 
 def installed() -> bool:
