@@ -14,7 +14,7 @@ from oxinfer.bench import add_bench_parser, bench_command
 from oxinfer.errors import OxinferError
 from oxinfer.logs import configure_logging
 from oxinfer.serve_ray.cli import add_ray_arguments, refuse_ray_flags, serve_on_ray  # no ray until it runs
-from oxinfer.server.cli import KV_CACHE_DTYPE_HELP, add_serve_parser, serve_command  # needs no server extra until it runs
+from oxinfer.server.cli import CPU_PROMPTS, KV_CACHE_DTYPE_HELP, add_serve_parser, serve_command  # needs no server extra until it runs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
                      help="where matmuls run (auto: a real GPU when there is one, else the CPU)")
     run.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply (default: the model's context)")
     run.add_argument("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)
+    run.add_argument("--cpu-prompts", **CPU_PROMPTS)
 
     tok = sub.add_parser("tokenize", help="print the token ids of a text as JSON")
     tok.add_argument("text")
@@ -71,7 +72,7 @@ async def _run(args) -> None:
                             **{k: v for k, v in sampling.items() if v is not None})
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size,
-                               kv_cache_dtype=args.kv_cache_dtype)
+                               kv_cache_dtype=args.kv_cache_dtype, cpu_prompts=args.cpu_prompts)
     generated = 0
 
     async def reply(prompt) -> str:

@@ -81,8 +81,9 @@ def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
     assert fixed.replica_options()["max_ongoing_requests"] == 4 + 2
     assert fixed.replica_options()["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
     # the engine's own flags reach each replica's Engine.load (--kv-mib was dropped before)
-    engine_flags = config("--kv-mib", "64", "--ctx-size", "512", "--kv-cache-dtype", "f16")
+    engine_flags = config("--kv-mib", "64", "--ctx-size", "512", "--kv-cache-dtype", "f16", "--cpu-prompts", "onnxruntime")
     assert (engine_flags.kv_bytes, engine_flags.context_length, engine_flags.kv_cache_dtype) == (64 << 20, 512, "f16")
+    assert engine_flags.cpu_prompts == "onnxruntime" and config().cpu_prompts == "auto"
     scaled = config("--replicas", "2", "--max-replicas", "5").replica_options()
     assert scaled["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 5, "target_ongoing_requests": 16}
     assert "num_replicas" not in scaled
@@ -219,3 +220,21 @@ def test_run_without_a_prompt_is_a_chat():
     assert "Paris" in r.stdout and "Rome" in r.stdout
     prompts = [int(line.split()[1]) for line in r.stderr.splitlines() if line.startswith("-- ") and "prompt tokens" in line]
     assert len(prompts) == 2 and prompts[1] > prompts[0] + 15  # (the first exchange, then the question)
+
+
+@pytest.mark.parametrize("command", [["run", "hi"], ["serve"]])
+def test_cpu_prompts_reaches_the_engine_s_load(monkeypatch, command):
+    """`--cpu-prompts` of `run` and `serve` is Engine.load's cpu_prompts (default auto)."""
+    from oxinfer.cli import main
+    from oxinfer.engine import Engine
+
+    seen = []
+
+    async def load(cls, *a, **kw):
+        seen.append(kw.get("cpu_prompts"))
+        raise ValueError("stopped here")  # (the command ends with it, as with a bad model)
+
+    monkeypatch.setattr(Engine, "load", classmethod(load))
+    for flags in (["--cpu-prompts", "onnxruntime"], []):
+        assert main([command[0], *flags, *command[1:]]) != 0
+    assert seen == ["onnxruntime", "auto"]

@@ -52,7 +52,7 @@ def ray_config(args):
         backend=args.backend,
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, served_model_name=name,
         kv_bytes=args.kv_mib and args.kv_mib << 20, context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype,
-        api_key=args.api_key, replicas=replicas, autoscaling=autoscaling,
+        cpu_prompts=args.cpu_prompts, api_key=args.api_key, replicas=replicas, autoscaling=autoscaling,
         replica_cpus=1.0 if args.replica_cpus is None else args.replica_cpus)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from oxinfer.models.kv_cache import kv_cache_dtype
+from oxinfer.runtime.cpu_prompts import check_choice
 from oxinfer.runtime.select import BACKENDS
 from oxinfer.server.app import MAX_BODY_BYTES
 
@@ -23,8 +24,8 @@ class RayServeConfig:
 
     model: the absolute path of a .gguf or HF directory, the same on every node (replicas run in
     other directories, maybe on other machines); None: the default SmolLM2 of each node's install.
-    backend, max_concurrent, max_queue, kv_bytes, context_length, kv_cache_dtype: each replica's `Engine.load`
-    arguments. max_concurrent is
+    backend, max_concurrent, max_queue, kv_bytes, context_length, kv_cache_dtype, cpu_prompts: each
+    replica's `Engine.load` arguments. max_concurrent is
     also Serve's max_ongoing_requests (plus PROBE_SLOTS), so requests beyond it wait in Serve's
     router, where they can still go to any replica, instead of in one engine's queue.
     served_model_name, api_key, max_body_bytes: as for `oxinfer serve` (oxinfer/server/app.py).
@@ -43,6 +44,7 @@ class RayServeConfig:
     kv_bytes: int | None = None
     context_length: int | None = None
     kv_cache_dtype: str | None = None
+    cpu_prompts: str = "auto"
     served_model_name: str | None = None
     api_key: str | None = None
     max_body_bytes: int = MAX_BODY_BYTES
@@ -64,6 +66,7 @@ class RayServeConfig:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         kv_cache_dtype(self.kv_cache_dtype)  # a name it knows
+        check_choice(self.cpu_prompts)
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.replicas is not None and self.autoscaling is not None:

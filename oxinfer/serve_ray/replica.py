@@ -36,7 +36,8 @@ class EngineReplica:
     async def __init__(self, config: RayServeConfig):
         self.engine = await Engine.load(config.model, backend=config.backend, max_concurrent=config.max_concurrent,
                                         max_queue=config.max_queue, kv_bytes=config.kv_bytes,
-                                        context_length=config.context_length, kv_cache_dtype=config.kv_cache_dtype)
+                                        context_length=config.context_length, kv_cache_dtype=config.kv_cache_dtype,
+                                        cpu_prompts=config.cpu_prompts)
         self.app = create_app(self.engine, api_key=config.api_key, model_name=config.served_model_name,
                               max_body_bytes=config.max_body_bytes)
         self.id = serve.get_replica_context().replica_id.unique_id

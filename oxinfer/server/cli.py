@@ -16,6 +16,9 @@ from oxinfer.formats.hub import is_hub_name
 SHUTDOWN_TIMEOUT_S = 25.0
 KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; on the CPU its decode is "
                        "slower; llama.cpp's --cache-type-k f16); default: float32")
+CPU_PROMPTS = dict(choices=["auto", "openvino", "onnxruntime"], default="auto",
+                   help="who runs long prompts (256+ tokens) on the CPU: auto OpenVINO where installed "
+                        "(oxinfer[openvino]), openvino (or an error), onnxruntime")
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -45,6 +48,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--ctx-size", type=int, help="the longest sequence, prompt and reply, of each model (default: "
                                                 "each model's context)")
     p.add_argument("--kv-cache-dtype", help=KV_CACHE_DTYPE_HELP)
+    p.add_argument("--cpu-prompts", **CPU_PROMPTS)
     p.add_argument("--served-model-name", action="append",
                    help="the model id clients use (default: the file's stem or the hub name); once for each --model")
     p.add_argument("--memory-mib", type=int,
@@ -76,7 +80,8 @@ async def run_serve(args) -> None:
     async def load(source):
         return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
                                  max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20,
-                                 context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype)
+                                 context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype,
+                                 cpu_prompts=args.cpu_prompts)
 
     first = await load(sources[0])  # the default model loads now: a bad first model stops here
     models = [ServedModel(names[0] if names else first.model_name, sources[0], engine=first)]
