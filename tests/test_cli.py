@@ -227,6 +227,7 @@ def test_cpu_prompts_reaches_the_engine_s_load(monkeypatch, command):
     """`--cpu-prompts` of `run` and `serve` is Engine.load's cpu_prompts (default auto)."""
     from oxinfer.cli import main
     from oxinfer.engine import Engine
+    from oxinfer.logs import configure_logging
 
     seen = []
 
@@ -235,6 +236,9 @@ def test_cpu_prompts_reaches_the_engine_s_load(monkeypatch, command):
         raise ValueError("stopped here")  # (the command ends with it, as with a bad model)
 
     monkeypatch.setattr(Engine, "load", classmethod(load))
-    for flags in (["--cpu-prompts", "onnxruntime"], []):
-        assert main([command[0], *flags, *command[1:]]) != 0
+    try:
+        for flags in (["--cpu-prompts", "onnxruntime"], []):
+            assert main([command[0], *flags, *command[1:]]) != 0
+    finally:  # main set the process's logging to its --log-level (warning): the suite's info events back
+        configure_logging("INFO")
     assert seen == ["onnxruntime", "auto"]
