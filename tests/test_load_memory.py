@@ -45,6 +45,25 @@ async def test_the_gguf_pages_leave_once_the_cpu_kernels_hold_the_weights(tmp_pa
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
+async def test_the_cpu_graph_reads_embedding_rows_from_the_file_not_its_map(tmp_path):
+    """A 200-token prompt and its decode steps look up their rows with pread (formats/file_rows.py):
+    the same rows the map holds, and none of the file's pages come back into the process (through
+    the map, each row's fault mapped the page-cache folio around it: the default model's whole 29
+    MiB table after 128 rows)."""
+    path = write_tiny_llama(tmp_path / "tiny.gguf", d=256, d_ff=512, extra_vocab=30000, context=512).resolve()
+    async with await oxinfer.Engine.load(path) as e:
+        graph, table = e.scheduler.cpu.graph, e.scheduler.cpu.graph.embed
+        rows = np.random.default_rng(1).integers(0, table.n_out, 200)
+        assert np.array_equal(graph._looked_up(rows), table.codec.dequantize(np.array(table.data[rows]), table.n_in))
+        blockwise.drop_mapped(str(path))  # (the check's own reads through the map)
+        r = await e.generate(rows.tolist(), oxinfer.SamplingParams(max_tokens=8, ignore_eos=True))
+        assert len(r.token_ids) == 8
+        assert _mapped_rss_kib(path) * 1024 < table.nbytes / 20
+        with pytest.raises(IndexError, match=f"row {table.n_out} of a table of {table.n_out} rows"):
+            graph._embed_rows(np.array([table.n_out]))
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
 async def test_an_hf_directory_s_bf16_pages_leave_once_int8_kernels_hold_the_weights(tmp_path):
     """bf16 weights are requantized to the int8 kernels' blocks (float32 would double them), and
     the safetensors file's pages leave as each kernel takes its weights, as a GGUF's do."""

@@ -54,7 +54,8 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if device is None:
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv, cpu_prompts):
+        rows = getattr(f, "row_reader", None)  # (the CPU graph reads the embedding's rows from the file)
+        if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv, cpu_prompts, rows):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
             release()  # the embedding's rows come back one page at a time, as tokens need them

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from oxinfer.errors import ModelFormatError, UnsupportedQuantError
+from oxinfer.formats.file_rows import FileRows, file_rows
 from oxinfer.formats.quants import QuantMatrix, codec
 
 GGUF_MAGIC = b"GGUF"
@@ -123,6 +124,7 @@ class GGUFFile:
         metadata, every shard tensors of its own); its shards are read together."""
         self.path = Path(path)
         self._maps: list[mmap.mmap] = []
+        self._paths: list[Path] = []  # each map's file
         self._tensors: dict[str, TensorInfo] = {}
         self._read: set[str] = set()  # the tensors read (unread())
         self._dropped = False  # drop_metadata()
@@ -166,6 +168,7 @@ class GGUFFile:
                 raise ModelFormatError(f"{path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self._maps.append(mapped)
+        self._paths.append(path)
         c = _Cursor(memoryview(mapped), path)
         c.at = 4
         version = c.unpack("I")
@@ -245,6 +248,10 @@ class GGUFFile:
                     continue  # not this file's bytes (another shard's, a fused copy, a reordered matrix)
             start -= start % mmap.PAGESIZE  # a page shared with a neighbour is read back when needed
             mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+    def row_reader(self, data: np.ndarray) -> FileRows | None:
+        """`data`'s rows read with pread, out of the map (formats/file_rows.py), where it lies in this file."""
+        return file_rows(list(zip(self._maps, self._paths)), data)
 
     def has_tensor(self, name: str) -> bool:
         return name in self._tensors

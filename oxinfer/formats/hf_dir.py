@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from oxinfer.errors import ModelFormatError, UnsupportedQuantError
+from oxinfer.formats.file_rows import FileRows, file_rows
 from oxinfer.formats.quants import QuantMatrix, codec
 from oxinfer.logs import get_logger
 
@@ -191,6 +192,11 @@ class HFDirectory:
         int8), the files' pages are RSS held for nothing (SmolLM2-135M in bf16: 257 MiB)."""
         for f in {id(f): f for f in self._where.values()}.values():
             f.release_pages(data)
+
+    def row_reader(self, data: np.ndarray) -> FileRows | None:
+        """As GGUFFile.row_reader."""
+        files = {id(f): f for f in self._where.values()}.values()
+        return file_rows([(f._mmap, f.path) for f in files if f._mmap is not None], data)
 
     # --- GGUF names -----------------------------------------------------------------------
     def hf_name(self, name: str) -> str:

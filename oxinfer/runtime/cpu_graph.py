@@ -22,8 +22,8 @@ values back to float32 every step: one sequence's decode step 10-14% longer on t
 
 Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`: its peak RSS
 812 -> ~390-400 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
-a prompt's run the arena gives back its activations, the embedding rows' file pages go once
-looked up, onnxruntime's map of the weights file lets go of the pages it packed, and first
+a prompt's run the arena gives back its activations, the embedding's rows are read from the file
+(formats/file_rows.py) without mapping its pages, onnxruntime's map of the weights file lets go of the pages it packed, and first
 prompts' scratch keys and values are a map of their own.
 """
 
@@ -53,8 +53,6 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
-RELEASE_ROWS = 64  # the embedding's file pages dropped after this many rows read (a row's fault maps ~16 pages:
-# up to 4 MiB between drops; dropping them every decode step cost ~0.06 ms of a 8.8 ms step)
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
 
 
@@ -72,10 +70,11 @@ class _Rows:
 
 class CpuGraph:
     def __init__(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None,
-                 prompts: str = "auto"):
+                 prompts: str = "auto", row_reader: Callable[[np.ndarray], Callable | None] | None = None):
         """released(data): told once a matrix's bytes are converted (a memory-mapped file may drop
         their pages while the rest are), released(None) once all are. kv_dtype: the KV pool's
-        keys and values (default KV_DTYPE). prompts: who runs long prompts (cpu_prompts.CHOICES)."""
+        keys and values (default KV_DTYPE). prompts: who runs long prompts (cpu_prompts.CHOICES).
+        row_reader(data): the embedding's rows read from its file (formats/file_rows.py), or None."""
         t0 = time.perf_counter()
         blockwise.set_up_threads()
         self.model, cfg = model, model.cfg
@@ -91,7 +90,7 @@ class CpuGraph:
         blockwise.trim_heap()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
-        self._rows_read = 0  # embedding rows read since its pages were last dropped
+        self._embed_rows = row_reader(self.embed.data) if row_reader is not None else None
         self._lock = threading.Lock()  # one run at a time (a step run ahead, or the engine's)
         # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
@@ -177,12 +176,11 @@ class CpuGraph:
         return logits
 
     def _looked_up(self, s: np.ndarray) -> np.ndarray:
-        """The embedding's rows of tokens s; the rows' file pages dropped every RELEASE_ROWS rows."""
-        self._rows_read += len(s)
-        if self._released is not None and self._rows_read >= RELEASE_ROWS:  # the rows' file pages,
-            self._released(self.embed.data)  # and the ~16 around each that a fault maps
-            self._rows_read = 0
-        return self.embed.dequantize(s)
+        """The embedding's rows of tokens s: read from the model's file where it lies there (its map
+        would keep the pages around each row: the default model's whole table after 128 rows)."""
+        if self._embed_rows is None:
+            return self.embed.dequantize(s)
+        return self.embed.codec.dequantize(self._embed_rows(s), self.embed.n_in)
 
     def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool) -> np.ndarray:
         """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
