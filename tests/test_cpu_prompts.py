@@ -24,6 +24,7 @@ PROMPT = np.random.default_rng(3).integers(3, 250, 85)  # (two parts of at least
 def _openvino(monkeypatch):
     monkeypatch.setenv("OXINFER_OPENVINO", "1")
     monkeypatch.setattr(cpu_prompts, "MIN_ROWS", 32)  # (the tiny models' contexts are 64-128 positions)
+    monkeypatch.setattr(cpu_prompts, "RUN_ROWS", 32)
 
 
 async def _logits(engine, graph: bool) -> list[np.ndarray]:
@@ -92,12 +93,31 @@ async def test_short_prompts_compile_nothing_and_the_refused_stay_onnxruntime_s(
     (Gemma 2) and OXINFER_OPENVINO=0 leave the prompts to onnxruntime's graph, saying why."""
     engine = await oxinfer.Engine.load(None)
     await engine.steps.cpu.prefill(np.arange(300, 300 + cpu_prompts.MIN_ROWS - 1), engine.steps.cpu.new_cache(64))
-    assert engine.scheduler.cpu.graph.prompts._request is None
+    assert not engine.scheduler.cpu.graph.prompts._built
     gemma = await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"))
     assert gemma.scheduler.cpu.graph.prompts is None
     assert cpu_prompts.refuses(gemma.model) == "attention windows or soft caps"
     monkeypatch.setenv("OXINFER_OPENVINO", "0")
     assert (await oxinfer.Engine.load(None)).scheduler.cpu.graph.prompts is None
+
+
+async def test_a_step_of_prompts_long_together_compiles_it_then_runs_of_run_rows_go_there(monkeypatch):
+    """MIN_ROWS 64, RUN_ROWS 32: a first prompt of 40 tokens alone leaves OpenVINO uncompiled (its
+    logits onnxruntime's); two of 40 in one step hold 80 rows and compile it; from then on a prompt
+    of 40 alone is OpenVINO's (its logits differ from onnxruntime's: bf16 or float32 products
+    against int8 ones), one of 31 stays onnxruntime's (bit for bit the uncompiled engine's)."""
+    monkeypatch.setattr(cpu_prompts, "MIN_ROWS", 64)
+    rng = np.random.default_rng(11)
+    forty, short = rng.integers(300, 40000, 40), rng.integers(300, 40000, 31)
+    engine = await oxinfer.Engine.load(None)
+    graph, cpu = engine.scheduler.cpu.graph, engine.steps.cpu
+    ort_forty = graph.run([forty], [cpu.new_cache(64)])
+    ort_short = graph.run([short], [cpu.new_cache(64)])
+    assert not graph.prompts._built
+    graph.run([forty, rng.integers(300, 40000, 40)], [cpu.new_cache(64), cpu.new_cache(64)])
+    assert graph.prompts._request is not None
+    assert not np.array_equal(graph.run([forty], [cpu.new_cache(64)]), ort_forty)
+    assert np.array_equal(graph.run([short], [cpu.new_cache(64)]), ort_short)
 
 
 async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):

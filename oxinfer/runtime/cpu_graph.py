@@ -153,12 +153,12 @@ class CpuGraph:
 
     def _runs(self, seqs, caches, starts) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
+        openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
-            long = [i for i in rows if len(seqs[i]) >= cpu_prompts.MIN_ROWS] if self.prompts is not None else []
-            if long and self.prompts.ready():
-                for i in long:
-                    out[i] = self._prompt(seqs[i], caches[i], starts[i])
-                rows = [i for i in rows if i not in long]
+            long = [i for i in rows if len(seqs[i]) >= cpu_prompts.RUN_ROWS] if openvino else []
+            for i in long:
+                out[i] = self._prompt(seqs[i], caches[i], starts[i])
+            rows = [i for i in rows if i not in long]
             if rows:
                 out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
         return out

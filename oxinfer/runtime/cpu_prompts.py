@@ -15,10 +15,11 @@ float32 920 tok/s, 1.5e-6.
 
 A sequence's prompt rows run alone (OpenVINO's GroupQueryAttention takes one sequence), after the
 keys its lane holds (a cached prefix, an earlier chunk: copied out for the run), so its logits are
-the same whatever else runs. Runs of fewer than MIN_ROWS rows (decode steps among them), and models
-whose attention has windows or soft caps (untested there), stay onnxruntime's. OpenVINO compiles
-when the first run of MIN_ROWS rows comes, which waits for it (the default model: ~1.7 s on the
-2-core VM); a model that never sees one pays nothing.
+the same whatever else runs. OpenVINO compiles at the first step whose prompt runs of RUN_ROWS rows
+or more hold MIN_ROWS rows together (one long prompt, or many short ones at once), which waits for
+it (the default model: ~1.7 s on the 2-core VM); a model that never sees one pays nothing. From
+then on every prompt run of RUN_ROWS rows or more is OpenVINO's; shorter runs (decode steps among
+them), and models whose attention has windows or soft caps (untested there), stay onnxruntime's.
 """
 
 from __future__ import annotations
@@ -36,10 +37,16 @@ from oxinfer.runtime.graph_ops import GraphOps
 
 log = get_logger("oxinfer.runtime")
 
-# runs of fewer rows stay onnxruntime's: a chat turn's prompt never pays OpenVINO's compile (~1.7 s
-# for the default model on 2 cores, against onnxruntime's ~0.06 s for its ~40 tokens) nor its
-# memory (the default model's peak RSS +~300 MiB); a prompt this long gains from the first run on
+# OpenVINO compiles at the first step whose prompt runs of RUN_ROWS rows or more hold this many rows
+# together: a chat turn's prompt never pays its compile (~1.7 s for the default model on 2 cores,
+# against onnxruntime's ~0.06 s for its ~40 tokens) nor its memory (the default model's peak RSS
+# +~300 MiB); a step this long gains from the first run on
 MIN_ROWS = 256
+# once compiled, a sequence's prompt run of this many rows or more is OpenVINO's: on the 2-core VM
+# (the default model, a first prompt alone, ms) 32 rows onnxruntime 70-76 / OpenVINO 74-97, 64 rows
+# 125-141 / 69-123, 128 rows 225-229 / 110-145; 16 first prompts of 128 tokens in one step got their
+# first tokens after 3.4-4.0 s in onnxruntime's runs of 512 rows, 1.3-1.6 s one by one in OpenVINO's
+RUN_ROWS = 64
 # a prompt's rows a run takes (CpuExecutor.prompt_rows; llama.cpp's n_ubatch): OpenVINO's attention
 # holds a head's scores for every row and key at once (2,048 rows: ~175 MiB more of the default
 # model's RSS than 512)
@@ -91,6 +98,12 @@ class OpenVinoPrompts:
         self._request = None  # OpenVINO's infer request, once compiled
         self._names: dict[str, int] = {}  # its outputs' indices by name
         self._built = False
+
+    def takes(self, lengths: list[int]) -> bool:
+        """Whether a step's prompt runs (lengths: its sequences' rows) of RUN_ROWS rows or more go
+        to OpenVINO: once compiled, yes; before, compiled now where they hold MIN_ROWS rows."""
+        rows = sum(n for n in lengths if n >= RUN_ROWS)
+        return rows > 0 and (self._built or rows >= MIN_ROWS) and self.ready()
 
     def ready(self) -> bool:
         """Whether it runs prompts: compiled now if not yet (False if OpenVINO refused the graph)."""
