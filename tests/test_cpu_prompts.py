@@ -122,13 +122,24 @@ async def test_a_step_of_prompts_long_together_compiles_it_then_runs_of_run_rows
 
 async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):
     """Engine.load(cpu_prompts=): "onnxruntime" never compiles OpenVINO; "openvino" wins over
-    OXINFER_OPENVINO=0, and where it cannot run (not installed; Gemma 2's windows and soft caps) the
-    load fails saying why; an unknown name fails before anything loads."""
+    OXINFER_OPENVINO=0 and over the memory check, and where it cannot run (not installed; Gemma 2's
+    windows and soft caps) the load fails saying why; "auto" leaves it out where its memory would
+    take over half of what the machine has available; an unknown name fails before anything loads."""
     assert (await oxinfer.Engine.load(None, cpu_prompts="onnxruntime")).scheduler.cpu.graph.prompts is None
     monkeypatch.setenv("OXINFER_OPENVINO", "0")
     assert (await oxinfer.Engine.load(None, cpu_prompts="openvino")).scheduler.cpu.graph.prompts is not None
     with pytest.raises(ValueError, match="attention windows or soft caps"):
         await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"), cpu_prompts="openvino")
+    monkeypatch.delenv("OXINFER_OPENVINO")
+    engine = await oxinfer.Engine.load(None, cpu_prompts="openvino")
+    need = cpu_prompts.memory_mib(engine.model)
+    assert 200 + 2.5 * 60 < need < 200 + 2.5 * 100  # (the default model's matrices: ~92 MiB, its embedding among them)
+    monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 2 * need - 1)
+    assert "would take over half of the" in cpu_prompts.refuses(engine.model)
+    assert (await oxinfer.Engine.load(None)).scheduler.cpu.graph.prompts is None
+    assert cpu_prompts.refuses(engine.model, "openvino") is None  # (asked for: taken anyway)
+    monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 2 * need + 1)
+    assert cpu_prompts.refuses(engine.model) is None
     monkeypatch.setattr(cpu_prompts, "installed", lambda: False)
     with pytest.raises(ValueError, match=r"openvino is not installed \(pip install 'oxinfer\[openvino\]'\)"):
         await oxinfer.Engine.load(None, cpu_prompts="openvino")

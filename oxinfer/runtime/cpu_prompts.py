@@ -57,6 +57,11 @@ PRECISION: str | None = None
 
 
 CHOICES = ("auto", "openvino", "onnxruntime")  # Engine.load(cpu_prompts=)
+# once compiled OpenVINO holds the weights again, and more: the default model +~450 MiB of RSS for
+# its 92 MiB of weights (~100 of it OpenVINO's libraries), the 1.1B shape +1.5 GiB for ~620 MiB
+# (docs/cpu_graph.md). "auto" takes it only where this estimate is at most half of the memory the
+# machine has available at the load: an 8B model's ~4.5 GiB would want ~11 GiB more
+COPY_FACTOR, COPY_FIXED_MIB = 2.5, 200
 
 
 def check_choice(choice: str) -> None:
@@ -78,9 +83,30 @@ def refuses(model, choice: str = "auto") -> str | None:
         reason = "openvino is not installed (pip install 'oxinfer[openvino]')"
     elif cfg.layer_windows and any(cfg.layer_windows) or cfg.attn_softcap:
         reason = "attention windows or soft caps"
+    elif choice == "auto" and (free := available_mib()) is not None and (need := memory_mib(model)) > free / 2:
+        reason = (f"its memory (~{need:,.0f} MiB more, for this model's weights) would take over half of the "
+                  f"{free:,.0f} MiB available; cpu_prompts='openvino' takes it anyway")
     if reason and choice == "openvino":
         raise ValueError(f"cpu_prompts='openvino': {reason}")
     return reason
+
+
+def memory_mib(model) -> float:
+    """The RSS OpenVINO's compile of this model is expected to add (COPY_FACTOR, COPY_FIXED_MIB)."""
+    bases = {id(m.base or m): m.base or m for m in model.matrices()}.values()
+    return COPY_FIXED_MIB + COPY_FACTOR * sum(b.n_out * b.codec.row_bytes(b.n_in) for b in bases) / 2**20
+
+
+def available_mib() -> float | None:
+    """The machine's available memory (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def installed() -> bool:
