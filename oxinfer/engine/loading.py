@@ -54,11 +54,11 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
     if device is None:
         if release:
             release()  # the pages fusing q/k/v and gate/up read
-        rows = getattr(f, "row_reader", None)  # (the CPU graph reads the embedding's rows from the file)
+        rows = getattr(f, "row_reader", None)
         if scheduler.gpu is not None or not scheduler.cpu.build_graph(model, release, kv, cpu_prompts, rows):
             scheduler.cpu.upload_all(model.matrices(), release)
         if release:
-            release()  # the embedding's rows come back one page at a time, as tokens need them
+            release()  # (the CPU graph reads the embedding's rows with pread; kernels map them back as tokens need them)
     elif release:
         release()  # the header's and the vectors' pages too: the device holds the weights
     held = device.kv_dtype if device is not None else model.kv_dtype  # (the CPU graph sets the model's as it builds)

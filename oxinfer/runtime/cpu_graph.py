@@ -23,8 +23,8 @@ values back to float32 every step: one sequence's decode step 10-14% longer on t
 Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`: its peak RSS
 812 -> ~390-400 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
 a prompt's run the arena gives back its activations, the embedding's rows are read from the file
-(formats/file_rows.py) without mapping its pages, onnxruntime's map of the weights file lets go of the pages it packed, and first
-prompts' scratch keys and values are a map of their own.
+(formats/file_rows.py) without mapping its pages, onnxruntime's map of the weights file lets go of
+the pages it packed, and first prompts' scratch keys and values are a map of their own.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ log = get_logger("oxinfer.runtime")
 
 # OpenVINO compiles at the first step whose prompt runs of RUN_ROWS rows or more hold this many rows
 # together: a chat turn's prompt never pays its compile (~1.7 s for the default model on 2 cores,
-# against onnxruntime's ~0.06 s for its ~40 tokens) nor its memory (the default model's peak RSS
-# +~300 MiB); a step this long gains from the first run on
+# against onnxruntime's ~0.06 s for its ~40 tokens) nor its memory (COPY_FACTOR's note); a step
+# this long gains from the first run on
 MIN_ROWS = 256
 # once compiled, a sequence's prompt run of this many rows or more is OpenVINO's: on the 2-core VM
 # (the default model, a first prompt alone, ms) 32 rows onnxruntime 70-76 / OpenVINO 74-97, 64 rows
