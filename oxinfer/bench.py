@@ -45,6 +45,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--backend", default="cpu", choices=["cpu", "webgpu", "auto"])
     b.add_argument("--kv-cache-dtype", default="auto", help="oxinfer's keys and values: float32 or float16 "
                    "(llama.cpp's default cache type is f16); default: float32")
+    b.add_argument("--cpu-prompts", default="auto", choices=["auto", "openvino", "onnxruntime"],
+                   help="who runs the CPU's long prompts (Engine.load's cpu_prompts)")
     b.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--gen-tokens", type=int, default=128, help="tokens decoded per stream")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")
@@ -61,13 +63,14 @@ def add_bench_parser(sub) -> None:
 
 # --- the workers (each in its own process) ------------------------------------------------------
 async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int, conc: list[int],
-                          kv_cache_dtype: str = "auto") -> dict:
+                          kv_cache_dtype: str = "auto", cpu_prompts: str = "auto") -> dict:
     import anyio
 
     import oxinfer
 
     t0 = time.perf_counter()
-    engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc), kv_cache_dtype=kv_cache_dtype)
+    engine = await oxinfer.Engine.load(model, backend=backend, max_concurrent=max(conc), kv_cache_dtype=kv_cache_dtype,
+                                       cpu_prompts=cpu_prompts)
     out = {"load_s": time.perf_counter() - t0}
     vocab = engine.config.vocab_size
     await engine.generate(prompt_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
@@ -93,15 +96,15 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
 
 
 def _worker_main(argv: list[str]) -> None:
-    """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC [KV_CACHE_DTYPE]: one oxinfer run, JSON
-    last."""
+    """python -m oxinfer.bench --worker MODEL BACKEND PROMPTS GEN CONC [KV_CACHE_DTYPE [CPU_PROMPTS]]: one
+    oxinfer run, JSON last."""
     import anyio
 
     from oxinfer.logs import configure_logging
 
     configure_logging("WARNING")
     model, backend, prompts, gen, conc = argv[0], argv[1], json.loads(argv[2]), int(argv[3]), json.loads(argv[4])
-    out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc, *argv[5:6])
+    out = anyio.run(_oxinfer_worker, model, backend, prompts, gen, conc, *argv[5:7])
     out["peak_rss_mib"] = peak_rss_mib()
     print(json.dumps(out))
 
@@ -178,7 +181,7 @@ def run_bench(args) -> list[dict]:
             # (engine, mode) -> command; mode None for oxinfer, a bench_llama mode for llama.cpp
             cmds = {("oxinfer", None): [sys.executable, "-m", "oxinfer.bench", "--worker", path, args.backend,
                                         json.dumps(prompts), str(args.gen_tokens), json.dumps(conc),
-                                        args.kv_cache_dtype]}
+                                        args.kv_cache_dtype, args.cpu_prompts]}
             if llama_py:
                 for mode, cmd in llama_runs(llama_py, llama_bin, path, prompts, args.gen_tokens, conc,
                                             args.threads).items():
@@ -191,7 +194,8 @@ def run_bench(args) -> list[dict]:
                     runs[e, mode].append(_run(cmd, mode))
                     bar.update(1)
             for (e, mode), done in runs.items():
-                kv = {"kv_cache_dtype": args.kv_cache_dtype} if e == "oxinfer" and args.kv_cache_dtype != "auto" else {}
+                kv = {k: v for k, v in (("kv_cache_dtype", args.kv_cache_dtype), ("cpu_prompts", args.cpu_prompts))
+                      if e == "oxinfer" and v != "auto"}
                 rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu", **kv,
                              **({"mode": mode} if mode else {}), "repeats": args.repeats, **_summary(done)})
         if bar:
@@ -209,6 +213,7 @@ def _metrics(r: dict) -> list[str]:
 
 def _label(r: dict) -> str:
     kv = f", kv {r['kv_cache_dtype']}" if r.get("kv_cache_dtype") else ""
+    kv += f", prompts {r['cpu_prompts']}" if r.get("cpu_prompts") else ""
     return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''}{kv})"
 
 

@@ -27,12 +27,19 @@ async def test_the_worker_measures_every_metric(tiny):
     assert all(v > 0 for v in out.values())
 
 
-@pytest.mark.parametrize("kv", [[], ["f16"]])
+@pytest.mark.parametrize("kv", [[], ["f16"], ["auto", "onnxruntime"]])
 def test_a_worker_process_prints_its_json_last(tiny, kv):
     cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", str(tiny), "cpu", "[16]", "3", "[2]", *kv]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True)
     row = json.loads(out.stdout.strip().splitlines()[-1])
     assert row["peak_rss_mib"] > 0 and row["aggregate_tps@2"] > 0
+
+
+def test_a_worker_passes_cpu_prompts_to_the_load(tiny):
+    """(an unknown name reaches Engine.load, which refuses it: the worker fails saying why)"""
+    cmd = [sys.executable, "-m", "oxinfer.bench", "--worker", str(tiny), "cpu", "[16]", "3", "[2]", "auto", "ov"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "cpu_prompts 'ov': expected one of auto, openvino, onnxruntime" in out.stderr
 
 
 def test_a_bench_refuses_a_kv_cache_dtype_before_it_runs(tiny):
