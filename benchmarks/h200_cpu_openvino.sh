@@ -6,7 +6,8 @@
 # Carry [".whlcpu", ".ortwhl", ".ovpkg", ".lcp"] (61.5 MiB with the tree): .whlcpu is .whl without
 # wgpu (the CPU rows never import it), .ortwhl onnxruntime 1.32's cp312 wheel, .ovpkg the trimmed
 # OpenVINO (docs/cpu_graph.md says how it was made), .lcp the trimmed llama-cpp-python sdist
-# (h200_llamacpp_cpu.sh's header). OV="1 0": the settings run, in that order. Outputs in $OUT.
+# (h200_llamacpp_cpu.sh's header). OV="1 0": the settings run, in that order; SYN (135m,1b) and CONC
+# (1,32): the bench's shapes and stream counts. Outputs in $OUT.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whlcpu/*.whl .ortwhl/*.whl || exit 1
@@ -18,6 +19,6 @@ python3 -c "import onnxruntime, openvino, numpy; print('onnxruntime', onnxruntim
 for ov in ${OV:-1 0}; do
   echo "== OXINFER_OPENVINO=$ov"
   OXINFER_OPENVINO=$ov timeout ${BENCH_S:-200} python3 -c "import sys; from oxinfer.cli import main; sys.exit(main())" bench \
-    --synthetic 135m,1b --backend cpu --repeats 1 --prompt-tokens 512 --gen-tokens 64 --concurrency 1,32 \
+    --synthetic ${SYN:-135m,1b} --backend cpu --repeats 1 --prompt-tokens 512 --gen-tokens 64 --concurrency ${CONC:-1,32} \
     --json $OUT/oxinfer_ov$ov.json 2>&1 | grep -E "^\||error|Error" | tail -6
 done
