@@ -61,6 +61,11 @@ async def test_the_cpu_graph_reads_embedding_rows_from_the_file_not_its_map(tmp_
         assert _mapped_rss_kib(path) * 1024 < table.nbytes / 20
         with pytest.raises(IndexError, match=f"row {table.n_out} of a table of {table.n_out} rows"):
             graph._embed_rows(np.array([table.n_out]))
+    write_tiny_hf(tmp_path / "m", d=256, d_ff=512, dtype="BF16")  # an HF directory's table: from its safetensors file
+    async with await oxinfer.Engine.load(tmp_path / "m") as e:
+        graph, table = e.scheduler.cpu.graph, e.scheduler.cpu.graph.embed
+        assert graph._embed_rows is not None and graph._embed_rows.path.name == "model.safetensors"
+        assert np.array_equal(graph._looked_up(rows[:50] % table.n_out), table.dequantize(rows[:50] % table.n_out))
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's /proc/self/smaps")
