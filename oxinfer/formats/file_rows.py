@@ -42,8 +42,8 @@ class FileRows:
 
 def file_rows(maps: list[tuple[mmap.mmap, Path]], data: np.ndarray) -> FileRows | None:
     """A reader of `data`'s rows where it is a C-contiguous 2-D view of one of these files' maps,
-    else None (a copy in memory, a fused or reordered matrix)."""
-    if data.ndim != 2 or not data.flags.c_contiguous:
+    else None (a copy in memory, a fused or reordered matrix; an OS without preadv: rows through the map)."""
+    if data.ndim != 2 or not data.flags.c_contiguous or not hasattr(os, "preadv"):
         return None
     address = data.__array_interface__["data"][0]
     for mapped, path in maps:
