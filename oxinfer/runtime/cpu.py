@@ -64,18 +64,18 @@ class CpuBackend:
         return kernel
 
     def build_graph(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None,
-                    prompts: str = "auto", row_reader: Callable | None = None) -> bool:
+                    openvino_refused: str | None = "not asked for", row_reader: Callable | None = None) -> bool:
         """The model's whole step as one onnxruntime graph (runtime/cpu_graph.py), in place of a
         kernel per matrix; False (and the reason logged) when it cannot run here. released: as
         upload_all's `built`; kv_dtype: its keys' and values' (default: the graph's KV_DTYPE);
-        prompts: who runs its long prompts (cpu_prompts.CHOICES); row_reader: as CpuGraph's."""
+        openvino_refused, row_reader: as CpuGraph's."""
         from oxinfer.runtime.cpu_graph import CpuGraph
         from oxinfer.runtime.graph_ops import graph_refuses
 
         reason = "int8 kernels off" if not self.int8 else graph_refuses(model)
         if reason is None:
             try:
-                self.graph = CpuGraph(model, released, kv_dtype, prompts, row_reader)
+                self.graph = CpuGraph(model, released, kv_dtype, openvino_refused, row_reader)
             except Exception as e:  # noqa: BLE001 - an onnxruntime without these ops: a kernel per matrix
                 reason = repr(e)
         if reason is not None:

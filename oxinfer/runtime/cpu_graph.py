@@ -70,10 +70,12 @@ class _Rows:
 
 class CpuGraph:
     def __init__(self, model, released: Callable[[np.ndarray], None] | None = None, kv_dtype=None,
-                 prompts: str = "auto", row_reader: Callable[[np.ndarray], Callable | None] | None = None):
+                 openvino_refused: str | None = "not asked for",
+                 row_reader: Callable[[np.ndarray], Callable | None] | None = None):
         """released(data): told once a matrix's bytes are converted (a memory-mapped file may drop
         their pages while the rest are), released(None) once all are. kv_dtype: the KV pool's
-        keys and values (default KV_DTYPE). prompts: who runs long prompts (cpu_prompts.CHOICES).
+        keys and values (default KV_DTYPE). openvino_refused: why long prompts stay in this graph
+        (cpu_prompts.refuses, at the load), None where OpenVINO takes them.
         row_reader(data): the embedding's rows read from its file (formats/file_rows.py), or None."""
         t0 = time.perf_counter()
         blockwise.set_up_threads()
@@ -96,10 +98,10 @@ class CpuGraph:
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        refused = cpu_prompts.refuses(model, prompts)
-        self.prompts = None if refused else cpu_prompts.OpenVinoPrompts(model, lambda m: _converted(m, released, False))
-        if refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
-            log.info("openvino_prompts_refused", reason=refused, action="prompts run in onnxruntime's graph")
+        self.prompts = None if openvino_refused else cpu_prompts.OpenVinoPrompts(
+            model, lambda m: _converted(m, released, False))
+        if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
+            log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
                  kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3))
