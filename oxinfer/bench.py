@@ -27,6 +27,7 @@ from pathlib import Path
 from oxinfer.bench_llama import (PROMPT, batched_bench_binary, llama_python, llama_runs, parse_batched_bench,
                                  peak_rss_mib, prompt_ids)
 from oxinfer.models.kv_cache import kv_cache_dtype
+from oxinfer.server.cli import CPU_PROMPTS
 
 # name -> write_tiny_llama shape: SmolLM2-135M, TinyLlama-1.1B, Llama-3.2-3B (vocab 32000: the
 # embedding matters little to the speed and a lot to the file)
@@ -45,8 +46,7 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--backend", default="cpu", choices=["cpu", "webgpu", "auto"])
     b.add_argument("--kv-cache-dtype", default="auto", help="oxinfer's keys and values: float32 or float16 "
                    "(llama.cpp's default cache type is f16); default: float32")
-    b.add_argument("--cpu-prompts", default="auto", choices=["auto", "openvino", "onnxruntime"],
-                   help="who runs the CPU's long prompts (Engine.load's cpu_prompts)")
+    b.add_argument("--cpu-prompts", **CPU_PROMPTS)
     b.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--gen-tokens", type=int, default=128, help="tokens decoded per stream")
     b.add_argument("--concurrency", default="1,8,32", help="comma-separated stream counts")

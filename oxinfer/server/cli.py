@@ -17,8 +17,8 @@ SHUTDOWN_TIMEOUT_S = 25.0
 KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; on the CPU its decode is "
                        "slower; llama.cpp's --cache-type-k f16); default: float32")
 CPU_PROMPTS = dict(choices=["auto", "openvino", "onnxruntime"], default="auto",
-                   help="who runs long prompts (256+ tokens) on the CPU: auto OpenVINO where installed "
-                        "(oxinfer[openvino]), openvino (or an error), onnxruntime")
+                   help="who runs the CPU's prompts of 64+ tokens: auto OpenVINO where installed "
+                        "(oxinfer[openvino]) and memory allows, openvino (or an error), onnxruntime")
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
