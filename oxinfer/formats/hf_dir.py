@@ -190,13 +190,16 @@ class HFDirectory:
     def release_pages(self, data: np.ndarray | None = None) -> None:
         """As GGUFFile.release_pages: once the CPU kernels hold their weights (bf16 requantized to
         int8), the files' pages are RSS held for nothing (SmolLM2-135M in bf16: 257 MiB)."""
-        for f in {id(f): f for f in self._where.values()}.values():
+        for f in self._files():
             f.release_pages(data)
 
     def row_reader(self, data: np.ndarray) -> FileRows | None:
         """As GGUFFile.row_reader."""
-        files = {id(f): f for f in self._where.values()}.values()
-        return file_rows([(f._mmap, f.path) for f in files if f._mmap is not None], data)
+        return file_rows([(f._mmap, f.path) for f in self._files() if f._mmap is not None], data)
+
+    def _files(self) -> list[_Safetensors]:
+        """Each safetensors file once."""
+        return list({id(f): f for f in self._where.values()}.values())
 
     # --- GGUF names -----------------------------------------------------------------------
     def hf_name(self, name: str) -> str:
