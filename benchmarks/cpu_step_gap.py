@@ -6,7 +6,7 @@ under the threads OXINFER_CPU_THREADS and taskset give it (the H200 host's 16 co
     OXINFER_CPU_THREADS=14 taskset -c 0-15 python benchmarks/cpu_step_gap.py [--synthetic 135m] [--tokens 200]
         [--streams 1] [--graph-pool global|own] [--ahead 2]
 
---streams N: N streams at once (prompts of 64 tokens), the steps that decode all N counted. On the
+--streams N: N streams at once (prompts of --prompt tokens, 64), the steps that decode all N counted. On the
 2-core dev VM (session 23), the 135M shape: 1 stream 6.6-7.1 ms a run, 0.42-0.49 between (timing
 CpuExecutor.step too: ~0.06 the hop into the worker thread, ~0.19 the loop's wake after it, ~0.17
 the engine's Python); 16 streams 40-49 ms, 1.5-2.1 between; 32 streams 73-80 ms, 2.4-2.6 between.
@@ -45,14 +45,14 @@ async def main(args) -> None:
     path = Path(args.model or Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf")
     if not path.exists():
         write_tiny_llama(path, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[args.synthetic])
-    engine = await oxinfer.Engine.load(path, backend="cpu", max_concurrent=max(16, args.streams))
+    engine = await oxinfer.Engine.load(path, backend="cpu", max_concurrent=max(16, args.streams), cpu_prompts=args.cpu_prompts)
     params = oxinfer.SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
     for k in range(args.rounds + 1):
         spans.clear()
         results = []
 
         async def one(i):
-            results.append(await engine.generate(prompt_ids(64, engine.config.vocab_size, 3 + k * args.streams + i),
+            results.append(await engine.generate(prompt_ids(args.prompt, engine.config.vocab_size, 3 + k * args.streams + i),
                                                  params))
 
         t0 = time.perf_counter()
@@ -78,6 +78,8 @@ if __name__ == "__main__":
     p.add_argument("--tokens", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
+    p.add_argument("--prompt", type=int, default=64, help="each stream's prompt tokens")
+    p.add_argument("--cpu-prompts", default="auto", help="Engine.load(cpu_prompts=): auto, openvino, onnxruntime")
     p.add_argument("--ahead", type=int, default=2, help="cpu_ahead.AHEAD: decode steps run ahead of the engine (0: none)")
     p.add_argument("--graph-pool", choices=["global", "own"], default="global",
                    help="blockwise.GRAPH_POOL: onnxruntime's global pool, or the graph's own (onnxruntime's sizes, pinned)")
