@@ -4,6 +4,8 @@ activations; what cannot be found exactly once is refused with nothing written; 
 cannot take them is built with the minimums beside, as before."""
 
 import asyncio
+import mmap
+import threading
 
 import numpy as np
 import onnxruntime as ort
@@ -73,6 +75,38 @@ def test_two_sessions_of_the_same_matrix_each_get_their_own():
     assert _errors(first, [w], x)[0] < 0.02 < _errors(second, [w], x)[0]
     block_minimums.write(m2, before)
     assert _errors(second, [w], x)[0] < 0.02
+
+
+def test_a_matrix_packed_into_older_memory_is_found_before_maps_that_hold_little(monkeypatch):
+    """A long-lived process (a server that loads again, a test worker) holds maps of many GB that
+    hold little; a small matrix packed into memory mapped before its load (a heap) is found there,
+    the heaps and densest maps searched first, without reading the rest (a 1 GiB map of one page)."""
+    rng = np.random.default_rng(9)
+    w = random_matrix("Q4_1", 64, 256, rng, "older")
+    session, minimums = _products([w])  # packed in this thread's memory
+    sparse = mmap.mmap(-1, 1 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    sparse[0] = 1
+    searched, lines = [], block_minimums._lines
+    monkeypatch.setattr(block_minimums, "_lines", lambda fd, at, size, heads: searched.append(size) or lines(fd, at, size, heads))
+    errors = []
+    # from another thread, after the packing: all of it was mapped before, none of it where this
+    # thread allocates
+    writer = threading.Thread(target=lambda: errors.extend(_write_caught(minimums, block_minimums.snapshot())))
+    writer.start()
+    writer.join()
+    assert not errors
+    x = rng.normal(size=(2, 256)).astype(np.float32)
+    assert _errors(session, [w], x)[0] < 0.02
+    assert 0 < sum(searched) < 1 << 30
+    sparse.close()
+
+
+def _write_caught(minimums, before) -> list[Exception]:
+    try:
+        block_minimums.write(minimums, before)
+    except Exception as e:  # noqa: BLE001 - handed to the test's thread
+        return [e]
+    return []
 
 
 def test_a_matrix_not_found_is_refused_and_nothing_is_written(monkeypatch):

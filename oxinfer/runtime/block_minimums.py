@@ -37,6 +37,7 @@ from oxinfer.runtime import blockwise, onnx_proto
 
 TILE = 16  # MLAS keeps the block sums of 16 columns together: n_out must be a multiple
 CHUNK = 1 << 22  # bytes of memory read at a time while searching (a thread's buffer)
+GROUP = 256 << 20  # bytes of the memory mapped before a load searched before checking whether all are found
 ALIGN = 64  # MLAS starts a packed matrix's block sums at a multiple of 64 bytes
 
 
@@ -137,7 +138,11 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
     """Write each matrix's minimums over its packed block sums (see above), searched first in the
     memory mapped since `before` (a `snapshot`: where onnxruntime's packing went, ~170 MiB for the
     default model) and this thread's malloc arena, then, where that does not find each, in the
-    rest (a map made again where one was let go looks as it did before). A matrix's zero points
+    rest (a map made again where one was let go looks as it did before; a small matrix packed into
+    a heap that was there before), the heaps and the most resident maps first, GROUP bytes at a
+    time until each is found: a long-lived process's address space is mostly maps that hold
+    little (a test run's worker: ~37 GB of them, searched whole in 6-9 s a load where a tiny
+    model's two small matrices had gone into an older heap). A matrix's zero points
     are its own pattern, so every place its block sums are found, followed by its packed scales,
     is a copy of its packing: each is written (onnxruntime sometimes leaves a freed copy of a
     packed matrix behind; it is read again just before).
@@ -156,8 +161,9 @@ def write(matrices: list[Minimums], before: frozenset = frozenset()) -> None:
         # where this thread's allocations go now (onnxruntime packed in this thread): searched first too
         marks = [np.empty(n, np.uint8).ctypes.data for n in (1 << 10, 1 << 14, 1 << 18, 1 << 22)]
         recent = [r for r in regions if r[:2] not in before or any(r[0] <= m < r[1] for m in marks)]
-        for part in (recent, [r for r in regions if r not in recent]):
-            spans = [(at, min(CHUNK, end - at)) for start, end, _ in part for at in range(start, end, CHUNK)]
+        rest = sorted((r for r in regions if r not in recent), key=lambda r: (not r[2], -r[3] / (r[1] - r[0])))
+        for part in (recent, *_groups(rest)):
+            spans = [(at, min(CHUNK, end - at)) for start, end, *_ in part for at in range(start, end, CHUNK)]
             with ThreadPoolExecutor(min(8, os.cpu_count() or 1), thread_name_prefix="oxinfer-minimums") as pool:
                 for addr, i in itertools.chain.from_iterable(pool.map(lambda span: _lines(fd, *span, heads), spans)):
                     start = addr - keys[i] * ALIGN  # (checked while the rest is read)
@@ -180,7 +186,20 @@ def snapshot() -> frozenset:
     """The memory `write` searches, as it is now: its (start, end) spans, but the heap's where this
     is the main thread (searched first always: what was freed in it is taken again)."""
     main = threading.current_thread() is threading.main_thread()  # (its allocations: the heap's)
-    return frozenset((start, end) for start, end, heap in _regions() if not (heap and main))
+    return frozenset((start, end) for start, end, heap, _ in _regions() if not (heap and main))
+
+
+def _groups(regions: list[tuple]) -> list[list[tuple]]:
+    """regions in order, in groups of at most GROUP bytes (a region larger is a group alone)."""
+    groups: list[list[tuple]] = [[]]
+    size = 0
+    for r in regions:
+        if groups[-1] and size + r[1] - r[0] > GROUP:
+            groups.append([])
+            size = 0
+        groups[-1].append(r)
+        size += r[1] - r[0]
+    return groups if groups[0] else []
 
 
 _buffers = threading.local()
@@ -255,7 +274,7 @@ def _is_packed(fd: int, addr: int, sums: np.ndarray, scales: np.ndarray) -> bool
 
 def _regions():
     """This process's private writable memory without a file, where any of it is resident:
-    (start, end, whether it is the heap) each."""
+    (start, end, whether it is the heap, its resident bytes) each."""
     with open("/proc/self/smaps") as f:
         span = None
         for line in f:
@@ -267,7 +286,7 @@ def _regions():
                 else:
                     span = None
             elif span and fields[0] == "Rss:" and int(fields[1]):
-                yield span
+                yield (*span, int(fields[1]) << 10)
 
 
 class Probe:
