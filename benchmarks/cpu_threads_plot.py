@@ -27,7 +27,8 @@ def main(src: str, dst: str) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("SmolLM2-135M shape, Q4_1, CPU: H200 host's 16-core Xeon (AVX-512 VNNI, AMX)")
+    host = data.get("host", "H200 host's 16-core Xeon (AVX-512 VNNI, AMX)")  # (the JSON's "host", where it names one)
+    fig.suptitle(f"SmolLM2-135M shape, Q4_1, CPU: {host}")
     fig.tight_layout()
     fig.savefig(dst, dpi=100)
 
