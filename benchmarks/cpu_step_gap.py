@@ -79,7 +79,7 @@ if __name__ == "__main__":
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--streams", type=int, default=1)
     p.add_argument("--prompt", type=int, default=64, help="each stream's prompt tokens")
-    p.add_argument("--cpu-prompts", default="auto", help="Engine.load(cpu_prompts=): auto, openvino, onnxruntime")
+    p.add_argument("--cpu-prompts", default="auto", choices=["auto", "openvino", "onnxruntime"], help="Engine.load(cpu_prompts=)")
     p.add_argument("--ahead", type=int, default=2, help="cpu_ahead.AHEAD: decode steps run ahead of the engine (0: none)")
     p.add_argument("--graph-pool", choices=["global", "own"], default="global",
                    help="blockwise.GRAPH_POOL: onnxruntime's global pool, or the graph's own (onnxruntime's sizes, pinned)")
