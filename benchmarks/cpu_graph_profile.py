@@ -78,9 +78,9 @@ async def main(args) -> None:
         return
     trace = json.loads(Path(graph.session.end_profiling()).read_text())
     runs = [ev for ev in trace if ev.get("name") == "model_run"]  # the prompts' runs, then each batch's 3 + steps
-    runs = runs[len(runs) - len(batches) * (3 + args.steps) - 1:]  # (as if one prompt run)
+    runs = runs[len(runs) - len(batches) * (3 + args.steps):]  # (however many runs the prompts took)
     for i, B in enumerate(batches):
-        _ops(trace, runs[1 + i * (3 + args.steps) + 3:1 + (i + 1) * (3 + args.steps)], f"B={B}")
+        _ops(trace, runs[i * (3 + args.steps) + 3:(i + 1) * (3 + args.steps)], f"B={B}")
 
 
 def _ops(trace: list[dict], mine: list[dict], label: str) -> None:
