@@ -28,3 +28,4 @@ bench() {  # cores, shapes, concurrency, json
 bench 16 135m,1b 1,32 oxinfer_16
 for n in 1 2 4 8; do BENCH_S=80 bench $n 135m 1 oxinfer_135m_t$n; done
 THREADS=${FEWER:-8} BENCH_S=120 bench 16 135m,1b 1 oxinfer_16cores_t${FEWER:-8}
+(cd $OUT && tar -czf oxinfer_json.tgz oxinfer_*.json && rm oxinfer_*.json)  # (the device returns 8 files a call)

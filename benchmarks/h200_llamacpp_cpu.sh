@@ -7,6 +7,7 @@
 # Building in 16 cores took 50 s. The bench's --compare llama.cpp runs on that machine too:
 # benchmarks/h200_bench.sh builds llama-cpp-python from the same tree, linked with
 # -Wl,--exclude-libs,ALL (without it Llama() crashed in std::regex; that script's header says why).
+# The build's logs stay in /tmp (their tails print where a step fails): the device returns 8 files a call.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/m && python3 - <<'PY'
@@ -21,8 +22,8 @@ PY
 cd /tmp/llama_cpp_python-0.3.36-trim/vendor/llama.cpp
 t0=$(date +%s); gen=""; command -v ninja >/dev/null && gen="-G Ninja"
 cmake -B build-cpu $gen -DGGML_NATIVE=ON -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-  -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > $OUT/cmake.log 2>&1 || { tail -30 $OUT/cmake.log; exit 1; }
-timeout 300 cmake --build build-cpu -j 16 --target llama-bench llama-batched-bench > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
+  -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /tmp/cmake.log 2>&1 || { tail -30 /tmp/cmake.log; exit 1; }
+timeout 300 cmake --build build-cpu -j 16 --target llama-bench llama-batched-bench > /tmp/build.log 2>&1 || { tail -30 /tmp/build.log; exit 1; }
 echo "built in $(( $(date +%s)-t0 ))s"; B=build-cpu/bin
 for k in 135m 1b; do
   timeout 90 $B/llama-bench -m /tmp/m/$k.gguf -p 512 -n 64 -t 16 -r 2 2>&1 | grep -E "^\||error|fault" | tee -a $OUT/llama_bench_cpu.log
