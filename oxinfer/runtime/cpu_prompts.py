@@ -17,7 +17,7 @@ A sequence's prompt rows run alone (OpenVINO's GroupQueryAttention takes one seq
 keys its lane holds (a cached prefix, an earlier chunk: copied out for the run), so its logits are
 the same whatever else runs. OpenVINO compiles at the first step whose prompt runs of RUN_ROWS rows
 or more hold MIN_ROWS rows together (one long prompt, or many short ones at once), which waits for
-it (the default model: ~1.7 s on the 2-core VM); a model that never sees one pays nothing. From
+it (the default model: 1.7-4 s on the 2-core VM, with its load); a model that never sees one pays nothing. From
 then on every prompt run of RUN_ROWS rows or more is OpenVINO's; shorter runs (decode steps among
 them), and models whose attention has windows or soft caps (untested there), stay onnxruntime's.
 """
