@@ -87,7 +87,8 @@ def test_a_matrix_packed_into_older_memory_is_found_before_maps_that_hold_little
     sparse = mmap.mmap(-1, 1 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     sparse[0] = 1
     searched, lines = [], block_minimums._lines
-    monkeypatch.setattr(block_minimums, "_lines", lambda fd, at, size, heads: searched.append(size) or lines(fd, at, size, heads))
+    monkeypatch.setattr(block_minimums, "_lines",
+                        lambda fd, at, size, heads: searched.append(size) or lines(fd, at, size, heads))
     errors = []
     # from another thread, after the packing: all of it was mapped before, none of it where this
     # thread allocates
