@@ -192,9 +192,9 @@ def snapshot() -> frozenset:
 
 def _likely(region: tuple) -> tuple:
     """Where a small matrix packed into memory mapped before sorts in the search: the heap, then
-    maps that look like glibc's other arenas' heaps (each HEAP_MAX, 64 MiB, aligned to its size:
-    a test worker's worst search read ~2 GB of dense maps in 0.6-0.7 s before, ~1 GB in 0.3 s so), then the
-    most resident maps first."""
+    maps that look like glibc's other arenas' heaps (each HEAP_MAX, 64 MiB, aligned to its size: a
+    test worker's worst search read ~2 GB of dense maps in 0.6-0.7 s before, ~1 GB in 0.3 s so),
+    then the most resident maps first."""
     start, end, heap, resident = region
     arena = start % HEAP_MAX == 0 and end - start <= HEAP_MAX
     return not heap, not arena, -resident / (end - start)
