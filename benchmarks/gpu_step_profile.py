@@ -1,7 +1,8 @@
 """Where a device-resident step's GPU time goes: the pass timed (timestamp queries) with each
 kernel family alone, for a decode step of N streams on synthetic model shapes.
 
-    .venv/bin/python benchmarks/gpu_step_profile.py [--synthetic 135m 1b] [--streams 1 32 -512]
+    .venv/bin/python benchmarks/gpu_step_profile.py [--synthetic 135m 1b | --model F.gguf] [--streams 1 32 -512]
+        [--set MODULE.NAME=VALUE]
 
 The families' times need not add up to the whole step (the GPU overlaps independent dispatches
 and each alone pays its own launch latency); their ratios say what to work on.
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import anyio
 import numpy as np
-from gpu_model import SYNTHETIC
+from gpu_model import SYNTHETIC, set_constant
 
 import oxinfer
 from oxinfer.runtime.webgpu import kernels as webgpu
@@ -106,11 +107,17 @@ def main() -> None:
     ap.add_argument("--min-t", type=int, nargs="+", default=[0],
                     help="rows from which products take the tiled kernels (0: webgpu.MM_MIN_T_GPU), each profiled")
     ap.add_argument("--whole", action="store_true", help="only each step's whole pass, not its kernel families")
+    ap.add_argument("--model", type=Path, nargs="+", default=[], help="GGUF files to profile instead of --synthetic")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.NAME=VALUE",
+                    help="a trial: an oxinfer constant set first (as gpu_model.py's --set)")
     a = ap.parse_args()
+    for item in a.set:
+        set_constant(item)
     oxinfer.configure_logging("WARNING")
     with tempfile.TemporaryDirectory() as tmp:
-        for name in a.synthetic:
-            path = write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096, **SYNTHETIC[name])
+        for name in a.model or a.synthetic:
+            path = name if a.model else write_tiny_llama(Path(tmp) / f"synthetic-{name}.gguf", fast=True, context=4096,
+                                                         **SYNTHETIC[name])
             default = webgpu.MM_MIN_T_GPU
             for min_t in a.min_t:
                 webgpu.MM_MIN_T_GPU = min_t or default
