@@ -3,12 +3,22 @@
 thread; from /proc, exact) beside the step's phases (benchmarks/gpu_model.py's line: encode,
 submit, wait, GPU pass), and optionally py-spy's Python stacks of every thread for reading by hand.
 
-    python benchmarks/gpu_host_profile.py --model s-8b.gguf [--streams 1] [--tokens 256] [--spy FILE]
+    python benchmarks/gpu_host_profile.py --model s-8b.gguf [--streams 1] [--tokens 256] [--spy FILE [--native]]
 
 A thread whose CPU time a token is well under the step's while the step is not bound by the GPU
 waits for something: the GIL, a lock in wgpu, the GPU. --spy samples without pausing the process
 (py-spy's --nonblocking; its native mode pauses it for each sample, which over-counted the event
-loop's Python several times over against its CPU time here).
+loop's Python several times over against its CPU time here). --native: that mode all the same, for
+the frames inside wgpu-native and the interpreter (a wait for the GIL shows as cdata_call or
+PyThread_acquire_lock_timed over pthread_cond_timedwait), with each thread's most sampled frames
+printed after; read its shares as shares, not as time. On the device, carry the static py-spy
+binary (`.spy/py-spy`, git-ignored) and pass --py-spy .spy/py-spy.
+
+Session 34, an H100 machine's host, the 135M shape's lone stream (757 tok/s under the sampler): the
+thread that encodes the steps ahead spent ~28% of its busy samples waiting for the GIL (most of it
+as wgpu-py's finish returned), ~23% in wgpu-core's pass work (encode_compute_pass,
+transition_buffers, merge_bind_group); the event loop was busy half the time, spread over
+anyio's and the engine's per-token Python (no frame over 6%).
 """
 
 from __future__ import annotations
@@ -38,14 +48,36 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
-async def main(path: Path, streams: int, tokens: int, spy: Path | None) -> None:
+def summarize(raw: Path, top: int = 25) -> None:
+    """Each thread's most sampled frames (inclusive, a frame counted once a sample) in py-spy's raw output."""
+    import re
+    from collections import Counter
+
+    frames: dict[str, Counter] = {}
+    totals: Counter = Counter()
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        parts = stack.split(";")
+        name = parts[0].partition(":")[2].strip() or parts[0]
+        totals[name] += int(count)
+        seen = {re.sub(r"::h[0-9a-f]{16}$", "", f.split(" (")[0]) for f in parts[1:]}
+        frames.setdefault(name, Counter()).update(dict.fromkeys(seen, int(count)))
+    for name, n in totals.most_common():
+        print(f"{name}: {n} samples")
+        for f, c in frames[name].most_common(top):
+            print(f"  {100 * c / n:5.1f}%  {f[:120]}")
+
+
+async def main(path: Path, streams: int, tokens: int, spy: Path | None, native: bool = False,
+               py_spy: str = "py-spy") -> None:
     oxinfer.configure_logging("WARNING")
     engine, _ = await load(path, "webgpu", max(8, streams))
     await crowd(engine, streams, 64)  # this batch's plans and kernels, once
     recorder = None
     if spy is not None:
-        recorder = subprocess.Popen(["py-spy", "record", "--pid", str(os.getpid()), "--threads", "--nonblocking",
-                                     "--rate", "1000", "--format", "raw", "-o", str(spy)],
+        how = ["--native", "--rate", "250"] if native else ["--nonblocking", "--rate", "1000"]
+        recorder = subprocess.Popen([py_spy, "record", "--pid", str(os.getpid()), "--threads", *how,
+                                     "--format", "raw", "-o", str(spy)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)  # py-spy attached
     for _ in range(3):
@@ -61,6 +93,8 @@ async def main(path: Path, streams: int, tokens: int, spy: Path | None) -> None:
     if recorder is not None:
         recorder.send_signal(signal.SIGINT)  # py-spy writes its file when interrupted
         recorder.wait()
+        if native:
+            summarize(spy)
 
 
 if __name__ == "__main__":
@@ -69,5 +103,7 @@ if __name__ == "__main__":
     ap.add_argument("--streams", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=256, help="tokens a stream in each of the 3 rounds")
     ap.add_argument("--spy", type=Path, help="also py-spy's raw Python stacks of every thread here")
+    ap.add_argument("--native", action="store_true", help="with --spy: native frames too (py-spy pauses the process)")
+    ap.add_argument("--py-spy", default="py-spy", help="the py-spy binary")
     a = ap.parse_args()
-    anyio.run(main, a.model, a.streams, a.tokens, a.spy)
+    anyio.run(main, a.model, a.streams, a.tokens, a.spy, a.native, a.py_spy)
