@@ -1,0 +1,203 @@
+"""A decode product of our own on the CPU: Q4_1 x int8, one row of x, in numba with the CPU's integer
+dot product spelled out (AVX-512 VNNI's vpdpbusd through numba's @intrinsic: LLVM's intrinsic, no
+compiler on the machine), beside onnxruntime's MatMulNBits (MLAS, what the CPU graph runs), each
+where its package is installed.
+
+    PYTHONPATH=<numba's site> python benchmarks/cpu_vnni_probe.py [--threads 1,2] [--shapes 576x1536,...]
+
+The weights as the kernel reads them: a row's blocks in groups of 4 (64 bytes of nibbles, GGUF's
+byte order: byte j holds value j low and value j + 16 high), the blocks' scales and minimums in
+float32 beside; x in int8 blocks of 32 (its values 0-15 of 4 blocks side by side, then 16-31), each
+block's scale and scale x sum. A group is two vpdpbusd (u8 nibbles x s8 x, 4 products a lane),
+its 16 lanes (4 a block) scaled by the 4 blocks' d * xd in float and summed once a row. Rows of
+blocks not a multiple of 4 are padded with zero blocks. Checked against numpy on the same integers.
+
+Session 34, the 2-core dev VM (AVX-512 VNNI), 2 threads (cpu_matmulnbits.py's MatMulNBits, accuracy
+4): 576 x 1536 13.2 us against MLAS's 29.0, 2048 x 2048 51 against 147, 2048 x 5632 179 against
+222, 5632 x 2048 202 against 202, 4096 x 4096 317 against 281: 1-3x MLAS's speed where the
+product is short, level where both read memory at the VM's ~35-40 GB/s (one thread: 1.0-1.2x). Session
+33's numba kernels without the intrinsic (cpu_numba_probe.py) were 3-15x slower than MLAS.
+
+The 16-core host of an H100 machine (Xeon, AVX-512 VNNI, AMX; the image's onnxruntime 1.30; numba
+0.68.1 and llvmlite carried as an xz'd site, `.nb/`, git-ignored: `tar -xJf .nb/nb-site.tar.xz -C
+/tmp/nb; PYTHONPATH=/tmp/nb:/tmp/site:$PWD python3 benchmarks/cpu_vnni_probe.py --threads 1,2,4,8,16`),
+us a product, numba + VNNI / MLAS:
+
+| n_out x n_in | 1 thread | 2 | 4 | 8 | 16 |
+|---|---|---|---|---|---|
+| 576 x 576 | 13.8 / 15.3 | 8.8 / 12.7 | 9.4 / 13.0 | 11.3 / 14.5 | 11.2 / 17.0 |
+| 1536 x 576 | 33.3 / 26.6 | 18.6 / 26.6 | 19.0 / 28.4 | 14.3 / 33.5 | 13.9 / 23.2 |
+| 576 x 1536 | 20.8 / 23.8 | 18.5 / 20.6 | 15.8 / 17.6 | 11.6 / 18.8 | 13.4 / 25.2 |
+| 3072 x 576 | 63.4 / 46.6 | 34.3 / 29.5 | 21.5 / 29.2 | 22.7 / 41.4 | 15.5 / 20.7 |
+| 2048 x 2048 | 115 / 300 | 72.7 / 54.5 | 43.9 / 36.4 | 26.7 / 34.8 | 20.1 / 28.5 |
+| 5632 x 2048 | 326 / 327 | 158 / 176 | 122 / 134 | 62.5 / 63.0 | 36.5 / 39.4 |
+| 2048 x 5632 | 304 / 298 | 222 / 212 | 82.2 / 86.1 | 48.5 / 60.6 | 36.8 / 50.7 |
+| 4096 x 4096 | 440 / 441 | 229 / 239 | 125 / 177 | 71.9 / 71.3 | 50.0 / 65.4 |
+
+So a core streams Q4_1 at about MLAS's rate (15-24 GB/s; llama.cpp's whole 135M token on one core
+is ~12 GB/s of its weights), and the JIT's products keep more of it at 8-16 threads (1.1-1.9x MLAS's
+at 16). What MLAS does not pay is the rest of the graph's step (session 33: half of it); a decode
+step of our own would be these products with the norms, rope, attention and SwiGLU fused around them.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+SHAPES = "576x576,1536x576,576x1536,3072x576,2048x2048,5632x2048,2048x5632,4096x4096"  # n_out x n_in
+
+
+def vnni_kernel():
+    """The numba product (n_out rows in prange), or None without numba."""
+    try:
+        import numba
+        from llvmlite import ir
+        from numba import njit, prange, types
+        from numba.core import cgutils
+        from numba.extending import intrinsic
+    except ImportError:
+        return None
+    I32, F32 = ir.IntType(32), ir.FloatType()
+    V16I, V16F, V4F = ir.VectorType(I32, 16), ir.VectorType(F32, 16), ir.VectorType(F32, 4)
+
+    @intrinsic
+    def row_dot(typingctx, qs, d, xlo, xhi, xd, groups):
+        """sum over the row's groups of 4 blocks of d[b] * xd[b] * (q . x8) for each block b"""
+        sig = types.float32(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            qs, d, xlo, xhi, xd, n = args
+            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
+                                                    "llvm.x86.avx512.vpdpbusd.512")
+            acc = cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16))
+            nibble, four, zero = (ir.Constant(V16I, [v] * 16) for v in (0x0F0F0F0F, 4, 0))
+            spread = ir.Constant(ir.VectorType(I32, 16), [i // 4 for i in range(16)])  # a block's scale to its 4 lanes
+
+            def at(base, offset, ty):
+                return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
+
+            with cgutils.for_range(builder, n) as loop:
+                o64 = builder.mul(loop.index, ir.Constant(loop.index.type, 64))
+                o16 = builder.mul(loop.index, ir.Constant(loop.index.type, 16))
+                w = builder.load(at(qs, o64, V16I), align=1)
+                s = builder.call(dpbusd, [zero, builder.and_(w, nibble), builder.load(at(xlo, o64, V16I), align=1)])
+                s = builder.call(dpbusd, [s, builder.and_(builder.lshr(w, four), nibble),
+                                          builder.load(at(xhi, o64, V16I), align=1)])
+                scale = builder.fmul(builder.load(at(d, o16, V4F), align=4), builder.load(at(xd, o16, V4F), align=4))
+                scale = builder.shuffle_vector(scale, scale, spread)
+                builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(s, V16F), scale)), acc)
+            v = builder.load(acc)
+            total = ir.Constant(F32, 0.0)
+            for i in range(16):
+                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)))
+            return total
+        return sig, codegen
+
+    @njit(parallel=True, fastmath=True)
+    def product(qs, d, m, xlo, xhi, xd, xs, out):
+        groups = qs.shape[1] // 64
+        for r in prange(qs.shape[0]):
+            acc = row_dot(qs[r].ctypes.data, d[r].ctypes.data, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data, groups)
+            s = np.float32(0.0)
+            for b in range(m.shape[1]):
+                s += m[r, b] * xs[b]
+            out[r] = acc + s
+
+    return product, numba.set_num_threads
+
+
+def operands(n: int, k: int, rng):
+    """Random Q4_1 blocks and an x, as numpy's reference and as the kernel reads them (blocks padded
+    to groups of 4)."""
+    nb, pad = k // 32, -(k // 32) % 4
+    q = rng.integers(0, 16, (n, nb, 32), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.01, (n, nb)).astype(np.float32)
+    m = rng.uniform(-0.05, 0.0, (n, nb)).astype(np.float32)
+    x = rng.normal(size=k).astype(np.float32)
+    xb = x.reshape(nb, 32)
+    xd = (np.abs(xb).max(1) / 127).astype(np.float32)
+    xd[xd == 0] = 1
+    x8 = np.round(xb / xd[:, None]).astype(np.int8)
+    ref = (d[:, :, None] * q + m[:, :, None]).reshape(n, k) @ (x8 * xd[:, None]).reshape(k)
+    qs = np.pad(q[:, :, :16] | (q[:, :, 16:] << 4), ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
+    xs = (xd * x8.sum(1)).astype(np.float32)
+    x8p = np.pad(x8, ((0, pad), (0, 0)))
+    kernel = (np.ascontiguousarray(qs), np.pad(d, ((0, 0), (0, pad))), m, x8p[:, :16].reshape(-1).copy(),
+              x8p[:, 16:].reshape(-1).copy(), np.pad(xd, (0, pad)), xs)
+    return kernel, (q, d, x), ref
+
+
+def mlas(n: int, k: int, q, d, threads: int):
+    """onnxruntime's MatMulNBits on the same nibbles and scales (its zero point 8, not Q4_1's minimums: the
+    same work; accuracy 4: x in int8 blocks, as the CPU graph), or None without onnxruntime."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    from oxinfer.runtime import blockwise
+    from oxinfer.runtime import onnx_proto as P
+    F32, U8 = 1, 2
+    nb = k // 32
+    packed = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)  # MatMulNBits' bytes: value 2j low, 2j + 1 high
+    node = P.node("MatMulNBits", ["x", "q", "s"], ["y"], "com.microsoft", K=k, N=n, bits=4, block_size=32,
+                  accuracy_level=4)
+    model = P.model([node], "probe", [P.value_info("x", F32, [1, k])], [P.value_info("y", F32, [1, n])],
+                    [P.tensor("q", U8, [n, nb, 16], packed.tobytes()), P.tensor("s", F32, [n * nb], d.tobytes())],
+                    {"": 21, "com.microsoft": 1}, blockwise.IR_VERSION)
+    o = ort.SessionOptions()
+    o.intra_op_num_threads, o.inter_op_num_threads, o.log_severity_level = threads, 1, 3
+    return ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
+
+
+def median_us(run, reps: int = 200) -> float:
+    for _ in range(10):
+        run()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        run()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts)) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", default="2")
+    ap.add_argument("--shapes", default=SHAPES, help="n_out x n_in list")
+    a = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    made = vnni_kernel()
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for threads in map(int, a.threads.split(",")):
+        if made is not None:
+            made[1](threads)
+        print(f"{threads} threads: us a product (GB/s of Q4_1's bytes, 20 a block)")
+        for shape in a.shapes.split(","):
+            n, k = map(int, shape.split("x"))
+            kernel, (q, d, x), ref = operands(n, k, rng)
+            gb = n * k // 32 * 20 / 1e9
+            line = f"  {n:6d} x {k:5d}:"
+            if made is not None:
+                out = np.zeros(n, np.float32)
+                made[0](*kernel, out)
+                if t0:
+                    print(f"  (numba compiled its kernel in {time.perf_counter() - t0:.1f} s)")
+                    t0 = 0.0
+                err = float(np.abs(out - ref).max() / np.abs(ref).max())
+                us = median_us(lambda: made[0](*kernel, out))
+                line += f" numba + VNNI {us:8.1f} ({gb / us * 1e6:5.1f}){'' if err < 1e-5 else f' WRONG by {err:.1e}'}"
+            sess = mlas(n, k, q, d, threads)
+            if sess is not None:
+                feed = {"x": x[None]}
+                us = median_us(lambda: sess.run(None, feed))
+                line += f"  MLAS {us:8.1f} ({gb / us * 1e6:5.1f})"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
