@@ -5,12 +5,17 @@ where its package is installed.
 
     PYTHONPATH=<numba's site> python benchmarks/cpu_vnni_probe.py [--threads 1,2] [--shapes 576x1536,...]
 
-The weights as the kernel reads them: a row's blocks in groups of 4 (64 bytes of nibbles, GGUF's
-byte order: byte j holds value j low and value j + 16 high), the blocks' scales and minimums in
-float32 beside; x in int8 blocks of 32 (its values 0-15 of 4 blocks side by side, then 16-31), each
-block's scale and scale x sum. A group is two vpdpbusd (u8 nibbles x s8 x, 4 products a lane),
-its 16 lanes (4 a block) scaled by the 4 blocks' d * xd in float and summed once a row. Rows of
-blocks not a multiple of 4 are padded with zero blocks. Checked against numpy on the same integers.
+The weights as the kernel reads them: a row's blocks in groups of 4, each group its 64 bytes of
+nibbles (GGUF's byte order: byte j holds value j low and value j + 16 high) and its blocks' scales
+and minimums in float32 (96 bytes); x in int8 blocks of 32 (its values 0-15 of 4 blocks side by
+side, then 16-31), each block's scale and scale x sum. A group is two vpdpbusd (u8 nibbles x s8 x,
+4 products a lane), its 16 lanes (4 a block) scaled by the 4 blocks' d * xd in float and summed once
+a row; four rows at a time share x's loads. Rows of blocks not a multiple of 4 are padded with zero
+blocks. Checked against numpy on the same integers (a line says WRONG where it differs).
+
+The figures below are of the first form (one row at a time, a row's nibbles, d and m in three
+arrays); the form here measured alike (the 16-core host, 16 threads: 576 x 1536 11.0 against MLAS's
+27.8 us, 4096 x 4096 45.9 against 59.8; one thread level with MLAS).
 
 Session 34, the 2-core dev VM (AVX-512 VNNI), 2 threads (cpu_matmulnbits.py's MatMulNBits, accuracy
 4): 576 x 1536 13.2 us against MLAS's 29.0, 2048 x 2048 51 against 147, 2048 x 5632 179 against
@@ -52,7 +57,10 @@ SHAPES = "576x576,1536x576,576x1536,3072x576,2048x2048,5632x2048,2048x5632,4096x
 
 
 def vnni_kernel():
-    """The numba product (n_out rows in prange), or None without numba."""
+    """(the numba product over n_out rows, four at a time in prange; set_num_threads), or None without
+    numba. W is (n_out, row bytes): each row in groups of 4 blocks, a group 96 bytes (its 64 bytes of
+    nibbles, then the 4 blocks' d and their m in float32), so that a row is one stream; x in int8
+    blocks (operands)."""
     try:
         import numba
         from llvmlite import ir
@@ -65,70 +73,112 @@ def vnni_kernel():
     V16I, V16F, V4F = ir.VectorType(I32, 16), ir.VectorType(F32, 16), ir.VectorType(F32, 4)
 
     @intrinsic
-    def row_dot(typingctx, qs, d, xlo, xhi, xd, groups):
-        """sum over the row's groups of 4 blocks of d[b] * xd[b] * (q . x8) for each block b"""
-        sig = types.float32(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
+    def rows4(typingctx, w, stride, xlo, xhi, xd, xs, groups):
+        """rows w, w + stride, w + 2 stride, w + 3 stride: for each, the sum over its groups of 4 blocks
+        of d[b] * xd[b] * (q . x8) + m[b] * xs[b]"""
+        sig = types.UniTuple(types.float32, 4)(types.uintp, types.intp, types.uintp, types.uintp, types.uintp,
+                                               types.uintp, types.intp)
 
         def codegen(context, builder, signature, args):
-            qs, d, xlo, xhi, xd, n = args
+            w, stride, xlo, xhi, xd, xs, n = args
             dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
                                                     "llvm.x86.avx512.vpdpbusd.512")
-            acc = cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16))
             nibble, four, zero = (ir.Constant(V16I, [v] * 16) for v in (0x0F0F0F0F, 4, 0))
             spread = ir.Constant(ir.VectorType(I32, 16), [i // 4 for i in range(16)])  # a block's scale to its 4 lanes
+            accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16)) for _ in range(4)]
+            mins = [cgutils.alloca_once_value(builder, ir.Constant(V4F, [0.0] * 4)) for _ in range(4)]
+            width = n.type
 
             def at(base, offset, ty):
                 return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
 
+            rows = [builder.add(w, builder.mul(stride, ir.Constant(width, r))) for r in range(4)]
             with cgutils.for_range(builder, n) as loop:
-                o64 = builder.mul(loop.index, ir.Constant(loop.index.type, 64))
-                o16 = builder.mul(loop.index, ir.Constant(loop.index.type, 16))
-                w = builder.load(at(qs, o64, V16I), align=1)
-                s = builder.call(dpbusd, [zero, builder.and_(w, nibble), builder.load(at(xlo, o64, V16I), align=1)])
-                s = builder.call(dpbusd, [s, builder.and_(builder.lshr(w, four), nibble),
-                                          builder.load(at(xhi, o64, V16I), align=1)])
-                scale = builder.fmul(builder.load(at(d, o16, V4F), align=4), builder.load(at(xd, o16, V4F), align=4))
-                scale = builder.shuffle_vector(scale, scale, spread)
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(builder.sitofp(s, V16F), scale)), acc)
-            v = builder.load(acc)
-            total = ir.Constant(F32, 0.0)
-            for i in range(16):
-                total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)))
-            return total
+                o64 = builder.mul(loop.index, ir.Constant(width, 64))
+                o16 = builder.mul(loop.index, ir.Constant(width, 16))
+                o96 = builder.mul(loop.index, ir.Constant(width, 96))
+                a = builder.load(at(xlo, o64, V16I), align=1)
+                b = builder.load(at(xhi, o64, V16I), align=1)
+                xd4 = builder.load(at(xd, o16, V4F), align=4)
+                xs4 = builder.load(at(xs, o16, V4F), align=4)
+                for r in range(4):
+                    q = builder.load(at(rows[r], o96, V16I), align=1)
+                    s = builder.call(dpbusd, [zero, builder.and_(q, nibble), a])
+                    s = builder.call(dpbusd, [s, builder.and_(builder.lshr(q, four), nibble), b])
+                    d4 = builder.load(at(rows[r], builder.add(o96, ir.Constant(width, 64)), V4F), align=4)
+                    m4 = builder.load(at(rows[r], builder.add(o96, ir.Constant(width, 80)), V4F), align=4)
+                    scale = builder.fmul(d4, xd4)
+                    scale = builder.shuffle_vector(scale, scale, spread)
+                    builder.store(builder.fadd(builder.load(accs[r]), builder.fmul(builder.sitofp(s, V16F), scale)), accs[r])
+                    builder.store(builder.fadd(builder.load(mins[r]), builder.fmul(m4, xs4)), mins[r])
+            out = []
+            for r in range(4):
+                v, mv = builder.load(accs[r]), builder.load(mins[r])
+                total = ir.Constant(F32, 0.0)
+                for i in range(16):
+                    total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)))
+                for i in range(4):
+                    total = builder.fadd(total, builder.extract_element(mv, ir.Constant(I32, i)))
+                out.append(total)
+            return context.make_tuple(builder, signature.return_type, out)
         return sig, codegen
 
     @njit(parallel=True, fastmath=True)
-    def product(qs, d, m, xlo, xhi, xd, xs, out):
-        groups = qs.shape[1] // 64
-        for r in prange(qs.shape[0]):
-            acc = row_dot(qs[r].ctypes.data, d[r].ctypes.data, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data, groups)
-            s = np.float32(0.0)
-            for b in range(m.shape[1]):
-                s += m[r, b] * xs[b]
-            out[r] = acc + s
+    def product(w, xlo, xhi, xd, xs, out):
+        groups = w.shape[1] // 96  # 64 bytes of nibbles, 16 of d and 16 of m a group
+        stride = w.shape[1]
+        base = w.ctypes.data
+        for quad in prange(w.shape[0] // 4):
+            r = 4 * quad
+            s0, s1, s2, s3 = rows4(base + r * stride, stride, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data,
+                                   xs.ctypes.data, groups)
+            out[r] = s0
+            out[r + 1] = s1
+            out[r + 2] = s2
+            out[r + 3] = s3
 
     return product, numba.set_num_threads
 
 
 def operands(n: int, k: int, rng):
-    """Random Q4_1 blocks and an x, as numpy's reference and as the kernel reads them (blocks padded
-    to groups of 4)."""
-    nb, pad = k // 32, -(k // 32) % 4
-    q = rng.integers(0, 16, (n, nb, 32), dtype=np.uint8)
-    d = rng.uniform(0.001, 0.01, (n, nb)).astype(np.float32)
-    m = rng.uniform(-0.05, 0.0, (n, nb)).astype(np.float32)
+    """Random Q4_1 blocks and an x, as numpy's reference and as the kernel reads them (vnni_kernel;
+    blocks padded to groups of 4 with zeros)."""
+    q, d, m = blocks(n, k, rng)
     x = rng.normal(size=k).astype(np.float32)
-    xb = x.reshape(nb, 32)
+    xb = x.reshape(k // 32, 32)
     xd = (np.abs(xb).max(1) / 127).astype(np.float32)
     xd[xd == 0] = 1
     x8 = np.round(xb / xd[:, None]).astype(np.int8)
     ref = (d[:, :, None] * q + m[:, :, None]).reshape(n, k) @ (x8 * xd[:, None]).reshape(k)
-    qs = np.pad(q[:, :, :16] | (q[:, :, 16:] << 4), ((0, 0), (0, pad), (0, 0))).reshape(n, -1)
-    xs = (xd * x8.sum(1)).astype(np.float32)
+    return (laid(q, d, m), *x_blocks(x8, xd)), (q, d, x), ref
+
+
+def blocks(n: int, k: int, rng):
+    """(nibbles (n, k / 32, 32), d, m) of random Q4_1 blocks"""
+    q = rng.integers(0, 16, (n, k // 32, 32), dtype=np.uint8)
+    d = rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float32)
+    m = rng.uniform(-0.05, 0.0, (n, k // 32)).astype(np.float32)
+    return q, d, m
+
+
+def laid(q, d, m) -> np.ndarray:
+    """Q4_1 blocks as vnni_kernel's product reads them: a row in groups of 4 blocks (zero blocks to a
+    multiple of 4), each group its 64 bytes of nibbles (GGUF's byte order), then the 4 d, the 4 m"""
+    n, nb = d.shape
+    pad = -nb % 4
+    g = (nb + pad) // 4
+    qs = np.pad(q[:, :, :16] | (q[:, :, 16:] << 4), ((0, 0), (0, pad), (0, 0))).reshape(n, g, 64)
+    dm = [np.pad(v, ((0, 0), (0, pad))).reshape(n, g, 4).view(np.uint8) for v in (d, m)]
+    return np.ascontiguousarray(np.concatenate([qs, *dm], axis=2).reshape(n, -1))
+
+
+def x_blocks(x8, xd):
+    """x's int8 blocks (k / 32, 32) and scales as the product reads them: values 0-15 of each block side
+    by side, then 16-31; each block's scale, and scale x sum (padded to groups of 4)"""
+    pad = -x8.shape[0] % 4
     x8p = np.pad(x8, ((0, pad), (0, 0)))
-    kernel = (np.ascontiguousarray(qs), np.pad(d, ((0, 0), (0, pad))), m, x8p[:, :16].reshape(-1).copy(),
-              x8p[:, 16:].reshape(-1).copy(), np.pad(xd, (0, pad)), xs)
-    return kernel, (q, d, x), ref
+    xs = (xd * x8.sum(1)).astype(np.float32)
+    return (x8p[:, :16].reshape(-1).copy(), x8p[:, 16:].reshape(-1).copy(), np.pad(xd, (0, pad)), np.pad(xs, (0, pad)))
 
 
 def mlas(n: int, k: int, q, d, threads: int):
