@@ -30,7 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cpu_vnni_probe import blocks, laid, vnni_kernel  # noqa: E402
 
-L, D, H, KV, HD, FF, VOCAB = 30, 576, 9, 3, 64, 1536, 49152
+# layers, d, heads, kv heads, head_dim, ff, vocab: SmolLM2-135M's and TinyLlama-1.1B's (oxinfer.bench.SYNTHETIC)
+SHAPES = {"135m": (30, 576, 9, 3, 64, 1536, 49152), "1b": (22, 2048, 32, 4, 64, 5632, 32000)}
+L, D, H, KV, HD, FF, VOCAB = SHAPES["135m"]  # (--shape sets them before the kernels compile: numba freezes globals)
 
 
 def build(threads_fn):
@@ -164,7 +166,12 @@ def main() -> None:
     ap.add_argument("--threads", default="2")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--shape", choices=list(SHAPES), default="135m")
+    ap.add_argument("--q8-head", action="store_true",
+                    help="a head of as many bytes as a Q8_0 one (the default model's, and llama.cpp's synthetic files')")
     a = ap.parse_args()
+    global L, D, H, KV, HD, FF, VOCAB
+    L, D, H, KV, HD, FF, VOCAB = SHAPES[a.shape]
     import numba
 
     rng = np.random.default_rng(0)
@@ -175,7 +182,7 @@ def main() -> None:
         return np.stack([q4_1(n, k, rng) for _ in range(L)])
 
     W = (stacked((H + 2 * KV) * HD, D), stacked(D, H * HD), stacked(2 * FF, D), stacked(D, FF))
-    head = q4_1(VOCAB, D, rng)
+    head = q4_1(-(-VOCAB * 34 // 20) // 4 * 4 if a.q8_head else VOCAB, D, rng)
     ctx = a.context + a.tokens + 8
     kc = np.zeros((L, KV, ctx, HD), np.float32)
     vc = np.zeros((L, KV, ctx, HD), np.float32)
@@ -185,7 +192,7 @@ def main() -> None:
     h = np.zeros(D, np.float32)
     bufs = (h, np.zeros(D, np.float32), np.zeros((H + 2 * KV) * HD, np.float32), np.zeros(H * HD, np.float32),
             np.zeros(D, np.float32), np.zeros(2 * FF, np.float32), np.zeros(FF, np.float32),
-            np.zeros(VOCAB, np.float32), xbufs(D), xbufs(D), xbufs(FF))
+            np.zeros(4 * head.shape[0], np.float32), xbufs(D), xbufs(D), xbufs(FF))
 
     def run(pos: int) -> int:
         cos, sin = np.cos(pos * inv).astype(np.float32), np.sin(pos * inv).astype(np.float32)
@@ -194,7 +201,7 @@ def main() -> None:
 
     run(a.context)  # compiles
     print(f"numba {numba.__version__} ({numba.config.THREADING_LAYER} threading layer): compiled in "
-          f"{time.perf_counter() - t0:.1f} s; 135M shape, one token after {a.context} positions")
+          f"{time.perf_counter() - t0:.1f} s; {a.shape} shape, one token after {a.context} positions")
     for threads in map(int, a.threads.split(",")):
         numba.set_num_threads(threads)
         for _ in range(3):

@@ -58,9 +58,10 @@ SHAPES = "576x576,1536x576,576x1536,3072x576,2048x2048,5632x2048,2048x5632,4096x
 
 def vnni_kernel():
     """(the numba product over n_out rows, four at a time in prange; set_num_threads), or None without
-    numba. W is (n_out, row bytes): each row in groups of 4 blocks, a group 96 bytes (its 64 bytes of
-    nibbles, then the 4 blocks' d and their m in float32), so that a row is one stream; x in int8
-    blocks (operands)."""
+    numba. W is (n_out / 4, bytes of 4 rows): four rows at a time, in groups of 4 blocks, group-major
+    (a group of the 4 rows, then the next group), each row's group 96 bytes (its 64 bytes of nibbles,
+    then the 4 blocks' d and their m in float32), so that a thread reads its rows in one stream; x in
+    int8 blocks (operands)."""
     try:
         import numba
         from llvmlite import ir
@@ -74,8 +75,8 @@ def vnni_kernel():
 
     @intrinsic
     def rows4(typingctx, w, stride, xlo, xhi, xd, xs, groups):
-        """rows w, w + stride, w + 2 stride, w + 3 stride: for each, the sum over its groups of 4 blocks
-        of d[b] * xd[b] * (q . x8) + m[b] * xs[b]"""
+        """the 4 rows laid from w (stride: unused): for each, the sum over its groups of 4 blocks of
+        d[b] * xd[b] * (q . x8) + m[b] * xs[b]"""
         sig = types.UniTuple(types.float32, 4)(types.uintp, types.intp, types.uintp, types.uintp, types.uintp,
                                                types.uintp, types.intp)
 
@@ -92,11 +93,11 @@ def vnni_kernel():
             def at(base, offset, ty):
                 return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
 
-            rows = [builder.add(w, builder.mul(stride, ir.Constant(width, r))) for r in range(4)]
+            rows = [builder.add(w, ir.Constant(width, 96 * r)) for r in range(4)]
             with cgutils.for_range(builder, n) as loop:
                 o64 = builder.mul(loop.index, ir.Constant(width, 64))
                 o16 = builder.mul(loop.index, ir.Constant(width, 16))
-                o96 = builder.mul(loop.index, ir.Constant(width, 96))
+                o96 = builder.mul(loop.index, ir.Constant(width, 384))
                 a = builder.load(at(xlo, o64, V16I), align=1)
                 b = builder.load(at(xhi, o64, V16I), align=1)
                 xd4 = builder.load(at(xd, o16, V4F), align=4)
@@ -125,12 +126,12 @@ def vnni_kernel():
 
     @njit(parallel=True, fastmath=True)
     def product(w, xlo, xhi, xd, xs, out):
-        groups = w.shape[1] // 96  # 64 bytes of nibbles, 16 of d and 16 of m a group
+        groups = w.shape[1] // 384  # 4 rows x (64 bytes of nibbles, 16 of d and 16 of m) a group
         stride = w.shape[1]
         base = w.ctypes.data
-        for quad in prange(w.shape[0] // 4):
+        for quad in prange(w.shape[0]):
             r = 4 * quad
-            s0, s1, s2, s3 = rows4(base + r * stride, stride, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data,
+            s0, s1, s2, s3 = rows4(base + quad * stride, stride, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data,
                                    xs.ctypes.data, groups)
             out[r] = s0
             out[r + 1] = s1
@@ -162,14 +163,16 @@ def blocks(n: int, k: int, rng):
 
 
 def laid(q, d, m) -> np.ndarray:
-    """Q4_1 blocks as vnni_kernel's product reads them: a row in groups of 4 blocks (zero blocks to a
-    multiple of 4), each group its 64 bytes of nibbles (GGUF's byte order), then the 4 d, the 4 m"""
+    """Q4_1 blocks as vnni_kernel's product reads them (n a multiple of 4): rows four at a time in
+    groups of 4 blocks (zero blocks to a multiple of 4), group-major, each row's group its 64 bytes of
+    nibbles (GGUF's byte order), then the 4 d, the 4 m"""
     n, nb = d.shape
     pad = -nb % 4
     g = (nb + pad) // 4
     qs = np.pad(q[:, :, :16] | (q[:, :, 16:] << 4), ((0, 0), (0, pad), (0, 0))).reshape(n, g, 64)
     dm = [np.pad(v, ((0, 0), (0, pad))).reshape(n, g, 4).view(np.uint8) for v in (d, m)]
-    return np.ascontiguousarray(np.concatenate([qs, *dm], axis=2).reshape(n, -1))
+    rows = np.concatenate([qs, *dm], axis=2)  # (n, g, 96)
+    return np.ascontiguousarray(rows.reshape(n // 4, 4, g, 96).transpose(0, 2, 1, 3).reshape(n // 4, -1))
 
 
 def x_blocks(x8, xd):
