@@ -14,8 +14,10 @@ a row; four rows at a time share x's loads. Rows of blocks not a multiple of 4 a
 blocks. Checked against numpy on the same integers (a line says WRONG where it differs).
 
 The figures below are of the first form (one row at a time, a row's nibbles, d and m in three
-arrays); the form here measured alike (the 16-core host, 16 threads: 576 x 1536 11.0 against MLAS's
-27.8 us, 4096 x 4096 45.9 against 59.8; one thread level with MLAS).
+arrays). The form here (four rows group-major: a thread reads one stream) on the 16-core host: 16
+threads 576 x 1536 9.8 us against MLAS's 28.7, 2048 x 5632 30.8 / 42.0, 4096 x 4096 39.1 / 48.3; one
+thread 19.3 / 27.7, 315 / 326, 456 / 476. Inside a whole step (cpu_numba_step_probe.py), with the
+weights streamed from memory, it was the group-major order that let a core read at llama.cpp's rate.
 
 Session 34, the 2-core dev VM (AVX-512 VNNI), 2 threads (cpu_matmulnbits.py's MatMulNBits, accuracy
 4): 576 x 1536 13.2 us against MLAS's 29.0, 2048 x 2048 51 against 147, 2048 x 5632 179 against
