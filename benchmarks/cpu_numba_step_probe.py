@@ -147,6 +147,81 @@ def build(threads_fn):
         product(head, xd_[0], xd_[1], xd_[2], xd_[3], logits)
         return np.argmax(logits)
 
+    product_rows = product.rows
+
+    @njit(parallel=True, fastmath=True)
+    def attend_rows(qkv, kc, vc, n, out):
+        """attend for each row t of a batch (its own cache kc[t], vc[t]), a task per (row, head)"""
+        group = H // KV
+        scale = np.float32(1.0 / np.sqrt(HD))
+        for task in prange(qkv.shape[0] * H):
+            t, h = task // H, task % H
+            g = h // group
+            s = np.empty(n, np.float32)
+            m = np.float32(-1e30)
+            for p in range(n):
+                acc = np.float32(0.0)
+                for i in range(HD):
+                    acc += qkv[t, h * HD + i] * kc[t, g, p, i]
+                s[p] = acc * scale
+                m = max(m, s[p])
+            tot = np.float32(0.0)
+            for p in range(n):
+                s[p] = np.exp(s[p] - m)
+                tot += s[p]
+            acc = np.zeros(HD, np.float32)
+            for p in range(n):
+                w = s[p]
+                for i in range(HD):
+                    acc[i] += w * vc[t, g, p, i]
+            r = np.float32(1.0) / tot
+            for i in range(HD):
+                out[t, h * HD + i] = acc[i] * r
+
+    @njit(fastmath=True)
+    def step_rows(pos, W, head, kc, vc, cos, sin, bufs):
+        """a decode step of T sequences, all at position pos (h's rows their embeddings); their argmaxes"""
+        qkv_w, o_w, gu_w, down_w = W
+        h, xn, qkv, att, o, gu, f, logits, xd_, xg_, xf_ = bufs
+        T = h.shape[0]
+        for li in range(qkv_w.shape[0]):
+            for t in range(T):
+                rms(h[t], xn[t], xn[t], True)
+                to_blocks(xn[t], xd_[0][t], xd_[1][t], xd_[2][t], xd_[3][t])
+            product_rows(qkv_w[li], xd_[0], xd_[1], xd_[2], xd_[3], qkv)
+            for t in range(T):
+                for j in range(H + KV):
+                    rope(qkv[t, j * HD:(j + 1) * HD], cos, sin)
+                for g in range(KV):
+                    kc[li, t, g, pos] = qkv[t, (H + g) * HD:(H + g + 1) * HD]
+                    vc[li, t, g, pos] = qkv[t, (H + KV + g) * HD:(H + KV + g + 1) * HD]
+            attend_rows(qkv, kc[li], vc[li], pos + 1, att)
+            for t in range(T):
+                to_blocks(att[t], xg_[0][t], xg_[1][t], xg_[2][t], xg_[3][t])
+            product_rows(o_w[li], xg_[0], xg_[1], xg_[2], xg_[3], o)
+            for t in range(T):
+                for i in range(h.shape[1]):
+                    h[t, i] += o[t, i]
+                rms(h[t], xn[t], xn[t], True)
+                to_blocks(xn[t], xd_[0][t], xd_[1][t], xd_[2][t], xd_[3][t])
+            product_rows(gu_w[li], xd_[0], xd_[1], xd_[2], xd_[3], gu)
+            for t in range(T):
+                swiglu(gu[t], f[t])
+                to_blocks(f[t], xf_[0][t], xf_[1][t], xf_[2][t], xf_[3][t])
+            product_rows(down_w[li], xf_[0], xf_[1], xf_[2], xf_[3], o)
+            for t in range(T):
+                for i in range(h.shape[1]):
+                    h[t, i] += o[t, i]
+        for t in range(T):
+            rms(h[t], xn[t], xn[t], True)
+            to_blocks(xn[t], xd_[0][t], xd_[1][t], xd_[2][t], xd_[3][t])
+        product_rows(head, xd_[0], xd_[1], xd_[2], xd_[3], logits)
+        ids = np.empty(T, np.int64)
+        for t in range(T):
+            ids[t] = np.argmax(logits[t])
+        return ids
+
+    step.rows = step_rows
     return step
 
 
@@ -167,6 +242,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--shape", choices=list(SHAPES), default="135m")
+    ap.add_argument("--batch", type=int, default=1, help="sequences a step (each at the same position, its own cache)")
     ap.add_argument("--q8-head", action="store_true",
                     help="a head of as many bytes as a Q8_0 one (the default model's, and llama.cpp's synthetic files')")
     a = ap.parse_args()
@@ -184,20 +260,29 @@ def main() -> None:
     W = (stacked((H + 2 * KV) * HD, D), stacked(D, H * HD), stacked(2 * FF, D), stacked(D, FF))
     head = q4_1(-(-VOCAB * 34 // 20) // 4 * 4 if a.q8_head else VOCAB, D, rng)
     ctx = a.context + a.tokens + 8
-    kc = np.zeros((L, KV, ctx, HD), np.float32)
-    vc = np.zeros((L, KV, ctx, HD), np.float32)
-    kc[:, :, :a.context] = rng.normal(0, 1, (L, KV, a.context, HD))
-    vc[:, :, :a.context] = rng.normal(0, 1, (L, KV, a.context, HD))
+    T = a.batch
+    rows = T > 1
+    kc = np.zeros((L, T, KV, ctx, HD) if rows else (L, KV, ctx, HD), np.float32)
+    vc = np.zeros_like(kc)
+    kc[..., :a.context, :] = rng.normal(0, 1, kc[..., :a.context, :].shape)
+    vc[..., :a.context, :] = rng.normal(0, 1, vc[..., :a.context, :].shape)
     inv = 1.0 / 10000 ** (np.arange(HD // 2) / (HD // 2))
-    h = np.zeros(D, np.float32)
-    bufs = (h, np.zeros(D, np.float32), np.zeros((H + 2 * KV) * HD, np.float32), np.zeros(H * HD, np.float32),
-            np.zeros(D, np.float32), np.zeros(2 * FF, np.float32), np.zeros(FF, np.float32),
-            np.zeros(4 * head.shape[0], np.float32), xbufs(D), xbufs(D), xbufs(FF))
 
-    def run(pos: int) -> int:
+    def z(*shape, dtype=np.float32):
+        return np.zeros((T, *shape) if rows else shape, dtype)
+
+    def xb(k):
+        g = k // 32 + -(k // 32) % 4
+        return z(16 * g, dtype=np.int8), z(16 * g, dtype=np.int8), z(g), z(g)
+
+    h = z(D)
+    bufs = (h, z(D), z((H + 2 * KV) * HD), z(H * HD), z(D), z(2 * FF), z(FF), z(4 * head.shape[0]), xb(D), xb(D), xb(FF))
+    go = step.rows if rows else step
+
+    def run(pos: int):
         cos, sin = np.cos(pos * inv).astype(np.float32), np.sin(pos * inv).astype(np.float32)
-        h[:] = rng.normal(0, 1, D).astype(np.float32)
-        return step(pos, W, head, kc, vc, cos, sin, bufs)
+        h[:] = rng.normal(0, 1, h.shape).astype(np.float32)
+        return go(pos, W, head, kc, vc, cos, sin, bufs)
 
     run(a.context)  # compiles
     print(f"numba {numba.__version__} ({numba.config.THREADING_LAYER} threading layer): compiled in "
@@ -212,7 +297,7 @@ def main() -> None:
             run(a.context + i)
             ts.append(time.perf_counter() - t)
         ms = float(np.median(ts)) * 1e3
-        print(f"  {threads:2d} threads: {ms:.2f} ms a token ({1e3 / ms:.0f} tok/s), median of {a.tokens}", flush=True)
+        print(f"  {threads:2d} threads: {ms:.2f} ms a step of {T} ({1e3 * T / ms:.0f} tok/s), median of {a.tokens}", flush=True)
 
 
 if __name__ == "__main__":

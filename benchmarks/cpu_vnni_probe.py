@@ -140,6 +140,24 @@ def vnni_kernel():
             out[r + 2] = s2
             out[r + 3] = s3
 
+    @njit(parallel=True, fastmath=True)
+    def product_rows(w, xlo, xhi, xd, xs, out):
+        """the product for T rows of x at once (x's arrays (T, ...), out (T, n_out)): each group of
+        four W rows dotted with every row of x while it is in the cache"""
+        groups = w.shape[1] // 384
+        stride = w.shape[1]
+        base = w.ctypes.data
+        for quad in prange(w.shape[0]):
+            r = 4 * quad
+            for t in range(xlo.shape[0]):
+                s0, s1, s2, s3 = rows4(base + quad * stride, stride, xlo[t].ctypes.data, xhi[t].ctypes.data,
+                                       xd[t].ctypes.data, xs[t].ctypes.data, groups)
+                out[t, r] = s0
+                out[t, r + 1] = s1
+                out[t, r + 2] = s2
+                out[t, r + 3] = s3
+
+    product.rows = product_rows
     return product, numba.set_num_threads
 
 
