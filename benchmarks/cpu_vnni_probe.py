@@ -75,55 +75,81 @@ def vnni_kernel():
     I32, F32 = ir.IntType(32), ir.FloatType()
     V16I, V16F, V4F = ir.VectorType(I32, 16), ir.VectorType(F32, 16), ir.VectorType(F32, 4)
 
-    @intrinsic
-    def rows4(typingctx, w, stride, xlo, xhi, xd, xs, groups):
-        """the 4 rows laid from w (stride: unused): for each, the sum over its groups of 4 blocks of
-        d[b] * xd[b] * (q . x8) + m[b] * xs[b]"""
-        sig = types.UniTuple(types.float32, 4)(types.uintp, types.intp, types.uintp, types.uintp, types.uintp,
-                                               types.uintp, types.intp)
+    def emit(builder, w, xs_of, n):
+        """the sums of the 4 rows laid from w against each token's x ((xlo, xhi, xd, xs) addresses in
+        xs_of): for each token and row, over its groups of 4 blocks, d[b] * xd[b] * (q . x8) + m[b] * xs[b].
+        A group's nibbles are loaded and unpacked once for all the tokens."""
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+        nibble, four, zero = (ir.Constant(V16I, [v] * 16) for v in (0x0F0F0F0F, 4, 0))
+        spread = ir.Constant(ir.VectorType(I32, 16), [i // 4 for i in range(16)])  # a block's scale to its 4 lanes
+        toks = len(xs_of)
+        accs = [[cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16)) for _ in range(4)] for _ in range(toks)]
+        mins = [[cgutils.alloca_once_value(builder, ir.Constant(V4F, [0.0] * 4)) for _ in range(4)] for _ in range(toks)]
+        width = n.type
 
-        def codegen(context, builder, signature, args):
-            w, stride, xlo, xhi, xd, xs, n = args
-            dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(V16I, [V16I, V16I, V16I]),
-                                                    "llvm.x86.avx512.vpdpbusd.512")
-            nibble, four, zero = (ir.Constant(V16I, [v] * 16) for v in (0x0F0F0F0F, 4, 0))
-            spread = ir.Constant(ir.VectorType(I32, 16), [i // 4 for i in range(16)])  # a block's scale to its 4 lanes
-            accs = [cgutils.alloca_once_value(builder, ir.Constant(V16F, [0.0] * 16)) for _ in range(4)]
-            mins = [cgutils.alloca_once_value(builder, ir.Constant(V4F, [0.0] * 4)) for _ in range(4)]
-            width = n.type
+        def at(base, offset, ty):
+            return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
 
-            def at(base, offset, ty):
-                return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
-
-            rows = [builder.add(w, ir.Constant(width, 96 * r)) for r in range(4)]
-            with cgutils.for_range(builder, n) as loop:
-                o64 = builder.mul(loop.index, ir.Constant(width, 64))
-                o16 = builder.mul(loop.index, ir.Constant(width, 16))
-                o96 = builder.mul(loop.index, ir.Constant(width, 384))
+        with cgutils.for_range(builder, n) as loop:
+            o64 = builder.mul(loop.index, ir.Constant(width, 64))
+            o16 = builder.mul(loop.index, ir.Constant(width, 16))
+            o384 = builder.mul(loop.index, ir.Constant(width, 384))
+            rows = []
+            for r in range(4):
+                q = builder.load(at(w, builder.add(o384, ir.Constant(width, 96 * r)), V16I), align=1)
+                d4 = builder.load(at(w, builder.add(o384, ir.Constant(width, 96 * r + 64)), V4F), align=4)
+                m4 = builder.load(at(w, builder.add(o384, ir.Constant(width, 96 * r + 80)), V4F), align=4)
+                rows.append((builder.and_(q, nibble), builder.and_(builder.lshr(q, four), nibble), d4, m4))
+            for t, (xlo, xhi, xd, xs) in enumerate(xs_of):
                 a = builder.load(at(xlo, o64, V16I), align=1)
                 b = builder.load(at(xhi, o64, V16I), align=1)
                 xd4 = builder.load(at(xd, o16, V4F), align=4)
                 xs4 = builder.load(at(xs, o16, V4F), align=4)
-                for r in range(4):
-                    q = builder.load(at(rows[r], o96, V16I), align=1)
-                    s = builder.call(dpbusd, [zero, builder.and_(q, nibble), a])
-                    s = builder.call(dpbusd, [s, builder.and_(builder.lshr(q, four), nibble), b])
-                    d4 = builder.load(at(rows[r], builder.add(o96, ir.Constant(width, 64)), V4F), align=4)
-                    m4 = builder.load(at(rows[r], builder.add(o96, ir.Constant(width, 80)), V4F), align=4)
+                for r, (lo, hi, d4, m4) in enumerate(rows):
+                    s = builder.call(dpbusd, [builder.call(dpbusd, [zero, lo, a]), hi, b])
                     scale = builder.fmul(d4, xd4)
                     scale = builder.shuffle_vector(scale, scale, spread)
-                    builder.store(builder.fadd(builder.load(accs[r]), builder.fmul(builder.sitofp(s, V16F), scale)), accs[r])
-                    builder.store(builder.fadd(builder.load(mins[r]), builder.fmul(m4, xs4)), mins[r])
-            out = []
+                    builder.store(builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, V16F), scale)),
+                                  accs[t][r])
+                    builder.store(builder.fadd(builder.load(mins[t][r]), builder.fmul(m4, xs4)), mins[t][r])
+        out = []
+        for t in range(toks):
             for r in range(4):
-                v, mv = builder.load(accs[r]), builder.load(mins[r])
-                total = ir.Constant(F32, 0.0)
-                for i in range(16):
-                    total = builder.fadd(total, builder.extract_element(v, ir.Constant(I32, i)))
-                for i in range(4):
-                    total = builder.fadd(total, builder.extract_element(mv, ir.Constant(I32, i)))
-                out.append(total)
-            return context.make_tuple(builder, signature.return_type, out)
+                v, mv = builder.load(accs[t][r]), builder.load(mins[t][r])
+                # the 16 lanes halved until 4 are left (a tree, not a chain of 16 adds), then the minimums' 4
+                for half in (8, 4):
+                    lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half))))
+                    hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, half), list(range(half, 2 * half))))
+                    v = builder.fadd(lo, hi)
+                v = builder.fadd(v, mv)
+                pair = builder.fadd(builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 2), [0, 1])),
+                                    builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, 2), [2, 3])))
+                out.append(builder.fadd(builder.extract_element(pair, ir.Constant(I32, 0)),
+                                        builder.extract_element(pair, ir.Constant(I32, 1))))
+        return out
+
+    @intrinsic
+    def rows4(typingctx, w, xlo, xhi, xd, xs, groups):
+        """the 4 rows laid from w times one x: 4 sums"""
+        sig = types.UniTuple(types.float32, 4)(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w, xlo, xhi, xd, xs, n = args
+            return context.make_tuple(builder, signature.return_type, emit(builder, w, [(xlo, xhi, xd, xs)], n))
+        return sig, codegen
+
+    @intrinsic
+    def rows4x2(typingctx, w, xlo, xhi, xd, xs, step8, step32, groups):
+        """the 4 rows laid from w times two rows of x (the second step8 bytes on in xlo and xhi, step32
+        in xd and xs): 8 sums, the first x's 4 then the second's"""
+        sig = types.UniTuple(types.float32, 8)(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp,
+                                               types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w, xlo, xhi, xd, xs, s8, s32, n = args
+            second = (builder.add(xlo, s8), builder.add(xhi, s8), builder.add(xd, s32), builder.add(xs, s32))
+            return context.make_tuple(builder, signature.return_type, emit(builder, w, [(xlo, xhi, xd, xs), second], n))
         return sig, codegen
 
     @njit(parallel=True, fastmath=True)
@@ -133,7 +159,7 @@ def vnni_kernel():
         base = w.ctypes.data
         for quad in prange(w.shape[0]):
             r = 4 * quad
-            s0, s1, s2, s3 = rows4(base + quad * stride, stride, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data,
+            s0, s1, s2, s3 = rows4(base + quad * stride, xlo.ctypes.data, xhi.ctypes.data, xd.ctypes.data,
                                    xs.ctypes.data, groups)
             out[r] = s0
             out[r + 1] = s1
@@ -143,19 +169,26 @@ def vnni_kernel():
     @njit(parallel=True, fastmath=True)
     def product_rows(w, xlo, xhi, xd, xs, out):
         """the product for T rows of x at once (x's arrays (T, ...), out (T, n_out)): each group of
-        four W rows dotted with every row of x while it is in the cache"""
+        four W rows dotted with the rows of x two at a time, its nibbles unpacked once for both"""
         groups = w.shape[1] // 384
         stride = w.shape[1]
         base = w.ctypes.data
+        T = xlo.shape[0]
+        s8, s32 = xlo.shape[1], 4 * xd.shape[1]
         for quad in prange(w.shape[0]):
             r = 4 * quad
-            for t in range(xlo.shape[0]):
-                s0, s1, s2, s3 = rows4(base + quad * stride, stride, xlo[t].ctypes.data, xhi[t].ctypes.data,
-                                       xd[t].ctypes.data, xs[t].ctypes.data, groups)
-                out[t, r] = s0
-                out[t, r + 1] = s1
-                out[t, r + 2] = s2
-                out[t, r + 3] = s3
+            for t in range(0, T - 1, 2):
+                y = rows4x2(base + quad * stride, xlo[t].ctypes.data, xhi[t].ctypes.data, xd[t].ctypes.data,
+                            xs[t].ctypes.data, s8, s32, groups)
+                for i in range(4):
+                    out[t, r + i] = y[i]
+                    out[t + 1, r + i] = y[4 + i]
+            if T % 2:
+                t = T - 1
+                y1 = rows4(base + quad * stride, xlo[t].ctypes.data, xhi[t].ctypes.data, xd[t].ctypes.data,
+                           xs[t].ctypes.data, groups)
+                for i in range(4):
+                    out[t, r + i] = y1[i]
 
     product.rows = product_rows
     return product, numba.set_num_threads
