@@ -77,36 +77,37 @@ def build(threads_fn):
             v[i] = a * cos[i] - b * sin[i]
             v[i + h] = a * sin[i] + b * cos[i]
 
+    @njit(fastmath=True)
+    def one_head(q, k, v, n, out):
+        """softmax(q . k[p] / sqrt(HD)) over positions 0..n-1, times v, into out (HD values)"""
+        scale = np.float32(1.0 / np.sqrt(HD))
+        s = np.empty(n, np.float32)
+        m = np.float32(-1e30)
+        for p in range(n):
+            acc = np.float32(0.0)
+            for i in range(HD):
+                acc += q[i] * k[p, i]
+            s[p] = acc * scale
+            m = max(m, s[p])
+        tot = np.float32(0.0)
+        for p in range(n):
+            s[p] = np.exp(s[p] - m)
+            tot += s[p]
+        acc = np.zeros(HD, np.float32)
+        for p in range(n):
+            w = s[p]
+            for i in range(HD):
+                acc[i] += w * v[p, i]
+        r = np.float32(1.0) / tot
+        for i in range(HD):
+            out[i] = acc[i] * r
+
     @njit(parallel=True, fastmath=True)
     def attend(q, kc, vc, n, out):
         """each query head over positions 0..n-1 of its kv head (kc, vc: (KV, positions, HD))"""
-        group = H // KV
-        scale = np.float32(1.0 / np.sqrt(HD))
         for h in prange(H):
-            g = h // group
-            qh = q[h * HD:(h + 1) * HD]
-            s = np.empty(n, np.float32)
-            m = np.float32(-1e30)
-            for p in range(n):
-                k = kc[g, p]
-                acc = np.float32(0.0)
-                for i in range(HD):
-                    acc += qh[i] * k[i]
-                s[p] = acc * scale
-                m = max(m, s[p])
-            tot = np.float32(0.0)
-            for p in range(n):
-                s[p] = np.exp(s[p] - m)
-                tot += s[p]
-            acc = np.zeros(HD, np.float32)
-            for p in range(n):
-                w = s[p]
-                v = vc[g, p]
-                for i in range(HD):
-                    acc[i] += w * v[i]
-            r = np.float32(1.0) / tot
-            for i in range(HD):
-                out[h * HD + i] = acc[i] * r
+            g = h // (H // KV)
+            one_head(q[h * HD:(h + 1) * HD], kc[g], vc[g], n, out[h * HD:(h + 1) * HD])
 
     @njit(fastmath=True)
     def swiglu(gu, out):
@@ -116,35 +117,34 @@ def build(threads_fn):
             out[i] = g / (np.float32(1.0) + np.exp(-g)) * gu[f + i]
 
     @njit(fastmath=True)
+    def times(x, xb, w, out):
+        """out = w x: x made int8 blocks (xb), then the product"""
+        to_blocks(x, xb[0], xb[1], xb[2], xb[3])
+        product(w, xb[0], xb[1], xb[2], xb[3], out)
+
+    @njit(fastmath=True)
     def step(pos, W, head, kc, vc, cos, sin, bufs):
         """one token at position pos (h in bufs holds its embedding): the layers, the final norm, the head; its argmax"""
         qkv_w, o_w, gu_w, down_w = W
         h, xn, qkv, att, o, gu, f, logits, xd_, xg_, xf_ = bufs
         for li in range(qkv_w.shape[0]):
             rms(h, xn, xn, True)
-            to_blocks(xn, xd_[0], xd_[1], xd_[2], xd_[3])
-            product(qkv_w[li], xd_[0], xd_[1], xd_[2], xd_[3], qkv)
+            times(xn, xd_, qkv_w[li], qkv)
             for j in range(H + KV):
                 rope(qkv[j * HD:(j + 1) * HD], cos, sin)
             for g in range(KV):
                 kc[li, g, pos] = qkv[(H + g) * HD:(H + g + 1) * HD]
                 vc[li, g, pos] = qkv[(H + KV + g) * HD:(H + KV + g + 1) * HD]
             attend(qkv[:H * HD], kc[li], vc[li], pos + 1, att)
-            to_blocks(att, xg_[0], xg_[1], xg_[2], xg_[3])
-            product(o_w[li], xg_[0], xg_[1], xg_[2], xg_[3], o)
-            for i in range(h.shape[0]):
-                h[i] += o[i]
+            times(att, xg_, o_w[li], o)
+            h += o
             rms(h, xn, xn, True)
-            to_blocks(xn, xd_[0], xd_[1], xd_[2], xd_[3])
-            product(gu_w[li], xd_[0], xd_[1], xd_[2], xd_[3], gu)
+            times(xn, xd_, gu_w[li], gu)
             swiglu(gu, f)
-            to_blocks(f, xf_[0], xf_[1], xf_[2], xf_[3])
-            product(down_w[li], xf_[0], xf_[1], xf_[2], xf_[3], o)
-            for i in range(h.shape[0]):
-                h[i] += o[i]
+            times(f, xf_, down_w[li], o)
+            h += o
         rms(h, xn, xn, True)
-        to_blocks(xn, xd_[0], xd_[1], xd_[2], xd_[3])
-        product(head, xd_[0], xd_[1], xd_[2], xd_[3], logits)
+        times(xn, xd_, head, logits)
         return np.argmax(logits)
 
     product_rows = product.rows
@@ -152,31 +152,10 @@ def build(threads_fn):
     @njit(parallel=True, fastmath=True)
     def attend_rows(qkv, kc, vc, n, out):
         """attend for each row t of a batch (its own cache kc[t], vc[t]), a task per (row, head)"""
-        group = H // KV
-        scale = np.float32(1.0 / np.sqrt(HD))
         for task in prange(qkv.shape[0] * H):
             t, h = task // H, task % H
-            g = h // group
-            s = np.empty(n, np.float32)
-            m = np.float32(-1e30)
-            for p in range(n):
-                acc = np.float32(0.0)
-                for i in range(HD):
-                    acc += qkv[t, h * HD + i] * kc[t, g, p, i]
-                s[p] = acc * scale
-                m = max(m, s[p])
-            tot = np.float32(0.0)
-            for p in range(n):
-                s[p] = np.exp(s[p] - m)
-                tot += s[p]
-            acc = np.zeros(HD, np.float32)
-            for p in range(n):
-                w = s[p]
-                for i in range(HD):
-                    acc[i] += w * vc[t, g, p, i]
-            r = np.float32(1.0) / tot
-            for i in range(HD):
-                out[t, h * HD + i] = acc[i] * r
+            g = h // (H // KV)
+            one_head(qkv[t, h * HD:(h + 1) * HD], kc[t, g], vc[t, g], n, out[t, h * HD:(h + 1) * HD])
 
     @njit(fastmath=True)
     def step_rows(pos, W, head, kc, vc, cos, sin, bufs):
