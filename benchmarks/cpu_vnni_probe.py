@@ -237,37 +237,18 @@ def x_blocks(x8, xd):
     return (x8p[:, :16].reshape(-1).copy(), x8p[:, 16:].reshape(-1).copy(), np.pad(xd, (0, pad)), np.pad(xs, (0, pad)))
 
 
-def mlas(n: int, k: int, q, d, threads: int):
-    """onnxruntime's MatMulNBits on the same nibbles and scales (its zero point 8, not Q4_1's minimums: the
-    same work; accuracy 4: x in int8 blocks, as the CPU graph), or None without onnxruntime."""
+def mlas(q, d, threads: int):
+    """onnxruntime's MatMulNBits on the same nibbles and scales (cpu_openvino_probe.ort_model: its zero
+    point 8, not Q4_1's minimums, the same work; accuracy 4: x in int8 blocks, as the CPU graph), or
+    None without onnxruntime."""
     try:
         import onnxruntime as ort
     except ImportError:
         return None
-    from oxinfer.runtime import blockwise
-    from oxinfer.runtime import onnx_proto as P
-    F32, U8 = 1, 2
-    nb = k // 32
-    packed = (q[:, :, 0::2] | (q[:, :, 1::2] << 4)).astype(np.uint8)  # MatMulNBits' bytes: value 2j low, 2j + 1 high
-    node = P.node("MatMulNBits", ["x", "q", "s"], ["y"], "com.microsoft", K=k, N=n, bits=4, block_size=32,
-                  accuracy_level=4)
-    model = P.model([node], "probe", [P.value_info("x", F32, [1, k])], [P.value_info("y", F32, [1, n])],
-                    [P.tensor("q", U8, [n, nb, 16], packed.tobytes()), P.tensor("s", F32, [n * nb], d.tobytes())],
-                    {"": 21, "com.microsoft": 1}, blockwise.IR_VERSION)
+    from cpu_openvino_probe import ort_model
     o = ort.SessionOptions()
     o.intra_op_num_threads, o.inter_op_num_threads, o.log_severity_level = threads, 1, 3
-    return ort.InferenceSession(model, o, providers=["CPUExecutionProvider"])
-
-
-def median_us(run, reps: int = 200) -> float:
-    for _ in range(10):
-        run()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        run()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts)) * 1e6
+    return ort.InferenceSession(ort_model(q, d, None), o, providers=["CPUExecutionProvider"])
 
 
 def main() -> None:
@@ -276,6 +257,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES, help="n_out x n_in list")
     a = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from cpu_openvino_probe import timed  # (imports oxinfer: after the path above)
+
+    def median_us(run) -> float:
+        return timed(run, 200) * 1e6
+
     made = vnni_kernel()
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
@@ -297,7 +283,7 @@ def main() -> None:
                 err = float(np.abs(out - ref).max() / np.abs(ref).max())
                 us = median_us(lambda: made[0](*kernel, out))
                 line += f" numba + VNNI {us:8.1f} ({gb / us * 1e6:5.1f}){'' if err < 1e-5 else f' WRONG by {err:.1e}'}"
-            sess = mlas(n, k, q, d, threads)
+            sess = mlas(q, d, threads)
             if sess is not None:
                 feed = {"x": x[None]}
                 us = median_us(lambda: sess.run(None, feed))
