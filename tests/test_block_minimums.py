@@ -84,19 +84,18 @@ def test_a_matrix_packed_into_older_memory_is_found_before_maps_that_hold_little
     rng = np.random.default_rng(9)
     w = random_matrix("Q4_1", 64, 256, rng, "older")
     session, minimums = _products([w])  # packed in this thread's memory
-    sparse = mmap.mmap(-1, 1 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    sparse[0] = 1
     searched, lines = [], block_minimums._lines
     monkeypatch.setattr(block_minimums, "_lines",
                         lambda fd, at, size, heads: searched.append(size) or lines(fd, at, size, heads))
-    # from another thread, after the packing: all of it was mapped before, none of it where this
-    # thread allocates
-    with ThreadPoolExecutor(1) as writer:
-        writer.submit(lambda: block_minimums.write(minimums, block_minimums.snapshot())).result()
+    with mmap.mmap(-1, 1 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as sparse:
+        sparse[0] = 1
+        # from another thread, after the packing: all of it was mapped before, none of it where this
+        # thread allocates
+        with ThreadPoolExecutor(1) as writer:
+            writer.submit(lambda: block_minimums.write(minimums, block_minimums.snapshot())).result()
     x = rng.normal(size=(2, 256)).astype(np.float32)
     assert _errors(session, [w], x)[0] < 0.02
     assert 0 < sum(searched) < 1 << 30
-    sparse.close()
 
 
 def test_a_matrix_not_found_is_refused_and_nothing_is_written(monkeypatch):
