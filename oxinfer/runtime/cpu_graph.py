@@ -29,13 +29,14 @@ the pages it packed, and first prompts' scratch keys and values are a map of the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +55,8 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
+# decode rows: "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are) or "graph"
+DECODE = os.environ.get("OXINFER_CPU_DECODE", "numba")
 
 
 @dataclass(eq=False)
@@ -83,6 +86,10 @@ class CpuGraph:
         self._released = released
         self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
         self.minimums_in_kernel = block_minimums.available()
+        refused = _step_refused(self.kv_dtype)
+        # the numba step's weights (id(fused base or matrix) -> cpu_vnni.lay's), laid while the
+        # graph converts them: a file's pages are read once, then dropped
+        self._laid: dict[int, tuple] | None = {} if refused is None else None
         try:
             self._build()
         except block_minimums.Refused as e:
@@ -102,6 +109,8 @@ class CpuGraph:
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
+        self._step = None if refused else _numba_step(model, self._laid)  # a Future of the decode step
+        self._laid = None
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
                  kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3))
@@ -116,7 +125,8 @@ class CpuGraph:
             # handed over, they were copied again while it loaded them (the default model's load
             # peaked at 436 MiB of RSS so, 348 with the file)
             with open(os.path.join(folder, "weights.bin"), "wb") as data:
-                rec = GraphOps(model.cfg, data, _converted(model, self._released, kernel), self.kv_dtype, kernel)
+                rec = GraphOps(model.cfg, data, _converted(model, self._released, kernel, self._laid), self.kv_dtype,
+                               kernel)
                 logits = model.trace(rec)
             self.embed, self.weight_bytes = rec.embed_table, rec.bytes
             with open(os.path.join(folder, "model.onnx"), "wb") as f:
@@ -153,17 +163,44 @@ class CpuGraph:
         with self._lock:
             return None if stopped() else self._runs(seqs, caches, starts)
 
+    @property
+    def step(self):
+        """The numba decode step (runtime/cpu_step.py) once built; None where it is not (why: logged)."""
+        if isinstance(self._step, Future):
+            try:
+                self._step = self._step.result()
+            except Exception as e:  # noqa: BLE001 - numba could not build it here: the graph decodes
+                log.warning("numba_step_failed", reason=repr(e), action="decode rows run in onnxruntime's graph")
+                self._step = None
+        return self._step
+
     def _runs(self, seqs, caches, starts) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
+        rest = self._stepped(seqs, caches, starts, out) if self.step is not None else list(range(len(seqs)))
+        seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
             long = [i for i in rows if len(seqs[i]) >= cpu_prompts.RUN_ROWS] if openvino else []
             for i in long:
-                out[i] = self._prompt(seqs[i], caches[i], starts[i])
+                out[rest[i]] = self._prompt(seqs[i], caches[i], starts[i])
             rows = [i for i in rows if i not in long]
             if rows:
-                out[rows] = self._run([seqs[i] for i in rows], [caches[i] for i in rows], [starts[i] for i in rows], fresh)
+                out[[rest[i] for i in rows]] = self._run([seqs[i] for i in rows], [caches[i] for i in rows],
+                                                         [starts[i] for i in rows], fresh)
         return out
+
+    def _stepped(self, seqs, caches, starts, out) -> list[int]:
+        """Decode rows of shared pools through the numba step, a call a pool (their logits into
+        out): the indices of the other sequences."""
+        pools: dict[int, list[int]] = {}
+        rest = []
+        for i, (s, c) in enumerate(zip(seqs, caches)):
+            (pools.setdefault(id(c.pool), []) if len(s) == 1 and not c.pool.growable else rest).append(i)
+        for rows in pools.values():
+            x = self._looked_up(np.concatenate([seqs[i] for i in rows]))
+            out[rows] = self.step.logits(x, np.arange(len(rows)), [starts[i] for i in rows],
+                                         [caches[i].slot for i in rows], caches[rows[0]].pool)
+        return rest
 
     def _prompt(self, seq: np.ndarray, cache, start: int) -> np.ndarray:
         """A prompt's rows from position `start` alone through OpenVINO (runtime/cpu_prompts.py):
@@ -259,12 +296,51 @@ class CpuGraph:
         return io
 
 
-def _converted(model, released, minimums_in_kernel: bool) -> dict[int, tuple]:
+def _step_refused(kv_dtype) -> str | None:
+    """Why runtime/cpu_step.py's decode step cannot run here (logged; the graph decodes), or None."""
+    if DECODE != "numba":
+        reason = f"OXINFER_CPU_DECODE={DECODE}"
+    elif importlib.util.find_spec("numba") is None:
+        reason = "numba is not installed"
+    elif np.dtype(kv_dtype) != np.float32:
+        reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
+    else:
+        import llvmlite.binding
+        reason = None if llvmlite.binding.get_host_cpu_features().get("avx512vnni") else "no AVX-512 VNNI on this CPU"
+    if reason is not None:
+        log.info("numba_step_refused", reason=reason, action="decode rows run in onnxruntime's graph")
+    return reason
+
+
+def _numba_step(model, laid: dict[int, tuple]) -> Future:
+    """runtime/cpu_step.py's decode step over the matrices laid, compiled in a thread (loaded from
+    numba's cache beside the module: ~0.3 s; ~10 s the first time): its Future."""
+    def build():
+        from oxinfer.runtime.cpu_step import NumbaStep
+        t0 = time.perf_counter()
+        step = NumbaStep(model, blockwise.threads(), laid)
+        step.warm()
+        log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), build_s=round(time.perf_counter() - t0, 3))
+        return step
+
+    ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")
+    try:
+        return ex.submit(build)
+    finally:
+        ex.shutdown(wait=False)
+
+
+def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = None) -> dict[int, tuple]:
     """Every matrix's kernel blocks (id(fused base or matrix) -> kernel_weights), converted in
-    threads (numpy lets go of the GIL), largest first; each file's pages dropped once converted."""
+    threads (numpy lets go of the GIL), largest first; each file's pages dropped once converted
+    (and laid for runtime/cpu_step.py's products into `laid`, where given)."""
     bases = sorted({id(m.base or m): m.base or m for m in model.matrices()}.values(), key=lambda b: -b.nbytes)
+    if laid is not None:
+        from oxinfer.runtime.cpu_vnni import lay
 
     def convert(b):
+        if laid is not None and id(b) not in laid:
+            laid[id(b)] = lay(b)
         blocks = kernel_weights(b, zero_point(b, minimums_in_kernel))
         for part in b.parts if released is not None else ():  # (a fused matrix's `data` is a copy, read anew)
             released(part)

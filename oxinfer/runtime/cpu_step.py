@@ -1,0 +1,416 @@
+"""The CPU's decode step as one compiled call: the model's forward traced once through `StepOps`
+into a short program (an op a line: norms, products, attention, SwiGLU...), which `_run`, a numba
+function, interprets with the products of runtime/cpu_vnni.py. One call from Python a step, in
+place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out to the threads
+(session 33: half of a one-row step on the 2-core dev VM): on the H100 machines' 16-core Xeon a
+step written this way ran 0.7-1.06x llama.cpp's speed on the 135M shape and 0.86-0.94x on the 1.1B,
+where the graph stands at 0.35-0.65x (docs/cpu_graph.md, sessions 33-34).
+
+Every activation is a range of columns of one float32 array (rows, width): a row a token. A
+value's columns are given back once its last reader has run, so the program's width is a few of
+the model's widest rows, not one for every op. The rows may be any tokens of any sequences in one
+pool's lanes (`lanes`, `pos`): attention first ropes and writes every row's key and value into its
+lane at its position, then each row attends to its lane's positions up to its own (within its
+layer's window). Rows never mix: each row's arithmetic is the same whatever else is in the step,
+so a sequence's logits are the same batched or alone.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, prange, types
+from numba.extending import intrinsic
+
+from oxinfer.logs import get_logger
+from oxinfer.runtime import cpu_vnni
+from oxinfer.runtime.backend import Job, fused_runs
+from oxinfer.runtime.ops import rope_table
+
+log = get_logger("oxinfer.runtime")
+
+LINEAR, RMS, HEAD_NORM, SCALE, ADD_VEC, ADD, ATTEND, SILU_MUL, GELU_MUL, SOFTCAP, LAST = range(11)
+ALIGN = 16  # a value's first column: a multiple of 16 floats (64 bytes, a cache line)
+
+
+@dataclass(frozen=True)
+class Val:
+    """A traced activation: columns [col0, col0 + cols) of value `vid`."""
+
+    vid: int
+    cols: int
+    col0: int = 0
+
+
+class StepOps:
+    """The ops API (runtime/ops.py) recording `_run`'s program: `code` lines (op, input values,
+    output value, integers, floats), `vectors` (norm weights, biases), `matrices` (fused bases)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.code: list[tuple] = []
+        self.widths: list[int] = []  # vid -> its columns
+        self.vectors: list[np.ndarray] = []
+        self.matrices: list = []
+        self._matrix_at: dict[int, int] = {}
+        self.embed_table = None
+
+    def _new(self, cols: int) -> Val:
+        self.widths.append(cols)
+        return Val(len(self.widths) - 1, cols)
+
+    def _line(self, op: int, ins: list[Val], cols: int, ints=(), floats=()) -> Val:
+        out = self._new(cols)
+        self.code.append((op, ins, out, list(ints), list(floats)))
+        return out
+
+    def _vector(self, v) -> int:
+        self.vectors.append(np.asarray(v, np.float32).reshape(-1))
+        return len(self.vectors) - 1
+
+    def begin(self, seqs, caches):
+        return None
+
+    def end(self, step) -> None:
+        pass
+
+    def embed(self, table, step) -> Val:
+        self.embed_table = table
+        return self._new(table.n_in)  # value 0: the rows' embeddings, written by the caller
+
+    def scale(self, x: Val, s: float) -> Val:
+        return self._line(SCALE, [x], x.cols, floats=[s])
+
+    def rms_norm(self, x: Val, w, eps: float) -> Val:
+        return self._line(RMS, [x], x.cols, [self._vector(w)], [eps])
+
+    def head_norm(self, x: Val, w, eps: float) -> Val:
+        return self._line(HEAD_NORM, [x], x.cols, [self._vector(w), len(w)], [eps])
+
+    async def linear(self, x: Val, *weights, tag=None) -> list[Val]:
+        """x @ w.T for each weight; row views of one fused matrix share one product."""
+        outs = []
+        for run in fused_runs([Job(w) for w in weights]):
+            base = run[0].weight.base or run[0].weight
+            if id(base) not in self._matrix_at:
+                self._matrix_at[id(base)] = len(self.matrices)
+                self.matrices.append(base)
+            y = self._line(LINEAR, [x], base.n_out, [self._matrix_at[id(base)]])
+            outs += [Val(y.vid, j.weight.n_out, j.weight.row0 if j.weight.base is not None else 0) for j in run]
+        return outs
+
+    def add_bias(self, xs, bias) -> list[Val]:
+        out, c = [], 0
+        for x in xs:
+            out.append(self._line(ADD_VEC, [x], x.cols, [self._vector(bias[c:c + x.cols])]))
+            c += x.cols
+        return out
+
+    def attention(self, layer: int, q: Val, k: Val, v: Val, step) -> Val:
+        c = self.cfg
+        window = c.layer_windows[layer] if c.layer_windows else None
+        return self._line(ATTEND, [q, k, v], c.n_heads * c.head_dim, [layer, window or 0, c.rope_row0(layer)],
+                          [c.attn_scale, c.attn_softcap or 0.0])
+
+    def silu_mul(self, gate: Val, up: Val) -> Val:
+        return self._line(SILU_MUL, [gate, up], gate.cols)
+
+    def gelu_mul(self, gate: Val, up: Val) -> Val:
+        return self._line(GELU_MUL, [gate, up], gate.cols)
+
+    def softcap(self, x: Val, cap: float) -> Val:
+        return self._line(SOFTCAP, [x], x.cols, floats=[cap])
+
+    def add(self, x: Val, y: Val) -> Val:
+        return self._line(ADD, [x, y], x.cols)
+
+    def last_rows(self, x: Val, seqs) -> Val:
+        """Each sequence's last row, rows 0.. of the result (`last` says which); the program's
+        rows from here on are the sequences'."""
+        return self._line(LAST, [x], x.cols)
+
+    def program(self, logits: Val) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """(lines (n, 10) int64: op, three inputs' first columns, the output's, its columns, four integers;
+        floats (n, 2) float32; the width of the rows; the logits' first column). Each value's
+        columns are taken as its line runs (after its inputs', so that none is written while
+        read) and given back after its last reader."""
+        last_read = {0: -1}
+        for i, (_, ins, _, _, _) in enumerate(self.code):
+            for v in ins:
+                last_read[v.vid] = i
+        last_read[logits.vid] = len(self.code)
+        at, free, width = {}, [], 0  # vid -> first column; free ranges (start, cols)
+
+        def take(vid: int) -> None:
+            nonlocal width
+            cols = -(-self.widths[vid] // ALIGN) * ALIGN
+            for i, (s, n) in enumerate(free):
+                if n >= cols:
+                    free[i:i + 1] = [(s + cols, n - cols)] if n > cols else []
+                    at[vid] = s
+                    return
+            at[vid], width = width, width + cols
+
+        def give(vid: int) -> None:
+            free.append((at[vid], -(-self.widths[vid] // ALIGN) * ALIGN))
+            free.sort()
+            merged = []
+            for s, n in free:
+                if merged and merged[-1][0] + merged[-1][1] == s:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + n)
+                else:
+                    merged.append((s, n))
+            free[:] = merged
+
+        take(0)
+        lines, floats = np.zeros((len(self.code), 10), np.int64), np.zeros((len(self.code), 2), np.float32)
+        for i, (op, ins, out, ints, fl) in enumerate(self.code):
+            take(out.vid)
+            lines[i, 0] = op
+            for j, v in enumerate(ins):
+                lines[i, 1 + j] = at[v.vid] + v.col0
+            lines[i, 4], lines[i, 5] = at[out.vid], out.cols
+            lines[i, 6:6 + len(ints)] = ints
+            floats[i, :len(fl)] = fl
+            for v in {v.vid for v in ins}:
+                if last_read[v] == i:
+                    give(v)
+        return lines, floats, width, at[logits.vid] + logits.col0
+
+
+@intrinsic
+def _f32_at(typingctx, address):
+    """The float32 pointer at an address (a KV pool's layer, whose arrays numba is not given)."""
+    sig = types.CPointer(types.float32)(types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+@intrinsic
+def _as_f32(typingctx, bits):
+    """An int32's bits as a float32."""
+    sig = types.float32(types.int32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return sig, codegen
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _exp(x):
+    """e^x for x <= 0 (softmax's, SiLU's e^-|x|) to ~2.3e-7 relative, as LLVM can vectorize it (a
+    call of libm's expf a value cost more than the softmax's dot products): x = n ln 2 + r, e^r a
+    degree-6 polynomial, 2^n in the exponent's bits; below -87, e^-87."""
+    x = max(x, np.float32(-87.0))
+    n = np.rint(x * np.float32(1.4426950408889634))
+    r = x - n * np.float32(0.693145751953125) - n * np.float32(1.428606765330187e-06)  # ln 2 in two parts
+    p = np.float32(1.0 / 720)
+    for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
+        p = p * r + np.float32(c)
+    return p * _as_f32((np.int32(n) + np.int32(127)) << 23)
+
+
+@njit(fastmath=True, cache=True)
+def _rope(src, dst, c, s, scale, rope_dim, hd):
+    """One head's hd values from src into dst: adjacent pairs of the first rope_dim rotated (GGUF
+    stores q/k rows permuted for this), the rest as they are, all times scale."""
+    for i in range(rope_dim // 2):
+        a, b = src[2 * i], src[2 * i + 1]
+        dst[2 * i] = (a * c[i] - b * s[i]) * scale
+        dst[2 * i + 1] = (a * s[i] + b * c[i]) * scale
+    for i in range(rope_dim, hd):
+        dst[i] = src[i] * scale
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _attend(A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs):
+    """Rows' q, k, v (columns qc, kc, vc of A) -> their attention (columns oc): each row's q and k
+    roped at its position, q scaled, k and v written into its lane; then a task a row and head,
+    over its lane's keys up to its position (from its window's first)."""
+    layer, window, row0 = ints[0], ints[1], ints[2]
+    scale, cap = fl[0], fl[1]
+    H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
+    V = carray(_f32_at(pool[layer, 1]), (slots, KV, tokens, hd))
+    for t in range(rows):
+        p, r = pos[t], pos[t] + row0
+        for h in range(H):
+            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], scale, rope_dim, hd)
+        for g in range(KV):
+            _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
+            V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
+    group = H // KV
+    for task in prange(rows * H):
+        t, h = task // H, task % H
+        keys, values = K[lanes[t], h // group], V[lanes[t], h // group]
+        n = pos[t] + 1
+        lo = max(0, n - window) if window > 0 else 0
+        q = qs[t, h * hd:(h + 1) * hd]
+        s = np.empty(n - lo, np.float32)
+        top = np.float32(-np.inf)
+        for j in range(lo, n):
+            acc = np.float32(0.0)
+            for i in range(hd):
+                acc += q[i] * keys[j, i]
+            if cap > 0:
+                acc = cap * np.tanh(acc / cap)
+            s[j - lo] = acc
+            top = max(top, acc)
+        total = np.float32(0.0)
+        for j in range(n - lo):
+            s[j] = _exp(s[j] - top)
+            total += s[j]
+        out = A[t, oc + h * hd:oc + (h + 1) * hd]
+        out[:] = 0
+        for j in range(lo, n):
+            w = s[j - lo]
+            for i in range(hd):
+                out[i] += w * values[j, i]
+        inv = np.float32(1.0) / total
+        for i in range(hd):
+            out[i] *= inv
+
+
+@njit(fastmath=True, cache=True)
+def _rms(x, out, w, n, eps):
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += x[i] * x[i]
+    r = np.float32(1.0) / np.sqrt(ss / np.float32(n) + eps)
+    for i in range(n):
+        out[i] = x[i] * r * w[i]
+
+
+@njit(fastmath=True, cache=True)
+def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs):
+    """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
+    over the rows `last` names (their count returned). mats: a matrix a row (its address, and
+    quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in)."""
+    for i in range(lines.shape[0]):
+        op, a, b, c, o, n = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
+        ints, fl = lines[i, 6:], floats[i]
+        if op == LINEAR:
+            m = mats[ints[0]]
+            cpu_vnni.quantize(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
+            cpu_vnni.product(m[0], m[1], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
+        elif op == ATTEND:
+            _attend(A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
+        elif op == LAST:
+            for t in range(last.shape[0]):
+                A[t, o:o + n] = A[last[t], a:a + n]
+            rows = last.shape[0]
+        else:
+            w = vecs[vec_at[ints[0]]:]
+            for t in range(rows):
+                x, y = A[t, a:a + n], A[t, o:o + n]
+                if op == RMS:
+                    _rms(x, y, w, n, fl[0])
+                elif op == HEAD_NORM:
+                    for h in range(0, n, ints[1]):
+                        _rms(x[h:], y[h:], w, ints[1], fl[0])
+                else:
+                    _elementwise(op, x, A[t, b:b + n], y, w, fl[0])
+    return rows
+
+
+@njit(fastmath=True, cache=True)
+def _elementwise(op, x, x2, y, w, f):
+    """y = op(x[, x2 or w or f]): the lines that are a function of each column."""
+    for j in range(x.shape[0]):
+        v = x[j]
+        if op == SCALE:
+            y[j] = v * f
+        elif op == ADD_VEC:
+            y[j] = v + w[j]
+        elif op == ADD:
+            y[j] = v + x2[j]
+        elif op == SILU_MUL:  # v / (1 + e^-v), from e^-|v| (no overflow)
+            e = _exp(-abs(v))
+            y[j] = (v if v >= 0 else v * e) / (np.float32(1.0) + e) * x2[j]
+        elif op == GELU_MUL:  # gelu's tanh form (runtime/ops.py's gelu_tanh)
+            y[j] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(
+                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))) * x2[j]
+        elif op == SOFTCAP:
+            y[j] = f * np.tanh(v / f)
+
+
+class NumbaStep:
+    """A model's forward as `_run`'s program, its matrices laid for cpu_vnni's products (a copy of
+    theirs: ~1.2x a 4-bit type's bytes, float32 scales and minimums). Blocking; one run at a time
+    (its scratch is its own)."""
+
+    def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None):
+        """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here)."""
+        c = model.cfg
+        ops = StepOps(c)
+        logits = model.trace(ops)
+        self.lines, self.floats, self.width, self.logits_at = ops.program(logits)
+        self.embed, self.vocab, self.threads = ops.embed_table, c.vocab_size, threads
+        self.vecs = np.concatenate(ops.vectors) if ops.vectors else np.zeros(1, np.float32)
+        self.vec_at = np.cumsum([0, *(len(v) for v in ops.vectors)]).astype(np.int64)
+        laid = laid or {}
+        with ThreadPoolExecutor(min(len(ops.matrices), threads, 8), thread_name_prefix="oxinfer-lay") as ex:
+            self._laid = list(ex.map(lambda m: laid.get(id(m)) or cpu_vnni.lay(m), ops.matrices))  # (numpy lets go of the GIL)
+        self.mats = np.array([(a.ctypes.data, a.shape[0], groups, tail, kind, m.n_out, m.n_in)
+                              for (a, kind, groups, tail), m in zip(self._laid, ops.matrices)], np.int64)
+        self.weight_bytes = sum(a[0].nbytes for a in self._laid)
+        self.x_cols = int((4 * self.mats[:, 2] + 2 * self.mats[:, 3]).max()) * 32  # the widest product input, in int8 values
+        rot = rope_table(c)  # (rows, rope_dim / 2) complex64: the numpy ops' and the GPU's table
+        self.cos, self.sin = np.ascontiguousarray(rot.real), np.ascontiguousarray(rot.imag)
+        self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
+        self._scratch: tuple | None = None
+        self._pools: dict[int, tuple] = {}
+
+    def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool) -> np.ndarray:
+        """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
+        of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
+        key and value are written into its lane first."""
+        return self._run(x, last, pos, lanes, *self._pool(pool))
+
+    def warm(self) -> None:
+        """Compile (or load from numba's cache) every function of a step: one row over a pool of
+        one position."""
+        c = self.heads
+        kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
+        addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
+        self._run(np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
+                  np.array([*c, 1, 1], np.int64))
+
+    def _run(self, x, last, pos, lanes, addresses, dims) -> np.ndarray:
+        T = len(x)
+        A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
+        A[:, :x.shape[1]] = x
+        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
+        n = _run(self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
+                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
+                 xq, xd, xs, qs)
+        return A[:n, self.logits_at:self.logits_at + self.vocab]
+
+    def _rows(self, T: int) -> tuple:
+        """Scratch for at least T rows (grown to powers of two): the values, x's int8 blocks, their
+        scales and scale x sums, roped queries."""
+        if self._scratch is None or len(self._scratch[0]) < T:
+            n = 1 << (T - 1).bit_length()
+            H, _, hd, _ = self.heads
+            self._scratch = (np.zeros((n, self.width), np.float32), np.zeros((n, self.x_cols), np.int8),
+                             np.zeros((n, self.x_cols // 32), np.float32), np.zeros((n, self.x_cols // 32), np.float32),
+                             np.zeros((n, H * hd), np.float32))
+        return self._scratch
+
+    def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
+        """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv
+        heads, head_dim, rope_dim, slots, tokens). A shared pool's arrays never move."""
+        got = self._pools.get(id(pool))
+        if got is None or got[0] is not pool:
+            if pool.dtype != np.float32 or pool.growable:
+                raise TypeError(f"a KV pool of {pool.dtype} keys{' that grows' if pool.growable else ''}: "
+                                "the numba step reads and writes float32 keys of a shared pool")
+            addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in zip(pool.keys, pool.values)], np.int64)
+            got = self._pools[id(pool)] = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens], np.int64))
+        return got[1], got[2]

@@ -1,0 +1,278 @@
+"""The CPU's products of our own: a quantized matrix times rows of x in int8 blocks, with AVX-512
+VNNI's integer dot product (vpdpbusd: 16 lanes of 4 u8 x s8 products) spelled out through numba's
+@intrinsic as LLVM's `llvm.x86.avx512.vpdpbusd.512`. numba compiles them at the first load and
+caches them beside this file (llvmlite ships LLVM: no compiler on the machine, no C extension of
+ours). runtime/cpu_step.py runs a whole step of them.
+
+Every value of a block of 32 is d * q + m, q unsigned: 4-bit types (Q4_0, Q4_1) as their codecs'
+`int4_blocks` with zero point 0 (m is Q4_1's minimum, or -8 d), every other quantized type as its
+`int8_blocks` (q = value / d + 128, so m = -128 d). `lay` puts a matrix's rows four at a time in
+groups of 4 blocks, group-major (the 4 rows' first groups, then their second groups...), so that a
+thread reads its rows as one stream (with four short streams, one core read a 135M token's weights
+at ~4-5 GB/s inside a step, against ~15 laid so: benchmarks/cpu_numba_step_probe.py). A row's group
+is its values' even half (4 blocks x 16: nibbles of 4-bit types, whose high nibbles are the odd half;
+bytes of 8-bit types), the odd half for 8-bit types, then the 4 blocks' d and m in float32. x's rows
+(`quantize`) match: the even values of a block side by side, then the odd ones, each block's scale
+and scale x sum. A group is two vpdpbusd a row of x; the 16 lanes (4 a block) are scaled by their
+blocks' d x xd in float and summed once a row: the products of every row the same whatever the
+number of rows, so a sequence's logits are the same batched or alone.
+
+Measured (docs/cpu_graph.md, session 34): one core streams Q4_1 at MLAS's rate (15-24 GB/s), 16
+threads 1.1-2.9x MLAS's on the H100 machines' Xeon.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
+
+BLOCK = 32
+# a matrix's kind: its values' bits, its scales' bytes (float16 where every scale and minimum is one
+# exactly: GGUF's own Q4_0, Q4_1 and Q8_0 blocks; else float32). 8-bit values keep no minimums:
+# theirs are -128 d.
+KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
+
+_I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
+
+
+def group_bytes(bits: int, sb: int, blocks: int = 4) -> int:
+    """A row's bytes of `blocks` blocks: their values, d, and (4-bit) m."""
+    return blocks * (16 if bits == 4 else 32) + blocks * sb * (2 if bits == 4 else 1)
+
+
+def lay(w: QuantMatrix) -> tuple[np.ndarray, int, int, int]:
+    """w's blocks as the products read them: (bytes (n_out / 4 rounded up, 4 rows' bytes), kind
+    (KINDS' index), groups of 4 blocks, tail: 1 where a half group of 2 blocks follows them). Rows
+    are padded with zeros to a multiple of 4, blocks to a multiple of 2 (to 4 where 3 are left)."""
+    c = w.codec
+    blocks = np.ascontiguousarray(w.data).reshape(-1, c.block_bytes)
+    nb = w.n_in // BLOCK
+    if c.int4:
+        values, d, m = c.int4_blocks(blocks, 0)  # (n * nb, 16): value 2j in byte j's low nibble, 2j + 1 high
+        m = np.zeros_like(d) if m is None else m
+        halves, bits, scales = [values.reshape(w.n_out, nb, 16)], 4, [d, m]
+    else:
+        v, d = int8_weights(w)
+        v = v.reshape(w.n_out, nb, BLOCK)
+        halves, bits, scales = [v[..., 0::2], v[..., 1::2]], 8, [d]
+    exact = all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)
+    sb = 2 if exact else 4
+    groups, left = divmod(nb, 4)
+    tail = int(left in (1, 2))
+    groups += left == 3
+    nbp = 4 * groups + 2 * tail
+    rows = -w.n_out % 4
+
+    def padded(a, per):  # (n_out, nb, per) -> (n_out padded, nbp, per)
+        return np.pad(np.asarray(a).reshape(w.n_out, nb, per), ((0, rows), (0, nbp - nb), (0, 0)))
+
+    vals = [padded(h, 16) for h in halves]
+    scl = [padded(np.asarray(a, np.float16 if sb == 2 else np.float32), 1) for a in scales]
+
+    def part(lo: int, n: int) -> np.ndarray:  # blocks [lo, lo + n) of every row, as (quads, n / k, 4 rows, bytes)
+        k = min(n, 4)
+        pieces = [v[:, lo:lo + n].reshape(-1, n // k, 16 * k) for v in vals]
+        pieces += [a[:, lo:lo + n].reshape(-1, n // k, k).view(np.uint8) for a in scl]
+        g = np.concatenate(pieces, axis=2)  # (n_out padded, n / k, bytes)
+        return g.reshape(-1, 4, n // k, g.shape[2]).transpose(0, 2, 1, 3).reshape(g.shape[0] // 4, -1)
+
+    laid = [part(0, 4 * groups)] if groups else []
+    if tail:
+        laid.append(part(4 * groups, 2))
+    kind = KINDS.index((bits, sb))
+    return np.ascontiguousarray(np.concatenate(laid, axis=1)), kind, groups, tail
+
+
+def _emit(builder, w, xs_of, n, tail, bits, sb):
+    """The sums of the 4 rows laid at address w against each x of xs_of ((even, odd, xd, xs)
+    addresses): over n groups of 4 blocks (and a half group, where tail), d[b] xd[b] (q . x8) +
+    m[b] xs[b]. A group's values are loaded (and unpacked) once for every x."""
+    width = n.type
+
+    def const(v):
+        return ir.Constant(width, v)
+
+    def at(base, offset, ty):
+        return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
+
+    def lanes(k):  # vectors of k blocks: k x 4 lanes of int32 (4 bytes each)
+        return ir.VectorType(_I32, 4 * k), ir.VectorType(_F32, 4 * k), ir.VectorType(_F32, k)
+
+    def scales(addr, k):  # k float16 or float32 scales at addr, as floats
+        if sb == 4:
+            return builder.load(at(addr, const(0), ir.VectorType(_F32, k)), align=1)
+        return builder.fpext(builder.load(at(addr, const(0), ir.VectorType(_F16, k)), align=1), ir.VectorType(_F32, k))
+
+    def group(k, wrow, xoff, doff, accs, mins):
+        """k blocks (4 or 2) of the 4 rows at wrow(r) against every x at value byte xoff, scale doff."""
+        vi, vf, vk = lanes(k)
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
+                                                f"llvm.x86.avx512.vpdpbusd.{128 * k}")
+        spread = ir.Constant(ir.VectorType(_I32, 4 * k), [i // 4 for i in range(4 * k)])
+        vb = 16 * k
+        rows = []
+        for r in range(4):
+            row = wrow(r)
+            q = builder.load(at(w, row, vi), align=1)
+            if bits == 4:
+                mask, four = ir.Constant(vi, [0x0F0F0F0F] * 4 * k), ir.Constant(vi, [4] * 4 * k)
+                even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
+                d = scales(builder.add(w, builder.add(row, const(vb))), k)
+                m = scales(builder.add(w, builder.add(row, const(vb + k * sb))), k)
+            else:
+                even, odd = q, builder.load(at(w, builder.add(row, const(vb)), vi), align=1)
+                d = scales(builder.add(w, builder.add(row, const(2 * vb))), k)
+                m = builder.fmul(d, ir.Constant(vk, [-128.0] * k))
+            rows.append((even, odd, d, m))
+        for t, (xe, xo, xd, xs) in enumerate(xs_of):
+            a = builder.load(at(xe, xoff, vi), align=1)
+            b = builder.load(at(xo, xoff, vi), align=1)
+            xdk = builder.load(at(xd, doff, vk), align=4)
+            xsk = builder.load(at(xs, doff, vk), align=4)
+            for r, (even, odd, d, m) in enumerate(rows):
+                s = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(vi, [0] * 4 * k), even, a]), odd, b])
+                scale = builder.fmul(d, xdk)
+                scale = builder.shuffle_vector(scale, scale, spread)
+                builder.store(builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale)), accs[t][r])
+                builder.store(builder.fadd(builder.load(mins[t][r]), builder.fmul(m, xsk)), mins[t][r])
+
+    def zeros(k):
+        return ir.Constant(ir.VectorType(_F32, k), [0.0] * k)
+
+    accs = [[cgutils.alloca_once_value(builder, zeros(16)) for _ in range(4)] for _ in xs_of]
+    mins = [[cgutils.alloca_once_value(builder, zeros(4)) for _ in range(4)] for _ in xs_of]
+    tails = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(4)] for _ in xs_of]
+    tail_mins = [[cgutils.alloca_once_value(builder, zeros(2)) for _ in range(4)] for _ in xs_of]
+    rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
+    with cgutils.for_range(builder, n) as loop:
+        og = builder.mul(loop.index, const(4 * rb4))
+        group(4, lambda r: builder.add(og, const(rb4 * r)), builder.mul(loop.index, const(64)),
+              builder.mul(loop.index, const(16)), accs, mins)
+    with builder.if_then(builder.icmp_signed("!=", tail, ir.Constant(tail.type, 0))):
+        og = builder.mul(n, const(4 * rb4))
+        group(2, lambda r: builder.add(og, const(rb2 * r)), builder.mul(n, const(64)), builder.mul(n, const(16)),
+              tails, tail_mins)
+
+    def halve(v, k):  # <2k x float> -> <k x float>: lanes i and k + i added
+        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, k), list(range(k))))
+        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, k), list(range(k, 2 * k))))
+        return builder.fadd(lo, hi)
+
+    out = []
+    for t in range(len(xs_of)):
+        for r in range(4):  # the lanes halved to 4 (a tree, not a chain of 16 adds), the minimums', then 1
+            v = halve(builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r])), 4)
+            tm = builder.load(tail_mins[t][r])
+            v = builder.fadd(builder.fadd(v, builder.load(mins[t][r])),
+                             builder.shuffle_vector(tm, zeros(2), ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3])))
+            v = halve(halve(v, 2), 1)
+            out.append(builder.extract_element(v, ir.Constant(_I32, 0)))
+    return out
+
+
+def _rows_of(kind: int, xs: int):
+    """An intrinsic: the 4 rows laid at w (of KINDS[kind]) times `xs` rows of x (each the previous
+    one's row + step8 bytes on in the int8 values, + step32 in the scales): 4 x xs sums, x by x."""
+    bits, sb = KINDS[kind]
+
+    def rows(typingctx, w, even, odd, xd, xs_, step8, step32, groups, tail):
+        sig = types.UniTuple(types.float32, 4 * xs)(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp,
+                                                    types.intp, types.intp, types.intp, types.intp)
+
+        def codegen(context, builder, signature, args):
+            w, e, o, d, s, s8, s32, n, tail = args
+            xs_of = []
+            for i in range(xs):
+                i8, i32 = builder.mul(s8, ir.Constant(s8.type, i)), builder.mul(s32, ir.Constant(s32.type, i))
+                xs_of.append((builder.add(e, i8), builder.add(o, i8), builder.add(d, i32), builder.add(s, i32)))
+            return context.make_tuple(builder, signature.return_type, _emit(builder, w, xs_of, n, tail, bits, sb))
+        return sig, codegen
+    rows.__name__ = f"rows_q{bits}_s{sb}_x{xs}"
+    return intrinsic(rows)
+
+
+_K0X1, _K1X1, _K2X1, _K3X1 = (_rows_of(k, 1) for k in range(4))
+_K0X2, _K1X2, _K2X2, _K3X2 = (_rows_of(k, 2) for k in range(4))
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
+    """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and r < n_out: W the matrix laid
+    at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). A thread's task
+    is 4 rows of W against every x, two x at a time."""
+    bits, sb = (4, 2) if kind == 0 else (4, 4) if kind == 1 else (8, 2) if kind == 2 else (8, 4)
+    per = 16 if bits == 4 else 32
+    stride = groups * 4 * (4 * per + 4 * sb * (2 if bits == 4 else 1)) + tail * 4 * (2 * per + 2 * sb * (2 if bits == 4 else 1))
+    s8, s32 = xq.shape[1], 4 * xd.shape[1]
+    half = (4 * groups + 2 * tail) * 16
+    x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
+    for quad in prange(quads):
+        w = address + quad * stride
+        r = 4 * quad
+        keep = min(4, n_out - r)
+        t = 0
+        while t + 1 < rows:
+            e, d, m = x0 + t * s8, d0 + t * s32, m0 + t * s32
+            if kind == 0:
+                y = _K0X2(w, e, e + half, d, m, s8, s32, groups, tail)
+            elif kind == 1:
+                y = _K1X2(w, e, e + half, d, m, s8, s32, groups, tail)
+            elif kind == 2:
+                y = _K2X2(w, e, e + half, d, m, s8, s32, groups, tail)
+            else:
+                y = _K3X2(w, e, e + half, d, m, s8, s32, groups, tail)
+            for i in range(keep):
+                out[t, col0 + r + i] = y[i]
+                out[t + 1, col0 + r + i] = y[4 + i]
+            t += 2
+        if t < rows:
+            e, d, m = x0 + t * s8, d0 + t * s32, m0 + t * s32
+            if kind == 0:
+                y1 = _K0X1(w, e, e + half, d, m, s8, s32, groups, tail)
+            elif kind == 1:
+                y1 = _K1X1(w, e, e + half, d, m, s8, s32, groups, tail)
+            elif kind == 2:
+                y1 = _K2X1(w, e, e + half, d, m, s8, s32, groups, tail)
+            else:
+                y1 = _K3X1(w, e, e + half, d, m, s8, s32, groups, tail)
+            for i in range(keep):
+                out[t, col0 + r + i] = y1[i]
+
+
+@njit(fastmath=True, cache=True)
+def quantize(x, rows, col0, k, blocks, xq, xd, xs):
+    """Columns [col0, col0 + k) of x's first `rows` rows into int8 blocks of 32 (absmax / 127
+    scales, x times 127 / absmax rounded half to even, as ggml's AVX2 quantize_row_q8_1): a row's
+    even values of each block side by side, then its odd ones from byte blocks x 16 on; each block's scale and scale x sum.
+    Blocks past k, to `blocks`, are zeros."""
+    half = blocks * 16
+    for t in range(rows):
+        for b in range(blocks):
+            if 32 * b >= k:
+                for j in range(16):
+                    xq[t, 16 * b + j] = 0
+                    xq[t, half + 16 * b + j] = 0
+                xd[t, b] = 0
+                xs[t, b] = 0
+                continue
+            amax = np.float32(0.0)
+            for j in range(32):
+                amax = max(amax, abs(x[t, col0 + 32 * b + j]))
+            d = amax / np.float32(127.0)
+            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+            total = 0
+            for j in range(16):
+                e = np.int32(np.rint(x[t, col0 + 32 * b + 2 * j] * inv))
+                o = np.int32(np.rint(x[t, col0 + 32 * b + 2 * j + 1] * inv))
+                xq[t, 16 * b + j] = e
+                xq[t, half + 16 * b + j] = o
+                total += e + o
+            xd[t, b] = d
+            xs[t, b] = d * np.float32(total)
+

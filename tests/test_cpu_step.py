@@ -1,0 +1,179 @@
+"""The CPU's numba decode step (runtime/cpu_step.py, its products runtime/cpu_vnni.py): the products
+against numpy on the same integers for every weight type and row length (whole groups of 4 blocks,
+a half group after them, rows not a multiple of 4); the whole step against the model's numpy forward
+on GGUFs of every family as llama.cpp's converter writes them; a row's logits the same batched or
+alone. Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from structlog.testing import capture_logs
+from test_cpu_graph import FAMILIES, TOKENS
+from test_gguf_converted import _write
+
+import oxinfer
+from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.testing import random_matrix, write_tiny_llama
+
+
+def _vnni() -> bool:
+    if importlib.util.find_spec("numba") is None:
+        return False
+    import llvmlite.binding
+    return bool(llvmlite.binding.get_host_cpu_features().get("avx512vnni"))
+
+
+pytestmark = pytest.mark.skipif(not _vnni(), reason="numba or AVX-512 VNNI missing: the CPU graph decodes instead")
+
+
+def _quantized(x: np.ndarray, blocks: int):
+    """x (rows, k) as cpu_vnni.quantize's blocks, and numpy's own int8 version of it: x rounded to
+    int8 per block of 32 (127 / absmax), times its scale."""
+    from oxinfer.runtime import cpu_vnni
+    rows, k = x.shape
+    xq, xd, xs = (np.zeros((rows, blocks * 32), np.int8), np.zeros((rows, blocks), np.float32),
+                  np.zeros((rows, blocks), np.float32))
+    cpu_vnni.quantize(x, rows, 0, k, blocks, xq, xd, xs)
+    xb = x.reshape(rows, -1, 32)
+    amax = np.abs(xb).max(axis=2, keepdims=True)
+    q = np.rint(xb * np.divide(np.float32(127), amax, out=np.zeros_like(amax), where=amax > 0))
+    return (xq, xd, xs), (q * (amax / np.float32(127))).reshape(rows, k).astype(np.float64)
+
+
+def _dequantized(w) -> np.ndarray:
+    """w's values as the kernels hold them (float64): a 4-bit type's nibbles, scales and offsets;
+    any other type's int8 blocks."""
+    raw = np.ascontiguousarray(w.data).reshape(-1, w.codec.block_bytes)
+    if w.codec.int4:
+        packed, d, m = w.codec.int4_blocks(raw, 0)
+        q = np.stack([packed & 0x0F, packed >> 4], axis=2).reshape(len(raw), 32)
+        return (d[:, None].astype(np.float64) * q + m[:, None]).reshape(w.n_out, w.n_in)
+    q, d = blockwise.int8_weights(w)
+    return (d[:, None].astype(np.float64) * (q - 128.0)).reshape(w.n_out, w.n_in)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "F16", "BF16"])
+def test_products_are_numpy_s_on_the_same_integers(qtype):
+    """Within float32 rounding of numpy's float64 product of the same int8 x and weights, for 1-5
+    rows of x (two at a time, then one), n_out not a multiple of 4, rows of 1-6 groups of 4 blocks
+    and a half group (2 blocks; 1 block padded to 2, 3 to 4); and each row the same, bit for bit,
+    computed with others or alone."""
+    from oxinfer.runtime import cpu_vnni
+    rng = np.random.default_rng(0)
+    big = qtype in ("Q4_K", "Q6_K")
+    for n_out, n_in in ([(9, 256), (6, 768), (5, 512)] if big else [(13, 32), (37, 96), (8, 160), (70, 576), (6, 64)]):
+        w = random_matrix(qtype, n_out, n_in, rng)
+        laid, kind, groups, tail = cpu_vnni.lay(w)
+        blocks = 4 * groups + 2 * tail
+        assert blocks >= n_in // 32 and blocks - n_in // 32 <= 1
+        x = rng.normal(0, 1, (5, n_in)).astype(np.float32)
+        x[1, :32] = 0  # (a block of zeros: its scale 0)
+        (xq, xd, xs), x_int8 = _quantized(x, blocks)
+        out = np.zeros((5, n_out + 3), np.float32)
+        cpu_vnni.product(laid.ctypes.data, laid.shape[0], groups, tail, kind, xq, xd, xs, 5, out, 3, n_out)
+        want = x_int8 @ _dequantized(w).T
+        assert np.abs(out[:, 3:] - want).max() <= 2e-6 * np.abs(want).max() * np.sqrt(n_in / 32)
+        assert not out[:, :3].any()
+        for t in range(5):  # alone, then as the second row of a pair
+            alone = np.zeros((1, n_out), np.float32)
+            cpu_vnni.product(laid.ctypes.data, laid.shape[0], groups, tail, kind, xq[t:], xd[t:], xs[t:], 1, alone, 0, n_out)
+            assert np.array_equal(alone[0], out[t, 3:])
+
+
+def test_scales_go_as_float16_only_where_they_are_exactly():
+    """GGUF's own float16 scales stay float16 (the bytes a token reads: Q4_1's 20 a block, as
+    stored); requantized types' scales (K-quants' sub-block products, 16-bit floats') are float32."""
+    from oxinfer.runtime import cpu_vnni
+    rng = np.random.default_rng(1)
+    kinds = {q: cpu_vnni.KINDS[cpu_vnni.lay(random_matrix(q, 8, 256, rng))[1]] for q in ("Q4_1", "Q8_0", "Q4_K", "F16")}
+    assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
+
+
+async def _decode_logits(engine) -> list[np.ndarray]:
+    """A prompt each for two sequences, then three decode steps of both (one a step behind)."""
+    cpu = engine.steps.cpu
+    a, b = cpu.new_cache(64), cpu.new_cache(64)
+    await cpu.prefill(np.array(TOKENS), a)
+    await cpu.prefill(np.array(TOKENS[:7]), b)
+    graph = engine.scheduler.cpu.graph
+    return [await engine.scheduler.run_whole(graph.run, [np.array([t])] * 2, [a, b]) for t in (5, 9, 11)]
+
+
+@pytest.mark.parametrize("arch", [*FAMILIES, "q4_1", "q8_0"])
+async def test_the_step_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
+    """The step's decode logits against the numpy forward's with float activations, the graph
+    prompting both (same caches): within what rounding x to int8 blocks moves them (2.5% of the
+    largest logit), the top token the same where no near tie. Norms, biases, q/k norms, both ropes (adjacent pairs,
+    rotated halves reordered; scaled, YaRN, LongRoPE, Gemma 3's local one), GQA over the pool and
+    its windows, soft caps, SwiGLU and GeGLU."""
+    if arch in ("q4_1", "q8_0"):
+        from gguf import GGMLQuantizationType as T
+        path = write_tiny_llama(tmp_path / "q.gguf", qtype=getattr(T, arch.upper()), d=128, d_ff=256, n_layers=3)
+    else:
+        path = _write(tmp_path, arch, "BF16")
+    got_engine = await oxinfer.Engine.load(path)
+    assert got_engine.scheduler.cpu.graph.step is not None
+    got = await _decode_logits(got_engine)
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations
+    monkeypatch.setattr(cpu_graph, "DECODE", "graph")
+    want = await _decode_logits(await oxinfer.Engine.load(path))
+    for g, w in zip(got, want):
+        tolerance = 0.025 * np.abs(w).max()
+        assert np.abs(g - w).max() <= tolerance
+        top2 = np.sort(w, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2 * tolerance  # (a near tie may go either way)
+        assert (g.argmax(-1) == w.argmax(-1))[clear].all()
+
+
+@pytest.fixture(scope="module")
+async def engine():
+    return await oxinfer.Engine.load(None)
+
+
+async def test_the_default_model_decodes_through_the_step(engine):
+    """Built at load beside the graph (its products' weights laid once), it takes every decode row."""
+    graph = engine.scheduler.cpu.graph
+    from oxinfer.runtime.cpu_step import NumbaStep
+    assert isinstance(graph.step, NumbaStep)
+    calls = []
+    real = graph.step.logits
+    graph.step.logits = lambda *a: calls.append(len(a[0])) or real(*a)
+    try:
+        r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
+    finally:
+        del graph.step.logits
+    assert len(r.token_ids) == 4 and len(calls) >= 3 and set(calls) == {1}  # (the prompt gives the first token)
+
+
+async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
+    """Decode rows of sequences of different lengths in lanes with gaps between, together, then
+    each alone: bit for bit."""
+    graph = engine.scheduler.cpu.graph
+    rng = np.random.default_rng(0)
+    caches = [engine.steps.cpu.new_cache(256) for _ in range(6)]
+    for i, c in enumerate(caches):
+        graph.run([rng.integers(300, 40000, 20 + 7 * i)], [c])
+    step = [np.array([int(t)]) for t in rng.integers(300, 40000, 6)]
+    together = graph.run(step[::2], caches[::2])
+    for c in caches[::2]:
+        c.trim(1)
+    for i, c in zip(range(0, 6, 2), caches[::2]):
+        assert np.array_equal(graph.run([step[i]], [c])[0], together[i // 2])
+
+
+async def test_the_graph_decodes_where_the_step_is_refused(tmp_path, monkeypatch):
+    """OXINFER_CPU_DECODE=graph (read at import as cpu_graph.DECODE), or float16 keys: no step, a
+    line saying why, and decoding still works."""
+    path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
+    for setting, kv in (("graph", None), ("numba", np.float16)):
+        monkeypatch.setattr(cpu_graph, "DECODE", setting)
+        if kv is not None:
+            monkeypatch.setattr(cpu_graph, "KV_DTYPE", kv)
+        with capture_logs() as logs:
+            engine = await oxinfer.Engine.load(path)
+        assert engine.scheduler.cpu.graph.step is None
+        refused = [e for e in logs if e["event"] == "numba_step_refused"]
+        assert len(refused) == 1 and ("OXINFER_CPU_DECODE" if kv is None else "float16") in refused[0]["reason"]
+        r = await engine.generate([5, 6, 7], oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
+        assert len(r.token_ids) == 3
