@@ -10,21 +10,13 @@ from gguf import GGMLQuantizationType as T
 from test_gguf_converted import _write
 
 import oxinfer
-from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.runtime import blockwise
 from oxinfer.runtime.cpu_graph import CpuGraph
 from oxinfer.testing import write_tiny_llama
 
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150, 42, 17]
 FAMILIES = ("llama3@5.24", "qwen2@5.24", "qwen3@5.24", "mistral_swa@5.24", "phi3@5.24", "phi3_longrope@5.24",
             "gemma2_gguf", "gemma3_gguf")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def graph_decodes():
-    """The graph's own decode rows (runtime/cpu_step.py's step is tests/test_cpu_step.py's)."""
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_graph, "DECODE", "graph")
-        yield
 
 
 async def _logits(engine, graph: bool) -> list[np.ndarray]:

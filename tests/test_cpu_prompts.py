@@ -12,7 +12,7 @@ from test_cpu_graph import together_as_alone
 from test_gguf_converted import _write
 
 import oxinfer
-from oxinfer.runtime import blockwise, cpu_graph, cpu_prompts
+from oxinfer.runtime import blockwise, cpu_prompts
 from oxinfer.testing import write_tiny_llama
 
 pytest.importorskip("openvino", reason="openvino is not installed (pip install 'oxinfer[openvino]')")
@@ -49,7 +49,6 @@ async def test_a_first_prompt_in_openvino_computes_what_the_numpy_forward_comput
     minimums; the decode steps after (in onnxruntime's graph) read the keys and values it wrote."""
     monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
     monkeypatch.setattr(cpu_prompts, "PRECISION", "f32")
-    monkeypatch.setattr(cpu_graph, "DECODE", "graph")  # (float activations; runtime/cpu_step.py's are int8)
     path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3) if arch == "q4_1" \
         else _write(tmp_path, arch, "BF16")
     engine = await oxinfer.Engine.load(path)

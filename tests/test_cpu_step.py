@@ -2,7 +2,8 @@
 against numpy on the same integers for every weight type and row length (whole groups of 4 blocks,
 a half group after them, rows not a multiple of 4); the whole step against the model's numpy forward
 on GGUFs of every family as llama.cpp's converter writes them; a row's logits the same batched or
-alone. Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
+alone. The step decodes where OXINFER_CPU_DECODE=numba asks (cpu_graph.DECODE, set here for the
+module). Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
 
 import importlib.util
 
@@ -25,6 +26,13 @@ def _vnni() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _vnni(), reason="numba or AVX-512 VNNI missing: the CPU graph decodes instead")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def numba_decodes():
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cpu_graph, "DECODE", "numba")
+        yield
 
 
 def _quantized(x: np.ndarray, blocks: int):
@@ -162,9 +170,10 @@ async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
         assert np.array_equal(graph.run([step[i]], [c])[0], together[i // 2])
 
 
-async def test_the_graph_decodes_where_the_step_is_refused(tmp_path, monkeypatch):
-    """OXINFER_CPU_DECODE=graph (read at import as cpu_graph.DECODE), or float16 keys: no step, a
-    line saying why, and decoding still works."""
+async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_path, monkeypatch):
+    """OXINFER_CPU_DECODE=graph (the default; read at import as cpu_graph.DECODE): no step, no line.
+    numba asked for with float16 keys: no step, a line saying why. Decoding works in both; a value
+    that is neither is refused at the load, named."""
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
     for setting, kv in (("graph", None), ("numba", np.float16)):
         monkeypatch.setattr(cpu_graph, "DECODE", setting)
@@ -174,6 +183,34 @@ async def test_the_graph_decodes_where_the_step_is_refused(tmp_path, monkeypatch
             engine = await oxinfer.Engine.load(path)
         assert engine.scheduler.cpu.graph.step is None
         refused = [e for e in logs if e["event"] == "numba_step_refused"]
-        assert len(refused) == 1 and ("OXINFER_CPU_DECODE" if kv is None else "float16") in refused[0]["reason"]
+        assert len(refused) == (kv is not None) and all("float16" in e["reason"] for e in refused)
         r = await engine.generate([5, 6, 7], oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(r.token_ids) == 3
+    monkeypatch.setattr(cpu_graph, "DECODE", "fast")
+    with pytest.raises(ValueError, match="OXINFER_CPU_DECODE='fast'"):
+        await oxinfer.Engine.load(path)
+
+
+def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
+    """Compiled once (~10 s), then loaded from the cache beside the modules: a new process loads
+    the step (its one entry point, every function it calls compiled into it) from there. (A
+    function numba cannot cache, such as one calling numba.set_num_threads, would compile in
+    every process.)"""
+    import subprocess
+    import sys
+    path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
+    script = f"""
+import asyncio, oxinfer
+from oxinfer.runtime import cpu_graph, cpu_step
+cpu_graph.DECODE = "numba"
+async def main():
+    engine = await oxinfer.Engine.load({str(path)!r})
+    assert engine.scheduler.cpu.graph.step is not None
+asyncio.run(main())
+print(sum(cpu_step._run.stats.cache_hits.values()), sum(cpu_step._run.stats.cache_misses.values()))
+"""
+    for _ in range(2):  # (the first may compile, where no earlier test did)
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    hits, misses = map(int, out.stdout.split()[-2:])
+    assert hits == 1 and misses == 0, out.stdout

@@ -48,16 +48,17 @@ _threads: dict[str, object] = {}  # process-wide settings, made once
 GRAPH_POOL = "global"
 
 
-def set_up_threads() -> None:
+def set_up_threads(graph_pool: str = GRAPH_POOL) -> None:
     """OpenBLAS to one thread, and one onnxruntime pool for every session (else each session has
-    its own, which must not spin: 121 spinning pools made a step 60x slower)."""
+    its own, which must not spin: 121 spinning pools made a step 60x slower); graph_pool "own":
+    none (the CPU graph's session has its own, as GRAPH_POOL says). Once a process."""
     if _threads:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
     n = threads()
-    if GRAPH_POOL == "own":
+    if graph_pool == "own":
         _threads["ort"] = "per-session"
-        log.info("ort_threads", pools="per session", reason="blockwise.GRAPH_POOL: the graph's session sizes its own")
+        log.info("ort_threads", pools="per session", reason="the CPU graph's session has its own")
     else:
         try:
             ort.set_global_thread_pool_sizes(n, 1)
@@ -93,12 +94,13 @@ def threads() -> int:
     return int(value)
 
 
-def session_options(shared_arena: bool = True, spinning: bool = False) -> ort.SessionOptions:
+def session_options(shared_arena: bool = True, spinning: bool = False, stop_spinning: bool = False) -> ort.SessionOptions:
     """Every session's: onnxruntime's one global thread pool and (shared_arena) one memory arena
     (set_up_threads); else the session's own, whose threads spin between ops only where `spinning`
     (the one session of the CPU graph: without, the default model's decode step on 2 cores took
     9.1-9.7 ms against 5.8-6.5 spinning, the global pool's; a kernel per matrix must not: its
-    121 spinning pools made a step 60x slower)."""
+    121 spinning pools made a step 60x slower). stop_spinning: a session's own pool stops spinning
+    when a run ends."""
     opts = ort.SessionOptions()
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
@@ -106,6 +108,8 @@ def session_options(shared_arena: bool = True, spinning: bool = False) -> ort.Se
         own = spinning and GRAPH_POOL == "own" and not os.environ.get("OXINFER_CPU_THREADS", "").strip()
         opts.intra_op_num_threads = 0 if own else threads()
         opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+        if stop_spinning:
+            opts.add_session_config_entry("session.force_spinning_stop", "1")
     opts.log_severity_level = 3  # errors only
     if shared_arena and _threads["arena"] == "shared":
         opts.add_session_config_entry("session.use_env_allocators", "1")

@@ -55,8 +55,9 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
-# decode rows: "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are) or "graph"
-DECODE = os.environ.get("OXINFER_CPU_DECODE", "numba")
+# decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are: not
+# the default while it measures within the noise of the graph's decode, docs/cpu_graph.md session 35)
+DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
 
 
 @dataclass(eq=False)
@@ -81,12 +82,14 @@ class CpuGraph:
         (cpu_prompts.refuses, at the load), None where OpenVINO takes them.
         row_reader(data): the embedding's rows read from its file (formats/file_rows.py), or None."""
         t0 = time.perf_counter()
-        blockwise.set_up_threads()
+        self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
+        refused = _step_refused(self.kv_dtype)
+        # where the numba step decodes, onnxruntime's pool is the graph's own: only a session's own
+        # pool stops spinning when a run ends (a process's first CPU engine decides)
+        blockwise.set_up_threads("own" if refused is None else blockwise.GRAPH_POOL)
         self.model, cfg = model, model.cfg
         self._released = released
-        self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
         self.minimums_in_kernel = block_minimums.available()
-        refused = _step_refused(self.kv_dtype)
         # the numba step's weights (id(fused base or matrix) -> cpu_vnni.lay's), laid while the
         # graph converts them: a file's pages are read once, then dropped
         self._laid: dict[int, tuple] | None = {} if refused is None else None
@@ -137,8 +140,11 @@ class CpuGraph:
             blockwise.own_maps()  # (and an arena of the session's own: its packing in new maps, searched first)
             before = block_minimums.snapshot() if minimums else frozenset()
             probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
+            # (where the numba step decodes, this graph runs prompts: its threads kept spinning after
+            # a run and took the cores of the step that followed, 9 -> 45-50 ms on the 2-core VM)
             self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"),
-                                                blockwise.session_options(not minimums, spinning=True),
+                                                blockwise.session_options(not minimums, spinning=True,
+                                                                          stop_spinning=self._laid is not None),
                                                 providers=["CPUExecutionProvider"])
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows)
@@ -296,12 +302,20 @@ class CpuGraph:
         return io
 
 
+def numba_asked() -> bool:
+    """Whether OXINFER_CPU_DECODE (DECODE) asks for the numba step; ValueError naming a bad value."""
+    if DECODE not in ("graph", "numba"):
+        raise ValueError(f"OXINFER_CPU_DECODE={DECODE!r}: expected graph or numba")
+    return DECODE == "numba"
+
+
 def _step_refused(kv_dtype) -> str | None:
-    """Why runtime/cpu_step.py's decode step cannot run here (logged; the graph decodes), or None."""
-    if DECODE != "numba":
-        reason = f"OXINFER_CPU_DECODE={DECODE}"
-    elif importlib.util.find_spec("numba") is None:
-        reason = "numba is not installed"
+    """Why runtime/cpu_step.py's decode step does not run here (logged where it was asked for: the
+    graph decodes), or None."""
+    if not numba_asked():
+        return "not asked for"
+    if importlib.util.find_spec("numba") is None:
+        reason = "numba is not installed (pip install 'oxinfer[numba]')"
     elif np.dtype(kv_dtype) != np.float32:
         reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
     else:

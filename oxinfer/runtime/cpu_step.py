@@ -228,16 +228,19 @@ def _rope(src, dst, c, s, scale, rope_dim, hd):
         dst[i] = src[i] * scale
 
 
-@njit(parallel=True, fastmath=True, cache=True)
+@njit(fastmath=True, cache=True)
 def _attend(A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs):
     """Rows' q, k, v (columns qc, kc, vc of A) -> their attention (columns oc): each row's q and k
-    roped at its position, q scaled, k and v written into its lane; then a task a row and head,
-    over its lane's keys up to its position (from its window's first)."""
+    roped at its position, q scaled, k and v written into its lane; then each row's heads over
+    its lane's keys up to its position (from its window's first), a task a row and head on every
+    thread where there is enough of them (past ~9 us of one thread's: 30 layers' 9 heads over 129
+    positions, serial, took 0.94 ms of a 3.8 ms step on the H100 machines' 16 cores)."""
     layer, window, row0 = ints[0], ints[1], ints[2]
-    scale, cap = fl[0], fl[1]
+    scale = fl[0]
     H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
     V = carray(_f32_at(pool[layer, 1]), (slots, KV, tokens, hd))
+    work = 0
     for t in range(rows):
         p, r = pos[t], pos[t] + row0
         for h in range(H):
@@ -245,36 +248,125 @@ def _attend(A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin,
         for g in range(KV):
             _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
             V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
-    group = H // KV
+        work += min(p + 1, window) if window > 0 else p + 1
+    if work * H * hd < 1 << 16:
+        for task in range(rows * H):
+            _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
+    else:
+        _heads(A, rows, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _heads(A, rows, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
     for task in prange(rows * H):
-        t, h = task // H, task % H
-        keys, values = K[lanes[t], h // group], V[lanes[t], h // group]
-        n = pos[t] + 1
-        lo = max(0, n - window) if window > 0 else 0
-        q = qs[t, h * hd:(h + 1) * hd]
-        s = np.empty(n - lo, np.float32)
-        top = np.float32(-np.inf)
-        for j in range(lo, n):
-            acc = np.float32(0.0)
-            for i in range(hd):
-                acc += q[i] * keys[j, i]
-            if cap > 0:
-                acc = cap * np.tanh(acc / cap)
-            s[j - lo] = acc
-            top = max(top, acc)
-        total = np.float32(0.0)
-        for j in range(n - lo):
-            s[j] = _exp(s[j] - top)
-            total += s[j]
-        out = A[t, oc + h * hd:oc + (h + 1) * hd]
-        out[:] = 0
-        for j in range(lo, n):
-            w = s[j - lo]
-            for i in range(hd):
-                out[i] += w * values[j, i]
-        inv = np.float32(1.0) / total
+        _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap)
+
+
+@njit(fastmath=True, cache=True)
+def _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
+    """Row task // H's head task % H: softmax(q . keys (soft-capped)) times values, into A."""
+    t, h = task // H, task % H
+    keys, values = K[lanes[t], h // (H // KV)], V[lanes[t], h // (H // KV)]
+    n = pos[t] + 1
+    lo = max(0, n - window) if window > 0 else 0
+    q = qs[t, h * hd:(h + 1) * hd]
+    s = np.empty(n - lo, np.float32)
+    for j in range(lo, n):
+        k = keys[j]
+        acc = np.float32(0.0)
         for i in range(hd):
-            out[i] *= inv
+            acc += q[i] * k[i]
+        s[j - lo] = acc
+    if cap > 0:  # (a branch of its own: inside the loop above, it kept the dot products from vectors)
+        for j in range(n - lo):
+            s[j] = cap * np.tanh(s[j] / cap)
+    top = np.float32(-np.inf)
+    for j in range(n - lo):
+        top = max(top, s[j])
+    total = np.float32(0.0)
+    for j in range(n - lo):
+        e = _exp(s[j] - top)
+        s[j] = e
+        total += e
+    acc = np.zeros(hd, np.float32)
+    for j in range(lo, n):
+        w, v = s[j - lo], values[j]
+        for i in range(hd):
+            acc[i] += w * v[i]
+    out = A[t, oc + h * hd:oc + (h + 1) * hd]
+    inv = np.float32(1.0) / total
+    for i in range(hd):
+        out[i] = acc[i] * inv
+
+
+@njit(fastmath=True, cache=True, nogil=True)
+def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs):
+    """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
+    over the rows `last` names (their count returned). mats: a matrix a row (its address, and
+    quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in). Row-wise lines run on every
+    thread where there are several rows. (numba.set_num_threads in here, to give small products
+    fewer threads, kept numba from caching it: ~10 s of compiling a process.) Without the GIL: the engine's loop runs beside it (held,
+    a step in the engine's thread took 6 ms against 3 alone, on the H100 machines' 16 cores)."""
+    for i in range(lines.shape[0]):
+        op, a, b, c, o, n = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
+        ints, fl = lines[i, 6:], floats[i]
+        if op == LINEAR:
+            m = mats[ints[0]]
+            if rows > 1:
+                cpu_vnni.quantize_rows(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
+            else:
+                cpu_vnni.quantize(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
+            cpu_vnni.product(m[0], m[1], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
+        elif op == ATTEND:
+            _attend(A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
+        elif op == LAST:
+            for t in range(last.shape[0]):
+                A[t, o:o + n] = A[last[t], a:a + n]
+            rows = last.shape[0]
+        elif rows > 1:
+            _by_rows(op, A, rows, a, b, o, n, vecs[vec_at[ints[0]]:], ints[1], fl[0])
+        else:
+            _row(op, A[0, a:a + n], A[0, b:b + n], A[0, o:o + n], vecs[vec_at[ints[0]]:], ints[1], fl[0])
+    return rows
+
+
+@njit(parallel=True, fastmath=True, cache=True)
+def _by_rows(op, A, rows, a, b, o, n, w, hd, f):
+    for t in prange(rows):
+        _row(op, A[t, a:a + n], A[t, b:b + n], A[t, o:o + n], w, hd, f)
+
+
+@njit(fastmath=True, cache=True)
+def _row(op, x, x2, y, w, hd, f):
+    """y = op(x[, x2, w, f]) for one row: a line that is not a product, attention or LAST."""
+    n = x.shape[0]
+    if op == RMS:
+        _rms(x, y, w, n, f)
+    elif op == HEAD_NORM:  # each head's hd values, the same weights
+        for h in range(0, n, hd):
+            _rms(x[h:], y[h:], w, hd, f)
+    elif op == SCALE:
+        for j in range(n):
+            y[j] = x[j] * f
+    elif op == ADD_VEC:
+        for j in range(n):
+            y[j] = x[j] + w[j]
+    elif op == ADD:
+        for j in range(n):
+            y[j] = x[j] + x2[j]
+    elif op == SILU_MUL:  # v / (1 + e^-v), from e^-|v| (no overflow)
+        for j in range(n):
+            v = x[j]
+            e = _exp(-abs(v))
+            y[j] = (v if v >= 0 else v * e) / (np.float32(1.0) + e) * x2[j]
+    elif op == GELU_MUL:  # gelu's tanh form (runtime/ops.py's gelu_tanh)
+        for j in range(n):
+            v = x[j]
+            y[j] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(
+                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))) * x2[j]
+    elif op == SOFTCAP:
+        for j in range(n):
+            y[j] = f * np.tanh(x[j] / f)
 
 
 @njit(fastmath=True, cache=True)
@@ -287,57 +379,18 @@ def _rms(x, out, w, n, eps):
         out[i] = x[i] * r * w[i]
 
 
-@njit(fastmath=True, cache=True)
-def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs):
-    """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
-    over the rows `last` names (their count returned). mats: a matrix a row (its address, and
-    quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in)."""
-    for i in range(lines.shape[0]):
-        op, a, b, c, o, n = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
-        ints, fl = lines[i, 6:], floats[i]
-        if op == LINEAR:
-            m = mats[ints[0]]
-            cpu_vnni.quantize(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
-            cpu_vnni.product(m[0], m[1], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
-        elif op == ATTEND:
-            _attend(A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
-        elif op == LAST:
-            for t in range(last.shape[0]):
-                A[t, o:o + n] = A[last[t], a:a + n]
-            rows = last.shape[0]
-        else:
-            w = vecs[vec_at[ints[0]]:]
-            for t in range(rows):
-                x, y = A[t, a:a + n], A[t, o:o + n]
-                if op == RMS:
-                    _rms(x, y, w, n, fl[0])
-                elif op == HEAD_NORM:
-                    for h in range(0, n, ints[1]):
-                        _rms(x[h:], y[h:], w, ints[1], fl[0])
-                else:
-                    _elementwise(op, x, A[t, b:b + n], y, w, fl[0])
-    return rows
+_CALLER: list[ThreadPoolExecutor] = []
 
 
-@njit(fastmath=True, cache=True)
-def _elementwise(op, x, x2, y, w, f):
-    """y = op(x[, x2 or w or f]): the lines that are a function of each column."""
-    for j in range(x.shape[0]):
-        v = x[j]
-        if op == SCALE:
-            y[j] = v * f
-        elif op == ADD_VEC:
-            y[j] = v + w[j]
-        elif op == ADD:
-            y[j] = v + x2[j]
-        elif op == SILU_MUL:  # v / (1 + e^-v), from e^-|v| (no overflow)
-            e = _exp(-abs(v))
-            y[j] = (v if v >= 0 else v * e) / (np.float32(1.0) + e) * x2[j]
-        elif op == GELU_MUL:  # gelu's tanh form (runtime/ops.py's gelu_tanh)
-            y[j] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(
-                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))) * x2[j]
-        elif op == SOFTCAP:
-            y[j] = f * np.tanh(v / f)
+def _caller() -> ThreadPoolExecutor:
+    """The one thread that runs every step of the process. numba's OpenMP layer keeps a pool of
+    threads for each thread that starts a parallel region, and once the pools hold more threads
+    than there are cores, libgomp's threads stop spinning between regions and sleep: a 135M step
+    called from the engine's threads took 7-9 ms on the H100 machines' 16 cores, 2.8-4 from the
+    one thread that had called it before (benchmarks/cpu_step_ab.py --callers)."""
+    if not _CALLER:
+        _CALLER.append(ThreadPoolExecutor(1, thread_name_prefix="oxinfer-numba"))
+    return _CALLER[0]
 
 
 class NumbaStep:
@@ -371,7 +424,7 @@ class NumbaStep:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
         of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
         key and value are written into its lane first."""
-        return self._run(x, last, pos, lanes, *self._pool(pool))
+        return _caller().submit(self._run, x, last, pos, lanes, *self._pool(pool)).result()
 
     def warm(self) -> None:
         """Compile (or load from numba's cache) every function of a step: one row over a pool of
@@ -379,8 +432,8 @@ class NumbaStep:
         c = self.heads
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
-        self._run(np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
-                  np.array([*c, 1, 1], np.int64))
+        _caller().submit(self._run, np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
+                         np.array([*c, 1, 1], np.int64)).result()
 
     def _run(self, x, last, pos, lanes, addresses, dims) -> np.ndarray:
         T = len(x)

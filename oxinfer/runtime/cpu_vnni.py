@@ -249,30 +249,41 @@ def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_o
 def quantize(x, rows, col0, k, blocks, xq, xd, xs):
     """Columns [col0, col0 + k) of x's first `rows` rows into int8 blocks of 32 (absmax / 127
     scales, x times 127 / absmax rounded half to even, as ggml's AVX2 quantize_row_q8_1): a row's
-    even values of each block side by side, then its odd ones from byte blocks x 16 on; each block's scale and scale x sum.
-    Blocks past k, to `blocks`, are zeros."""
-    half = blocks * 16
+    even values of each block side by side, then its odd ones from byte blocks x 16 on; each
+    block's scale and scale x sum. Blocks past k, to `blocks`, are zeros."""
     for t in range(rows):
-        for b in range(blocks):
-            if 32 * b >= k:
-                for j in range(16):
-                    xq[t, 16 * b + j] = 0
-                    xq[t, half + 16 * b + j] = 0
-                xd[t, b] = 0
-                xs[t, b] = 0
-                continue
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, abs(x[t, col0 + 32 * b + j]))
-            d = amax / np.float32(127.0)
-            inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
-            total = 0
-            for j in range(16):
-                e = np.int32(np.rint(x[t, col0 + 32 * b + 2 * j] * inv))
-                o = np.int32(np.rint(x[t, col0 + 32 * b + 2 * j + 1] * inv))
-                xq[t, 16 * b + j] = e
-                xq[t, half + 16 * b + j] = o
-                total += e + o
-            xd[t, b] = d
-            xs[t, b] = d * np.float32(total)
+        _quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
 
+
+@njit(parallel=True, fastmath=True, cache=True)
+def quantize_rows(x, rows, col0, k, blocks, xq, xd, xs):
+    """quantize, a task a row."""
+    for t in prange(rows):
+        _quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
+
+
+@njit(fastmath=True, cache=True)
+def _quantize_row(x, col0, k, blocks, xq, xd, xs):
+    half = blocks * 16
+    for b in range(blocks):
+        if 32 * b >= k:
+            for j in range(16):
+                xq[16 * b + j] = 0
+                xq[half + 16 * b + j] = 0
+            xd[b] = 0
+            xs[b] = 0
+            continue
+        amax = np.float32(0.0)
+        for j in range(32):
+            amax = max(amax, abs(x[col0 + 32 * b + j]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(127.0) / amax if amax > 0 else np.float32(0.0)
+        total = 0
+        for j in range(16):
+            e = np.int32(np.rint(x[col0 + 32 * b + 2 * j] * inv))
+            o = np.int32(np.rint(x[col0 + 32 * b + 2 * j + 1] * inv))
+            xq[16 * b + j] = e
+            xq[half + 16 * b + j] = o
+            total += e + o
+        xd[b] = d
+        xs[b] = d * np.float32(total)
