@@ -9,9 +9,11 @@ Every value of a block of 32 is d * q + m, q unsigned: 4-bit types (Q4_0, Q4_1) 
 `int8_blocks` (q = value / d + 128, so m = -128 d). `lay` puts a matrix's rows four at a time in
 groups of 4 blocks, group-major (the 4 rows' first groups, then their second groups...), so that a
 thread reads its rows as one stream (with four short streams, one core read a 135M token's weights
-at ~4-5 GB/s inside a step, against ~15 laid so: benchmarks/cpu_numba_step_probe.py). A row's group
-is its values' even half (4 blocks x 16: nibbles of 4-bit types, whose high nibbles are the odd half;
-bytes of 8-bit types), the odd half for 8-bit types, then the 4 blocks' d and m in float32. x's rows
+at ~4-5 GB/s inside a step, against ~15 laid so: session 34's step probe, docs/cpu_graph.md); a
+row of 18 or 30 blocks ends in a half group of 2. A row's group is its values' even half (4 blocks
+x 16: nibbles of 4-bit types, whose high nibbles are the odd half; bytes of 8-bit types), the odd
+half for 8-bit types, then the 4 blocks' d and (4-bit types) m, in float16 where each is one
+exactly (GGUF's Q4_0, Q4_1, Q8_0: their bytes as stored), else float32 (KINDS). x's rows
 (`quantize`) match: the even values of a block side by side, then the odd ones, each block's scale
 and scale x sum. A group is two vpdpbusd a row of x; the 16 lanes (4 a block) are scaled by their
 blocks' d x xd in float and summed once a row: the products of every row the same whatever the
@@ -41,7 +43,8 @@ KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 
 
-def group_bytes(bits: int, sb: int, blocks: int = 4) -> int:
+@njit(cache=True)
+def group_bytes(bits: int, sb: int, blocks: int) -> int:
     """A row's bytes of `blocks` blocks: their values, d, and (4-bit) m."""
     return blocks * (16 if bits == 4 else 32) + blocks * sb * (2 if bits == 4 else 1)
 
@@ -176,29 +179,38 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     return out
 
 
-def _rows_of(kind: int, xs: int):
+def _rows_of(xs: int):
     """An intrinsic: the 4 rows laid at w (of KINDS[kind]) times `xs` rows of x (each the previous
-    one's row + step8 bytes on in the int8 values, + step32 in the scales): 4 x xs sums, x by x."""
-    bits, sb = KINDS[kind]
-
-    def rows(typingctx, w, even, odd, xd, xs_, step8, step32, groups, tail):
-        sig = types.UniTuple(types.float32, 4 * xs)(types.uintp, types.uintp, types.uintp, types.uintp, types.uintp,
-                                                    types.intp, types.intp, types.intp, types.intp)
+    one's row + step8 bytes on in the int8 values, + step32 in the scales): 4 x xs sums, x by x.
+    A switch over the kinds, each one's loop emitted in its case."""
+    def rows(typingctx, kind, w, even, odd, xd, xs_, step8, step32, groups, tail):
+        sig = types.UniTuple(types.float32, 4 * xs)(types.intp, types.uintp, types.uintp, types.uintp, types.uintp,
+                                                    types.uintp, types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, signature, args):
-            w, e, o, d, s, s8, s32, n, tail = args
+            kind, w, e, o, d, s, s8, s32, n, tail = args
             xs_of = []
             for i in range(xs):
                 i8, i32 = builder.mul(s8, ir.Constant(s8.type, i)), builder.mul(s32, ir.Constant(s32.type, i))
                 xs_of.append((builder.add(e, i8), builder.add(o, i8), builder.add(d, i32), builder.add(s, i32)))
-            return context.make_tuple(builder, signature.return_type, _emit(builder, w, xs_of, n, tail, bits, sb))
+            sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(4 * xs)]
+            end = builder.append_basic_block("kinds.end")
+            switch = builder.switch(kind, end)
+            for k, (bits, sb) in enumerate(KINDS):
+                case = builder.append_basic_block(f"kind.{k}")
+                switch.add_case(ir.Constant(kind.type, k), case)
+                builder.position_at_end(case)
+                for slot, v in zip(sums, _emit(builder, w, xs_of, n, tail, bits, sb)):
+                    builder.store(v, slot)
+                builder.branch(end)
+            builder.position_at_end(end)
+            return context.make_tuple(builder, signature.return_type, [builder.load(slot) for slot in sums])
         return sig, codegen
-    rows.__name__ = f"rows_q{bits}_s{sb}_x{xs}"
+    rows.__name__ = f"rows_x{xs}"
     return intrinsic(rows)
 
 
-_K0X1, _K1X1, _K2X1, _K3X1 = (_rows_of(k, 1) for k in range(4))
-_K0X2, _K1X2, _K2X2, _K3X2 = (_rows_of(k, 2) for k in range(4))
+_ONE, _TWO = _rows_of(1), _rows_of(2)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
@@ -206,9 +218,8 @@ def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_o
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and r < n_out: W the matrix laid
     at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). A thread's task
     is 4 rows of W against every x, two x at a time."""
-    bits, sb = (4, 2) if kind == 0 else (4, 4) if kind == 1 else (8, 2) if kind == 2 else (8, 4)
-    per = 16 if bits == 4 else 32
-    stride = groups * 4 * (4 * per + 4 * sb * (2 if bits == 4 else 1)) + tail * 4 * (2 * per + 2 * sb * (2 if bits == 4 else 1))
+    bits, sb = KINDS[kind]
+    stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
@@ -218,29 +229,15 @@ def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_o
         keep = min(4, n_out - r)
         t = 0
         while t + 1 < rows:
-            e, d, m = x0 + t * s8, d0 + t * s32, m0 + t * s32
-            if kind == 0:
-                y = _K0X2(w, e, e + half, d, m, s8, s32, groups, tail)
-            elif kind == 1:
-                y = _K1X2(w, e, e + half, d, m, s8, s32, groups, tail)
-            elif kind == 2:
-                y = _K2X2(w, e, e + half, d, m, s8, s32, groups, tail)
-            else:
-                y = _K3X2(w, e, e + half, d, m, s8, s32, groups, tail)
+            e = x0 + t * s8
+            y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
             for i in range(keep):
                 out[t, col0 + r + i] = y[i]
                 out[t + 1, col0 + r + i] = y[4 + i]
             t += 2
         if t < rows:
-            e, d, m = x0 + t * s8, d0 + t * s32, m0 + t * s32
-            if kind == 0:
-                y1 = _K0X1(w, e, e + half, d, m, s8, s32, groups, tail)
-            elif kind == 1:
-                y1 = _K1X1(w, e, e + half, d, m, s8, s32, groups, tail)
-            elif kind == 2:
-                y1 = _K2X1(w, e, e + half, d, m, s8, s32, groups, tail)
-            else:
-                y1 = _K3X1(w, e, e + half, d, m, s8, s32, groups, tail)
+            e = x0 + t * s8
+            y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
             for i in range(keep):
                 out[t, col0 + r + i] = y1[i]
 
