@@ -85,7 +85,7 @@ def callers(graph, caches, B: int, rng, vocab: int) -> None:
 
 def profile(step, graph, caches, B: int, rng, vocab: int) -> None:
     """The step's program cut to one kind of line at a time (the values then wrong, the work the same)."""
-    from oxinfer.runtime import cpu_step as cs
+    from oxinfer.runtime import step_ops as cs
     lines = step.lines
     head = (lines[:, 0] == cs.LINEAR) & (lines[:, 6] == len(step.mats) - 1)
     kinds = {"products": lines[:, 0] == cs.LINEAR, "head": head, "attention": lines[:, 0] == cs.ATTEND,

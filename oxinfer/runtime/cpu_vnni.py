@@ -32,6 +32,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.formats.quants import QuantMatrix
+from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
 
 BLOCK = 32

@@ -1,0 +1,47 @@
+"""numba's on-disk cache for the CPU step's modules (runtime/cpu_vnni.py, cpu_step.py, step_ops.py):
+one source stamp over all three. numba keys a function's cache on its own file alone, so a step
+cached before would go on running a kernel of cpu_vnni.py that has changed since (or op codes of
+step_ops.py), silently. Imported by those modules before they define a jitted function (numba
+finds a function's cache when it is decorated)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+
+from numba.core import caching
+
+SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                for name in ("cpu_vnni.py", "cpu_step.py", "step_ops.py"))
+_IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator  # (numba < 0.62's name)
+_IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
+
+
+@functools.cache
+def stamp() -> str:
+    """The three files' contents, hashed together (read once a process)."""
+    h = hashlib.sha256()
+    for path in SOURCES:
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
+
+
+class StepSources(_IN_TREE):
+    """The in-tree cache (the package's __pycache__) of a function of one of SOURCES, stamped with
+    all of them; where that folder cannot be written, numba's other locators (its user-wide cache:
+    an installed package, whose files an upgrade replaces together)."""
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if os.path.abspath(py_file) not in SOURCES:
+            return None
+        return super().from_function(py_func, py_file)
+
+    def get_source_stamp(self):
+        return stamp()
+
+
+if StepSources not in _IMPL._locator_classes:
+    _IMPL._locator_classes.insert(0, StepSources)
