@@ -211,14 +211,14 @@ def _rows_of(xs: int):
     return intrinsic(rows)
 
 
-_ONE, _TWO = _rows_of(1), _rows_of(2)
+_ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
 
 
 @njit(parallel=True, fastmath=True, cache=True)
 def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and r < n_out: W the matrix laid
     at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). A thread's task
-    is 4 rows of W against every x, two x at a time."""
+    is 4 rows of W against every x, four x at a time (then two, then one)."""
     bits, sb = KINDS[kind]
     stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
@@ -229,6 +229,13 @@ def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_o
         r = 4 * quad
         keep = min(4, n_out - r)
         t = 0
+        while t + 3 < rows:
+            e = x0 + t * s8
+            y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+            for i in range(keep):
+                for j in range(4):
+                    out[t + j, col0 + r + i] = y4[4 * j + i]
+            t += 4
         while t + 1 < rows:
             e = x0 + t * s8
             y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
