@@ -157,8 +157,8 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     over the rows `last` names (their count returned). mats: a matrix a row (its address, and
     quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in). Row-wise lines run on every
     thread where there are several rows. (numba.set_num_threads in here, to give small products
-    fewer threads, kept numba from caching it: ~10 s of compiling a process.) Without the GIL: the engine's loop runs beside it (held,
-    a step in the engine's thread took 6 ms against 3 alone, on the H100 machines' 16 cores)."""
+    fewer threads, kept numba from caching it: ~10 s of compiling a process.) Without the GIL: the
+    engine's loop runs beside it (held, the loop and the step took turns)."""
     for i in range(lines.shape[0]):
         op, a, b, c, o, n = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
         ints, fl = lines[i, 6:], floats[i]
@@ -280,14 +280,16 @@ class NumbaStep:
         self.vec_at = np.cumsum([0, *(len(v) for v in ops.vectors)]).astype(np.int64)
         laid = laid or {}
         with ThreadPoolExecutor(min(len(ops.matrices), threads, 8), thread_name_prefix="oxinfer-lay") as ex:
-            parts = list(ex.map(lambda m: laid.pop(id(m), None) or cpu_vnni.lay(m), ops.matrices))  # (numpy lets go of the GIL)
+            # (in threads: numpy lets go of the GIL)
+            parts = list(ex.map(lambda m: laid.pop(id(m), None) or cpu_vnni.lay(m), ops.matrices))
         kinds, arrays = [p[1:] for p in parts], [p[0] for p in parts]
         del parts
         self._arena, arrays = _arena(arrays)
         self.mats = np.array([(a.ctypes.data, a.shape[0], groups, tail, kind, m.n_out, m.n_in)
                               for a, (kind, groups, tail), m in zip(arrays, kinds, ops.matrices)], np.int64)
         self.weight_bytes = len(self._arena)
-        self.x_cols = int((4 * self.mats[:, 2] + 2 * self.mats[:, 3]).max()) * 32  # the widest product input, in int8 values
+        # the widest product input, in int8 values
+        self.x_cols = int((4 * self.mats[:, 2] + 2 * self.mats[:, 3]).max()) * 32
         rot = rope_table(c)  # (rows, rope_dim / 2) complex64: the numpy ops' and the GPU's table
         self.cos, self.sin = np.ascontiguousarray(rot.real), np.ascontiguousarray(rot.imag)
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers

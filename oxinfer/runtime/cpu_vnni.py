@@ -143,7 +143,8 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                 s = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(vi, [0] * 4 * k), even, a]), odd, b])
                 scale = builder.fmul(d, xdk)
                 scale = builder.shuffle_vector(scale, scale, spread)
-                builder.store(builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale)), accs[t][r])
+                acc = builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale))
+                builder.store(acc, accs[t][r])
                 builder.store(builder.fadd(builder.load(mins[t][r]), builder.fmul(m, xsk)), mins[t][r])
 
     def zeros(k):
