@@ -227,3 +227,25 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     for f in (cpu_step._run, cpu_vnni.product, cpu_vnni.quantize_rows):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
+
+
+async def test_a_step_of_decode_rows_and_prompts_gives_each_its_own_logits(engine):
+    """One run of the graph with prompts and decode rows in any order: the decode rows go to the
+    step, the prompts to the graph, and each sequence's logits come back in its own row, as each
+    computed alone."""
+    graph = engine.scheduler.cpu.graph
+    rng = np.random.default_rng(3)
+    old = [engine.steps.cpu.new_cache(128) for _ in range(2)]
+    for c in old:
+        graph.run([rng.integers(300, 40000, 17)], [c])
+    prompts = [rng.integers(300, 40000, n) for n in (9, 21)]
+    tokens = [np.array([int(t)]) for t in rng.integers(300, 40000, 2)]
+    fresh = [engine.steps.cpu.new_cache(128) for _ in prompts]
+    seqs, caches = [prompts[0], tokens[0], prompts[1], tokens[1]], [fresh[0], old[0], fresh[1], old[1]]
+    together = graph.run(seqs, caches)
+    for c in old:
+        c.trim(1)
+    alone = [graph.run([s], [c])[0] for s, c in zip(seqs, [engine.steps.cpu.new_cache(128), old[0],
+                                                            engine.steps.cpu.new_cache(128), old[1]])]
+    for i, a in enumerate(alone):
+        assert np.array_equal(a, together[i]), i
