@@ -354,9 +354,9 @@ def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = No
         from oxinfer.runtime.cpu_vnni import lay
 
     def convert(b):
-        if laid is not None and id(b) not in laid:
-            laid[id(b)] = lay(b)
         blocks = kernel_weights(b, zero_point(b, minimums_in_kernel))
+        if laid is not None and id(b) not in laid:  # (an 8-bit type's int8 blocks are the graph's)
+            laid[id(b)] = lay(b, None if b.codec.int4 else blocks[:2])
         for part in b.parts if released is not None else ():  # (a fused matrix's `data` is a copy, read anew)
             released(part)
         return blocks

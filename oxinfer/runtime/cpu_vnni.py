@@ -50,10 +50,12 @@ def group_bytes(bits: int, sb: int, blocks: int) -> int:
     return blocks * (16 if bits == 4 else 32) + blocks * sb * (2 if bits == 4 else 1)
 
 
-def lay(w: QuantMatrix) -> tuple[np.ndarray, int, int, int]:
+def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int, int, int]:
     """w's blocks as the products read them: (bytes (n_out / 4 rounded up, 4 rows' bytes), kind
     (KINDS' index), groups of 4 blocks, tail: 1 where a half group of 2 blocks follows them). Rows
-    are padded with zeros to a multiple of 4, blocks to a multiple of 2 (to 4 where 3 are left)."""
+    are padded with zeros to a multiple of 4, blocks to a multiple of 2 (to 4 where 3 are left).
+    int8: a type that is not 4-bit's int8 blocks (values, scales) as blockwise.int8_weights made
+    them already (the graph's conversion: a requantized type's is the costly part)."""
     c = w.codec
     blocks = np.ascontiguousarray(w.data).reshape(-1, c.block_bytes)
     nb = w.n_in // BLOCK
@@ -62,7 +64,7 @@ def lay(w: QuantMatrix) -> tuple[np.ndarray, int, int, int]:
         m = np.zeros_like(d) if m is None else m
         halves, bits, scales = [values.reshape(w.n_out, nb, 16)], 4, [d, m]
     else:
-        v, d = int8_weights(w)
+        v, d = int8 if int8 is not None else int8_weights(w)
         v = v.reshape(w.n_out, nb, BLOCK)
         halves, bits, scales = [v[..., 0::2], v[..., 1::2]], 8, [d]
     exact = all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)

@@ -129,9 +129,12 @@ class StepOps:
         last_read[logits.vid] = len(self.code)
         at, free, width = {}, [], 0  # vid -> first column; free ranges (start, cols)
 
+        def size(vid: int) -> int:  # a value's columns, to a multiple of ALIGN
+            return -(-self.widths[vid] // ALIGN) * ALIGN
+
         def take(vid: int) -> None:
             nonlocal width
-            cols = -(-self.widths[vid] // ALIGN) * ALIGN
+            cols = size(vid)
             for i, (s, n) in enumerate(free):
                 if n >= cols:
                     free[i:i + 1] = [(s + cols, n - cols)] if n > cols else []
@@ -140,7 +143,7 @@ class StepOps:
             at[vid], width = width, width + cols
 
         def give(vid: int) -> None:
-            free.append((at[vid], -(-self.widths[vid] // ALIGN) * ALIGN))
+            free.append((at[vid], size(vid)))
             free.sort()
             merged = []
             for s, n in free:
