@@ -2,7 +2,7 @@
 same caches, B rows a step (each a sequence after `--context` positions), called directly (no engine),
 the median ms of each.
 
-    python benchmarks/cpu_step_ab.py [--model F.gguf] [--rows 1,32] [--context 128] [--steps 40]
+    python benchmarks/cpu_step_ab.py [--model F.gguf | --synthetic 135m|1b] [--rows 1,32] [--context 128] [--steps 40]
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import oxinfer
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
+    ap.add_argument("--synthetic", default=None, help="a shape of oxinfer bench's (a Q4_1 GGUF written to a temporary folder)")
     ap.add_argument("--rows", default="1,32")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=40)
@@ -27,6 +28,14 @@ async def main() -> None:
     a = ap.parse_args()
     from oxinfer.runtime import cpu_graph
     cpu_graph.DECODE = "numba"  # (the graph decodes in turns with it below)
+    if a.synthetic:
+        import tempfile
+        from pathlib import Path
+        from gguf import GGMLQuantizationType as T
+        from oxinfer.bench import SYNTHETIC
+        from oxinfer.testing import write_tiny_llama
+        a.model = str(Path(tempfile.mkdtemp()) / f"{a.synthetic}.gguf")
+        write_tiny_llama(Path(a.model), qtype=T.Q4_1, fast=True, context=2048, **SYNTHETIC[a.synthetic])
     t0 = time.perf_counter()
     engine = await oxinfer.Engine.load(a.model)
     graph = engine.scheduler.cpu.graph

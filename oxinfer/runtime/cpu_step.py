@@ -28,10 +28,14 @@ from llvmlite import ir
 from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
-from oxinfer.runtime import cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
+from oxinfer.logs import get_logger
+from oxinfer.runtime import cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
                                       SOFTCAP, StepOps)
+
+log = get_logger("oxinfer.runtime")
+_PIECE = 512  # columns of an element-wise line a task
 
 
 @intrinsic
@@ -81,43 +85,32 @@ def _rope(src, dst, c, s, scale, rope_dim, hd):
 
 
 @njit(fastmath=True, cache=True)
-def _attend(A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs):
-    """Rows' q, k, v (columns qc, kc, vc of A) -> their attention (columns oc): each row's q and k
-    roped at its position, q scaled, k and v written into its lane; then each row's heads over
-    its lane's keys up to its position (from its window's first), a task a row and head on every
-    thread where there is enough of them (past ~9 us of one thread's: 30 layers' 9 heads over 129
-    positions, serial, took 0.94 ms of a 3.8 ms step on the H100 machines' 16 cores)."""
+def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs):
+    """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
+    keys roped at its position and written with its values into its lane; at a barrier, each row's
+    heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
+    task a row and kv head, then a row and head, dealt round the threads. The barrier count after."""
     layer, window, row0 = ints[0], ints[1], ints[2]
-    scale = fl[0]
     H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
     V = carray(_f32_at(pool[layer, 1]), (slots, KV, tokens, hd))
-    work = 0
-    for t in range(rows):
+    for task in range(tid, rows * KV, n):
+        t, g = task // KV, task % KV
         p, r = pos[t], pos[t] + row0
-        for h in range(H):
-            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], scale, rope_dim, hd)
-        for g in range(KV):
-            _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
-            V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
-        work += min(p + 1, window) if window > 0 else p + 1
-    if work * H * hd < 1 << 16:
-        for task in range(rows * H):
-            _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
-    else:
-        _heads(A, rows, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def _heads(A, rows, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
-    for task in prange(rows * H):
-        _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap)
+        _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
+        V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
+    gen = cpu_sync.barrier(sync, n, gen)
+    for task in range(tid, rows * H, n):
+        t, h = task // H, task % H
+        r = pos[t] + row0
+        _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+        _head(t, h, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
+    return gen
 
 
 @njit(fastmath=True, cache=True)
-def _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
-    """Row task // H's head task % H: softmax(q . keys (soft-capped)) times values, into A."""
-    t, h = task // H, task % H
+def _head(t, h, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
+    """Row t's head h: softmax(q . keys (soft-capped)) times values, into A."""
     keys, values = K[lanes[t], h // (H // KV)], V[lanes[t], h // (H // KV)]
     n = pos[t] + 1
     lo = max(0, n - window) if window > 0 else 0
@@ -151,41 +144,53 @@ def _head(task, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
         out[i] = acc[i] * inv
 
 
-@njit(fastmath=True, cache=True, nogil=True)
-def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs):
+@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, sync, n):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
-    over the rows `last` names (their count returned). mats: a matrix a row (its address, and
-    quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in). Row-wise lines run on every
-    thread where there are several rows. (numba.set_num_threads in here, to give small products
-    fewer threads, kept numba from caching it: ~10 s of compiling a process.) Without the GIL: the
-    engine's loop runs beside it (held, the loop and the step took turns)."""
+    over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
+    program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
+    once, and nothing ran). Without the GIL: the engine's loop runs beside it."""
+    for tid in prange(n):
+        if cpu_sync.gate(sync, n):
+            _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
+                   xq, xd, xs, qs)
+    return sync[cpu_sync.STATE] == cpu_sync.GO
+
+
+@njit(fastmath=True, cache=True)
+def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
+           xq, xd, xs, qs):
+    """Thread tid's share of every line, a barrier after each (the next line reads what any thread
+    wrote). mats: a matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says,
+    n_out, n_in). A product's x is quantized a row a thread (a barrier), then each thread takes its
+    range of W's quads; other lines deal rows (for element-wise ops, pieces of rows) round the threads."""
+    gen = 0
     for i in range(lines.shape[0]):
-        op, a, b, c, o, n = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
+        op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
         ints, fl = lines[i, 6:], floats[i]
         if op == LINEAR:
             m = mats[ints[0]]
-            if rows > 1:
-                cpu_vnni.quantize_rows(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
-            else:
-                cpu_vnni.quantize(A, rows, a, m[6], 4 * m[2] + 2 * m[3], xq, xd, xs)
-            cpu_vnni.product(m[0], m[1], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
+            blocks = 4 * m[2] + 2 * m[3]
+            for t in range(tid, rows, n):
+                cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t])
+            gen = cpu_sync.barrier(sync, n, gen)
+            cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
         elif op == ATTEND:
-            _attend(A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
+            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
         elif op == LAST:
-            for t in range(last.shape[0]):
-                A[t, o:o + n] = A[last[t], a:a + n]
+            if tid == 0:
+                for t in range(last.shape[0]):
+                    A[t, o:o + k] = A[last[t], a:a + k]
             rows = last.shape[0]
-        elif rows > 1:
-            _by_rows(op, A, rows, a, b, o, n, vecs[vec_at[ints[0]]:], ints[1], fl[0])
         else:
-            _row(op, A[0, a:a + n], A[0, b:b + n], A[0, o:o + n], vecs[vec_at[ints[0]]:], ints[1], fl[0])
-    return rows
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def _by_rows(op, A, rows, a, b, o, n, w, hd, f):
-    for t in prange(rows):
-        _row(op, A[t, a:a + n], A[t, b:b + n], A[t, o:o + n], w, hd, f)
+            w = vecs[vec_at[ints[0]]:]
+            piece = k if op == RMS or op == HEAD_NORM else _PIECE  # (norms need their whole row)
+            pieces = -(-k // piece)
+            for task in range(tid, rows * pieces, n):
+                t, j = task // pieces, task % pieces * piece
+                e = min(k, j + piece)
+                _row(op, A[t, a + j:a + e], A[t, b + j:b + e], A[t, o + j:o + e], w[j:], ints[1], fl[0])
+        gen = cpu_sync.barrier(sync, n, gen)
 
 
 @njit(fastmath=True, cache=True)
@@ -293,8 +298,10 @@ class NumbaStep:
         rot = rope_table(c)  # (rows, rope_dim / 2) complex64: the numpy ops' and the GPU's table
         self.cos, self.sin = np.ascontiguousarray(rot.real), np.ascontiguousarray(rot.imag)
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
+        self.has_last = bool((self.lines[:, 0] == LAST).any())
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
+        self._sync = np.zeros(cpu_sync.SYNC, np.int64)  # the region's barrier words
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool) -> np.ndarray:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
@@ -315,11 +322,18 @@ class NumbaStep:
         T = len(x)
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
         A[:, :x.shape[1]] = x
-        numba.set_num_threads(min(self.threads, numba.config.NUMBA_NUM_THREADS))
-        n = _run(self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
-                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
-                 xq, xd, xs, qs)
-        return A[:n, self.logits_at:self.logits_at + self.vocab]
+        args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
+                np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin, xq, xd, xs, qs)
+        n = min(self.threads, numba.config.NUMBA_NUM_THREADS)
+        numba.set_num_threads(n)
+        self._sync[:] = 0
+        if not _run(*args, self._sync, n):
+            log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
+                        action="steps run in one thread: the region's threads did not all run at once")
+            self.threads = 1
+            self._sync[:] = 0
+            _run(*args, self._sync, 1)
+        return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
         """Scratch for at least T rows (grown to powers of two): the values, x's int8 blocks, their

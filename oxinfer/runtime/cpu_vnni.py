@@ -220,14 +220,22 @@ _ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
 @njit(parallel=True, fastmath=True, cache=True)
 def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and r < n_out: W the matrix laid
-    at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). A thread's task
-    is 4 rows of W against every x, four x at a time (then two, then one)."""
+    at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). An OpenMP region
+    of its own (runtime/cpu_step.py's step runs `some` in its one region instead)."""
+    for quad in prange(quads):
+        some(quad, quad + 1, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out)
+
+
+@njit(fastmath=True, cache=True)
+def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
+    """`product`'s quads lo to hi (4 rows of W each) against every x, four x at a time (then two,
+    then one)."""
     bits, sb = KINDS[kind]
     stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-    for quad in prange(quads):
+    for quad in range(lo, hi):
         w = address + quad * stride
         r = 4 * quad
         keep = min(4, n_out - r)
@@ -260,18 +268,11 @@ def quantize(x, rows, col0, k, blocks, xq, xd, xs):
     even values of each block side by side, then its odd ones from byte blocks x 16 on; each
     block's scale and scale x sum. Blocks past k, to `blocks`, are zeros."""
     for t in range(rows):
-        _quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
-
-
-@njit(parallel=True, fastmath=True, cache=True)
-def quantize_rows(x, rows, col0, k, blocks, xq, xd, xs):
-    """quantize, a task a row."""
-    for t in prange(rows):
-        _quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
+        quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
 
 
 @njit(fastmath=True, cache=True)
-def _quantize_row(x, col0, k, blocks, xq, xd, xs):
+def quantize_row(x, col0, k, blocks, xq, xd, xs):
     half = blocks * 16
     for b in range(blocks):
         if 32 * b >= k:

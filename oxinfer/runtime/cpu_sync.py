@@ -1,0 +1,126 @@
+"""Threads of one numba parallel region meeting between a step's lines (runtime/cpu_step.py): a
+spin barrier on atomics spelled out through numba's @intrinsic (LLVM's atomicrmw, cmpxchg and
+atomic loads and stores; x86's pause; libc's sched_yield once a wait grows long). A step is one
+region: every thread runs the whole program, its share of each line, and meets the others at a
+barrier after it, instead of one OpenMP region a line (~150 a step, ~5-10 us each on the H100
+machines' 16 cores: session 35, docs/cpu_graph.md).
+
+A barrier is safe only where every one of the region's n tasks runs in a thread of its own at the
+same time. `gate` makes sure: each task checks in, and waits (spinning, then yielding) until all n
+have; if they have not within ~a second (a threading layer or an OpenMP setting that runs two of
+the tasks in one thread, one after the other), every task gives up before its first barrier and the
+caller is told (it runs the step again with one thread). `sync` is a caller's int64 array of SYNC
+values, zeroed before each region: a word a cache line.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
+
+SYNC = 32  # int64 words: COUNT, GENERATION, ARRIVED, STATE, each on a cache line of its own
+COUNT, GENERATION, ARRIVED, STATE = 0, 8, 16, 24
+GO, GAVE_UP = 1, 2
+_SPINS = 4000  # pauses (~0.1-0.5 ms) before a waiting thread starts yielding its core
+_PATIENCE = 2_000_000  # pauses and yields (~1 s or more) before gate gives up
+
+_I64 = ir.IntType(64)
+
+
+def _word(builder, address):
+    return builder.inttoptr(address, _I64.as_pointer())
+
+
+@intrinsic
+def _add(typingctx, address, value):
+    """Atomically add value to the int64 at address: the value before."""
+    def codegen(context, builder, signature, args):
+        return builder.atomic_rmw("add", _word(builder, args[0]), args[1], "acq_rel")
+    return types.int64(types.intp, types.int64), codegen
+
+
+@intrinsic
+def _swap_if(typingctx, address, expected, value):
+    """Atomically set the int64 at address to value where it holds expected (no matter who wins,
+    the word holds one decision afterwards)."""
+    def codegen(context, builder, signature, args):
+        builder.cmpxchg(_word(builder, args[0]), args[1], args[2], "acq_rel", "acquire")
+        return context.get_dummy_value()
+    return types.void(types.intp, types.int64, types.int64), codegen
+
+
+@intrinsic
+def _load(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.load_atomic(_word(builder, args[0]), "acquire", 8)
+    return types.int64(types.intp), codegen
+
+
+@intrinsic
+def _store(typingctx, address, value):
+    def codegen(context, builder, signature, args):
+        builder.store_atomic(args[1], _word(builder, args[0]), "release", 8)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.int64), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse2.pause")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@intrinsic
+def _yield(typingctx):
+    """libc's sched_yield (resolved in the process when the code is loaded)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.IntType(32), []), "sched_yield")
+        builder.call(fn, [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+@njit(cache=True, inline="always")
+def _wait(spins):
+    """One turn of a wait that has gone `spins` turns: a pause, or (past _SPINS) a yield."""
+    if spins < _SPINS:
+        _pause()
+    else:
+        _yield()
+    return spins + 1
+
+
+@njit(cache=True)
+def gate(sync, n):
+    """Whether all n tasks of the region are running at once (call first, in every task)."""
+    base = sync.ctypes.data
+    if _add(base + 8 * ARRIVED, 1) == n - 1:
+        _swap_if(base + 8 * STATE, 0, GO)
+    spins = 0
+    while _load(base + 8 * STATE) == 0:
+        spins = _wait(spins)
+        if spins > _PATIENCE:
+            _swap_if(base + 8 * STATE, 0, GAVE_UP)
+    return _load(base + 8 * STATE) == GO
+
+
+@njit(cache=True)
+def barrier(sync, n, generation):
+    """Wait for the region's n tasks to reach their barrier number `generation` (each counts its
+    own, from 0): the next number. The last to arrive lets the others go."""
+    base = sync.ctypes.data
+    if _add(base + 8 * COUNT, 1) == n - 1:
+        _store(base + 8 * COUNT, 0)
+        _store(base + 8 * GENERATION, generation + 1)
+    else:
+        spins = 0
+        while _load(base + 8 * GENERATION) == generation:
+            spins = _wait(spins)
+    return generation + 1
