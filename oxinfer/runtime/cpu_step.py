@@ -35,7 +35,7 @@ from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM,
                                       SOFTCAP, StepOps)
 
 log = get_logger("oxinfer.runtime")
-_PIECE = 512  # columns of an element-wise line a task
+_PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 
 
 @intrinsic
@@ -99,7 +99,7 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         p, r = pos[t], pos[t] + row0
         _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
-    gen = cpu_sync.barrier(sync, n, gen)
+    gen = cpu_sync.barrier(sync, n, tid, gen)
     for task in range(tid, rows * H, n):
         t, h = task // H, task % H
         r = pos[t] + row0
@@ -173,7 +173,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             blocks = 4 * m[2] + 2 * m[3]
             for t in range(tid, rows, n):
                 cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t])
-            gen = cpu_sync.barrier(sync, n, gen)
+            gen = cpu_sync.barrier(sync, n, tid, gen)
             cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
         elif op == ATTEND:
             gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
@@ -184,13 +184,23 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             rows = last.shape[0]
         else:
             w = vecs[vec_at[ints[0]]:]
-            piece = k if op == RMS or op == HEAD_NORM else _PIECE  # (norms need their whole row)
+            piece = k if _by_rows(op, k) else _PIECE
             pieces = -(-k // piece)
             for task in range(tid, rows * pieces, n):
                 t, j = task // pieces, task % pieces * piece
                 e = min(k, j + piece)
                 _row(op, A[t, a + j:a + e], A[t, b + j:b + e], A[t, o + j:o + e], w[j:], ints[1], fl[0])
-        gen = cpu_sync.barrier(sync, n, gen)
+        after = lines[min(i + 1, lines.shape[0] - 1)]
+        if not (_by_rows(op, k) and (after[0] == LINEAR or _by_rows(after[0], after[5]))):
+            gen = cpu_sync.barrier(sync, n, tid, gen)
+
+
+@njit(cache=True, inline="always")
+def _by_rows(op, k):
+    """Whether a line's row t is thread t % n's alone, start to end (norms, element-wise lines of at
+    most _PIECE columns; a product's quantization of x). From one such line to the next, or to a
+    product, a thread reads only what it wrote itself: no barrier between them."""
+    return op == RMS or op == HEAD_NORM or (op != LINEAR and op != ATTEND and op != LAST and k <= _PIECE)
 
 
 @njit(fastmath=True, cache=True)
@@ -301,7 +311,7 @@ class NumbaStep:
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
-        self._sync = np.zeros(cpu_sync.SYNC, np.int64)  # the region's barrier words
+        self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool) -> np.ndarray:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
