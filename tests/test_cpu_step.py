@@ -170,6 +170,28 @@ async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
         assert np.array_equal(graph.run([step[i]], [c])[0], together[i // 2])
 
 
+async def test_a_step_whose_threads_cannot_all_run_at_once_runs_in_one_thread(engine, monkeypatch):
+    """A step is one OpenMP region whose tasks meet at spin barriers: were two tasks run in one
+    thread, one after the other, the first would wait at its first barrier for ever. Its gate gives
+    up instead (before any task computed anything), the step runs again in one thread and says so,
+    and its logits are the same as with every thread."""
+    import numba
+    graph = engine.scheduler.cpu.graph
+    step = graph.step
+    cache = engine.steps.cpu.new_cache(64)
+    graph.run([np.arange(300, 320)], [cache])
+    row = [np.array([4242])]
+    want = graph.run(row, [cache])[0]
+    cache.trim(1)
+    real = numba.set_num_threads
+    monkeypatch.setattr(numba, "set_num_threads", lambda n: real(1))  # a team of one thread for 2 tasks
+    monkeypatch.setattr(step, "threads", 2)
+    with capture_logs() as logs:
+        got = graph.run(row, [cache])[0]
+    assert [e["threads"] for e in logs if e["event"] == "numba_step_threads"] == [2]
+    assert step.threads == 1 and np.array_equal(got, want)
+
+
 async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_path, monkeypatch):
     """OXINFER_CPU_DECODE=graph (the default; read at import as cpu_graph.DECODE): no step, no line.
     numba asked for with float16 keys: no step, a line saying why. Decoding works in both; a value
