@@ -170,6 +170,25 @@ async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
         assert np.array_equal(graph.run([step[i]], [c])[0], together[i // 2])
 
 
+async def test_attention_by_kv_head_or_by_head_gives_the_same_logits(engine, monkeypatch):
+    """A step's attention takes a task a row and kv head (its query heads together, reading its keys
+    once) where there are tasks enough for every thread, else a task a row and head: bit for bit
+    the same either way, so a row's logits do not depend on how many rows share its step."""
+    graph = engine.scheduler.cpu.graph
+    rng = np.random.default_rng(5)
+    caches = [engine.steps.cpu.new_cache(256) for _ in range(3)]
+    for i, c in enumerate(caches):
+        graph.run([rng.integers(300, 40000, 9 + 30 * i)], [c])
+    rows = [np.array([int(t)]) for t in rng.integers(300, 40000, 3)]
+    got = {}
+    for grouped in (True, False):
+        monkeypatch.setattr(graph.step, "grouped", grouped)
+        got[grouped] = graph.run(rows, caches).copy()
+        for c in caches:
+            c.trim(1)
+    assert np.array_equal(got[True], got[False])
+
+
 async def test_a_step_whose_threads_cannot_all_run_at_once_runs_in_one_thread(engine, monkeypatch):
     """A step is one OpenMP region whose tasks meet at spin barriers: were two tasks run in one
     thread, one after the other, the first would wait at its first barrier for ever. Its gate gives

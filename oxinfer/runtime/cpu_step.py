@@ -85,11 +85,12 @@ def _rope(src, dst, c, s, scale, rope_dim, hd):
 
 
 @njit(fastmath=True, cache=True)
-def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs):
+def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped):
     """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
     keys roped at its position and written with its values into its lane; at a barrier, each row's
     heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
-    task a row and kv head, then a row and head, dealt round the threads. The barrier count after."""
+    task a row and kv head, then a row and head (grouped: a row and a kv head's query heads, which
+    read its keys and values once), dealt round the threads. The barrier count after."""
     layer, window, row0 = ints[0], ints[1], ints[2]
     H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
@@ -100,52 +101,64 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
     gen = cpu_sync.barrier(sync, n, tid, gen)
-    for task in range(tid, rows * H, n):
-        t, h = task // H, task % H
+    m = H // KV if grouped else 1
+    for task in range(tid, rows * (H // m), n):
+        t, h0 = task // (H // m), task % (H // m) * m
         r = pos[t] + row0
-        _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        _head(t, h, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
+        for h in range(h0, h0 + m):
+            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+        _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
     return gen
 
 
 @njit(fastmath=True, cache=True)
-def _head(t, h, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
-    """Row t's head h: softmax(q . keys (soft-capped)) times values, into A."""
-    keys, values = K[lanes[t], h // (H // KV)], V[lanes[t], h // (H // KV)]
+def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
+    """Row t's heads h0 to h0 + m (of one kv head): softmax(q . keys (soft-capped)) times values,
+    into A. Each head's arithmetic is the same whatever m (a row's logits the same in any step)."""
+    keys, values = K[lanes[t], h0 // (H // KV)], V[lanes[t], h0 // (H // KV)]
     n = pos[t] + 1
     lo = max(0, n - window) if window > 0 else 0
-    q = qs[t, h * hd:(h + 1) * hd]
-    s = np.empty(n - lo, np.float32)
+    s = np.empty((m, n - lo), np.float32)
     for j in range(lo, n):
         k = keys[j]
-        acc = np.float32(0.0)
-        for i in range(hd):
-            acc += q[i] * k[i]
-        s[j - lo] = acc
-    if cap > 0:  # (a branch of its own: inside the loop above, it kept the dot products from vectors)
+        for h in range(m):
+            q = qs[t, (h0 + h) * hd:(h0 + h + 1) * hd]
+            acc = np.float32(0.0)
+            for i in range(hd):
+                acc += q[i] * k[i]
+            s[h, j - lo] = acc
+    totals = np.empty(m, np.float32)
+    for h in range(m):
+        sh = s[h]
+        if cap > 0:  # (a branch of its own: inside the loop above, it kept the dot products from vectors)
+            for j in range(n - lo):
+                sh[j] = cap * np.tanh(sh[j] / cap)
+        top = np.float32(-np.inf)
         for j in range(n - lo):
-            s[j] = cap * np.tanh(s[j] / cap)
-    top = np.float32(-np.inf)
-    for j in range(n - lo):
-        top = max(top, s[j])
-    total = np.float32(0.0)
-    for j in range(n - lo):
-        e = _exp(s[j] - top)
-        s[j] = e
-        total += e
-    acc = np.zeros(hd, np.float32)
+            top = max(top, sh[j])
+        total = np.float32(0.0)
+        for j in range(n - lo):
+            e = _exp(sh[j] - top)
+            sh[j] = e
+            total += e
+        totals[h] = total
+    acc = np.zeros((m, hd), np.float32)
     for j in range(lo, n):
-        w, v = s[j - lo], values[j]
+        v = values[j]
+        for h in range(m):
+            w, ah = s[h, j - lo], acc[h]
+            for i in range(hd):
+                ah[i] += w * v[i]
+    for h in range(m):
+        out = A[t, oc + (h0 + h) * hd:oc + (h0 + h + 1) * hd]
+        inv = np.float32(1.0) / totals[h]
         for i in range(hd):
-            acc[i] += w * v[i]
-    out = A[t, oc + h * hd:oc + (h + 1) * hd]
-    inv = np.float32(1.0) / total
-    for i in range(hd):
-        out[i] = acc[i] * inv
+            out[i] = acc[h, i] * inv
 
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
-def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, sync, n):
+def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
+         sync, n):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
     over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
     program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
@@ -153,13 +166,13 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     for tid in prange(n):
         if cpu_sync.gate(sync, n):
             _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-                   xq, xd, xs, qs)
+                   xq, xd, xs, qs, grouped)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
 @njit(fastmath=True, cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-           xq, xd, xs, qs):
+           xq, xd, xs, qs, grouped):
     """Thread tid's share of every line, a barrier after each (the next line reads what any thread
     wrote). mats: a matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says,
     n_out, n_in). A product's x is quantized a row a thread (a barrier), then each thread takes its
@@ -176,7 +189,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             gen = cpu_sync.barrier(sync, n, tid, gen)
             cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
         elif op == ATTEND:
-            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs)
+            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped)
         elif op == LAST:
             if tid == 0:
                 for t in range(last.shape[0]):
@@ -309,6 +322,7 @@ class NumbaStep:
         self.cos, self.sin = np.ascontiguousarray(rot.real), np.ascontiguousarray(rot.imag)
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
         self.has_last = bool((self.lines[:, 0] == LAST).any())
+        self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
@@ -337,6 +351,8 @@ class NumbaStep:
         n = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(n)
         self._sync[:] = 0
+        # a task a kv head's query heads where that makes work for every thread; else a task a head
+        args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
         if not _run(*args, self._sync, n):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
