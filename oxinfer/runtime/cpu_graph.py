@@ -327,15 +327,25 @@ def _step_refused(kv_dtype) -> str | None:
     return reason
 
 
+def step_threads(threads: int) -> int:
+    """The numba step's threads: one fewer than the graph's from 8 on. Its threads meet at spin
+    barriers a few microseconds apart, so a thread the engine's own (its loop, sampling, streaming)
+    takes a core from stalls all of them. One stream of the 135M shape through `oxinfer bench` on
+    the H100 machines' 16 cores: 292-306 tok/s with 16 threads, 339-366 with 15, 360 with 14; on
+    the 2-core dev VM, 93-106 with 2, 58 with 1."""
+    return threads - 1 if threads >= 8 else threads
+
+
 def _numba_step(model, laid: dict[int, tuple]) -> Future:
     """runtime/cpu_step.py's decode step over the matrices laid, compiled in a thread (loaded from
     numba's cache beside the module: ~0.3 s; ~10 s the first time): its Future."""
     def build():
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()
-        step = NumbaStep(model, blockwise.threads(), laid)
+        step = NumbaStep(model, step_threads(blockwise.threads()), laid)
         step.warm()
-        log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), build_s=round(time.perf_counter() - t0, 3))
+        log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
+                 build_s=round(time.perf_counter() - t0, 3))
         return step
 
     ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")
