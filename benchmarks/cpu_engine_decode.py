@@ -1,7 +1,15 @@
-"""One stream's decode through the engine on the CPU (greedy, `--tokens` after a short prompt), and the
-time its steps took inside runtime/cpu_step.py's numba step where it decodes: what the engine adds a token.
+"""One stream's decode through the engine on the CPU (greedy, `--tokens` after a short prompt), and
+where a token's time goes: inside runtime/cpu_step.py's numba step (`step.logits`, where it
+decodes), inside the graph's `run_at` around it (the steps runtime/cpu_ahead.py's chain runs ahead),
+between two of those runs in the chain's thread, and whether the chain had the engine's next step
+ready when the engine took it (never ready: the chain bounds the stream; always: the engine does).
 
     OXINFER_CPU_DECODE=numba|graph python benchmarks/cpu_engine_decode.py [--model F.gguf] [--tokens 64]
+
+Session 36, the 2-core dev VM, the default model, numba: 86.6-92.4 tok/s after the first token (10.8-
+11.5 ms a token); the step 10.0-10.8 ms, run_at 0.42-0.50 ms more (alone, no engine running: the
+step's call through its own thread ~0.12 ms, the graph's Python ~0.14 ms), 0.08-0.10 ms between
+runs, the chain never ready: the chain bounds it. (Its earlier form timed the prompt into the rate.)
 """
 from __future__ import annotations
 
@@ -14,6 +22,22 @@ import numpy as np
 
 os.environ.setdefault("OXINFER_CPU_DECODE", "numba")
 import oxinfer  # noqa: E402
+from oxinfer.runtime import cpu_ahead  # noqa: E402
+
+
+def timed(obj, name: str, into: list, gaps: list | None = None) -> None:
+    """obj.name's calls timed into `into` (and, gaps, the time from one call's end to the next's start)."""
+    real, end = getattr(obj, name), [None]
+
+    def call(*args):
+        t = time.perf_counter()
+        if gaps is not None and end[0] is not None:
+            gaps.append(t - end[0])
+        out = real(*args)
+        end[0] = time.perf_counter()
+        into.append(end[0] - t)
+        return out
+    setattr(obj, name, call)
 
 
 async def main() -> None:
@@ -23,28 +47,26 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     engine = await oxinfer.Engine.load(a.model)
-    step = engine.scheduler.cpu.graph.step
-    spent: list[float] = []
-    if step is not None:
-        real = step.logits
-
-        def timed(*args):
-            t = time.perf_counter()
-            out = real(*args)
-            spent.append(time.perf_counter() - t)
-            return out
-        step.logits = timed
+    graph = engine.scheduler.cpu.graph
+    steps, runs, gaps, ready = [], [], [], []
+    if graph.step is not None:
+        timed(graph.step, "logits", steps)
+    timed(graph, "run_at", runs, gaps)
+    real_ready = cpu_ahead.Chain.ready
+    cpu_ahead.Chain.ready = lambda self: ready.append(real_ready(self)) or ready[-1]
     params = oxinfer.SamplingParams(max_tokens=a.tokens, ignore_eos=True, temperature=0)
-    prompt = list(range(100, 140))
-    await engine.generate(prompt, params)
     label = f"{os.environ['OXINFER_CPU_DECODE']} {os.environ.get('OXINFER_CPU_THREADS', 'all')} threads"
     for _ in range(a.rounds):
-        spent.clear()
-        t = time.perf_counter()
-        r = await engine.generate(prompt, params)
-        dt = time.perf_counter() - t
-        inside = f"; steps {np.median(spent) * 1e3:.2f} ms ({len(spent)})" if spent else ""
-        print(f"{label}: {len(r.token_ids) / dt:.1f} tok/s, {dt / len(r.token_ids) * 1e3:.2f} ms a token{inside}", flush=True)
+        for x in (steps, runs, gaps, ready):
+            x.clear()
+        r = await engine.generate(list(range(100, 140)), params)
+        tps = r.finished.generation_tps
+
+        def ms(x):
+            return f"{np.median(x) * 1e3:.2f} ms" if x else "-"
+        print(f"{label}: {tps:.1f} tok/s after the first ({1e3 / tps:.2f} ms a token); step {ms(steps)}, run_at "
+              f"{ms(runs)}, between runs {ms(gaps)}; chain ready at the engine's take {np.mean(ready or [0]):.2f}",
+              flush=True)
 
 
 if __name__ == "__main__":

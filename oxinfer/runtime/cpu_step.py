@@ -2,11 +2,13 @@
 (runtime/step_ops.py) into a short program (an op a line: norms, products, attention, SwiGLU...), which `_run`, a numba
 function, interprets with the products of runtime/cpu_vnni.py. One call from Python a step, in
 place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out to the threads
-(session 33: half of a one-row step on the 2-core dev VM). Decode rows come here where
-OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py). Measured (docs/cpu_graph.md, session 35): on
-the 2-core dev VM one stream ~100 tok/s against the graph's ~75; on the H100 machines' 16-core Xeon
-7-14% ahead of the graph on one stream (0.55x / 0.65x llama.cpp's on the 135M / 1.1B shapes),
-behind it with 32 rows a step, and ~150 parallel regions a step are what bound it there.
+(session 33: half of a one-row step on the 2-core dev VM); one OpenMP region a step, its threads
+meeting at runtime/cpu_sync.py's spin barriers between lines (a region a line cost ~5-10 us each
+on 16 threads). Decode rows come here where OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py).
+Measured (docs/cpu_graph.md, session 36) on the H100 machines' 16-core Xeon, a step alone: the
+135M shape 2.44 ms on one row against the graph's 4.32 and session 35's 4.26 (llama.cpp's token
+2.05), 21.7 ms on 32 rows against 31.0 (llama.cpp's batched step 26.5); the 1.1B shape level with
+the graph and llama.cpp, bound by its products' ~72 GB/s.
 
 Every activation is a range of columns of one float32 array (rows, width): a row a token. A
 value's columns are given back once its last reader has run, so the program's width is a few of
@@ -173,10 +175,11 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
 @njit(fastmath=True, cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
            xq, xd, xs, qs, grouped):
-    """Thread tid's share of every line, a barrier after each (the next line reads what any thread
-    wrote). mats: a matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says,
-    n_out, n_in). A product's x is quantized a row a thread (a barrier), then each thread takes its
-    range of W's quads; other lines deal rows (for element-wise ops, pieces of rows) round the threads."""
+    """Thread tid's share of every line, a barrier after each (the next line may read what any
+    thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
+    matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in).
+    A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
+    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads."""
     gen = 0
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
