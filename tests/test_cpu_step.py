@@ -154,15 +154,21 @@ async def test_the_default_model_decodes_through_the_step(engine):
     assert len(r.token_ids) == 4 and len(calls) >= 3 and set(calls) == {1}  # (the prompt gives the first token)
 
 
+def _prompted(engine, seed: int, lengths: list[int]) -> tuple[list, list[np.ndarray]]:
+    """Caches of the engine's pool after random prompts of these lengths (through the graph), and a
+    random decode token for each."""
+    rng = np.random.default_rng(seed)
+    caches = [engine.steps.cpu.new_cache(256) for _ in lengths]
+    for n, c in zip(lengths, caches):
+        engine.scheduler.cpu.graph.run([rng.integers(300, 40000, n)], [c])
+    return caches, [np.array([int(t)]) for t in rng.integers(300, 40000, len(lengths))]
+
+
 async def test_a_row_s_logits_are_the_same_batched_or_alone(engine):
     """Decode rows of sequences of different lengths in lanes with gaps between, together, then
     each alone: bit for bit."""
     graph = engine.scheduler.cpu.graph
-    rng = np.random.default_rng(0)
-    caches = [engine.steps.cpu.new_cache(256) for _ in range(6)]
-    for i, c in enumerate(caches):
-        graph.run([rng.integers(300, 40000, 20 + 7 * i)], [c])
-    step = [np.array([int(t)]) for t in rng.integers(300, 40000, 6)]
+    caches, step = _prompted(engine, 0, [20 + 7 * i for i in range(6)])
     together = graph.run(step[::2], caches[::2])
     for c in caches[::2]:
         c.trim(1)
@@ -175,11 +181,7 @@ async def test_attention_by_kv_head_or_by_head_gives_the_same_logits(engine, mon
     once) where there are tasks enough for every thread, else a task a row and head: bit for bit
     the same either way, so a row's logits do not depend on how many rows share its step."""
     graph = engine.scheduler.cpu.graph
-    rng = np.random.default_rng(5)
-    caches = [engine.steps.cpu.new_cache(256) for _ in range(3)]
-    for i, c in enumerate(caches):
-        graph.run([rng.integers(300, 40000, 9 + 30 * i)], [c])
-    rows = [np.array([int(t)]) for t in rng.integers(300, 40000, 3)]
+    caches, rows = _prompted(engine, 5, [9, 39, 69])
     got = {}
     for grouped in (True, False):
         monkeypatch.setattr(graph.step, "grouped", grouped)
