@@ -100,6 +100,21 @@ def mlas(q, d, threads: int):
     return ort.InferenceSession(ort_model(q, d, None), o, providers=["CPUExecutionProvider"])
 
 
+def _product():
+    """runtime/cpu_vnni.py's kernel over every quad of W, a task a quad on numba's threads (the
+    runtime's step gives each of its threads a range of quads instead). Not cached: a cache of it
+    would keep an old copy of the kernel it calls."""
+    from numba import njit, prange
+
+    from oxinfer.runtime import cpu_vnni
+
+    @njit(parallel=True, fastmath=True)
+    def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
+        for quad in prange(quads):
+            cpu_vnni.some(quad, quad + 1, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out)
+    return product
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="2")
@@ -116,7 +131,7 @@ def main() -> None:
     for threads in map(int, a.threads.split(",")):
         try:
             import numba
-            from oxinfer.runtime.cpu_vnni import product
+            product = _product()
             numba.set_num_threads(threads)
         except ImportError:
             product = None

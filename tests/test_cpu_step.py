@@ -79,13 +79,14 @@ def test_products_are_numpy_s_on_the_same_integers(qtype):
         x[1, :32] = 0  # (a block of zeros: its scale 0)
         (xq, xd, xs), x_int8 = _quantized(x, blocks)
         out = np.zeros((5, n_out + 3), np.float32)
-        cpu_vnni.product(laid.ctypes.data, laid.shape[0], groups, tail, kind, xq, xd, xs, 5, out, 3, n_out)
+        cpu_vnni.some(0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq, xd, xs, 5, out, 3, n_out)
         want = x_int8 @ _dequantized(w).T
         assert np.abs(out[:, 3:] - want).max() <= 2e-6 * np.abs(want).max() * np.sqrt(n_in / 32)
         assert not out[:, :3].any()
         for t in range(5):  # alone, then as the second row of a pair
             alone = np.zeros((1, n_out), np.float32)
-            cpu_vnni.product(laid.ctypes.data, laid.shape[0], groups, tail, kind, xq[t:], xd[t:], xs[t:], 1, alone, 0, n_out)
+            cpu_vnni.some(0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq[t:], xd[t:], xs[t:], 1, alone, 0,
+                          n_out)
             assert np.array_equal(alone[0], out[t, 3:])
 
 
@@ -268,7 +269,7 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     want = hashlib.sha256(b"".join(open(p, "rb").read() for p in numba_cache.SOURCES)).hexdigest()
     assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == {"cpu_vnni.py", "cpu_sync.py", "cpu_step.py",
                                                                          "step_ops.py"}
-    for f in (cpu_step._run, cpu_vnni.product, cpu_vnni.quantize, cpu_sync.barrier):
+    for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
 

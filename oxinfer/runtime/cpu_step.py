@@ -86,6 +86,14 @@ def _rope(src, dst, c, s, scale, rope_dim, hd):
         dst[i] = src[i] * scale
 
 
+@njit(fastmath=True, cache=True, inline="always")
+def _copy(src, dst, n):
+    """dst[:n] = src[:n] as a loop (an array assignment brings numba's shape check, whose error
+    message took ~5 s of the step's first compile)."""
+    for i in range(n):
+        dst[i] = src[i]
+
+
 @njit(fastmath=True, cache=True)
 def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped):
     """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
@@ -101,7 +109,7 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         t, g = task // KV, task % KV
         p, r = pos[t], pos[t] + row0
         _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
-        V[lanes[t], g, p, :] = A[t, vc + g * hd:vc + (g + 1) * hd]
+        _copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
     gen = cpu_sync.barrier(sync, n, tid, gen)
     m = H // KV if grouped else 1
     for task in range(tid, rows * (H // m), n):
@@ -166,8 +174,8 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
     once, and nothing ran). Without the GIL: the engine's loop runs beside it."""
     for tid in prange(n):
-        if cpu_sync.gate(sync, n):
-            _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
+        if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
+            _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
                    xq, xd, xs, qs, grouped)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
@@ -196,7 +204,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
         elif op == LAST:
             if tid == 0:
                 for t in range(last.shape[0]):
-                    A[t, o:o + k] = A[last[t], a:a + k]
+                    _copy(A[last[t], a:], A[t, o:], k)
             rows = last.shape[0]
         else:
             w = vecs[vec_at[ints[0]]:]

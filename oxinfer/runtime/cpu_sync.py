@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 
-GENERATION, ARRIVED, STATE = 0, 8, 16  # int64 words of `sync`, each on a cache line of its own; then a line a task
+GENERATION, ARRIVED, STATE, TASKS = 0, 8, 16, 24  # int64 words of `sync`, a cache line apart; TASKS: a line a task
 GO, GAVE_UP = 1, 2
 _SPINS = 4000  # pauses (~0.1-0.5 ms) before a waiting thread starts yielding its core
 _PATIENCE = 2_000_000  # pauses and yields (~1 s or more) before gate gives up
@@ -120,11 +120,11 @@ def barrier(sync, n, tid, generation):
     spins = 0
     if tid == 0:
         for t in range(1, n):
-            while _load(base + 8 * (24 + 8 * t)) <= generation:
+            while _load(base + 8 * (TASKS + 8 * t)) <= generation:
                 spins = _wait(spins)
         _store(base + 8 * GENERATION, generation + 1)
     else:
-        _store(base + 8 * (24 + 8 * tid), generation + 1)
+        _store(base + 8 * (TASKS + 8 * tid), generation + 1)
         while _load(base + 8 * GENERATION) <= generation:
             spins = _wait(spins)
     return generation + 1
@@ -132,4 +132,4 @@ def barrier(sync, n, tid, generation):
 
 def words(n: int) -> int:
     """The int64 words of `sync` for a region of n tasks."""
-    return 8 * (3 + n)
+    return TASKS + 8 * n

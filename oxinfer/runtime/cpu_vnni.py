@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -217,19 +217,12 @@ def _rows_of(xs: int):
 _ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
 
 
-@njit(parallel=True, fastmath=True, cache=True)
-def product(address, quads, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
-    """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and r < n_out: W the matrix laid
-    at `address` (lay: quads, groups, tail, kind), x_t in int8 blocks (quantize). An OpenMP region
-    of its own (runtime/cpu_step.py's step runs `some` in its one region instead)."""
-    for quad in prange(quads):
-        some(quad, quad + 1, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out)
-
-
 @njit(fastmath=True, cache=True)
 def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
-    """`product`'s quads lo to hi (4 rows of W each) against every x, four x at a time (then two,
-    then one)."""
+    """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
+    (4 rows each; r < n_out): W the matrix laid at `address` (lay: groups, tail, kind), x_t in int8
+    blocks (quantize). Four x at a time (then two, then one). runtime/cpu_step.py's threads each
+    take a range of quads."""
     bits, sb = KINDS[kind]
     stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
