@@ -183,7 +183,9 @@ class CpuGraph:
 
     def _runs(self, seqs, caches, starts) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
-        rest = self._stepped(seqs, caches, starts, out) if self.step is not None else list(range(len(seqs)))
+        # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
+        stepped = any(len(s) == 1 for s in seqs) and self.step is not None
+        rest = self._stepped(seqs, caches, starts, out) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
