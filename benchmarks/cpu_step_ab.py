@@ -18,7 +18,8 @@ import oxinfer
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
-    ap.add_argument("--synthetic", default=None, help="a shape of oxinfer bench's (a Q4_1 GGUF written to a temporary folder)")
+    ap.add_argument("--synthetic", default=None,
+                    help="a shape of oxinfer bench's (a Q4_1 GGUF written to a temporary folder)")
     ap.add_argument("--rows", default="1,32")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--steps", type=int, default=40)

@@ -331,8 +331,8 @@ def _step_refused(kv_dtype) -> str | None:
 
 def step_threads(threads: int) -> int:
     """The numba step's threads: one fewer than the graph's from 8 on. Its threads meet at spin
-    barriers a few microseconds apart, so a thread the engine's own (its loop, sampling, streaming)
-    takes a core from stalls all of them. One stream of the 135M shape through `oxinfer bench` on
+    barriers a few microseconds apart: where a thread of the engine's own (its loop, sampling,
+    streaming) takes the core of one of them, all of them wait. One stream of the 135M shape through `oxinfer bench` on
     the H100 machines' 16 cores: 292-306 tok/s with 16 threads, 339-366 with 15, 360 with 14; on
     the 2-core dev VM, 93-106 with 2, 58 with 1."""
     return threads - 1 if threads >= 8 else threads

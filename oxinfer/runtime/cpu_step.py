@@ -175,8 +175,8 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     once, and nothing ran). Without the GIL: the engine's loop runs beside it."""
     for tid in prange(n):
         if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
-            _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-                   xq, xd, xs, qs, grouped)
+            _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims,
+                   cos, sin, xq, xd, xs, qs, grouped)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
@@ -200,7 +200,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             gen = cpu_sync.barrier(sync, n, tid, gen)
             cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
         elif op == ATTEND:
-            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped)
+            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs,
+                          grouped)
         elif op == LAST:
             if tid == 0:
                 for t in range(last.shape[0]):
@@ -358,7 +359,8 @@ class NumbaStep:
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
-                np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin, xq, xd, xs, qs)
+                np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
+                xq, xd, xs, qs)
         n = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         numba.set_num_threads(n)
         self._sync[:] = 0

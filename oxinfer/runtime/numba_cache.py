@@ -1,7 +1,7 @@
 """numba's on-disk cache for the CPU step's modules (runtime/cpu_vnni.py, cpu_sync.py, cpu_step.py,
-step_ops.py): one source stamp over all four. numba keys a function's cache on its own file alone, so a step
-cached before would go on running a kernel of cpu_vnni.py that has changed since (or op codes of
-step_ops.py), silently. Imported by those modules before they define a jitted function (numba
+step_ops.py): one source stamp over all four. numba keys a function's cache on its own file alone,
+so a step cached before would go on running a kernel of cpu_vnni.py that has changed since (or op
+codes of step_ops.py), silently. Imported by those modules before they define a jitted function (numba
 finds a function's cache when it is decorated)."""
 
 from __future__ import annotations
