@@ -329,13 +329,13 @@ def _step_refused(kv_dtype) -> str | None:
     return reason
 
 
-def step_threads(threads: int) -> int:
-    """The numba step's threads: one fewer than the graph's from 8 on. Its threads meet at spin
-    barriers a few microseconds apart: where a thread of the engine's own (its loop, sampling,
-    streaming) takes the core of one of them, all of them wait. One stream of the 135M shape through `oxinfer bench` on
+def step_threads(threads: int, cores: int) -> int:
+    """The numba step's threads: one fewer than the graph's where those take every core, from 8 on.
+    Its threads meet at spin barriers a few microseconds apart: where a thread of the engine's own
+    (its loop, sampling, streaming) takes the core of one of them, all of them wait. One stream of the 135M shape through `oxinfer bench` on
     the H100 machines' 16 cores: 292-306 tok/s with 16 threads, 339-366 with 15, 360 with 14; on
     the 2-core dev VM, 93-106 with 2, 58 with 1."""
-    return threads - 1 if threads >= 8 else threads
+    return threads - 1 if threads >= max(8, cores) else threads
 
 
 def _numba_step(model, laid: dict[int, tuple]) -> Future:
@@ -344,7 +344,7 @@ def _numba_step(model, laid: dict[int, tuple]) -> Future:
     def build():
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()
-        step = NumbaStep(model, step_threads(blockwise.threads()), laid)
+        step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid)
         step.warm()
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
                  build_s=round(time.perf_counter() - t0, 3))
