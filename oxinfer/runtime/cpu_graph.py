@@ -57,7 +57,8 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
 # decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are: not
-# the default while it measures within the noise of the graph's decode, docs/cpu_graph.md session 35)
+# the default while its copy of the weights costs 200-300 MiB more RSS and, on 16 cores, one stream
+# through the engine loses ~1 ms a token to the host: docs/cpu_graph.md, sessions 35-36)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
 
 
@@ -332,9 +333,9 @@ def _step_refused(kv_dtype) -> str | None:
 def step_threads(threads: int, cores: int) -> int:
     """The numba step's threads: one fewer than the graph's where those take every core, from 8 on.
     Its threads meet at spin barriers a few microseconds apart: where a thread of the engine's own
-    (its loop, sampling, streaming) takes the core of one of them, all of them wait. One stream of the 135M shape through `oxinfer bench` on
-    the H100 machines' 16 cores: 292-306 tok/s with 16 threads, 339-366 with 15, 360 with 14; on
-    the 2-core dev VM, 93-106 with 2, 58 with 1."""
+    (its loop, sampling, streaming) takes the core of one of them, all of them wait. One stream of
+    the 135M shape through `oxinfer bench` on the H100 machines' 16 cores: 292-306 tok/s with 16
+    threads, 339-366 with 15, 360 with 14; on the 2-core dev VM, 93-106 with 2, 58 with 1."""
     return threads - 1 if threads >= max(8, cores) else threads
 
 
