@@ -45,27 +45,49 @@ async def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--synthetic", default=None, help="a shape of oxinfer bench's (135m, 1b: a Q4_1 GGUF written first)")
     a = ap.parse_args()
+    if a.synthetic:
+        import tempfile
+        from pathlib import Path
+
+        from oxinfer.bench import synthetic_model
+        a.model = str(synthetic_model(a.synthetic, Path(tempfile.mkdtemp())))
     engine = await oxinfer.Engine.load(a.model)
     graph = engine.scheduler.cpu.graph
     steps, runs, gaps, ready = [], [], [], []
     if graph.step is not None:
         timed(graph.step, "logits", steps)
     timed(graph, "run_at", runs, gaps)
+    executor = engine.steps.cpu
+    in_step, outside = [], []  # the executor's step (the engine's await), the engine between two of them
+    real_step, last_end = executor.step, [None]
+
+    async def step(*args, **kw):
+        t = time.perf_counter()
+        if last_end[0] is not None:
+            outside.append(t - last_end[0])
+        out = await real_step(*args, **kw)
+        last_end[0] = time.perf_counter()
+        in_step.append(last_end[0] - t)
+        return out
+    executor.step = step
     real_ready = cpu_ahead.Chain.ready
     cpu_ahead.Chain.ready = lambda self: ready.append(real_ready(self)) or ready[-1]
     params = oxinfer.SamplingParams(max_tokens=a.tokens, ignore_eos=True, temperature=0)
     label = f"{os.environ['OXINFER_CPU_DECODE']} {os.environ.get('OXINFER_CPU_THREADS', 'all')} threads"
     for _ in range(a.rounds):
-        for x in (steps, runs, gaps, ready):
+        for x in (steps, runs, gaps, ready, in_step, outside):
             x.clear()
+        last_end[0] = None
         r = await engine.generate(list(range(100, 140)), params)
         tps = r.finished.generation_tps
 
         def ms(x):
             return f"{np.median(x) * 1e3:.2f} ms" if x else "-"
         print(f"{label}: {tps:.1f} tok/s after the first ({1e3 / tps:.2f} ms a token); step {ms(steps)}, run_at "
-              f"{ms(runs)}, between runs {ms(gaps)}; chain ready at the engine's take {np.mean(ready or [0]):.2f}",
+              f"{ms(runs)}, between runs {ms(gaps)}; chain ready at the engine's take {np.mean(ready or [0]):.2f}; "
+              f"the engine: in its step {ms(in_step)}, between steps {ms(outside)}",
               flush=True)
 
 

@@ -32,11 +32,8 @@ async def main() -> None:
     if a.synthetic:
         import tempfile
         from pathlib import Path
-        from gguf import GGMLQuantizationType as T
-        from oxinfer.bench import SYNTHETIC
-        from oxinfer.testing import write_tiny_llama
-        a.model = str(Path(tempfile.mkdtemp()) / f"{a.synthetic}.gguf")
-        write_tiny_llama(Path(a.model), qtype=T.Q4_1, fast=True, context=2048, **SYNTHETIC[a.synthetic])
+        from oxinfer.bench import synthetic_model
+        a.model = str(synthetic_model(a.synthetic, Path(tempfile.mkdtemp())))
     t0 = time.perf_counter()
     engine = await oxinfer.Engine.load(a.model)
     graph = engine.scheduler.cpu.graph

@@ -152,19 +152,25 @@ def _models(args, tmp: Path) -> list[tuple[str, str]]:
 
         path = args.model or str(default_model_path())
         return [(Path(path).stem, path)]
+    out = []
+    for name in args.synthetic.split(","):
+        path = synthetic_model(name, tmp, args.qtype)
+        out.append((path.stem, str(path)))
+    return out
+
+
+def synthetic_model(name: str, folder: Path, qtype: str = "Q4_1") -> Path:
+    """A GGUF of one of SYNTHETIC's shapes (random weights, llama.cpp loads it too) written into folder."""
     from gguf import GGMLQuantizationType as T
 
     from oxinfer.testing import write_tiny_llama
 
-    out = []
-    for name in args.synthetic.split(","):
-        if name not in SYNTHETIC:
-            raise SystemExit(f"--synthetic: unknown shape {name!r} (known: {', '.join(SYNTHETIC)})")
-        path = tmp / f"synthetic-{name}-{args.qtype}.gguf"
-        print(f"writing {path.name} ...", file=sys.stderr, flush=True)
-        write_tiny_llama(path, qtype=T[args.qtype], fast=True, context=2048, llama_cpp=True, **SYNTHETIC[name])
-        out.append((path.stem, str(path)))
-    return out
+    if name not in SYNTHETIC:
+        raise SystemExit(f"--synthetic: unknown shape {name!r} (known: {', '.join(SYNTHETIC)})")
+    path = folder / f"synthetic-{name}-{qtype}.gguf"
+    print(f"writing {path.name} ...", file=sys.stderr, flush=True)
+    write_tiny_llama(path, qtype=T[qtype], fast=True, context=2048, llama_cpp=True, **SYNTHETIC[name])
+    return path
 
 
 def run_bench(args) -> list[dict]:

@@ -1,7 +1,7 @@
 """The CPU's decode steps run ahead of the engine (runtime/cpu_ahead.py): the same tokens, logprobs
 and seeded draws as steps that wait for the engine, through requests joining and ending (each a
 chain stopped, its draws not taken undone), a finished request's lane kept for its prefix, a
-cancelled one's let go, and a chain whose thread ended while the engine was idle."""
+cancelled one's let go, and a chain that runs no further ahead while the engine idles."""
 
 import gc
 import time
@@ -105,23 +105,23 @@ async def test_a_finished_request_s_blocks_are_kept_once_its_chain_stopped(engin
                                                SP(max_tokens=12, temperature=0, ignore_eos=True))).token_ids
 
 
-async def test_a_chain_whose_thread_ended_while_the_engine_idled_is_still_taken(engine, monkeypatch, taken):
-    """The consumer waits longer than IDLE_S between tokens: each chain's thread ends (no thread
-    held by an idle engine), the steps it ran are taken, then the engine's own step runs."""
+async def test_a_chain_runs_no_further_than_ahead_while_the_engine_idles(engine, monkeypatch, taken):
+    """The consumer waits between tokens: the chain runs AHEAD steps, then has no step queued in
+    the step thread (an idle engine holds no thread's time) until the engine takes one; the steps
+    it ran are taken, with the tokens of a run without it."""
     params = SP(max_tokens=8, temperature=0.8, seed=9, ignore_eos=True)
     monkeypatch.setattr(cpu_ahead, "AHEAD", 0)
     gold = (await engine.generate("Slowly now.", params)).token_ids
     monkeypatch.setattr(cpu_ahead, "AHEAD", 2)
-    monkeypatch.setattr(cpu_ahead, "IDLE_S", 0.05)
-    got = []
+    got, idle = [], []
     async for ev in engine.stream("Slowly now.", params):
         if isinstance(ev, oxinfer.Token):
             got.append(ev.token_id)
             await anyio.sleep(0.15)
+            if (chain := engine.steps.cpu._chain) is not None and not chain._ended:
+                idle.append((chain._job is None, len(chain._done)))
     assert tuple(got) == gold and taken[0] >= 2
-    await anyio.sleep(0.2)
-    chain = engine.steps.cpu._chain  # (this engine's: other tests' threads end on their own time)
-    assert chain is None or not chain._thread.is_alive()
+    assert idle and all(no_job and ran == 2 for no_job, ran in idle)
 
 
 async def test_a_cancelled_request_s_steps_ahead_stop_and_its_cache_goes(engine, monkeypatch):
@@ -139,6 +139,6 @@ async def test_a_cancelled_request_s_steps_ahead_stop_and_its_cache_goes(engine,
     chain = engine.steps.cpu._chain
     assert chain is not None and chain._stop
     gone = weakref.ref(made.pop())
-    chain._thread.join(5)
+    chain.join()
     gc.collect()
     assert gone() is None

@@ -164,12 +164,14 @@ class CpuGraph:
             ops.end(step)
         return out
 
-    def run_at(self, seqs: list[np.ndarray], caches: list, starts: list[int], stopped: Callable[[], bool]):
+    def run_at(self, seqs: list[np.ndarray], caches: list, starts: list[int], stopped: Callable[[], bool],
+               started: Callable[[], None] | None = None):
         """The logits of one-row sequences at positions `starts` (their blocks reserved), the
         caches not advanced: a step run ahead (runtime/cpu_ahead.py). None if stopped() once no
-        other run is in progress (nothing written then)."""
+        other run is in progress (nothing written then). started(): called as the computing starts
+        (its inputs ready; the GIL let go from then on)."""
         with self._lock:
-            return None if stopped() else self._runs(seqs, caches, starts)
+            return None if stopped() else self._runs(seqs, caches, starts, started)
 
     @property
     def step(self):
@@ -182,11 +184,11 @@ class CpuGraph:
                 self._step = None
         return self._step
 
-    def _runs(self, seqs, caches, starts) -> np.ndarray:
+    def _runs(self, seqs, caches, starts, started=None) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
         stepped = any(len(s) == 1 for s in seqs) and self.step is not None
-        rest = self._stepped(seqs, caches, starts, out) if stepped else list(range(len(seqs)))
+        rest = self._stepped(seqs, caches, starts, out, started) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
@@ -196,10 +198,10 @@ class CpuGraph:
             rows = [i for i in rows if i not in long]
             if rows:
                 out[[rest[i] for i in rows]] = self._run([seqs[i] for i in rows], [caches[i] for i in rows],
-                                                         [starts[i] for i in rows], fresh)
+                                                         [starts[i] for i in rows], fresh, started)
         return out
 
-    def _stepped(self, seqs, caches, starts, out) -> list[int]:
+    def _stepped(self, seqs, caches, starts, out, started=None) -> list[int]:
         """Decode rows of shared pools through the numba step, a call a pool (their logits into
         out): the indices of the other sequences."""
         pools: dict[int, list[int]] = {}
@@ -209,7 +211,7 @@ class CpuGraph:
         for rows in pools.values():
             x = self._looked_up(np.concatenate([seqs[i] for i in rows]))
             out[rows] = self.step.logits(x, np.arange(len(rows)), [starts[i] for i in rows],
-                                         [caches[i].slot for i in rows], caches[rows[0]].pool)
+                                         [caches[i].slot for i in rows], caches[rows[0]].pool, started)
         return rest
 
     def _prompt(self, seq: np.ndarray, cache, start: int) -> np.ndarray:
@@ -231,7 +233,7 @@ class CpuGraph:
             return self.embed.dequantize(s)
         return self.embed.codec.dequantize(self._embed_rows(s), self.embed.n_in)
 
-    def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool) -> np.ndarray:
+    def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool, started=None) -> np.ndarray:
         """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
         (fresh) first prompts, each padded to the longest, over keys and values of their own
         that are then copied into their lanes."""
@@ -246,6 +248,8 @@ class CpuGraph:
         rows.lens[:] = [s0 + len(s) - 1 for s0, s in zip(starts, seqs)]  # length after, minus one
         rows.total[()] = rows.lens.max() + 1
         rows.last[:] = np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None]
+        if started is not None:
+            started()
         self.session.run_with_iobinding(io, self._shrink if S > 1 else None)
         if S > 1:
             blockwise.trim_heap()

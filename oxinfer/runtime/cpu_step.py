@@ -22,6 +22,7 @@ so a sequence's logits are the same batched or alone.
 from __future__ import annotations
 
 import mmap
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -31,7 +32,7 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 from oxinfer.logs import get_logger
-from oxinfer.runtime import cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
+from oxinfer.runtime import cpu_ahead, cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any @njit)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
                                       SOFTCAP, StepOps)
@@ -290,20 +291,6 @@ def _arena(arrays: list[np.ndarray]) -> tuple[mmap.mmap, list[np.ndarray]]:
     return buf, copies
 
 
-_CALLER: list[ThreadPoolExecutor] = []
-
-
-def _caller() -> ThreadPoolExecutor:
-    """The one thread that runs every step of the process. numba's OpenMP layer keeps a pool of
-    threads for each thread that starts a parallel region, and once the pools hold more threads
-    than there are cores, libgomp's threads stop spinning between regions and sleep: a 135M step
-    called from the engine's threads took 7-9 ms on the H100 machines' 16 cores, 2.8-4 from the
-    one thread that had called it before (benchmarks/cpu_step_ab.py --callers)."""
-    if not _CALLER:
-        _CALLER.append(ThreadPoolExecutor(1, thread_name_prefix="oxinfer-numba"))
-    return _CALLER[0]
-
-
 class NumbaStep:
     """A model's forward as `_run`'s program, its matrices laid for cpu_vnni's products (a copy of
     theirs, in one map: GGUF's Q4_0, Q4_1 and Q8_0 bytes as stored, else float32 scales). Blocking;
@@ -339,11 +326,14 @@ class NumbaStep:
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
 
-    def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool) -> np.ndarray:
+    def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
+               started: Callable[[], None] | None = None) -> np.ndarray:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
         of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
-        key and value are written into its lane first."""
-        return _caller().submit(self._run, x, last, pos, lanes, *self._pool(pool)).result()
+        key and value are written into its lane first. started(): called as the region starts."""
+        if cpu_ahead.on_step_thread():  # (a step run ahead)
+            return self._run(x, last, pos, lanes, *self._pool(pool), started)
+        return cpu_ahead.step_thread().submit(self._run, x, last, pos, lanes, *self._pool(pool), started).result()
 
     def warm(self) -> None:
         """Compile (or load from numba's cache) every function of a step: one row over a pool of
@@ -351,10 +341,10 @@ class NumbaStep:
         c = self.heads
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
-        _caller().submit(self._run, np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
+        cpu_ahead.step_thread().submit(self._run, np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
                          np.array([*c, 1, 1], np.int64)).result()
 
-    def _run(self, x, last, pos, lanes, addresses, dims) -> np.ndarray:
+    def _run(self, x, last, pos, lanes, addresses, dims, started=None) -> np.ndarray:
         T = len(x)
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
         A[:, :x.shape[1]] = x
@@ -366,6 +356,8 @@ class NumbaStep:
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
+        if started is not None:
+            started()
         if not _run(*args, self._sync, n):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
