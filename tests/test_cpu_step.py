@@ -5,7 +5,9 @@ on GGUFs of every family as llama.cpp's converter writes them; a row's logits th
 alone. The step decodes where OXINFER_CPU_DECODE=numba asks (cpu_graph.DECODE, set here for the
 module). Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
 
+import asyncio
 import importlib.util
+import threading
 
 import numpy as np
 import pytest
@@ -153,6 +155,20 @@ async def test_the_default_model_decodes_through_the_step(engine):
     finally:
         del graph.step.logits
     assert len(r.token_ids) == 4 and len(calls) >= 3 and set(calls) == {1}  # (the prompt gives the first token)
+
+
+async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):
+    """numba's OpenMP layer keeps a pool of threads for each thread that starts a region (pools
+    holding more threads than cores sleep between regions): the engine's own steps and those a
+    chain runs ahead (one stream, then two together) all start theirs from the CPU's step thread."""
+    from oxinfer.runtime import cpu_step
+    threads = []
+    real = cpu_step._run
+    monkeypatch.setattr(cpu_step, "_run", lambda *a: threads.append(threading.current_thread().name) or real(*a))
+    params = oxinfer.SamplingParams(max_tokens=8, ignore_eos=True)
+    await engine.generate("Name a color.", params)
+    await asyncio.gather(engine.generate("Name a fruit.", params), engine.generate("Name a tree.", params))
+    assert len(threads) >= 14 and {t.rsplit("_", 1)[0] for t in threads} == {"oxinfer-cpu-step"}
 
 
 def _prompted(engine, seed: int, lengths: list[int]) -> tuple[list, list[np.ndarray]]:
