@@ -22,6 +22,7 @@ import numpy as np
 
 os.environ.setdefault("OXINFER_CPU_DECODE", "numba")
 import oxinfer  # noqa: E402
+from oxinfer.bench_llama import prompt_ids  # noqa: E402
 from oxinfer.runtime import cpu_ahead  # noqa: E402
 
 
@@ -46,6 +47,11 @@ async def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--synthetic", default=None, help="a shape of oxinfer bench's (135m, 1b: a Q4_1 GGUF written first)")
+    ap.add_argument("--prompt", type=int, default=40, help="prompt tokens before each round's decode")
+    ap.add_argument("--max-concurrent", type=int, default=16, help="the engine's (oxinfer bench: its most streams)")
+    ap.add_argument("--prefills", type=int, default=0,
+                    help="prompts of this many tokens first, one token each (as oxinfer bench's prefill rows)")
+    ap.add_argument("--bench", action="store_true", help="then oxinfer bench's own measure: its worker in this process")
     a = ap.parse_args()
     if a.synthetic:
         import tempfile
@@ -53,7 +59,10 @@ async def main() -> None:
 
         from oxinfer.bench import synthetic_model
         a.model = str(synthetic_model(a.synthetic, Path(tempfile.mkdtemp())))
-    engine = await oxinfer.Engine.load(a.model)
+    engine = await oxinfer.Engine.load(a.model, max_concurrent=a.max_concurrent)
+    vocab = engine.config.vocab_size
+    for k in range(4 if a.prefills else 0):
+        await engine.generate(prompt_ids(a.prefills, vocab, a.prefills + 1 + k), oxinfer.SamplingParams(max_tokens=1))
     graph = engine.scheduler.cpu.graph
     steps, runs, gaps, ready = [], [], [], []
     if graph.step is not None:
@@ -80,7 +89,7 @@ async def main() -> None:
         for x in (steps, runs, gaps, ready, in_step, outside):
             x.clear()
         last_end[0] = None
-        r = await engine.generate(list(range(100, 140)), params)
+        r = await engine.generate(prompt_ids(a.prompt, vocab, 1), params)
         tps = r.finished.generation_tps
 
         def ms(x):
@@ -89,6 +98,11 @@ async def main() -> None:
               f"{ms(runs)}, between runs {ms(gaps)}; chain ready at the engine's take {np.mean(ready or [0]):.2f}; "
               f"the engine: in its step {ms(in_step)}, between steps {ms(outside)}",
               flush=True)
+    if a.bench:
+        await engine.aclose()
+        from oxinfer.bench import _oxinfer_worker
+        out = await _oxinfer_worker(a.model, "cpu", [512], a.tokens, [1, 32])
+        print("oxinfer bench's worker:", {k: round(v, 3) for k, v in out.items()}, flush=True)
 
 
 if __name__ == "__main__":
