@@ -32,9 +32,9 @@ async def main(args) -> None:
     spans = []
     run = cpu_graph.CpuGraph._runs  # (the engine's steps' and those run ahead of it, runtime/cpu_ahead.py)
 
-    def timed(self, seqs, caches, starts):
+    def timed(self, seqs, caches, starts, *rest):
         t0 = time.perf_counter()
-        out = run(self, seqs, caches, starts)
+        out = run(self, seqs, caches, starts, *rest)
         if len(seqs) == args.streams and all(len(s) == 1 for s in seqs):  # a step decoding every stream
             spans.append((t0, time.perf_counter()))
         return out
