@@ -174,6 +174,13 @@ class CpuGraph:
             return None if stopped() else self._runs(seqs, caches, starts, started)
 
     @property
+    def spare_core(self) -> bool:
+        """Whether the decode step's threads leave a core (the numba step's, fewer than the cores:
+        cpu_ahead.Chain's `early`)."""
+        step = None if isinstance(self._step, Future) else self._step
+        return step is not None and step.threads < blockwise.cores()
+
+    @property
     def step(self):
         """The numba decode step (runtime/cpu_step.py) once built; None where it is not (why: logged)."""
         if isinstance(self._step, Future):

@@ -145,7 +145,8 @@ class CpuExecutor:
         # (numpy, on the loop: ~0.1-0.5 ms a row; no sampler: the argmax)
         draws = [Draw(int(np.argmax(row))) if s is None else s.pick(row) for s, row in zip(samplers, rows)]
         if graph is not None and cpu_ahead.runs_ahead(seqs, caches, samplers):
-            self._chain = cpu_ahead.Chain(graph.run_at, caches, samplers, draws, self.model.cfg.context_length)
+            self._chain = cpu_ahead.Chain(graph.run_at, caches, samplers, draws, self.model.cfg.context_length,
+                                          early=graph.spare_core)
         self._record(sum(map(len, seqs)), len(seqs), time.perf_counter() - t0, samplers)
         return draws
 
