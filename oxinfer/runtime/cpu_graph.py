@@ -168,8 +168,9 @@ class CpuGraph:
                started: Callable[[], None] | None = None):
         """The logits of one-row sequences at positions `starts` (their blocks reserved), the
         caches not advanced: a step run ahead (runtime/cpu_ahead.py). None if stopped() once no
-        other run is in progress (nothing written then). started(): called as the computing starts
-        (its inputs ready; the GIL let go from then on)."""
+        other run is in progress (nothing written then). started(): called as the numba step's
+        region starts (its inputs ready; the GIL let go from then on); the graph's decode rows never
+        run ahead early (`spare_core`)."""
         with self._lock:
             return None if stopped() else self._runs(seqs, caches, starts, started)
 
@@ -205,7 +206,7 @@ class CpuGraph:
             rows = [i for i in rows if i not in long]
             if rows:
                 out[[rest[i] for i in rows]] = self._run([seqs[i] for i in rows], [caches[i] for i in rows],
-                                                         [starts[i] for i in rows], fresh, started)
+                                                         [starts[i] for i in rows], fresh)
         return out
 
     def _stepped(self, seqs, caches, starts, out, started=None) -> list[int]:
@@ -240,7 +241,7 @@ class CpuGraph:
             return self.embed.dequantize(s)
         return self.embed.codec.dequantize(self._embed_rows(s), self.embed.n_in)
 
-    def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool, started=None) -> np.ndarray:
+    def _run(self, seqs: list[np.ndarray], caches: list, starts: list[int], fresh: bool) -> np.ndarray:
         """B sequences: one row each in consecutive lanes of one pool, or one sequence's rows, or
         (fresh) first prompts, each padded to the longest, over keys and values of their own
         that are then copied into their lanes."""
@@ -255,8 +256,6 @@ class CpuGraph:
         rows.lens[:] = [s0 + len(s) - 1 for s0, s in zip(starts, seqs)]  # length after, minus one
         rows.total[()] = rows.lens.max() + 1
         rows.last[:] = np.array([len(s) - 1 for s in seqs], np.int64)[:, None, None]
-        if started is not None:
-            started()
         self.session.run_with_iobinding(io, self._shrink if S > 1 else None)
         if S > 1:
             blockwise.trim_heap()
