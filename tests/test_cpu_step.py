@@ -143,18 +143,21 @@ async def engine():
 
 
 async def test_the_default_model_decodes_through_the_step(engine):
-    """Built at load beside the graph (its products' weights laid once), it takes every decode row."""
+    """Built at load beside the graph (its products' weights laid once), it takes every decode row,
+    and where the CPU has AMX the prompt too (once the step is built), as a prompt."""
     graph = engine.scheduler.cpu.graph
     from oxinfer.runtime.cpu_step import NumbaStep
     assert isinstance(graph.step, NumbaStep)
     calls = []
     real = graph.step.logits
-    graph.step.logits = lambda *a: calls.append(len(a[0])) or real(*a)
+    graph.step.logits = lambda *a, **k: calls.append((len(a[0]), k.get("prompt", False))) or real(*a, **k)
     try:
         r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
     finally:
         del graph.step.logits
-    assert len(r.token_ids) == 4 and len(calls) >= 3 and set(calls) == {1}  # (the prompt gives the first token)
+    decode = [c for c in calls if c[0] == 1]
+    assert len(r.token_ids) == 4 and len(decode) >= 3 and not any(p for _, p in decode)
+    assert [c for c in calls if c[0] > 1] == ([(len(engine.prompt_ids("Name a color.")), True)] if graph.step.amx else [])
 
 
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):
@@ -279,13 +282,13 @@ print(sum(cpu_step._run.stats.cache_hits.values()), sum(cpu_step._run.stats.cach
 def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     """numba keys a function's cache on its own file: a step cached before a change to cpu_vnni.py's
     kernels (or step_ops.py's op codes, or cpu_sync.py's barrier) would go on running the old ones.
-    The step's functions are stamped with the four files' contents together (runtime/numba_cache.py)."""
+    The step's functions are stamped with the five files' contents together (runtime/numba_cache.py)."""
     import hashlib
-    from oxinfer.runtime import cpu_step, cpu_sync, cpu_vnni, numba_cache
+    from oxinfer.runtime import cpu_amx, cpu_step, cpu_sync, cpu_vnni, numba_cache
     want = hashlib.sha256(b"".join(open(p, "rb").read() for p in numba_cache.SOURCES)).hexdigest()
-    assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == {"cpu_vnni.py", "cpu_sync.py", "cpu_step.py",
-                                                                         "step_ops.py"}
-    for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier):
+    assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == {"cpu_vnni.py", "cpu_amx.py", "cpu_sync.py",
+                                                                         "cpu_step.py", "step_ops.py"}
+    for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier, cpu_amx.pair, cpu_amx.panel):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
 

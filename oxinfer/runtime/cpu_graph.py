@@ -195,8 +195,9 @@ class CpuGraph:
     def _runs(self, seqs, caches, starts, started=None) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
-        stepped = any(len(s) == 1 for s in seqs) and self.step is not None
-        rest = self._stepped(seqs, caches, starts, out, started) if stepped else list(range(len(seqs)))
+        tiles = self._tiles()
+        stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
+        rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
@@ -209,13 +210,26 @@ class CpuGraph:
                                                          [starts[i] for i in rows], fresh)
         return out
 
-    def _stepped(self, seqs, caches, starts, out, started=None) -> list[int]:
-        """Decode rows of shared pools through the numba step, a call a pool (their logits into
-        out): the indices of the other sequences."""
+    def _tiles(self) -> bool:
+        """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
+        wait for it) where the CPU has them."""
+        built = self._step is not None and not (isinstance(self._step, Future) and not self._step.done())
+        return built and self.step is not None and self.step.amx
+
+    def _stepped(self, seqs, caches, starts, out, started=None, prompts=False) -> list[int]:
+        """Decode rows of shared pools through the numba step, a call a pool, and where `prompts`,
+        each prompt of a shared pool in a call of its own (its logits the same whatever else runs),
+        their logits into out: the indices of the other sequences."""
         pools: dict[int, list[int]] = {}
         rest = []
         for i, (s, c) in enumerate(zip(seqs, caches)):
-            (pools.setdefault(id(c.pool), []) if len(s) == 1 and not c.pool.growable else rest).append(i)
+            if c.pool.growable or len(s) > 1 and not prompts:
+                rest.append(i)
+            elif len(s) > 1:
+                x, pos = self._looked_up(s), np.arange(starts[i], starts[i] + len(s))
+                out[i] = self.step.logits(x, [len(s) - 1], pos, np.full(len(s), c.slot), c.pool, prompt=True)[0]
+            else:
+                pools.setdefault(id(c.pool), []).append(i)
         for rows in pools.values():
             x = self._looked_up(np.concatenate([seqs[i] for i in rows]))
             out[rows] = self.step.logits(x, np.arange(len(rows)), [starts[i] for i in rows],

@@ -4,7 +4,9 @@ function, interprets with the products of runtime/cpu_vnni.py. One call from Pyt
 place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out to the threads
 (session 33: half of a one-row step on the 2-core dev VM); one OpenMP region a step, its threads
 meeting at runtime/cpu_sync.py's spin barriers between lines (a region a line cost ~5-10 us each
-on 16 threads). Decode rows come here where OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py).
+on 16 threads). Decode rows come here where OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py),
+and, where the CPU has AMX, prompts too: a prompt's products of AMX_ROWS rows or more run on its
+bfloat16 tiles (runtime/cpu_amx.py), a prompt a call.
 Measured (docs/cpu_graph.md, session 36) on the H100 machines' 16-core Xeon, a step alone: the
 135M shape 2.44 ms on one row against the graph's 4.32 and session 35's 4.26 (llama.cpp's token
 2.05), 21.7 ms on 32 rows against 31.0 (llama.cpp's batched step 26.5); the 1.1B shape level with
@@ -32,13 +34,18 @@ from numba import carray, njit, prange, types
 from numba.extending import intrinsic
 
 from oxinfer.logs import get_logger
-from oxinfer.runtime import cpu_ahead, cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any @njit)
+from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: before any @njit)
+                             numba_cache)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
                                       SOFTCAP, StepOps)
 
 log = get_logger("oxinfer.runtime")
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
+# a prompt's products of this many rows or more run on AMX tiles (runtime/cpu_amx.py) where the CPU has them
+AMX_ROWS = 32
+# (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
+_AMX = cpu_amx.available()
 
 
 @intrinsic
@@ -169,7 +176,7 @@ def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
 
 @njit(parallel=True, fastmath=True, cache=True, nogil=True)
 def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
-         sync, n):
+         sync, n, amx):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
     over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
     program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
@@ -177,18 +184,20 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     for tid in prange(n):
         if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
             _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims,
-                   cos, sin, xq, xd, xs, qs, grouped)
+                   cos, sin, xq, xd, xs, qs, grouped, amx)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
 @njit(fastmath=True, cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-           xq, xd, xs, qs, grouped):
+           xq, xd, xs, qs, grouped, amx):
     """Thread tid's share of every line, a barrier after each (the next line may read what any
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in).
     A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
-    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads."""
+    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (the
+    least rows a product runs on AMX tiles, 0 for never; x's bfloat16 rows, each thread's two panels,
+    the tiles' configuration): `_tiles`."""
     gen = 0
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
@@ -196,10 +205,14 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
         if op == LINEAR:
             m = mats[ints[0]]
             blocks = 4 * m[2] + 2 * m[3]
-            for t in range(tid, rows, n):
-                cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t])
-            gen = cpu_sync.barrier(sync, n, tid, gen)
-            cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o, m[5])
+            if _AMX and amx[0] > 0 and rows >= amx[0] and m[5] % cpu_amx.TILE == 0:
+                gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
+            else:
+                for t in range(tid, rows, n):
+                    cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t])
+                gen = cpu_sync.barrier(sync, n, tid, gen)
+                cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o,
+                              m[5])
         elif op == ATTEND:
             gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs,
                           grouped)
@@ -219,6 +232,29 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
         after = lines[min(i + 1, lines.shape[0] - 1)]
         if not (_by_rows(op, k) and (after[0] == LINEAR or _by_rows(after[0], after[5]))):
             gen = cpu_sync.barrier(sync, n, tid, gen)
+
+
+@njit(fastmath=True, cache=True)
+def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
+    """A product on AMX tiles (runtime/cpu_amx.py): x's rows (to a multiple of 32, zeros after
+    `rows`) as bfloat16, a row a thread; at a barrier, each thread its pairs of W's panels of 16
+    rows, each written as bfloat16 into wb and run against every row. The barrier count after."""
+    k = 32 * blocks
+    padded = -(-rows // 32) * 32
+    for t in range(tid, padded, n):
+        cpu_amx.row_bf16(A[t], a, m[6], k, xb[t], t < rows)
+    gen = cpu_sync.barrier(sync, n, tid, gen)
+    panels = m[5] // cpu_amx.TILE
+    pairs = (panels + 1) // 2
+    for q in range(pairs * tid // n, pairs * (tid + 1) // n):
+        p = 2 * q
+        two = p + 1 < panels
+        cpu_amx.panel(m[0], 4 * p, m[2], m[3], m[4], m[5], wb[0])
+        if two:
+            cpu_amx.panel(m[0], 4 * (p + 1), m[2], m[3], m[4], m[5], wb[1])
+        cpu_amx.pair(cfg, xb.ctypes.data, xb.strides[0], padded // cpu_amx.TILE, wb.ctypes.data, wb.strides[0], k,
+                     A.ctypes.data + 4 * (o + cpu_amx.TILE * p), A.strides[0], two)
+    return gen
 
 
 @njit(cache=True, inline="always")
@@ -325,15 +361,21 @@ class NumbaStep:
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
+        self._xb = self._wb = None  # AMX's scratch (`_tiles`), made at a first prompt
+        self._cfg = cpu_amx.config()
+        self._no_tiles = (np.zeros((1, 1), np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
-               started: Callable[[], None] | None = None) -> np.ndarray:
+               started: Callable[[], None] | None = None, prompt: bool = False) -> np.ndarray:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
         of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
-        key and value are written into its lane first. started(): called as the region starts."""
+        key and value are written into its lane first. started(): called as the region starts.
+        prompt: products of AMX_ROWS rows or more run on AMX tiles where the CPU has them (bfloat16:
+        a prompt's; decode rows keep the int8 products, the same batched or alone)."""
         if cpu_ahead.on_step_thread():  # (a step run ahead)
-            return self._run(x, last, pos, lanes, *self._pool(pool), started)
-        return cpu_ahead.step_thread().submit(self._run, x, last, pos, lanes, *self._pool(pool), started).result()
+            return self._run(x, last, pos, lanes, *self._pool(pool), started, prompt)
+        return cpu_ahead.step_thread().submit(self._run, x, last, pos, lanes, *self._pool(pool), started,
+                                              prompt).result()
 
     def warm(self) -> None:
         """Compile (or load from numba's cache) every function of a step: one row over a pool of
@@ -344,9 +386,16 @@ class NumbaStep:
         x = np.zeros((1, self.embed.n_in), np.float32)
         cpu_ahead.step_thread().submit(self._run, x, [0], [0], [0], addresses, np.array([*c, 1, 1], np.int64)).result()
 
-    def _run(self, x, last, pos, lanes, addresses, dims, started=None) -> np.ndarray:
+    @property
+    def amx(self) -> bool:
+        """Whether a prompt's products run on AMX tiles here."""
+        return _AMX
+
+    def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompt=False) -> np.ndarray:
         T = len(x)
+        tiles = prompt and _AMX and T >= AMX_ROWS
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
+        amx = (AMX_ROWS if tiles else 0, *self._tiles(T if tiles else 0))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
@@ -358,12 +407,12 @@ class NumbaStep:
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
         if started is not None:
             started()
-        if not _run(*args, self._sync, n):
+        if not _run(*args, self._sync, n, amx):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
             self.threads = 1
             self._sync[:] = 0
-            _run(*args, self._sync, 1)
+            _run(*args, self._sync, 1, amx)
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
@@ -376,6 +425,18 @@ class NumbaStep:
                              np.zeros((n, self.x_cols // 32), np.float32), np.zeros((n, self.x_cols // 32), np.float32),
                              np.zeros((n, H * hd), np.float32))
         return self._scratch
+
+    def _tiles(self, T: int) -> tuple:
+        """AMX's scratch for T rows (none for 0): x's bfloat16 rows (T to a multiple of 32, grown as
+        `_rows`), each thread's two panels of W as bfloat16, the tiles' configuration."""
+        if T == 0:
+            return self._no_tiles
+        rows = max(32, 1 << (T - 1).bit_length())
+        if self._xb is None or len(self._xb) < rows:
+            self._xb = np.zeros((rows, self.x_cols), np.uint16)
+        if self._wb is None:
+            self._wb = np.zeros((self.threads, 2, self.x_cols // 32 * 256), np.uint32)
+        return self._xb, self._wb, self._cfg
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
         """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv

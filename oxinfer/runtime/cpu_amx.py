@@ -1,0 +1,229 @@
+"""Products of many rows on AMX tiles (Intel's Advanced Matrix Extensions, Sapphire Rapids on): a
+laid matrix (runtime/cpu_vnni.py's `lay`) times rows of x, in bfloat16 with float32 sums, through
+numba's @intrinsic as LLVM's `llvm.x86.tdpbf16ps` and tile loads and stores: a tile product is
+16 x 16 x 32 multiply-adds in one instruction, where AVX-512 VNNI's vpdpbusd is 16 x 4.
+
+A thread takes panels of 16 rows of W: it writes each panel once as bfloat16 (d * q + m, each
+block's values in pairs of columns, the layout the tile product reads W in), then runs every
+16 rows of x through it, x converted to bfloat16 once for all threads. A prompt's rows run here
+(cpu_step.py, from AMX_ROWS rows on); decode rows stay on the int8 products (their logits the
+same batched or alone).
+
+The kernel asks Linux for the tiles' state once a process (arch_prctl's ARCH_REQ_XCOMP_PERM), and
+compiles only where the CPU has amx-tile and amx-bf16 (llvmlite's host features) and Linux said
+yes (`available`)."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
+from oxinfer.runtime.cpu_vnni import KINDS, group_bytes
+
+TILE = 16  # rows of x, and of W, a tile holds (and 32 bfloat16 columns: one block of 32)
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
+
+_I8, _I64, _VOID = ir.IntType(8), ir.IntType(64), ir.VoidType()
+_PTR = ir.IntType(8).as_pointer()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this CPU has AMX's bfloat16 tiles and Linux lets this process use them (asked once)."""
+    import llvmlite.binding
+    features = llvmlite.binding.get_host_cpu_features()
+    if not (features.get("amx-tile") and features.get("amx-bf16")):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _call(builder, name: str, args: list, values: list) -> None:
+    builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VOID, args), name), values)
+
+
+@intrinsic
+def _configure(typingctx, address):
+    """ldtilecfg: the tiles' shapes from the 64 bytes at address."""
+    def codegen(context, builder, signature, args):
+        _call(builder, "llvm.x86.ldtilecfg", [_PTR], [builder.inttoptr(args[0], _PTR)])
+        return context.get_dummy_value()
+    return types.void(types.intp), codegen
+
+
+@intrinsic
+def _release(typingctx):
+    def codegen(context, builder, signature, args):
+        _call(builder, "llvm.x86.tilerelease", [], [])
+        return context.get_dummy_value()
+    return types.void(), codegen
+
+
+def _memory(name: str, tile: int):
+    """A tile load or store (tile number fixed: LLVM takes it as an immediate) at address, rows
+    `stride` bytes apart."""
+    @intrinsic
+    def op(typingctx, address, stride):
+        def codegen(context, builder, signature, args):
+            _call(builder, name, [_I8, _PTR, _I64], [ir.Constant(_I8, tile), builder.inttoptr(args[0], _PTR), args[1]])
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp), codegen
+    return op
+
+
+def _fixed(name: str, *tiles: int):
+    """A tile instruction of fixed tiles (tilezero; tdpbf16ps's sums, x, W)."""
+    @intrinsic
+    def op(typingctx):
+        def codegen(context, builder, signature, args):
+            _call(builder, name, [_I8] * len(tiles), [ir.Constant(_I8, t) for t in tiles])
+            return context.get_dummy_value()
+        return types.void(), codegen
+    return op
+
+
+# tiles 0-3: sums (x tile i, W tile j: 2 i + j); 4-5: x; 6-7: W
+_load_x0, _load_x1 = _memory("llvm.x86.tileloadd64", 4), _memory("llvm.x86.tileloadd64", 5)
+_load_w0, _load_w1 = _memory("llvm.x86.tileloadd64", 6), _memory("llvm.x86.tileloadd64", 7)
+_store0, _store1 = _memory("llvm.x86.tilestored64", 0), _memory("llvm.x86.tilestored64", 1)
+_store2, _store3 = _memory("llvm.x86.tilestored64", 2), _memory("llvm.x86.tilestored64", 3)
+_zero0, _zero1, _zero2, _zero3 = (_fixed("llvm.x86.tilezero", t) for t in range(4))
+_dp00, _dp01 = _fixed("llvm.x86.tdpbf16ps", 0, 4, 6), _fixed("llvm.x86.tdpbf16ps", 1, 4, 7)
+_dp10, _dp11 = _fixed("llvm.x86.tdpbf16ps", 2, 5, 6), _fixed("llvm.x86.tdpbf16ps", 3, 5, 7)
+
+
+def config() -> np.ndarray:
+    """The 64 bytes ldtilecfg reads: palette 1, every tile 16 rows of 64 bytes."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    cfg[16:32].view(np.uint16)[:] = 64
+    cfg[48:56] = TILE
+    return cfg
+
+
+@njit(fastmath=True, cache=True, inline="always")
+def _bf16(v):
+    """float32 -> bfloat16's bits, rounded to nearest even (no NaNs here)."""
+    b = _bits(np.float32(v))
+    return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+
+
+@njit(fastmath=True, cache=True)
+def panel(address, quad0, groups, tail, kind, n_out, out):
+    """W's rows 4 quad0 to 4 quad0 + 16 (a row past n_out as zeros) as bfloat16 in the layout a
+    tile product reads W in: out[(b * 16 + j) * 16 + r] (uint32) holds row r's values 2j and 2j + 1
+    of block b, d * q + m."""
+    bits, sb = KINDS[kind]
+    rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
+    stride = 4 * (groups * rb4 + tail * rb2)
+    blocks = 4 * groups + 2 * tail
+    vb = 16 if bits == 4 else 32  # a block's value bytes
+    for r in range(TILE):
+        row = 4 * quad0 + r
+        if row >= n_out:
+            for b in range(blocks):
+                for j in range(16):
+                    out[(b * 16 + j) * 16 + r] = 0
+            continue
+        q = quad0 + r // 4
+        for b in range(blocks):
+            g, k = (b // 4, 4) if b < 4 * groups else (groups, 2)
+            rb = rb4 if k == 4 else rb2
+            base = address + q * stride + g * 4 * rb4 + (r % 4) * rb
+            bi = b - 4 * g
+            at = base + k * vb  # the group's d, then (4-bit) m
+            if sb == 2:
+                d = np.float32(_f16(at + 2 * bi))
+                m = np.float32(_f16(at + k * 2 + 2 * bi)) if bits == 4 else np.float32(-128.0) * d
+            else:
+                d = _f32(at + 4 * bi)
+                m = _f32(at + k * 4 + 4 * bi) if bits == 4 else np.float32(-128.0) * d
+            for j in range(16):
+                if bits == 4:
+                    byte = _u8(base + 16 * bi + j)
+                    lo, hi = byte & 15, byte >> 4
+                else:
+                    lo, hi = _u8(base + 16 * bi + j), _u8(base + 16 * k + 16 * bi + j)
+                e, o = _bf16(d * np.float32(lo) + m), _bf16(d * np.float32(hi) + m)
+                out[(b * 16 + j) * 16 + r] = e | (o << np.uint32(16))
+
+
+@njit(fastmath=True, cache=True)
+def row_bf16(x, col0, k, cols, out, keep):
+    """x[col0:col0 + k] as bfloat16 into out[:cols] (uint16), the columns past k zeros; all zeros
+    where not keep (a row past the step's: tiles take 32 rows)."""
+    for i in range(cols):
+        out[i] = _bf16(x[col0 + i]) if keep and i < k else 0
+
+
+@njit(fastmath=True, cache=True)
+def pair(cfg, x, x_stride, tiles, w, w_stride, k, out, out_stride, two):
+    """out (an address; rows out_stride bytes apart) += nothing: = the bfloat16 rows of x (an
+    address: 16 x `tiles` rows of k values, x_stride bytes apart; tiles even) times the panel at w
+    (`panel`'s, k / 32 blocks) and, where two, the next one w_stride bytes on: 16 or 32 columns of
+    float32 sums. One thread; the tiles configured and released here."""
+    _configure(cfg.ctypes.data)
+    steps = k // 32
+    for m in range(0, tiles, 2):
+        xm = x + m * TILE * x_stride
+        at = out + m * TILE * out_stride
+        _zero0()
+        _zero2()
+        if two:
+            _zero1()
+            _zero3()
+        for s in range(steps):
+            _load_x0(xm + 64 * s, x_stride)
+            _load_x1(xm + TILE * x_stride + 64 * s, x_stride)
+            _load_w0(w + 1024 * s, 64)
+            _dp00()
+            _dp10()
+            if two:
+                _load_w1(w + w_stride + 1024 * s, 64)
+                _dp01()
+                _dp11()
+        _store0(at, out_stride)
+        _store2(at + TILE * out_stride, out_stride)
+        if two:
+            _store1(at + 4 * TILE, out_stride)
+            _store3(at + TILE * out_stride + 4 * TILE, out_stride)
+    _release()
+
+
+@intrinsic
+def _u8(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.zext(builder.load(builder.inttoptr(args[0], ir.IntType(8).as_pointer())), ir.IntType(32))
+    return types.uint32(types.intp), codegen
+
+
+@intrinsic
+def _f16(typingctx, address):
+    def codegen(context, builder, signature, args):
+        h = builder.load(builder.inttoptr(args[0], ir.HalfType().as_pointer()), align=1)
+        return builder.fpext(h, ir.FloatType())
+    return types.float32(types.intp), codegen
+
+
+@intrinsic
+def _f32(typingctx, address):
+    def codegen(context, builder, signature, args):
+        return builder.load(builder.inttoptr(args[0], ir.FloatType().as_pointer()), align=1)
+    return types.float32(types.intp), codegen
+
+
+@intrinsic
+def _bits(typingctx, value):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.uint32(types.float32), codegen

@@ -1,0 +1,144 @@
+"""Prompts' products on AMX tiles (runtime/cpu_amx.py) and prompts through the numba step that runs
+them (runtime/cpu_step.py, OXINFER_CPU_DECODE=numba): the tile products against numpy's of the same
+bfloat16 values for every weight type (panels of 16 rows in pairs and alone, rows padded to tiles);
+a prompt's logits against the model's numpy forward with float activations on GGUFs of every family;
+a prompt's logits the same whatever else the step runs. Skipped, saying so, where numba, AVX-512
+VNNI or AMX (the CPU's bfloat16 tiles, and Linux's leave to use them) is missing: prompts then run
+in onnxruntime's graph or OpenVINO."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from test_cpu_graph import FAMILIES
+from test_cpu_step import _dequantized, _vnni
+from test_gguf_converted import _write
+
+import oxinfer
+from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.testing import random_matrix, write_tiny_llama
+
+
+def _amx() -> bool:
+    if not _vnni() or importlib.util.find_spec("numba") is None:
+        return False
+    from oxinfer.runtime import cpu_amx
+    return cpu_amx.available()
+
+
+pytestmark = pytest.mark.skipif(not _amx(), reason="numba, AVX-512 VNNI or AMX's bfloat16 tiles missing: prompts run "
+                                                   "in onnxruntime's graph (or OpenVINO)")
+
+PROMPT = np.random.default_rng(3).integers(3, 250, 85)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def numba_decodes():
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cpu_graph, "DECODE", "numba")
+        yield
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """float32 to bfloat16 (to nearest even), back as float64."""
+    b = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "F16"])
+def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
+    """Within float32 rounding of numpy's float64 product of x and W each rounded to bfloat16, for
+    1-6 panels of 16 rows (in pairs, and one alone), rows of x not a multiple of 32 (the rest of a
+    tile zeros, and its sums zeros); the columns beside the product untouched."""
+    from oxinfer.runtime import cpu_amx, cpu_vnni
+    rng = np.random.default_rng(0)
+    big = qtype in ("Q4_K", "Q6_K")
+    for n_out, n_in, rows in ([(32, 256, 33), (16, 512, 32)] if big else [(64, 576, 32), (48, 96, 64), (80, 160, 20)]):
+        w = random_matrix(qtype, n_out, n_in, rng)
+        laid, kind, groups, tail = cpu_vnni.lay(w)
+        blocks = 4 * groups + 2 * tail
+        padded = -(-rows // 32) * 32
+        x = rng.normal(0, 1, (padded, n_in)).astype(np.float32)
+        xb = np.zeros((padded, 32 * blocks + 64), np.uint16)
+        for t in range(padded):
+            cpu_amx.row_bf16(x[t], 0, n_in, 32 * blocks, xb[t], t < rows)
+        out = np.zeros((padded, n_out + 8), np.float32)
+        wb = np.zeros((2, blocks * 256 + 32), np.uint32)
+        panels = n_out // 16
+        for p in range(0, panels, 2):
+            two = p + 1 < panels
+            for i in range(1 + two):
+                cpu_amx.panel(laid.ctypes.data, 4 * (p + i), groups, tail, kind, n_out, wb[i])
+            cpu_amx.pair(cpu_amx.config(), xb.ctypes.data, xb.strides[0], padded // 16, wb.ctypes.data, wb.strides[0],
+                         32 * blocks, out.ctypes.data + 4 * (4 + 16 * p), out.strides[0], two)
+        want = _bf16(x[:rows]) @ _bf16(_dequantized(w).astype(np.float32)).T
+        assert np.abs(out[:rows, 4:4 + n_out] - want).max() <= 1e-6 * np.abs(want).max() * np.sqrt(n_in / 32)
+        assert not out[:, :4].any() and not out[:, 4 + n_out:].any() and not out[rows:].any()
+
+
+async def _logits(engine, step: bool) -> list[np.ndarray]:
+    """A first prompt, its rest after the keys it wrote (a cached prefix's case), then two decode
+    steps that read them all; through the numba step (built first), or the numpy forward."""
+    cpu = engine.steps.cpu
+    if step:
+        assert engine.scheduler.cpu.graph.step is not None  # (built: prompts wait for nothing)
+    else:
+        engine.scheduler.cpu.graph = None
+    prompt = PROMPT[:engine.config.context_length - 3]  # (LongRoPE's tiny model: 64 positions)
+    c = cpu.new_cache(min(128, engine.config.context_length))  # (longer: a private pool, the graph's)
+    out = [await cpu.prefill(prompt[:45], c), await cpu.prefill(prompt[45:], c)]
+    for t in (5, 9):
+        out.append(await engine.scheduler.run_whole(engine.scheduler.cpu.graph.run, [np.array([t])], [c])
+                   if step else await engine.scheduler.run(engine.model.forward_batch, [np.array([t])], [c]))
+    return out
+
+
+@pytest.mark.parametrize("arch", [*FAMILIES, "q4_1"])
+async def test_a_prompt_on_tiles_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
+    """Within 3e-2 of the logits' largest (bfloat16 products, as OpenVINO's on AMX; the decode
+    steps after, int8 products, 2.5e-2), the top token the same where no near tie: norms, biases,
+    q/k norms, both ropes, GQA over the lane's keys (a prompt's own and those before it), windows,
+    soft caps, SwiGLU and GeGLU, Q4_1's minimums; the decode steps read the keys the prompt wrote."""
+    path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3) if arch == "q4_1" \
+        else _write(tmp_path, arch, "BF16")
+    engine = await oxinfer.Engine.load(path)
+    step = engine.scheduler.cpu.graph.step
+    calls = []
+    real = step.logits
+    step.logits = lambda *a, **k: calls.append((len(a[0]), k.get("prompt", False))) or real(*a, **k)
+    got = await _logits(engine, step=True)
+    assert [c for c in calls if c[0] > 1] == [(45, True), (len(PROMPT[:engine.config.context_length - 3]) - 45, True)]
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations
+    want = await _logits(await oxinfer.Engine.load(path), step=False)
+    for i, (g, w) in enumerate(zip(got, want)):
+        tolerance = (0.03 if i < 2 else 0.025) * np.abs(w).max()
+        assert np.abs(g - w).max() <= tolerance, i
+        top2 = np.sort(w, axis=-1)[..., -2:]
+        clear = top2[..., 1] - top2[..., 0] > 2 * tolerance  # (a near tie may go either way)
+        assert (g.argmax(-1) == w.argmax(-1))[clear].all(), i
+
+
+async def test_a_prompt_s_logits_are_the_same_whatever_else_the_step_runs():
+    """Each prompt runs in a step call of its own (its products on tiles from cpu_step.AMX_ROWS rows,
+    by its own length): prompts and decode rows together give each sequence what it gets alone."""
+    engine = await oxinfer.Engine.load(None)
+    graph = engine.scheduler.cpu.graph
+    assert graph.step is not None
+    rng = np.random.default_rng(3)
+    cpu = engine.steps.cpu
+    old = [cpu.new_cache(128) for _ in range(2)]
+    for c in old:
+        graph.run([rng.integers(300, 40000, 17)], [c])
+    prompts = [rng.integers(300, 40000, n) for n in (9, 40, 33)]
+    tokens = [np.array([int(t)]) for t in rng.integers(300, 40000, 2)]
+    fresh = [cpu.new_cache(128) for _ in prompts]
+    seqs = [prompts[0], tokens[0], prompts[1], tokens[1], prompts[2]]
+    caches = [fresh[0], old[0], fresh[1], old[1], fresh[2]]
+    together = graph.run(seqs, caches)
+    for c in old:
+        c.trim(1)
+    again = [cpu.new_cache(128), old[0], cpu.new_cache(128), old[1], cpu.new_cache(128)]
+    alone = [graph.run([s], [c])[0] for s, c in zip(seqs, again)]
+    for i, a in enumerate(alone):
+        assert np.array_equal(a, together[i]), i
