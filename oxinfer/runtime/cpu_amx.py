@@ -122,40 +122,77 @@ def _bf16(v):
 def panel(address, quad0, groups, tail, kind, n_out, out):
     """W's rows 4 quad0 to 4 quad0 + 16 (a row past n_out as zeros) as bfloat16 in the layout a
     tile product reads W in: out[(b * 16 + j) * 16 + r] (uint32) holds row r's values 2j and 2j + 1
-    of block b, d * q + m."""
+    of block b, d * q + m. A block of the 16 rows at a time: each row's 16 pairs as one vector
+    (`_pairs`), then turned into the pairs' 16 rows."""
     bits, sb = KINDS[kind]
     rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
     stride = 4 * (groups * rb4 + tail * rb2)
-    blocks = 4 * groups + 2 * tail
     vb = 16 if bits == 4 else 32  # a block's value bytes
-    for r in range(TILE):
-        row = 4 * quad0 + r
-        if row >= n_out:
-            for b in range(blocks):
-                for j in range(16):
-                    out[(b * 16 + j) * 16 + r] = 0
-            continue
-        q = quad0 + r // 4
-        for b in range(blocks):
-            g, k = (b // 4, 4) if b < 4 * groups else (groups, 2)
-            rb = rb4 if k == 4 else rb2
-            base = address + q * stride + g * 4 * rb4 + (r % 4) * rb
-            bi = b - 4 * g
+    block = np.empty(TILE * 16, np.uint32)  # (row, pair)
+    for b in range(4 * groups + 2 * tail):
+        g, k = (b // 4, 4) if b < 4 * groups else (groups, 2)
+        rb, bi = (rb4 if k == 4 else rb2), b - 4 * g
+        for r in range(TILE):
+            if 4 * quad0 + r >= n_out:
+                block[16 * r:16 * r + 16] = 0
+                continue
+            base = address + (quad0 + r // 4) * stride + g * 4 * rb4 + (r % 4) * rb
             at = base + k * vb  # the group's d, then (4-bit) m
             if sb == 2:
-                d = np.float32(_f16(at + 2 * bi))
-                m = np.float32(_f16(at + k * 2 + 2 * bi)) if bits == 4 else np.float32(-128.0) * d
+                d = _f16(at + 2 * bi)
+                m = _f16(at + k * 2 + 2 * bi) if bits == 4 else np.float32(-128.0) * d
             else:
                 d = _f32(at + 4 * bi)
                 m = _f32(at + k * 4 + 4 * bi) if bits == 4 else np.float32(-128.0) * d
-            for j in range(16):
-                if bits == 4:
-                    byte = _u8(base + 16 * bi + j)
-                    lo, hi = byte & 15, byte >> 4
-                else:
-                    lo, hi = _u8(base + 16 * bi + j), _u8(base + 16 * k + 16 * bi + j)
-                e, o = _bf16(d * np.float32(lo) + m), _bf16(d * np.float32(hi) + m)
-                out[(b * 16 + j) * 16 + r] = e | (o << np.uint32(16))
+            odd = base + 16 * k + 16 * bi if bits == 8 else 0
+            _pairs(base + 16 * bi, odd, d, m, block.ctypes.data + 64 * r)
+        for j in range(16):
+            for r in range(TILE):
+                out[(b * 16 + j) * 16 + r] = block[16 * r + j]
+
+
+@intrinsic
+def _pairs(typingctx, even, odd, d, m, dst):
+    """A block's 16 pairs of values 2j, 2j + 1 (d * q + m, as bfloat16) stored at dst (16 uint32):
+    q's low and high nibbles of the 16 bytes at `even` where odd is 0 (4-bit), else the bytes at
+    even and at odd."""
+    def codegen(context, builder, signature, args):
+        even, odd, d, m, dst = args
+        v8, vi, vf = (ir.VectorType(t, 16) for t in (ir.IntType(8), ir.IntType(32), ir.FloatType()))
+
+        def splat(value, vt):
+            one = builder.insert_element(ir.Constant(vt, None), value, ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
+
+        def const(v):
+            return ir.Constant(vi, [v] * 16)
+
+        q = builder.load(builder.inttoptr(even, v8.as_pointer()), align=1)
+        four = builder.icmp_unsigned("==", odd, ir.Constant(odd.type, 0))
+        with builder.if_else(four) as (nibbles, bytes_):
+            with nibbles:
+                lo4 = builder.and_(q, ir.Constant(v8, [15] * 16))
+                hi4 = builder.lshr(q, ir.Constant(v8, [4] * 16))
+                at4 = builder.block
+            with bytes_:
+                hi8 = builder.load(builder.inttoptr(odd, v8.as_pointer()), align=1)
+                at8 = builder.block
+        lo, hi = builder.phi(v8), builder.phi(v8)
+        lo.add_incoming(lo4, at4)
+        lo.add_incoming(q, at8)
+        hi.add_incoming(hi4, at4)
+        hi.add_incoming(hi8, at8)
+        ds, ms = splat(d, vf), splat(m, vf)
+
+        def bf16(v):  # <16 x i8> -> d * v + m as bfloat16's bits in <16 x i32>, rounded to nearest even
+            bits = builder.bitcast(builder.fadd(builder.fmul(builder.uitofp(v, vf), ds), ms), vi)
+            odd_bit = builder.and_(builder.lshr(bits, const(16)), const(1))
+            return builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd_bit), const(16))
+
+        pairs = builder.or_(bf16(lo), builder.shl(bf16(hi), const(16)))
+        builder.store(pairs, builder.inttoptr(dst, vi.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.float32, types.float32, types.intp), codegen
 
 
 @njit(fastmath=True, cache=True)
