@@ -25,6 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
+from oxinfer.runtime import cpu_vnni
 from oxinfer.runtime.cpu_vnni import KINDS, group_bytes
 
 TILE = 16  # rows of x, and of W, a tile holds (and 32 bfloat16 columns: one block of 32)
@@ -100,6 +101,7 @@ _store2, _store3 = _memory("llvm.x86.tilestored64", 2), _memory("llvm.x86.tilest
 _zero0, _zero1, _zero2, _zero3 = (_fixed("llvm.x86.tilezero", t) for t in range(4))
 _dp00, _dp01 = _fixed("llvm.x86.tdpbf16ps", 0, 4, 6), _fixed("llvm.x86.tdpbf16ps", 1, 4, 7)
 _dp10, _dp11 = _fixed("llvm.x86.tdpbf16ps", 2, 5, 6), _fixed("llvm.x86.tdpbf16ps", 3, 5, 7)
+_dp20, _dp31 = _fixed("llvm.x86.tdpbf16ps", 2, 4, 6), _fixed("llvm.x86.tdpbf16ps", 3, 4, 7)
 
 
 def config() -> np.ndarray:
@@ -235,6 +237,113 @@ def pair(cfg, x, x_stride, tiles, w, w_stride, k, out, out_stride, two):
             _store1(at + 4 * TILE, out_stride)
             _store3(at + TILE * out_stride + 4 * TILE, out_stride)
     _release()
+
+
+@njit(fastmath=True, cache=True)
+def keys_panels(keys, n, hd, out):
+    """Keys (rows of hd float32; those from n on as zeros) as bfloat16 in the layout a tile product
+    reads them as its second operand (q . k over hd): out[((b * steps + s) * 16 + j) * 16 + r]
+    (uint32) holds key 16 b + r's values 32 s + 2j and 32 s + 2j + 1; steps = hd / 32, keys to a
+    multiple of 32."""
+    steps = hd // 32
+    for key in range(-(-n // 32) * 32):
+        b, r = key // 16, key % 16
+        for c in range(hd // 2):
+            s, j = c // 16, c % 16
+            v = _bf16(keys[key, 2 * c]) | (_bf16(keys[key, 2 * c + 1]) << np.uint32(16)) if key < n else np.uint32(0)
+            out[((b * steps + s) * 16 + j) * 16 + r] = v
+
+
+@njit(fastmath=True, cache=True)
+def values_panels(values, n, hd, out):
+    """Values (rows of hd float32; from n on as zeros) as bfloat16 in the layout a tile product
+    reads them as its second operand (weights . values over keys): out[((s * cols + c) * 16 + j) *
+    16 + i] (uint32) holds column 16 c + i of keys 32 s + 2j and 32 s + 2j + 1; cols = hd / 16."""
+    cols = hd // 16
+    for s in range(-(-n // 32)):
+        for j in range(16):
+            k0 = 32 * s + 2 * j
+            for col in range(hd):
+                c, i = col // 16, col % 16
+                lo = _bf16(values[k0, col]) if k0 < n else np.uint32(0)
+                hi = _bf16(values[k0 + 1, col]) if k0 + 1 < n else np.uint32(0)
+                out[((s * cols + c) * 16 + j) * 16 + i] = lo | (hi << np.uint32(16))
+
+
+@njit(fastmath=True, cache=True)
+def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
+    """Attention of `rows` (<= 16) consecutive rows of one sequence for one head: q (16, hd)
+    float32 (roped and scaled), row r at position first + r reading keys up to its own (and within
+    its window) of the n keys laid by keys_panels (kp) and values_panels (vp); out (rows, hd)."""
+    keys = -(-n // 32) * 32
+    qb = np.zeros((16, hd), np.uint16)
+    for r in range(rows):
+        for i in range(hd):
+            qb[r, i] = _bf16(q[r, i])
+    s = np.empty((16, keys), np.float32)
+    steps = hd // 32
+    _configure(cfg.ctypes.data)
+    for b in range(keys // 16):
+        _zero0()
+        for st in range(steps):
+            _load_x0(qb.ctypes.data + 64 * st, 2 * hd)
+            _load_w0(kp.ctypes.data + 1024 * (b * steps + st), 64)
+            _dp00()
+        _store0(s.ctypes.data + 64 * b, 4 * keys)
+    weights = np.zeros((16, keys), np.uint16)
+    totals = np.empty(16, np.float32)
+    for r in range(rows):
+        end = first + r + 1
+        lo = max(0, end - window) if window > 0 else 0
+        sr = s[r]
+        if cap > 0:
+            for j in range(lo, end):
+                sr[j] = cap * np.tanh(sr[j] / cap)
+        top = np.float32(-np.inf)
+        for j in range(lo, end):
+            top = max(top, sr[j])
+        total = np.float32(0.0)
+        for j in range(lo, end):
+            e = cpu_vnni.exp_neg(sr[j] - top)
+            total += e
+            sr[j] = e
+        totals[r] = total
+        for j in range(lo, end):
+            weights[r, j] = _bf16(sr[j])
+    o = np.empty((16, hd), np.float32)
+    cols = hd // 16
+    for c0 in range(0, cols, 4):
+        _zero0()
+        _zero1()
+        _zero2()
+        _zero3()
+        for st in range(keys // 32):
+            _load_x0(weights.ctypes.data + 64 * st, 2 * keys)
+            base = vp.ctypes.data + 1024 * (st * cols + c0)
+            _load_w0(base, 64)
+            _dp00()
+            if c0 + 1 < cols:
+                _load_w1(base + 1024, 64)
+                _dp01()
+            if c0 + 2 < cols:
+                _load_w0(base + 2048, 64)
+                _dp20()
+            if c0 + 3 < cols:
+                _load_w1(base + 3072, 64)
+                _dp31()
+        at = o.ctypes.data + 64 * c0
+        _store0(at, 4 * hd)
+        if c0 + 1 < cols:
+            _store1(at + 64, 4 * hd)
+        if c0 + 2 < cols:
+            _store2(at + 128, 4 * hd)
+        if c0 + 3 < cols:
+            _store3(at + 192, 4 * hd)
+    _release()
+    for r in range(rows):
+        inv = np.float32(1.0) / totals[r]
+        for i in range(hd):
+            out[r, i] = o[r, i] * inv
 
 
 @intrinsic

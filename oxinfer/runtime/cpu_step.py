@@ -58,30 +58,6 @@ def _f32_at(typingctx, address):
     return sig, codegen
 
 
-@intrinsic
-def _as_f32(typingctx, bits):
-    """An int32's bits as a float32."""
-    sig = types.float32(types.int32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
-    return sig, codegen
-
-
-@njit(fastmath=True, cache=True, inline="always")
-def _exp(x):
-    """e^x for x <= 0 (softmax's, SiLU's e^-|x|) to ~2.3e-7 relative, as LLVM can vectorize it (a
-    call of libm's expf a value cost more than the softmax's dot products): x = n ln 2 + r, e^r a
-    degree-6 polynomial, 2^n in the exponent's bits; below -87, e^-87."""
-    x = max(x, np.float32(-87.0))
-    n = np.rint(x * np.float32(1.4426950408889634))
-    r = x - n * np.float32(0.693145751953125) - n * np.float32(1.428606765330187e-06)  # ln 2 in two parts
-    p = np.float32(1.0 / 720)
-    for c in (1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0):
-        p = p * r + np.float32(c)
-    return p * _as_f32((np.int32(n) + np.int32(127)) << 23)
-
-
 @njit(fastmath=True, cache=True)
 def _rope(src, dst, c, s, scale, rope_dim, hd):
     """One head's hd values from src into dst: adjacent pairs of the first rope_dim rotated (GGUF
@@ -103,12 +79,15 @@ def _copy(src, dst, n):
 
 
 @njit(fastmath=True, cache=True)
-def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped):
+def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped,
+            amx):
     """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
     keys roped at its position and written with its values into its lane; at a barrier, each row's
     heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
     task a row and kv head, then a row and head (grouped: a row and a kv head's query heads, which
-    read its keys and values once), dealt round the threads. The barrier count after."""
+    read its keys and values once), dealt round the threads. A prompt's rows (amx[4]: one lane,
+    consecutive positions) on AMX tiles where the head's size allows: `_tile_heads`. The barrier
+    count after."""
     layer, window, row0 = ints[0], ints[1], ints[2]
     H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
@@ -119,6 +98,9 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         _copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
     gen = cpu_sync.barrier(sync, n, tid, gen)
+    if _AMX and amx[4] and hd % 32 == 0:
+        return _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs,
+                           row0, amx)
     m = H // KV if grouped else 1
     for task in range(tid, rows * (H // m), n):
         t, h0 = task // (H // m), task % (H // m) * m
@@ -126,6 +108,33 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         for h in range(h0, h0 + m):
             _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
         _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
+    return gen
+
+
+@njit(fastmath=True, cache=True)
+def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs, row0, amx):
+    """`_attend`'s heads for a prompt's rows (one lane, consecutive positions) on AMX tiles
+    (runtime/cpu_amx.py, bfloat16): each kv head's keys and values of the lane laid for the tiles, a
+    task each; at a barrier, a task a block of 16 rows and a head. The barrier count after."""
+    H, KV, hd, rope_dim = dims[0], dims[1], dims[2], dims[3]
+    keys, lane = pos[rows - 1] + 1, lanes[0]
+    laid = amx[5]
+    for task in range(tid, 2 * KV, n):
+        g = task // 2
+        if task % 2 == 0:
+            cpu_amx.keys_panels(K[lane, g], keys, hd, laid[g, 0])
+        else:
+            cpu_amx.values_panels(V[lane, g], keys, hd, laid[g, 1])
+    gen = cpu_sync.barrier(sync, n, tid, gen)
+    for task in range(tid, -(-rows // 16) * H, n):
+        t0, h = task // H * 16, task % H
+        t1 = min(rows, t0 + 16)
+        for t in range(t0, t1):
+            r = pos[t] + row0
+            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+        g = h // (H // KV)
+        cpu_amx.attend(amx[3], qs[t0:t1, h * hd:(h + 1) * hd], t1 - t0, laid[g, 0], laid[g, 1], pos[t1 - 1] + 1,
+                       pos[t0], window, fl[1], hd, A[t0:t1, oc + h * hd:oc + (h + 1) * hd])
     return gen
 
 
@@ -156,7 +165,7 @@ def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
             top = max(top, sh[j])
         total = np.float32(0.0)
         for j in range(n - lo):
-            e = _exp(sh[j] - top)
+            e = cpu_vnni.exp_neg(sh[j] - top)
             sh[j] = e
             total += e
         totals[h] = total
@@ -197,7 +206,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
     quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (the
     least rows a product runs on AMX tiles, 0 for never; x's bfloat16 rows, each thread's two panels,
-    the tiles' configuration): `_tiles`."""
+    the tiles' configuration): `_tiles`; then whether attention runs on tiles (a prompt's rows) and
+    the kv heads' keys and values laid for them: `_tile_heads`."""
     gen = 0
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
@@ -215,7 +225,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                               m[5])
         elif op == ATTEND:
             gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs,
-                          grouped)
+                          grouped, amx)
         elif op == LAST:
             if tid == 0:
                 for t in range(last.shape[0]):
@@ -286,7 +296,7 @@ def _row(op, x, x2, y, w, hd, f):
     elif op == SILU_MUL:  # v / (1 + e^-v), from e^-|v| (no overflow)
         for j in range(n):
             v = x[j]
-            e = _exp(-abs(v))
+            e = cpu_vnni.exp_neg(-abs(v))
             y[j] = (v if v >= 0 else v * e) / (np.float32(1.0) + e) * x2[j]
     elif op == GELU_MUL:  # gelu's tanh form (runtime/ops.py's gelu_tanh)
         for j in range(n):
@@ -361,7 +371,7 @@ class NumbaStep:
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
-        self._xb = self._wb = None  # AMX's scratch (`_tiles`), made at a first prompt
+        self._xb = self._wb = self._kv = None  # AMX's scratch (`_tiles`, `_laid_kv`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros((1, 1), np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
 
@@ -395,7 +405,8 @@ class NumbaStep:
         T = len(x)
         tiles = prompt and _AMX and T >= AMX_ROWS
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
-        amx = (AMX_ROWS if tiles else 0, *self._tiles(T if tiles else 0))
+        amx = (AMX_ROWS if tiles else 0, *self._tiles(T if tiles else 0), prompt and _AMX,
+               self._laid_kv(int(np.max(pos)) + 1 if prompt and _AMX else 0))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
@@ -437,6 +448,15 @@ class NumbaStep:
         if self._wb is None:
             self._wb = np.zeros((self.threads, 2, self.x_cols // 32 * 256), np.uint32)
         return self._xb, self._wb, self._cfg
+
+    def _laid_kv(self, keys: int) -> np.ndarray:
+        """A prompt's keys and values of each kv head laid for AMX tiles (cpu_amx.keys_panels and
+        values_panels): room for `keys` keys (to a multiple of 32), grown as needed."""
+        _, kv, hd, _ = self.heads
+        need = -(-keys // 32) * 32 * hd // 2
+        if self._kv is None or self._kv.shape[2] < need:
+            self._kv = np.zeros((kv, 2, max(need, 1)), np.uint32)
+        return self._kv
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
         """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv
