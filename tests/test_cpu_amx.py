@@ -1,6 +1,7 @@
-"""Prompts' products on AMX tiles (runtime/cpu_amx.py) and prompts through the numba step that runs
-them (runtime/cpu_step.py, OXINFER_CPU_DECODE=numba): the tile products against numpy's of the same
-bfloat16 values for every weight type (panels of 16 rows in pairs and alone, rows padded to tiles);
+"""Prompts' products and attention on AMX tiles (runtime/cpu_amx.py) and prompts through the numba
+step that runs them (runtime/cpu_step.py, OXINFER_CPU_DECODE=numba): the tile products against
+numpy's of the same bfloat16 values for every weight type (panels of 16 rows in pairs and alone,
+rows padded to tiles), attention likewise (head sizes 64-256, windows, soft caps);
 a prompt's logits against the model's numpy forward with float activations on GGUFs of every family;
 a prompt's logits the same whatever else the step runs. Skipped, saying so, where numba, AVX-512
 VNNI or AMX (the CPU's bfloat16 tiles, and Linux's leave to use them) is missing: prompts then run
@@ -75,6 +76,33 @@ def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
         want = _bf16(x[:rows]) @ _bf16(_dequantized(w).astype(np.float32)).T
         assert np.abs(out[:rows, 4:4 + n_out] - want).max() <= 1e-6 * np.abs(want).max() * np.sqrt(n_in / 32)
         assert not out[:, :4].any() and not out[:, 4 + n_out:].any() and not out[rows:].any()
+
+
+@pytest.mark.parametrize("hd, first, rows, window, cap", [(64, 0, 16, 0, 0.0), (64, 37, 16, 0, 0.0), (128, 100, 9, 0, 0.0),
+                                                         (64, 50, 16, 20, 0.0), (96, 10, 16, 0, 30.0), (256, 3, 5, 0, 0.0)])
+def test_tile_attention_is_numpy_s_on_the_same_bfloat16_values(hd, first, rows, window, cap):
+    """A block of rows at consecutive positions, one head: within float32 rounding of numpy's
+    softmax(q . k (soft-capped)) . v over each row's keys up to its own (within its window), with q,
+    k, v and the weights rounded to bfloat16 as the tiles take them; keys laid to a multiple of 32."""
+    from oxinfer.runtime import cpu_amx
+    rng = np.random.default_rng(hd + first)
+    n = first + rows
+    q = np.zeros((16, hd), np.float32)
+    q[:rows] = rng.normal(0, 0.3, (rows, hd))
+    k, v = (rng.normal(0, 1, (n + 5, hd)).astype(np.float32) for _ in range(2))
+    kp, vp = (np.zeros(-(-n // 32) * 32 * hd // 2, np.uint32) for _ in range(2))
+    cpu_amx.keys_panels(k, n, hd, kp)
+    cpu_amx.values_panels(v, n, hd, vp)
+    out = np.zeros((rows, hd), np.float32)
+    cpu_amx.attend(cpu_amx.config(), q, rows, kp, vp, n, first, window, np.float32(cap), hd, out)
+    for r in range(rows):
+        end = first + r + 1
+        lo = max(0, end - window) if window else 0
+        s = _bf16(q[r]) @ _bf16(k[lo:end]).T
+        s = cap * np.tanh(s / cap) if cap else s
+        e = np.exp(s - s.max())
+        want = (_bf16(e.astype(np.float32)) @ _bf16(v[lo:end])) / e.sum()
+        assert np.abs(out[r] - want).max() <= 2e-6 * np.abs(want).max(), r
 
 
 async def _logits(engine, step: bool) -> list[np.ndarray]:
