@@ -200,8 +200,9 @@ def run_bench(args) -> list[dict]:
                     runs[e, mode].append(_run(cmd, mode))
                     bar.update(1)
             for (e, mode), done in runs.items():
-                kv = {k: v for k, v in (("kv_cache_dtype", args.kv_cache_dtype), ("cpu_prompts", args.cpu_prompts))
-                      if e == "oxinfer" and v != "auto"}
+                kv = {k: v for k, v in (("kv_cache_dtype", args.kv_cache_dtype), ("cpu_prompts", args.cpu_prompts),
+                                        ("cpu_decode", os.environ.get("OXINFER_CPU_DECODE", "auto")))
+                      if e == "oxinfer" and v not in ("auto", "graph")}
                 rows.append({"model": label, "engine": e, "backend": args.backend if e == "oxinfer" else "cpu", **kv,
                              **({"mode": mode} if mode else {}), "repeats": args.repeats, **_summary(done)})
         if bar:
@@ -220,6 +221,7 @@ def _metrics(r: dict) -> list[str]:
 def _label(r: dict) -> str:
     kv = f", kv {r['kv_cache_dtype']}" if r.get("kv_cache_dtype") else ""
     kv += f", prompts {r['cpu_prompts']}" if r.get("cpu_prompts") else ""
+    kv += f", decode {r['cpu_decode']}" if r.get("cpu_decode") else ""
     return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''}{kv})"
 
 
