@@ -122,14 +122,19 @@ async def _logits(engine, step: bool) -> list[np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("arch", [*FAMILIES, "q4_1"])
+@pytest.mark.parametrize("arch", [*FAMILIES, "q4_1", "q4_1_small"])
 async def test_a_prompt_on_tiles_computes_what_the_numpy_forward_computes(tmp_path, monkeypatch, arch):
     """Within 3e-2 of the logits' largest (bfloat16 products, as OpenVINO's on AMX; the decode
     steps after, int8 products, 2.5e-2), the top token the same where no near tie: norms, biases,
     q/k norms, both ropes, GQA over the lane's keys (a prompt's own and those before it), windows,
-    soft caps, SwiGLU and GeGLU, Q4_1's minimums; the decode steps read the keys the prompt wrote."""
-    path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, d=128, d_ff=256, n_layers=3) if arch == "q4_1" \
-        else _write(tmp_path, arch, "BF16")
+    soft caps, SwiGLU and GeGLU, Q4_1's minimums; the decode steps read the keys the prompt wrote.
+    q4_1_small: products of one pair of panels (d 64), shared out by rows; heads of 16 (attention
+    by rows)."""
+    if arch.startswith("q4_1"):
+        dims = {} if arch == "q4_1_small" else {"d": 128, "d_ff": 256, "n_layers": 3}
+        path = write_tiny_llama(tmp_path / "q.gguf", qtype=T.Q4_1, **dims)
+    else:
+        path = _write(tmp_path, arch, "BF16")
     engine = await oxinfer.Engine.load(path)
     step = engine.scheduler.cpu.graph.step
     calls = []

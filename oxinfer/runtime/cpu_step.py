@@ -247,23 +247,29 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
 @njit(fastmath=True, cache=True)
 def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
     """A product on AMX tiles (runtime/cpu_amx.py): x's rows (to a multiple of 32, zeros after
-    `rows`) as bfloat16, a row a thread; at a barrier, each thread its pairs of W's panels of 16
-    rows, each written as bfloat16 into wb and run against every row. The barrier count after."""
+    `rows`) as bfloat16, a row a thread; at a barrier, tasks of a pair of W's panels of 16 rows,
+    each written as bfloat16 into wb and run against the task's rows: all of them, or where the
+    pairs are fewer than twice the threads, a share of them (each share writes the pair again). The
+    barrier count after."""
     k = 32 * blocks
     padded = -(-rows // 32) * 32
     for t in range(tid, padded, n):
         cpu_amx.row_bf16(A[t], a, m[6], k, xb[t], t < rows)
     gen = cpu_sync.barrier(sync, n, tid, gen)
     panels = m[5] // cpu_amx.TILE
-    pairs = (panels + 1) // 2
-    for q in range(pairs * tid // n, pairs * (tid + 1) // n):
-        p = 2 * q
+    pairs, slabs = (panels + 1) // 2, padded // 32  # (a slab: 32 rows, two tiles)
+    shares = min(slabs, -(-2 * n // pairs))
+    tasks = pairs * shares
+    x0, xs, ys = xb.ctypes.data, xb.strides[0], A.strides[0]
+    for task in range(tasks * tid // n, tasks * (tid + 1) // n):
+        q, share = task // shares, task % shares
+        p, s0, s1 = 2 * q, slabs * share // shares, slabs * (share + 1) // shares
         two = p + 1 < panels
         cpu_amx.panel(m[0], 4 * p, m[2], m[3], m[4], m[5], wb[0])
         if two:
             cpu_amx.panel(m[0], 4 * (p + 1), m[2], m[3], m[4], m[5], wb[1])
-        cpu_amx.pair(cfg, xb.ctypes.data, xb.strides[0], padded // cpu_amx.TILE, wb.ctypes.data, wb.strides[0], k,
-                     A.ctypes.data + 4 * (o + cpu_amx.TILE * p), A.strides[0], two)
+        cpu_amx.pair(cfg, x0 + 32 * s0 * xs, xs, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
+                     A.ctypes.data + 32 * s0 * ys + 4 * (o + cpu_amx.TILE * p), ys, two)
     return gen
 
 
