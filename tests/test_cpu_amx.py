@@ -78,8 +78,9 @@ def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
         assert not out[:, :4].any() and not out[:, 4 + n_out:].any() and not out[rows:].any()
 
 
-@pytest.mark.parametrize("hd, first, rows, window, cap", [(64, 0, 16, 0, 0.0), (64, 37, 16, 0, 0.0), (128, 100, 9, 0, 0.0),
-                                                         (64, 50, 16, 20, 0.0), (96, 10, 16, 0, 30.0), (256, 3, 5, 0, 0.0)])
+@pytest.mark.parametrize("hd, first, rows, window, cap", [
+    (64, 0, 16, 0, 0.0), (64, 37, 16, 0, 0.0), (128, 100, 9, 0, 0.0), (64, 50, 16, 20, 0.0), (96, 10, 16, 0, 30.0),
+    (256, 3, 5, 0, 0.0)])
 def test_tile_attention_is_numpy_s_on_the_same_bfloat16_values(hd, first, rows, window, cap):
     """A block of rows at consecutive positions, one head: within float32 rounding of numpy's
     softmax(q . k (soft-capped)) . v over each row's keys up to its own (within its window), with q,
