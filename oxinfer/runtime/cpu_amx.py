@@ -1,12 +1,15 @@
-"""Products of many rows on AMX tiles (Intel's Advanced Matrix Extensions, Sapphire Rapids on): a
-laid matrix (runtime/cpu_vnni.py's `lay`) times rows of x, in bfloat16 with float32 sums, through
-numba's @intrinsic as LLVM's `llvm.x86.tdpbf16ps` and tile loads and stores: a tile product is
-16 x 16 x 32 multiply-adds in one instruction, where AVX-512 VNNI's vpdpbusd is 16 x 4.
+"""A prompt's products and attention on AMX tiles (Intel's Advanced Matrix Extensions, Sapphire
+Rapids on), in bfloat16 with float32 sums, through numba's @intrinsic as LLVM's
+`llvm.x86.tdpbf16ps` and tile loads and stores: a tile product is 16 x 16 x 32 multiply-adds in one
+instruction, where AVX-512 VNNI's vpdpbusd is 16 x 4.
 
-A thread takes panels of 16 rows of W: it writes each panel once as bfloat16 (d * q + m, each
-block's values in pairs of columns, the layout the tile product reads W in), then runs every
-16 rows of x through it, x converted to bfloat16 once for all threads. A prompt's rows run here
-(cpu_step.py, from AMX_ROWS rows on); decode rows stay on the int8 products (their logits the
+Products: a laid matrix (runtime/cpu_vnni.py's `lay`: the numba step's own copy) times rows of x.
+A thread takes pairs of panels of 16 rows of W: it writes each panel as bfloat16 (d * q + m, each
+block's values in pairs of columns, the layout the tile product reads W in: `panel`), then runs
+its rows of x through them (`pair`), x converted to bfloat16 once for all threads (`row_bf16`).
+Attention: a block of 16 consecutive rows of one sequence and a head (`attend`), over its kv head's
+keys and values laid once a layer (`keys_panels`, `values_panels`). cpu_step.py runs both for
+prompts (products from AMX_ROWS rows on); decode rows stay on the int8 products (their logits the
 same batched or alone).
 
 The kernel asks Linux for the tiles' state once a process (arch_prctl's ARCH_REQ_XCOMP_PERM), and
