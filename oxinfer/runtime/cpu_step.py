@@ -5,8 +5,8 @@ place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out
 (session 33: half of a one-row step on the 2-core dev VM); one OpenMP region a step, its threads
 meeting at runtime/cpu_sync.py's spin barriers between lines (a region a line cost ~5-10 us each
 on 16 threads). Decode rows come here where OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py),
-and, where the CPU has AMX, prompts too: a prompt's products of AMX_ROWS rows or more run on its
-bfloat16 tiles (runtime/cpu_amx.py), a prompt a call.
+and, where the CPU has AMX, prompts too, a prompt a call: its attention and its products of
+AMX_ROWS rows or more run on the CPU's bfloat16 tiles (runtime/cpu_amx.py).
 Measured (docs/cpu_graph.md, session 36) on the H100 machines' 16-core Xeon, a step alone: the
 135M shape 2.44 ms on one row against the graph's 4.32 and session 35's 4.26 (llama.cpp's token
 2.05), 21.7 ms on 32 rows against 31.0 (llama.cpp's batched step 26.5); the 1.1B shape level with
