@@ -95,7 +95,8 @@ def test_tile_attention_is_numpy_s_on_the_same_bfloat16_values(hd, first, rows, 
     cpu_amx.keys_panels(k, n, hd, kp)
     cpu_amx.values_panels(v, n, hd, vp)
     out = np.zeros((rows, hd), np.float32)
-    cpu_amx.attend(cpu_amx.config(), q, rows, kp, vp, n, first, window, np.float32(cap), hd, out)
+    cpu_amx.attend(cpu_amx.config(), q, rows, kp, vp, n, first, window, np.float32(cap), hd, out,
+                   cpu_amx.attend_scratch(n + 40, hd))  # (room for more keys than n: a layer's scratch)
     for r in range(rows):
         end = first + r + 1
         lo = max(0, end - window) if window else 0

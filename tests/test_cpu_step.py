@@ -101,6 +101,14 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
     assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
 
 
+def test_largest_is_numpy_s_max():
+    """cpu_vnni.largest (16 lanes at a time, then the rest): np.max of any range, -inf where empty."""
+    from oxinfer.runtime import cpu_vnni
+    a = np.random.default_rng(2).normal(-5, 3, 100).astype(np.float32)
+    for lo, end in ((0, 100), (3, 19), (5, 21), (7, 8), (0, 15), (40, 40), (90, 100)):
+        assert cpu_vnni.largest(a, lo, end) == (a[lo:end].max() if end > lo else -np.inf), (lo, end)
+
+
 async def _decode_logits(engine) -> list[np.ndarray]:
     """A prompt each for two sequences, then three decode steps of both (one a step behind)."""
     cpu = engine.steps.cpu

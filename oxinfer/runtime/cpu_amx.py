@@ -273,17 +273,26 @@ def values_panels(values, n, hd, out):
                 out[((s * cols + c) * 16 + j) * 16 + i] = lo | (hi << np.uint32(16))
 
 
+@njit(cache=True)
+def attend_scratch(keys, hd):
+    """`attend`'s scratch for up to `keys` keys (to a multiple of 32) of heads of hd: q as bfloat16,
+    the scores, the weights as bfloat16, the weighted values."""
+    keys = -(-keys // 32) * 32
+    return (np.empty((16, hd), np.uint16), np.empty((16, keys), np.float32), np.empty((16, keys), np.uint16),
+            np.empty((16, hd), np.float32))
+
+
 @njit(fastmath=True, cache=True)
-def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
+def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out, scratch):
     """Attention of `rows` (<= 16) consecutive rows of one sequence for one head: q (16, hd)
     float32 (roped and scaled), row r at position first + r reading keys up to its own (and within
-    its window) of the n keys laid by keys_panels (kp) and values_panels (vp); out (rows, hd)."""
+    its window) of the n keys laid by keys_panels (kp) and values_panels (vp); out (rows, hd).
+    scratch: `attend_scratch`'s, for at least n keys."""
     keys = -(-n // 32) * 32
-    qb = np.zeros((16, hd), np.uint16)
-    for r in range(rows):
+    qb, s, weights, o = scratch
+    for r in range(16):
         for i in range(hd):
-            qb[r, i] = _bf16(q[r, i])
-    s = np.empty((16, keys), np.float32)
+            qb[r, i] = _bf16(q[r, i]) if r < rows else np.uint16(0)
     steps = hd // 32
     _configure(cfg.ctypes.data)
     for b in range(keys // 16):
@@ -292,19 +301,21 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
             _load_x0(qb.ctypes.data + 64 * st, 2 * hd)
             _load_w0(kp.ctypes.data + 1024 * (b * steps + st), 64)
             _dp00()
-        _store0(s.ctypes.data + 64 * b, 4 * keys)
-    weights = np.zeros((16, keys), np.uint16)
+        _store0(s.ctypes.data + 64 * b, s.strides[0])
     totals = np.empty(16, np.float32)
-    for r in range(rows):
-        end = first + r + 1
+    for r in range(16):
+        end = first + r + 1 if r < rows else 0
         lo = max(0, end - window) if window > 0 else 0
+        wr = weights[r]
+        for j in range(lo):
+            wr[j] = 0
+        for j in range(max(lo, end), keys):
+            wr[j] = 0
         sr = s[r]
         if cap > 0:
             for j in range(lo, end):
                 sr[j] = cap * np.tanh(sr[j] / cap)
-        top = np.float32(-np.inf)
-        for j in range(lo, end):
-            top = max(top, sr[j])
+        top = cpu_vnni.largest(sr, lo, end)
         total = np.float32(0.0)
         for j in range(lo, end):
             e = cpu_vnni.exp_neg(sr[j] - top)
@@ -312,8 +323,7 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
             sr[j] = e
         totals[r] = total
         for j in range(lo, end):
-            weights[r, j] = _bf16(sr[j])
-    o = np.empty((16, hd), np.float32)
+            wr[j] = _bf16(sr[j])
     cols = hd // 16
     for c0 in range(0, cols, 4):
         _zero0()
@@ -321,7 +331,7 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
         _zero2()
         _zero3()
         for st in range(keys // 32):
-            _load_x0(weights.ctypes.data + 64 * st, 2 * keys)
+            _load_x0(weights.ctypes.data + 64 * st, weights.strides[0])
             base = vp.ctypes.data + 1024 * (st * cols + c0)
             _load_w0(base, 64)
             _dp00()
@@ -334,14 +344,14 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out):
             if c0 + 3 < cols:
                 _load_w1(base + 3072, 64)
                 _dp31()
-        at = o.ctypes.data + 64 * c0
-        _store0(at, 4 * hd)
+        at, os_ = o.ctypes.data + 64 * c0, o.strides[0]
+        _store0(at, os_)
         if c0 + 1 < cols:
-            _store1(at + 64, 4 * hd)
+            _store1(at + 64, os_)
         if c0 + 2 < cols:
-            _store2(at + 128, 4 * hd)
+            _store2(at + 128, os_)
         if c0 + 3 < cols:
-            _store3(at + 192, 4 * hd)
+            _store3(at + 192, os_)
     _release()
     for r in range(rows):
         inv = np.float32(1.0) / totals[r]

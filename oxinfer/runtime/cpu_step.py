@@ -126,6 +126,7 @@ def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V
         else:
             cpu_amx.values_panels(V[lane, g], keys, hd, laid[g, 1])
     gen = cpu_sync.barrier(sync, n, tid, gen)
+    scratch = cpu_amx.attend_scratch(keys, hd)
     for task in range(tid, -(-rows // 16) * H, n):
         t0, h = task // H * 16, task % H
         t1 = min(rows, t0 + 16)
@@ -134,7 +135,7 @@ def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V
             _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
         g = h // (H // KV)
         cpu_amx.attend(amx[3], qs[t0:t1, h * hd:(h + 1) * hd], t1 - t0, laid[g, 0], laid[g, 1], pos[t1 - 1] + 1,
-                       pos[t0], window, fl[1], hd, A[t0:t1, oc + h * hd:oc + (h + 1) * hd])
+                       pos[t0], window, fl[1], hd, A[t0:t1, oc + h * hd:oc + (h + 1) * hd], scratch)
     return gen
 
 
@@ -160,9 +161,7 @@ def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
         if cap > 0:  # (a branch of its own: inside the loop above, it kept the dot products from vectors)
             for j in range(n - lo):
                 sh[j] = cap * np.tanh(sh[j] / cap)
-        top = np.float32(-np.inf)
-        for j in range(n - lo):
-            top = max(top, sh[j])
+        top = cpu_vnni.largest(sh, 0, n - lo)
         total = np.float32(0.0)
         for j in range(n - lo):
             e = cpu_vnni.exp_neg(sh[j] - top)
