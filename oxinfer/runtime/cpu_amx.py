@@ -243,13 +243,12 @@ def pair(cfg, x, x_stride, tiles, w, w_stride, k, out, out_stride, two):
 
 
 @njit(fastmath=True, cache=True)
-def keys_panels(keys, n, hd, out):
-    """Keys (rows of hd float32; those from n on as zeros) as bfloat16 in the layout a tile product
-    reads them as its second operand (q . k over hd): out[((b * steps + s) * 16 + j) * 16 + r]
-    (uint32) holds key 16 b + r's values 32 s + 2j and 32 s + 2j + 1; steps = hd / 32, keys to a
-    multiple of 32."""
+def keys_panels(keys, n, hd, out, s0, s1):
+    """Keys 32 s0 to 32 s1 (rows of hd float32; those from n on as zeros) as bfloat16 in the layout
+    a tile product reads them as its second operand (q . k over hd): out[((b * steps + s) * 16 + j)
+    * 16 + r] (uint32) holds key 16 b + r's values 32 s + 2j and 32 s + 2j + 1; steps = hd / 32."""
     steps = hd // 32
-    for key in range(-(-n // 32) * 32):
+    for key in range(32 * s0, 32 * s1):
         b, r = key // 16, key % 16
         for c in range(hd // 2):
             s, j = c // 16, c % 16
@@ -258,12 +257,13 @@ def keys_panels(keys, n, hd, out):
 
 
 @njit(fastmath=True, cache=True)
-def values_panels(values, n, hd, out):
-    """Values (rows of hd float32; from n on as zeros) as bfloat16 in the layout a tile product
-    reads them as its second operand (weights . values over keys): out[((s * cols + c) * 16 + j) *
-    16 + i] (uint32) holds column 16 c + i of keys 32 s + 2j and 32 s + 2j + 1; cols = hd / 16."""
+def values_panels(values, n, hd, out, s0, s1):
+    """The values of keys 32 s0 to 32 s1 (rows of hd float32; from n on as zeros) as bfloat16 in the
+    layout a tile product reads them as its second operand (weights . values over keys):
+    out[((s * cols + c) * 16 + j) * 16 + i] (uint32) holds column 16 c + i of keys 32 s + 2j and
+    32 s + 2j + 1; cols = hd / 16."""
     cols = hd // 16
-    for s in range(-(-n // 32)):
+    for s in range(s0, s1):
         for j in range(16):
             k0 = 32 * s + 2 * j
             for col in range(hd):

@@ -115,16 +115,19 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
 def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs, row0, amx):
     """`_attend`'s heads for a prompt's rows (one lane, consecutive positions) on AMX tiles
     (runtime/cpu_amx.py, bfloat16): each kv head's keys and values of the lane laid for the tiles, a
-    task each; at a barrier, a task a block of 16 rows and a head. The barrier count after."""
+    task each 256 keys; at a barrier, a task a block of 16 rows and a head. The barrier count after."""
     H, KV, hd, rope_dim = dims[0], dims[1], dims[2], dims[3]
     keys, lane = pos[rows - 1] + 1, lanes[0]
     laid = amx[5]
-    for task in range(tid, 2 * KV, n):
-        g = task // 2
-        if task % 2 == 0:
-            cpu_amx.keys_panels(K[lane, g], keys, hd, laid[g, 0])
+    slabs = -(-keys // 32)  # (32 keys each; a task lays up to 8 of one kv head's keys or values)
+    pieces = -(-slabs // 8)
+    for task in range(tid, 2 * KV * pieces, n):
+        g, kind, piece = task // (2 * pieces), task // pieces % 2, task % pieces
+        s0, s1 = 8 * piece, min(slabs, 8 * piece + 8)
+        if kind == 0:
+            cpu_amx.keys_panels(K[lane, g], keys, hd, laid[g, 0], s0, s1)
         else:
-            cpu_amx.values_panels(V[lane, g], keys, hd, laid[g, 1])
+            cpu_amx.values_panels(V[lane, g], keys, hd, laid[g, 1], s0, s1)
     gen = cpu_sync.barrier(sync, n, tid, gen)
     scratch = cpu_amx.attend_scratch(keys, hd)
     for task in range(tid, -(-rows // 16) * H, n):
