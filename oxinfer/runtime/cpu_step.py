@@ -406,7 +406,7 @@ class NumbaStep:
 
     @property
     def amx(self) -> bool:
-        """Whether a prompt's products run on AMX tiles here."""
+        """Whether a prompt's products and attention run on AMX tiles here."""
         return _AMX
 
     def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompt=False) -> np.ndarray:
