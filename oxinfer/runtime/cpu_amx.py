@@ -210,10 +210,10 @@ def row_bf16(x, col0, k, cols, out, keep):
 
 @njit(fastmath=True, cache=True)
 def pair(cfg, x, x_stride, tiles, w, w_stride, k, out, out_stride, two):
-    """out (an address; rows out_stride bytes apart) += nothing: = the bfloat16 rows of x (an
-    address: 16 x `tiles` rows of k values, x_stride bytes apart; tiles even) times the panel at w
-    (`panel`'s, k / 32 blocks) and, where two, the next one w_stride bytes on: 16 or 32 columns of
-    float32 sums. One thread; the tiles configured and released here."""
+    """out (an address; rows out_stride bytes apart) = the bfloat16 rows of x (an address: 16 x
+    `tiles` rows of k values, x_stride bytes apart; tiles even) times the panel at w (`panel`'s,
+    k / 32 blocks) and, where two, the next one w_stride bytes on: 16 or 32 columns of float32 sums.
+    One thread; the tiles configured and released here."""
     _configure(cfg.ctypes.data)
     steps = k // 32
     for m in range(0, tiles, 2):
