@@ -372,7 +372,7 @@ def _numba_step(model, laid: dict[int, tuple]) -> Future:
         step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid)
         step.warm()
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
-                 build_s=round(time.perf_counter() - t0, 3))
+                 build_s=round(time.perf_counter() - t0, 3), prompts="amx tiles" if step.amx else "graph")
         return step
 
     ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")
