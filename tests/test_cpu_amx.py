@@ -12,7 +12,7 @@ import importlib.util
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_cpu_graph import FAMILIES
+from test_cpu_graph import FAMILIES, exact_prompt_logits
 from test_cpu_step import _dequantized, _vnni
 from test_gguf_converted import _write
 
@@ -185,12 +185,7 @@ async def test_a_long_prompt_of_the_default_model_on_tiles_stays_within_bfloat16
     """300 tokens (the last chunk's keys laid in two tasks a kv head), the default model: its logits
     within 3e-2 of the exact numpy forward's largest, the same next token."""
     prompt = np.random.default_rng(5).integers(300, 40000, 300)
-    level = blockwise.ACCURACY_INT8
-    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
-    exact = await oxinfer.Engine.load(None)
-    exact.scheduler.cpu.graph = None
-    want = await exact.steps.cpu.prefill(prompt, exact.steps.cpu.new_cache(320))
-    monkeypatch.setattr(blockwise, "ACCURACY_INT8", level)
+    want = await exact_prompt_logits(prompt, monkeypatch)
     engine = await oxinfer.Engine.load(None)
     step = engine.scheduler.cpu.graph.step
     calls = []

@@ -107,6 +107,19 @@ async def test_first_prompts_run_together_as_they_run_alone(engine):
     together_as_alone(engine)
 
 
+async def exact_prompt_logits(prompt: np.ndarray, monkeypatch) -> np.ndarray:
+    """The default model's logits after `prompt` through the numpy forward with float activations
+    (the kernels' accuracy_level 1: exact to float32 rounding), the level put back after."""
+    level = blockwise.ACCURACY_INT8
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
+    exact = await oxinfer.Engine.load(None)
+    exact.scheduler.cpu.graph = None
+    want = await exact.steps.cpu.prefill(prompt, exact.steps.cpu.new_cache(len(prompt) + 16))
+    await exact.aclose()
+    monkeypatch.setattr(blockwise, "ACCURACY_INT8", level)
+    return want
+
+
 def together_as_alone(engine) -> None:
     """test_first_prompts_run_together_as_they_run_alone's check (test_cpu_prompts.py's too)."""
     graph, pool = engine.scheduler.cpu.graph, engine.model.kv_pool

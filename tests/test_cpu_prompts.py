@@ -8,7 +8,7 @@ alone; the models and settings it leaves to onnxruntime. The rest of the suite r
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from test_cpu_graph import together_as_alone
+from test_cpu_graph import exact_prompt_logits, together_as_alone
 from test_gguf_converted import _write
 
 import oxinfer
@@ -65,13 +65,7 @@ async def test_its_own_precision_stays_within_int8_products_error(monkeypatch):
     with int8 activations): its logits within 3e-2 of the exact forward's largest (the 2-core VM,
     512 tokens: ~1e-2; onnxruntime's int8 products 1.4e-2), the same next token."""
     prompt = np.random.default_rng(5).integers(300, 40000, 64)
-    level = blockwise.ACCURACY_INT8
-    monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)
-    exact = await oxinfer.Engine.load(None)
-    exact.scheduler.cpu.graph = None
-    want = await exact.steps.cpu.prefill(prompt, exact.steps.cpu.new_cache(80))
-    await exact.aclose()
-    monkeypatch.setattr(blockwise, "ACCURACY_INT8", level)
+    want = await exact_prompt_logits(prompt, monkeypatch)
     engine = await oxinfer.Engine.load(None)
     got = await engine.steps.cpu.prefill(prompt, engine.steps.cpu.new_cache(80))
     assert engine.scheduler.cpu.graph.prompts._request is not None  # (it ran the prompt)
