@@ -379,7 +379,7 @@ class NumbaStep:
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
-        self._xb = self._wb = self._kv = None  # AMX's scratch (`_tiles`, `_laid_kv`), made at a first prompt
+        self._xb = self._wb = self._kv = None  # AMX's scratch (`_tile_scratch`, `_laid_kv`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros((1, 1), np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
 
@@ -413,7 +413,7 @@ class NumbaStep:
         T = len(x)
         tiles = prompt and _AMX and T >= AMX_ROWS
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
-        amx = (AMX_ROWS if tiles else 0, *self._tiles(T if tiles else 0), prompt and _AMX,
+        amx = (AMX_ROWS if tiles else 0, *self._tile_scratch(T if tiles else 0), prompt and _AMX,
                self._laid_kv(int(np.max(pos)) + 1 if prompt and _AMX else 0))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
@@ -445,7 +445,7 @@ class NumbaStep:
                              np.zeros((n, H * hd), np.float32))
         return self._scratch
 
-    def _tiles(self, T: int) -> tuple:
+    def _tile_scratch(self, T: int) -> tuple:
         """AMX's scratch for T rows (none for 0): x's bfloat16 rows (T to a multiple of 32, grown as
         `_rows`), each thread's two panels of W as bfloat16, the tiles' configuration."""
         if T == 0:
