@@ -61,9 +61,9 @@ def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
         blocks = 4 * groups + 2 * tail
         padded = -(-rows // 32) * 32
         x = rng.normal(0, 1, (padded, n_in)).astype(np.float32)
-        xb = np.zeros((padded, 32 * blocks + 64), np.uint16)
+        xb = np.zeros(padded * 32 * blocks + 64, np.uint16)
         for t in range(padded):
-            cpu_amx.row_bf16(x[t], 0, n_in, 32 * blocks, xb[t], t < rows)
+            cpu_amx.row_bf16(x[t], 0, n_in, 32 * blocks, xb, t, t < rows)
         out = np.zeros((padded, n_out + 8), np.float32)
         wb = np.zeros((2, blocks * 256 + 32), np.uint32)
         panels = n_out // 16
@@ -71,7 +71,7 @@ def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
             two = p + 1 < panels
             for i in range(1 + two):
                 cpu_amx.panel(laid.ctypes.data, 4 * (p + i), groups, tail, kind, n_out, wb[i])
-            cpu_amx.pair(cpu_amx.config(), xb.ctypes.data, xb.strides[0], padded // 16, wb.ctypes.data, wb.strides[0],
+            cpu_amx.pair(cpu_amx.config(), xb.ctypes.data, padded // 16, wb.ctypes.data, wb.strides[0],
                          32 * blocks, out.ctypes.data + 4 * (4 + 16 * p), out.strides[0], two)
         want = _bf16(x[:rows]) @ _bf16(_dequantized(w).astype(np.float32)).T
         assert np.abs(out[:rows, 4:4 + n_out] - want).max() <= 1e-6 * np.abs(want).max() * np.sqrt(n_in / 32)

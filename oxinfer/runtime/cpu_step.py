@@ -256,13 +256,13 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
     k = 32 * blocks
     padded = -(-rows // 32) * 32
     for t in range(tid, padded, n):
-        cpu_amx.row_bf16(A[t], a, m[6], k, xb[t], t < rows)
+        cpu_amx.row_bf16(A[t], a, m[6], k, xb, t, t < rows)
     gen = cpu_sync.barrier(sync, n, tid, gen)
     panels = m[5] // cpu_amx.TILE
     pairs, slabs = (panels + 1) // 2, padded // 32  # (a slab: 32 rows, two tiles)
     shares = min(slabs, -(-2 * n // pairs))
     tasks = pairs * shares
-    x0, xs, ys = xb.ctypes.data, xb.strides[0], A.strides[0]
+    x0, ys = xb.ctypes.data, A.strides[0]
     for task in range(tasks * tid // n, tasks * (tid + 1) // n):
         q, share = task // shares, task % shares
         p, s0, s1 = 2 * q, slabs * share // shares, slabs * (share + 1) // shares
@@ -270,7 +270,7 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
         cpu_amx.panel(m[0], 4 * p, m[2], m[3], m[4], m[5], wb[0])
         if two:
             cpu_amx.panel(m[0], 4 * (p + 1), m[2], m[3], m[4], m[5], wb[1])
-        cpu_amx.pair(cfg, x0 + 32 * s0 * xs, xs, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
+        cpu_amx.pair(cfg, x0 + 64 * s0 * k, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
                      A.ctypes.data + 32 * s0 * ys + 4 * (o + cpu_amx.TILE * p), ys, two)
     return gen
 
@@ -381,7 +381,7 @@ class NumbaStep:
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
         self._xb = self._wb = self._kv = None  # AMX's scratch (`_tile_scratch`, `_laid_kv`), made at a first prompt
         self._cfg = cpu_amx.config()
-        self._no_tiles = (np.zeros((1, 1), np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
+        self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
                started: Callable[[], None] | None = None, prompt: bool = False) -> np.ndarray:
@@ -446,13 +446,14 @@ class NumbaStep:
         return self._scratch
 
     def _tile_scratch(self, T: int) -> tuple:
-        """AMX's scratch for T rows (none for 0): x's bfloat16 rows (T to a multiple of 32, grown as
-        `_rows`), each thread's two panels of W as bfloat16, the tiles' configuration."""
+        """AMX's scratch for T rows (none for 0): x's bfloat16 rows in the tiles' layout (T to a
+        multiple of 32, grown as `_rows`), each thread's two panels of W as bfloat16, the tiles'
+        configuration."""
         if T == 0:
             return self._no_tiles
         rows = max(32, 1 << (T - 1).bit_length())
-        if self._xb is None or len(self._xb) < rows:
-            self._xb = np.zeros((rows, self.x_cols), np.uint16)
+        if self._xb is None or len(self._xb) < rows * self.x_cols:
+            self._xb = np.zeros(rows * self.x_cols, np.uint16)
         if self._wb is None:
             self._wb = np.zeros((self.threads, 2, self.x_cols // 32 * 256), np.uint32)
         return self._xb, self._wb, self._cfg
