@@ -118,14 +118,14 @@ def config() -> np.ndarray:
     return cfg
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _bf16(v):
     """float32 -> bfloat16's bits, rounded to nearest even (no NaNs here)."""
     b = _bits(np.float32(v))
     return (b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def panel(address, quad0, groups, tail, kind, n_out, out):
     """W's rows 4 quad0 to 4 quad0 + 16 (a row past n_out as zeros) as bfloat16 in the layout a
     tile product reads W in: out[(b * 16 + j) * 16 + r] (uint32) holds row r's values 2j and 2j + 1
@@ -202,7 +202,7 @@ def _pairs(typingctx, even, odd, d, m, dst):
     return types.void(types.intp, types.intp, types.float32, types.float32, types.intp), codegen
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def row_bf16(x, col0, k, cols, out, t, keep):
     """x[col0:col0 + k] as bfloat16, the columns past k (to cols) zeros, all zeros where not keep (a
     row past the step's: tiles take 32 rows), as row t of x in the tiles' layout in out (flat uint16):
@@ -220,14 +220,14 @@ def row_bf16(x, col0, k, cols, out, t, keep):
                 out[at + j] = _bf16(x[col0 + 32 * s + j]) if keep and 32 * s + j < k else 0
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _fetch_tile(address):
     """Prefetch a tile's 1 KiB at address into L1 (16 lines)."""
     for i in range(16):
         _fetch(address + 64 * i)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def pair(cfg, x, tiles, w, w_stride, k, out, out_stride, two):
     """out (an address; rows out_stride bytes apart) = x's rows (an address: `tiles` tiles of 16 rows
     of k values in `row_bf16`'s layout; tiles even) times the panel at w (`panel`'s, k / 32 blocks)
@@ -270,7 +270,7 @@ def pair(cfg, x, tiles, w, w_stride, k, out, out_stride, two):
     _release()
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def keys_panels(keys, n, hd, out, s0, s1):
     """Keys 32 s0 to 32 s1 (rows of hd float32; those from n on as zeros) as bfloat16 in the layout
     a tile product reads them as its second operand (q . k over hd): out[((b * steps + s) * 16 + j)
@@ -284,7 +284,7 @@ def keys_panels(keys, n, hd, out, s0, s1):
             out[((b * steps + s) * 16 + j) * 16 + r] = v
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def values_panels(values, n, hd, out, s0, s1):
     """The values of keys 32 s0 to 32 s1 (rows of hd float32; from n on as zeros) as bfloat16 in the
     layout a tile product reads them as its second operand (weights . values over keys):
@@ -310,7 +310,7 @@ def attend_scratch(keys, hd):
             np.empty((16, hd), np.float32))
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out, scratch):
     """Attention of `rows` (<= 16) consecutive rows of one sequence for one head: q (16, hd)
     float32 (roped and scaled), row r at position first + r reading keys up to its own (and within

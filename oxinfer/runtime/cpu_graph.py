@@ -195,7 +195,7 @@ class CpuGraph:
     def _runs(self, seqs, caches, starts, started=None) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
-        tiles = self._prompts_on_tiles()
+        tiles = self.prompts_on_tiles()
         stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
         rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
@@ -210,7 +210,7 @@ class CpuGraph:
                                                          [starts[i] for i in rows], fresh)
         return out
 
-    def _prompts_on_tiles(self) -> bool:
+    def prompts_on_tiles(self) -> bool:
         """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
         wait for it) where the CPU has them."""
         built = self._step is not None and not (isinstance(self._step, Future) and not self._step.done())

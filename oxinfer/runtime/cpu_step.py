@@ -58,7 +58,7 @@ def _f32_at(typingctx, address):
     return sig, codegen
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _rope(src, dst, c, s, scale, rope_dim, hd):
     """One head's hd values from src into dst: adjacent pairs of the first rope_dim rotated (GGUF
     stores q/k rows permuted for this), the rest as they are, all times scale."""
@@ -70,7 +70,7 @@ def _rope(src, dst, c, s, scale, rope_dim, hd):
         dst[i] = src[i] * scale
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def _copy(src, dst, n):
     """dst[:n] = src[:n] as a loop (an array assignment brings numba's shape check, whose error
     message took ~5 s of the step's first compile)."""
@@ -78,7 +78,7 @@ def _copy(src, dst, n):
         dst[i] = src[i]
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped,
             amx):
     """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
@@ -111,7 +111,7 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
     return gen
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs, row0, amx):
     """`_attend`'s heads for a prompt's rows (one lane, consecutive positions) on AMX tiles
     (runtime/cpu_amx.py, bfloat16): each kv head's keys and values of the lane laid for the tiles, a
@@ -142,7 +142,7 @@ def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V
     return gen
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
     """Row t's heads h0 to h0 + m (of one kv head): softmax(q . keys (soft-capped)) times values,
     into A. Each head's arithmetic is the same whatever m (a row's logits the same in any step)."""
@@ -185,7 +185,7 @@ def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
             out[i] = acc[h, i] * inv
 
 
-@njit(parallel=True, fastmath=True, cache=True, nogil=True)
+@njit(parallel=True, fastmath=True, error_model="numpy", cache=True, nogil=True)
 def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
          sync, n, amx):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
@@ -199,7 +199,7 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
            xq, xd, xs, qs, grouped, amx):
     """Thread tid's share of every line, a barrier after each (the next line may read what any
@@ -246,7 +246,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             gen = cpu_sync.barrier(sync, n, tid, gen)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
     """A product on AMX tiles (runtime/cpu_amx.py): x's rows (to a multiple of 32, zeros after
     `rows`) as bfloat16, a row a thread; at a barrier, tasks of a pair of W's panels of 16 rows,
@@ -283,7 +283,7 @@ def _by_rows(op, k):
     return op == RMS or op == HEAD_NORM or (op != LINEAR and op != ATTEND and op != LAST and k <= _PIECE)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _row(op, x, x2, y, w, hd, f):
     """y = op(x[, x2, w, f]) for one row: a line that is not a product, attention or LAST."""
     n = x.shape[0]
@@ -316,7 +316,7 @@ def _row(op, x, x2, y, w, hd, f):
             y[j] = f * np.tanh(x[j] / f)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _rms(x, out, w, n, eps):
     ss = np.float32(0.0)
     for i in range(n):

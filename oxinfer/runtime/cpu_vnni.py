@@ -217,7 +217,7 @@ def _rows_of(xs: int):
 _ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
     (4 rows each; r < n_out): W the matrix laid at `address` (lay: groups, tail, kind), x_t in int8
@@ -254,7 +254,7 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
                 out[t, col0 + r + i] = y1[i]
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def quantize(x, rows, col0, k, blocks, xq, xd, xs):
     """Columns [col0, col0 + k) of x's first `rows` rows into int8 blocks of 32 (absmax / 127
     scales, x times 127 / absmax rounded half to even, as ggml's AVX2 quantize_row_q8_1): a row's
@@ -264,7 +264,7 @@ def quantize(x, rows, col0, k, blocks, xq, xd, xs):
         quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def quantize_row(x, col0, k, blocks, xq, xd, xs):
     half = blocks * 16
     for b in range(blocks):
@@ -301,7 +301,7 @@ def _as_f32(typingctx, bits):
     return sig, codegen
 
 
-@njit(fastmath=True, cache=True, inline="always")
+@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def exp_neg(x):
     """e^x for x <= 0 (softmax's, SiLU's e^-|x|) to ~2.3e-7 relative, as LLVM can vectorize it (a
     call of libm's expf a value cost more than the softmax's dot products): x = n ln 2 + r, e^r a
@@ -334,7 +334,7 @@ def _max16(typingctx, address, n):
     return types.float32(types.intp, types.intp), codegen
 
 
-@njit(fastmath=True, cache=True)
+@njit(fastmath=True, error_model="numpy", cache=True)
 def largest(a, lo, end):
     """max(a[lo:end]) (-inf where empty): 16 lanes at a time, then the rest. ~3.8x the loop's speed
     (a softmax's top over 256 keys on the 2-core VM); the same value, whatever the order."""
