@@ -224,7 +224,7 @@ def row_bf16(x, col0, k, cols, out, t, keep):
 def _fetch_tile(address):
     """Prefetch a tile's 1 KiB at address into L1 (16 lines)."""
     for i in range(16):
-        _fetch(address + 64 * i)
+        cpu_vnni.fetch(address + 64 * i)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -424,17 +424,6 @@ def _bf16_32(typingctx, src, dst):
         builder.store(builder.trunc(rounded, vh), builder.inttoptr(args[1], vh.as_pointer()), align=2)
         return context.get_dummy_value()
     return types.void(types.intp, types.intp), codegen
-
-
-@intrinsic
-def _fetch(typingctx, address):
-    """Prefetch the line at address into L1 (LLVM's prefetch: a read, locality 3, data)."""
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        _call(builder, "llvm.prefetch", [_PTR, i32, i32, i32],
-              [builder.inttoptr(args[0], _PTR), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(types.intp), codegen
 
 
 @intrinsic
