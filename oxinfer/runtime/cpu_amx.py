@@ -331,27 +331,27 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out, scratch):
             _dp00()
         _store0(s.ctypes.data + 64 * b, s.strides[0])
     totals = np.empty(16, np.float32)
-    for r in range(16):
+    for r in range(16):  # (loops over views from 0: an index from lo kept numba's wraparound check, and LLVM from vectors)
         end = first + r + 1 if r < rows else 0
         lo = max(0, end - window) if window > 0 else 0
-        wr = weights[r]
-        for j in range(lo):
-            wr[j] = 0
-        for j in range(max(lo, end), keys):
-            wr[j] = 0
-        sr = s[r]
+        sr, live = s[r], s[r, lo:end]
         if cap > 0:
-            for j in range(lo, end):
-                sr[j] = cap * np.tanh(sr[j] / cap)
-        top = cpu_vnni.largest(sr, lo, end)
+            for j in range(live.shape[0]):
+                live[j] = cap * np.tanh(live[j] / cap)
+        top = cpu_vnni.largest(live, 0, live.shape[0])
         total = np.float32(0.0)
-        for j in range(lo, end):
-            e = cpu_vnni.exp_neg(sr[j] - top)
+        for j in range(live.shape[0]):
+            e = cpu_vnni.exp_neg(live[j] - top)
             total += e
-            sr[j] = e
+            live[j] = e
         totals[r] = total
-        for j in range(lo, end):
-            wr[j] = _bf16(sr[j])
+        a, b = lo // 32 * 32, -(-end // 32) * 32  # the weights as bfloat16 32 at a time, zeros outside [lo, end)
+        sr[a:lo] = 0
+        sr[end:b] = 0
+        weights[r, :a] = 0
+        weights[r, b:keys] = 0
+        for c in range(a, b, 32):
+            _bf16_32(sr.ctypes.data + 4 * c, weights.ctypes.data + weights.strides[0] * r + 2 * c)
     cols = hd // 16
     for c0 in range(0, cols, 4):
         _zero0()
