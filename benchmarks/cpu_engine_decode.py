@@ -30,11 +30,11 @@ def timed(obj, name: str, into: list, gaps: list | None = None) -> None:
     """obj.name's calls timed into `into` (and, gaps, the time from one call's end to the next's start)."""
     real, end = getattr(obj, name), [None]
 
-    def call(*args):
+    def call(*args, **kwargs):
         t = time.perf_counter()
         if gaps is not None and end[0] is not None:
             gaps.append(t - end[0])
-        out = real(*args)
+        out = real(*args, **kwargs)
         end[0] = time.perf_counter()
         into.append(end[0] - t)
         return out

@@ -7,7 +7,7 @@
 # Building in 16 cores took 50 s. The bench's --compare llama.cpp runs on that machine too:
 # benchmarks/h200_bench.sh builds llama-cpp-python from the same tree, linked with
 # -Wl,--exclude-libs,ALL (without it Llama() crashed in std::regex; that script's header says why).
-# The build's logs stay in /tmp (their tails print where a step fails): the device returns 8 files a call.
+# BATCHED=0: llama-bench alone. The build's logs stay in /tmp (their tails print where a step fails): the device returns 8 files a call.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 mkdir -p /tmp/m && python3 - <<'PY'
@@ -27,5 +27,5 @@ timeout 300 cmake --build build-cpu -j 16 --target llama-bench llama-batched-ben
 echo "built in $(( $(date +%s)-t0 ))s"; B=build-cpu/bin
 for k in 135m 1b; do
   timeout 90 $B/llama-bench -m /tmp/m/$k.gguf -p 512 -n 64 -t 16 -r 2 2>&1 | grep -E "^\||error|fault" | tee -a $OUT/llama_bench_cpu.log
-  timeout 120 $B/llama-batched-bench -m /tmp/m/$k.gguf -c 4096 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 -t 16 2>&1 | grep -E "^\||error|fault" | tee -a $OUT/batched_cpu_$k.log
+  [ "${BATCHED:-1}" = 1 ] && timeout 120 $B/llama-batched-bench -m /tmp/m/$k.gguf -c 4096 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,8,32 -t 16 2>&1 | grep -E "^\||error|fault" | tee -a $OUT/batched_cpu_$k.log
 done
