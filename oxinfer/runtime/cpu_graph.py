@@ -56,9 +56,9 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
-# decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are: not
-# the default while its copy of the weights costs 200-300 MiB more RSS and, on 16 cores, one stream
-# through the engine loses ~1 ms a token to the host: docs/cpu_graph.md, sessions 35-36)
+# decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster
+# on 2 and 16 cores since session 39, but not the default while this graph is still built beside it:
+# ~0.5 s more load on the 2-core VM, and onnxruntime's ~175 MiB of RSS: docs/cpu_graph.md, session 39)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
 
 
