@@ -92,8 +92,9 @@ class CpuGraph:
         self.model, cfg = model, model.cfg
         self._released = released
         self.minimums_in_kernel = block_minimums.available()
-        # the numba step's weights (id(fused base or matrix) -> cpu_vnni.lay's), laid while the
-        # graph converts them: a file's pages are read once, then dropped
+        # the numba step's weights of 8-bit types (id(fused base or matrix) -> cpu_vnni.lay's), laid from
+        # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
+        # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         try:
             self._build()
@@ -114,7 +115,7 @@ class CpuGraph:
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
-        self._step = None if refused else _numba_step(model, self._laid)  # a Future of the decode step
+        self._step = None if refused else _numba_step(model, self._laid, released)  # a Future of the decode step
         self._laid = None
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
@@ -363,13 +364,16 @@ def step_threads(threads: int, cores: int) -> int:
     return threads - 1 if threads >= max(8, cores) else threads
 
 
-def _numba_step(model, laid: dict[int, tuple]) -> Future:
-    """runtime/cpu_step.py's decode step over the matrices laid, compiled in a thread (loaded from
-    numba's cache beside the module: ~0.3 s; ~10 s the first time): its Future."""
+def _numba_step(model, laid: dict[int, tuple], released: Callable | None = None) -> Future:
+    """runtime/cpu_step.py's decode step over the matrices laid (the rest laid here, the file's pages
+    they read dropped after: released(None)), compiled in a thread (loaded from numba's cache beside
+    the module: ~0.3 s; ~10 s the first time): its Future."""
     def build():
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()
         step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid)
+        if released is not None:
+            released(None)
         step.warm()
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
                  build_s=round(time.perf_counter() - t0, 3), prompts="amx tiles" if step.amx else "graph")
@@ -392,8 +396,8 @@ def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = No
 
     def convert(b):
         blocks = kernel_weights(b, zero_point(b, minimums_in_kernel))
-        if laid is not None and id(b) not in laid:  # (an 8-bit type's int8 blocks are the graph's)
-            laid[id(b)] = lay(b, None if b.codec.int4 else blocks[:2])
+        if laid is not None and id(b) not in laid and not b.codec.int4:  # (from the graph's int8 blocks)
+            laid[id(b)] = lay(b, blocks[:2])
         for part in b.parts if released is not None else ():  # (a fused matrix's `data` is a copy, read anew)
             released(part)
         return blocks
