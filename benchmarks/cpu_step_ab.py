@@ -28,7 +28,8 @@ async def main() -> None:
                     help="then the numba step called from this thread, another one, two others in turns")
     a = ap.parse_args()
     from oxinfer.runtime import cpu_graph
-    cpu_graph.DECODE = "numba"  # (the graph decodes in turns with it below)
+    cpu_graph.DECODE = "numba"
+    cpu_graph.DROP_GRAPH = False  # (the graph decodes in turns with it below)
     if a.synthetic:
         import tempfile
         from pathlib import Path

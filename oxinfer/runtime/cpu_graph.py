@@ -60,6 +60,9 @@ KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the 
 # on 2 and 16 cores since session 39, but not the default while this graph is still built beside it:
 # ~0.5 s more load on the 2-core VM, and onnxruntime's ~175 MiB of RSS: docs/cpu_graph.md, session 39)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
+# where the numba step takes every row (prompts on AMX tiles), onnxruntime's session goes at the first run
+# after its build (False keeps it: benchmarks that run prompts through both, in turns)
+DROP_GRAPH = True
 
 
 @dataclass(eq=False)
@@ -197,6 +200,8 @@ class CpuGraph:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
         tiles = self.prompts_on_tiles()
+        if tiles and self.session is not None and DROP_GRAPH:
+            self._drop_session()
         stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
         rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
@@ -211,6 +216,15 @@ class CpuGraph:
                                                          [starts[i] for i in rows], fresh)
         return out
 
+    def _drop_session(self) -> None:
+        """onnxruntime's session and its bindings let go: from now on the numba step runs every row
+        (prompts on AMX tiles, decode rows of any pool). Its packed weights and arena were the
+        default model's ~175 MiB of RSS held for nothing."""
+        self.session, self._bound = None, OrderedDict()
+        blockwise.trim_heap()
+        log.info("cpu_graph_dropped", reason="the numba step runs every row: prompts on AMX tiles",
+                 action="onnxruntime's session let go")
+
     def prompts_on_tiles(self) -> bool:
         """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
         wait for it) where the CPU has them."""
@@ -218,13 +232,13 @@ class CpuGraph:
         return built and self.step is not None and self.step.amx
 
     def _stepped(self, seqs, caches, starts, out, started=None, prompts=False) -> list[int]:
-        """Decode rows of shared pools through the numba step, a call a pool, and where `prompts`,
-        each prompt of a shared pool in a call of its own (its logits the same whatever else runs),
-        their logits into out: the indices of the other sequences."""
+        """Decode rows through the numba step, a call a pool (a private one's too), and where
+        `prompts`, each prompt in a call of its own (its logits the same whatever else runs), their
+        logits into out: the indices of the other sequences."""
         pools: dict[int, list[int]] = {}
         rest = []
         for i, (s, c) in enumerate(zip(seqs, caches)):
-            if c.pool.growable or len(s) > 1 and not prompts:
+            if len(s) > 1 and not prompts:
                 rest.append(i)
             elif len(s) > 1:
                 x, pos = self._looked_up(s), np.arange(starts[i], starts[i] + len(s))

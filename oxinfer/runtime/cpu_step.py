@@ -475,12 +475,14 @@ class NumbaStep:
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
         """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv
-        heads, head_dim, rope_dim, slots, tokens). A shared pool's arrays never move."""
+        heads, head_dim, rope_dim, slots, tokens). A shared pool's arrays never move (kept); a
+        private pool's are replaced as it grows (read each call: a step's blocks are reserved before it)."""
         got = self._pools.get(id(pool))
         if got is None or got[0] is not pool:
-            if pool.dtype != np.float32 or pool.growable:
-                raise TypeError(f"a KV pool of {pool.dtype} keys{' that grows' if pool.growable else ''}: "
-                                "the numba step reads and writes float32 keys of a shared pool")
+            if pool.dtype != np.float32:
+                raise TypeError(f"a KV pool of {pool.dtype} keys: the numba step reads and writes float32 keys")
             addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in zip(pool.keys, pool.values)], np.int64)
-            got = self._pools[id(pool)] = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens], np.int64))
+            got = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens], np.int64))
+            if not pool.growable:
+                self._pools[id(pool)] = got
         return got[1], got[2]
