@@ -198,19 +198,19 @@ async def test_a_long_prompt_of_the_default_model_on_tiles_stays_within_bfloat16
     assert got.argmax() == want.argmax()
 
 
-async def test_once_prompts_run_on_tiles_the_step_runs_every_row_and_the_graph_goes():
-    """The first run after the step's build lets onnxruntime's session go (cpu_graph.DROP_GRAPH); a
-    cache with a pool of its own (growing as tokens come) then runs through the step too, its
-    prompt's and decode rows' logits those of the same tokens in a lane of the shared pool."""
+async def test_where_the_step_takes_every_row_no_graph_is_built():
+    """Where prompts run on tiles no onnxruntime graph is built (cpu_graph.DROP_GRAPH): a first run
+    waits for the step's build; a cache with a pool of its own (growing as tokens come) runs
+    through the step too, its prompt's and decode rows' logits those of the same tokens in a lane
+    of the shared pool."""
     from oxinfer.models.kv_cache import KVCache
     engine = await oxinfer.Engine.load(None)
     graph, cpu, c = engine.scheduler.cpu.graph, engine.steps.cpu, engine.model.cfg
-    assert graph.step is not None and graph.session is not None
+    assert graph.session is None and graph.prompts_on_tiles() and cpu.prompt_rows == 512
     rng = np.random.default_rng(11)
     prompt, token = rng.integers(300, 40000, 40), np.array([1234])
     shared = cpu.new_cache(64)
     want = [graph.run([prompt], [shared])[0], graph.run([token], [shared])[0]]
-    assert graph.session is None
     private = KVCache.private(c.n_layers, c.n_kv_heads, c.head_dim, 8, c.context_length)
     assert private.pool.growable
     got = [graph.run([prompt], [private])[0], graph.run([token], [private])[0]]  # (its pool grows from 8 tokens)

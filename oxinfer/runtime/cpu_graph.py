@@ -60,8 +60,8 @@ KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the 
 # on 2 and 16 cores since session 39, but not the default while this graph is still built beside it:
 # ~0.5 s more load on the 2-core VM, and onnxruntime's ~175 MiB of RSS: docs/cpu_graph.md, session 39)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
-# where the numba step takes every row (prompts on AMX tiles), onnxruntime's session goes at the first run
-# after its build (False keeps it: benchmarks that run prompts through both, in turns)
+# where the numba step takes every row (prompts on AMX tiles), no onnxruntime graph is built (False: it is,
+# and kept: benchmarks that run prompts through both, in turns)
 DROP_GRAPH = True
 
 
@@ -99,13 +99,11 @@ class CpuGraph:
         # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
-        try:
-            self._build()
-        except block_minimums.Refused as e:
-            log.info("q4_1_minimums_beside", reason=str(e), action="each Q4_1 product gets a product of its minimums beside")
-            self.minimums_in_kernel, self.session = False, None
-            self._build()
-        blockwise.trim_heap()
+        self.session = None
+        if refused is None and DROP_GRAPH and _amx():  # the step will take every row: no graph at all
+            self.embed, self.weight_bytes = model.embed, 0
+        else:
+            self._build_graph()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
         self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
         self._embed_rows = row_reader(self.embed.data) if row_reader is not None else None
@@ -114,7 +112,7 @@ class CpuGraph:
         # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
         self._shrink = ort.RunOptions()
         self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-        self.prompts = None if openvino_refused else cpu_prompts.OpenVinoPrompts(
+        self.prompts = None if openvino_refused or self.session is None else cpu_prompts.OpenVinoPrompts(
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
@@ -122,7 +120,18 @@ class CpuGraph:
         self._laid = None
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
-                 kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3))
+                 kv_dtype=self.kv_dtype.name, build_s=round(self.build_s, 3),
+                 onnxruntime="built" if self.session is not None else "none: the numba step takes every row")
+
+    def _build_graph(self) -> None:
+        """`_build`, again with Q4_1's minimums beside where the kernel refuses them."""
+        try:
+            self._build()
+        except block_minimums.Refused as e:
+            log.info("q4_1_minimums_beside", reason=str(e), action="each Q4_1 product gets a product of its minimums beside")
+            self.minimums_in_kernel, self.session = False, None
+            self._build()
+        blockwise.trim_heap()
 
     def _build(self) -> None:
         """The graph traced, written and loaded; Q4_1's minimums written into its packed weights
@@ -194,14 +203,14 @@ class CpuGraph:
             except Exception as e:  # noqa: BLE001 - numba could not build it here: the graph decodes
                 log.warning("numba_step_failed", reason=repr(e), action="decode rows run in onnxruntime's graph")
                 self._step = None
+                if self.session is None:  # (none was built: the step was to take every row)
+                    self._build_graph()
         return self._step
 
     def _runs(self, seqs, caches, starts, started=None) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
         tiles = self.prompts_on_tiles()
-        if tiles and self.session is not None and DROP_GRAPH:
-            self._drop_session()
         stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
         rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
@@ -216,18 +225,12 @@ class CpuGraph:
                                                          [starts[i] for i in rows], fresh)
         return out
 
-    def _drop_session(self) -> None:
-        """onnxruntime's session and its bindings let go: from now on the numba step runs every row
-        (prompts on AMX tiles, decode rows of any pool). Its packed weights and arena were the
-        default model's ~175 MiB of RSS held for nothing."""
-        self.session, self._bound = None, OrderedDict()
-        blockwise.trim_heap()
-        log.info("cpu_graph_dropped", reason="the numba step runs every row: prompts on AMX tiles",
-                 action="onnxruntime's session let go")
-
     def prompts_on_tiles(self) -> bool:
         """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
-        wait for it) where the CPU has them."""
+        wait for it while the graph can take it) where the CPU has them; with no graph, always (the
+        first run waits for the step)."""
+        if self.session is None and isinstance(self._step, Future):
+            return True
         built = self._step is not None and not (isinstance(self._step, Future) and not self._step.done())
         return built and self.step is not None and self.step.amx
 
@@ -352,6 +355,12 @@ def numba_asked() -> bool:
     return DECODE == "numba"
 
 
+def _amx() -> bool:
+    """Whether the numba step runs prompts on AMX tiles here (runtime/cpu_amx.py)."""
+    from oxinfer.runtime import cpu_amx
+    return cpu_amx.available()
+
+
 def _step_refused(kv_dtype) -> str | None:
     """Why runtime/cpu_step.py's decode step does not run here (logged where it was asked for: the
     graph decodes), or None."""
@@ -385,7 +394,7 @@ def _numba_step(model, laid: dict[int, tuple], released: Callable | None = None)
     def build():
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()
-        step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid)
+        step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid, released)
         if released is not None:
             released(None)
         step.warm()

@@ -327,6 +327,14 @@ def _rms(x, out, w, n, eps):
         out[i] = x[i] * r * w[i]
 
 
+def _laid(m, released: Callable[[np.ndarray], None] | None) -> tuple:
+    """cpu_vnni.lay's of m, its file's pages then dropped (released(part) for each of its parts)."""
+    laid = cpu_vnni.lay(m)
+    for part in m.parts if released is not None else ():
+        released(part)
+    return laid
+
+
 def _arena(arrays: list[np.ndarray]) -> tuple[mmap.mmap, list[np.ndarray]]:
     """The arrays copied back to back (64-byte aligned) into one anonymous map in 2 MiB pages where
     the kernel gives them (MADV_HUGEPAGE: a step streams every byte, and a 4 KiB page is a TLB
@@ -351,8 +359,10 @@ class NumbaStep:
     theirs, in one map: GGUF's Q4_0, Q4_1 and Q8_0 bytes as stored, else float32 scales). Blocking;
     one run at a time (its scratch is its own)."""
 
-    def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None):
-        """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here)."""
+    def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None,
+                 released: Callable[[np.ndarray], None] | None = None):
+        """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here, and
+        released(part) told each one's bytes once laid: a mapped file drops their pages)."""
         c = model.cfg
         ops = StepOps(c)
         logits = model.trace(ops)
@@ -363,7 +373,7 @@ class NumbaStep:
         laid = laid or {}
         with ThreadPoolExecutor(min(len(ops.matrices), threads, 8), thread_name_prefix="oxinfer-lay") as ex:
             # (in threads: numpy lets go of the GIL)
-            parts = list(ex.map(lambda m: laid.pop(id(m), None) or cpu_vnni.lay(m), ops.matrices))
+            parts = list(ex.map(lambda m: laid.pop(id(m), None) or _laid(m, released), ops.matrices))
         kinds, arrays = [p[1:] for p in parts], [p[0] for p in parts]
         del parts
         self._arena, arrays = _arena(arrays)
