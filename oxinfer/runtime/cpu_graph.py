@@ -57,8 +57,8 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
 # decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster
-# on 2 and 16 cores since session 39, but not the default while this graph is still built beside it:
-# ~0.5 s more load on the 2-core VM, and onnxruntime's ~175 MiB of RSS: docs/cpu_graph.md, session 39)
+# on 2 and 16 cores, and with AMX lighter and quicker to load, since session 39: docs/cpu_graph.md; not
+# yet the default only for want of the switch's own checks: the suite and CI with it, CPUs without AMX)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
 # where the numba step takes every row (prompts on AMX tiles), no onnxruntime graph is built (False: it is,
 # and kept: benchmarks that run prompts through both, in turns)
