@@ -18,42 +18,79 @@ import time
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from oxinfer.runtime import cpu_amx as c
+from oxinfer.runtime import cpu_vnni
 
 TILE = 16
 
 
+@njit(fastmath=True, inline="always")
+def _zero():
+    c._zero0()
+    c._zero1()
+    c._zero2()
+    c._zero3()
+
+
+@njit(fastmath=True, inline="always")
+def _step(x0, x1, xs, w0, w1):
+    """One step of 32 values: x's two tiles (rows xs bytes apart), W's two, four products."""
+    c._load_x0(x0, xs)
+    c._load_x1(x1, xs)
+    c._load_w0(w0, 64)
+    c._dp00()
+    c._dp10()
+    c._load_w1(w1, 64)
+    c._dp01()
+    c._dp11()
+
+
+@njit(fastmath=True, inline="always")
+def _store(at, os, right):
+    """The four sums' tiles: 0 at `at`, 2 TILE rows (os bytes each) on, 1 and 3 `right` bytes on from those."""
+    c._store0(at, os)
+    c._store2(at + TILE * os, os)
+    c._store1(at + right, os)
+    c._store3(at + TILE * os + right, os)
+
+
+@njit(fastmath=True, inline="always")
+def _ahead(xm, wp, k, steps, f, more, both):
+    """Prefetch step f's tiles (x's; W's too where both), or past the last step the next slab's."""
+    for i in range(16):
+        if f < steps:
+            cpu_vnni.fetch(xm + 1024 * f + 64 * i)
+            cpu_vnni.fetch(xm + (steps + f) * 1024 + 64 * i)
+            if both:
+                cpu_vnni.fetch(wp + 1024 * f + 64 * i)
+                cpu_vnni.fetch(wp + k * 64 + 1024 * f + 64 * i)
+        elif more:
+            cpu_vnni.fetch(xm + (steps + f) * 1024 + 64 * i)
+            cpu_vnni.fetch(xm + (2 * steps + f) * 1024 + 64 * i)
+
+
 @njit(fastmath=True)
-def _rows(cfg, x, xs, slabs, w, pairs, k, out, os):
-    """x as rows, xs bytes apart (the tiles' loads 16 rows apart): session 38's `pair`."""
+def _pairs(cfg, x, xs, slabs, w, pairs, k, out, os, blocked, ahead, both):
+    """A thread's pairs of panels over every slab of 32 rows, all of K at once: x as rows xs bytes
+    apart (session 38's `pair`) or blocked (a tile's 1 KiB in a row), x's tiles `ahead` steps on
+    prefetched (0: none; W's too where both)."""
     steps = k // 32
     c._configure(cfg.ctypes.data)
     for p in range(pairs):
         wp = w + p * 2 * k * 64
         for m in range(slabs):
-            xm = x + 32 * m * xs
-            at = out + p * 128 + 32 * m * os
-            c._zero0()
-            c._zero1()
-            c._zero2()
-            c._zero3()
+            xm = x + (2 * m * steps * 1024 if blocked else 32 * m * xs)
+            _zero()
             for s in range(steps):
-                c._load_x0(xm + 64 * s, xs)
-                c._load_x1(xm + TILE * xs + 64 * s, xs)
-                c._load_w0(wp + 1024 * s, 64)
-                c._dp00()
-                c._dp10()
-                c._load_w1(wp + k * 64 + 1024 * s, 64)
-                c._dp01()
-                c._dp11()
-            c._store0(at, os)
-            c._store2(at + TILE * os, os)
-            c._store1(at + 64, os)
-            c._store3(at + TILE * os + 64, os)
+                if ahead:
+                    _ahead(xm, wp, k, steps, s + ahead, m + 1 < slabs, both)
+                if blocked:
+                    _step(xm + 1024 * s, xm + (steps + s) * 1024, 64, wp + 1024 * s, wp + k * 64 + 1024 * s)
+                else:
+                    _step(xm + 64 * s, xm + TILE * xs + 64 * s, xs, wp + 1024 * s, wp + k * 64 + 1024 * s)
+            _store(out + p * 128 + 32 * m * os, os, 64)
     c._release()
 
 
@@ -65,128 +102,27 @@ def _runtime(cfg, x, slabs, w, pairs, k, out, os):
 
 
 @njit(fastmath=True)
-def _blocked(cfg, x, slabs, w, pairs, k, out, os):
-    steps = k // 32
-    c._configure(cfg.ctypes.data)
-    for p in range(pairs):
-        wp = w + p * 2 * k * 64
-        for m in range(slabs):
-            xm = x + 2 * m * steps * 1024
-            at = out + p * 128 + 32 * m * os
-            c._zero0()
-            c._zero1()
-            c._zero2()
-            c._zero3()
-            for s in range(steps):
-                c._load_x0(xm + 1024 * s, 64)
-                c._load_x1(xm + (steps + s) * 1024, 64)
-                c._load_w0(wp + 1024 * s, 64)
-                c._dp00()
-                c._dp10()
-                c._load_w1(wp + k * 64 + 1024 * s, 64)
-                c._dp01()
-                c._dp11()
-            c._store0(at, os)
-            c._store2(at + TILE * os, os)
-            c._store1(at + 64, os)
-            c._store3(at + TILE * os + 64, os)
-    c._release()
-
-
-@intrinsic
-def _fetch(typingctx, address):
-    """Prefetch the line at address into L1 (LLVM's prefetch: read, locality 3, data)."""
-    def codegen(context, builder, signature, args):
-        i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
-            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
-        builder.call(fn, [builder.inttoptr(args[0], ir.IntType(8).as_pointer()), ir.Constant(i32, 0),
-                          ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-    return types.void(types.intp), codegen
-
-
-@njit(fastmath=True, inline="always")
-def _fetch_kb(at, kb):
-    for i in range(16 * kb):
-        _fetch(at + 64 * i)
-
-
-@njit(fastmath=True)
-def _fetched(cfg, x, slabs, w, pairs, k, out, os, ahead, both):
-    """`_blocked` with the tiles of step s + ahead prefetched (x's; W's too where both)."""
-    steps = k // 32
-    c._configure(cfg.ctypes.data)
-    for p in range(pairs):
-        wp = w + p * 2 * k * 64
-        for m in range(slabs):
-            xm = x + 2 * m * steps * 1024
-            at = out + p * 128 + 32 * m * os
-            c._zero0()
-            c._zero1()
-            c._zero2()
-            c._zero3()
-            for s in range(steps):
-                f = s + ahead
-                if f < steps:
-                    _fetch_kb(xm + 1024 * f, 1)
-                    _fetch_kb(xm + (steps + f) * 1024, 1)
-                    if both:
-                        _fetch_kb(wp + 1024 * f, 1)
-                        _fetch_kb(wp + k * 64 + 1024 * f, 1)
-                elif m + 1 < slabs:  # the next slab's first steps
-                    _fetch_kb(xm + 2 * steps * 1024 + 1024 * (f - steps), 1)
-                    _fetch_kb(xm + 3 * steps * 1024 + 1024 * (f - steps), 1)
-                c._load_x0(xm + 1024 * s, 64)
-                c._load_x1(xm + (steps + s) * 1024, 64)
-                c._load_w0(wp + 1024 * s, 64)
-                c._dp00()
-                c._dp10()
-                c._load_w1(wp + k * 64 + 1024 * s, 64)
-                c._dp01()
-                c._dp11()
-            c._store0(at, os)
-            c._store2(at + TILE * os, os)
-            c._store1(at + 64, os)
-            c._store3(at + TILE * os + 64, os)
-    c._release()
-
-
-@njit(fastmath=True)
 def _chunked(cfg, x, slabs, w, pairs, k, sums, kc):
-    """sums: the thread's (pairs, slabs, 4 tiles of 16 x 16 float32)."""
+    """x blocked, K in chunks of kc: for a chunk, for a pair, for a slab. sums: the thread's (pairs,
+    slabs, 4 tiles of 16 x 16 float32), kept between chunks."""
     steps, cs = k // 32, kc // 32
     c._configure(cfg.ctypes.data)
     for s0 in range(0, steps, cs):
-        s1 = min(steps, s0 + cs)
         for p in range(pairs):
             wp = w + p * 2 * k * 64
             for m in range(slabs):
                 xm = x + 2 * m * steps * 1024
                 at = sums + (p * slabs + m) * 4096
                 if s0 == 0:
-                    c._zero0()
-                    c._zero1()
-                    c._zero2()
-                    c._zero3()
+                    _zero()
                 else:
                     c._load_s0(at, 64)
-                    c._load_s1(at + 1024, 64)
-                    c._load_s2(at + 2048, 64)
+                    c._load_s2(at + 1024, 64)
+                    c._load_s1(at + 2048, 64)
                     c._load_s3(at + 3072, 64)
-                for s in range(s0, s1):
-                    c._load_x0(xm + 1024 * s, 64)
-                    c._load_x1(xm + (steps + s) * 1024, 64)
-                    c._load_w0(wp + 1024 * s, 64)
-                    c._dp00()
-                    c._dp10()
-                    c._load_w1(wp + k * 64 + 1024 * s, 64)
-                    c._dp01()
-                    c._dp11()
-                c._store0(at, 64)
-                c._store1(at + 1024, 64)
-                c._store2(at + 2048, 64)
-                c._store3(at + 3072, 64)
+                for s in range(s0, min(steps, s0 + cs)):
+                    _step(xm + 1024 * s, xm + (steps + s) * 1024, 64, wp + 1024 * s, wp + k * 64 + 1024 * s)
+                _store(at, 64, 2048)
     c._release()
 
 
@@ -196,14 +132,13 @@ def _run(mode, n, cfg, xr, xb, w, pairs, k, out, sums, kc):
     for tid in prange(n):
         wt = w[tid].ctypes.data
         if mode == 0:
-            _rows(cfg, xr.ctypes.data, xr.strides[0], slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1])
+            _pairs(cfg, xr.ctypes.data, xr.strides[0], slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1],
+                   False, 0, False)
         elif mode == 3:
             _runtime(cfg, xb.ctypes.data, slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1])
-        elif mode == 1:
-            _blocked(cfg, xb.ctypes.data, slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1])
-        elif mode >= 10:  # prefetched: mode 10 + ahead (x's tiles), 20 + ahead (x's and W's)
-            _fetched(cfg, xb.ctypes.data, slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1], mode % 10,
-                     mode >= 20)
+        elif mode == 1 or mode >= 10:  # blocked; prefetched: mode 10 + ahead (x's tiles), 20 + ahead (x's and W's)
+            _pairs(cfg, xb.ctypes.data, 0, slabs, wt, pairs, k, out[tid].ctypes.data, out.strides[1], True,
+                   mode % 10 if mode >= 10 else 0, mode >= 20)
         else:
             _chunked(cfg, xb.ctypes.data, slabs, wt, pairs, k, sums[tid].ctypes.data, kc)
 
@@ -233,8 +168,10 @@ def main() -> None:
             w = rng.integers(0x3C00, 0x3F80, (n, pairs * 2 * k * 32)).astype(np.uint16)
             out = np.zeros((n, a.rows, pairs * 32 + 16), np.float32)
             sums = np.zeros((n, pairs * (a.rows // 32) * 1024), np.float32)
-            variants = [("rows", 0, 0), ("blocked", 1, 0), ("cpu_amx.pair", 3, 0)] + [(f"kc={q}", 2, int(q)) for q in a.chunks.split(",") if q]
-            variants += [(f"fetch x {d}", 10 + d, 0) for d in (1, 2, 4)] + [(f"fetch x+W {d}", 20 + d, 0) for d in (1, 2)]
+            variants = [("rows", 0, 0), ("blocked", 1, 0), ("cpu_amx.pair", 3, 0)]
+            variants += [(f"kc={q}", 2, int(q)) for q in a.chunks.split(",") if q]
+            variants += [(f"fetch x {d}", 10 + d, 0) for d in (1, 2, 4)]
+            variants += [(f"fetch x+W {d}", 20 + d, 0) for d in (1, 2)]
             times = {name: [] for name, _, _ in variants}
             for r in range(a.rounds + 1):
                 for name, mode, kc in variants:

@@ -331,7 +331,7 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out, scratch):
             _dp00()
         _store0(s.ctypes.data + 64 * b, s.strides[0])
     totals = np.empty(16, np.float32)
-    for r in range(16):  # (loops over views from 0: an index from lo kept numba's wraparound check, and LLVM from vectors)
+    for r in range(16):  # (loops over views from 0: an index from lo kept numba's wraparound check and scalar code)
         end = first + r + 1 if r < rows else 0
         lo = max(0, end - window) if window > 0 else 0
         sr, live = s[r], s[r, lo:end]
