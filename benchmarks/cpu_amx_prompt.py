@@ -27,7 +27,7 @@ async def main() -> None:
     from oxinfer.runtime import cpu_graph
     from oxinfer.runtime import step_ops as cs
     cpu_graph.DECODE = "numba"
-    cpu_graph.DROP_GRAPH = False  # (prompts through the graph too, in turns)
+    cpu_graph.GRAPH_BESIDE_TILES = True  # (prompts through the graph too, in turns)
     if a.synthetic:
         import tempfile
         from pathlib import Path

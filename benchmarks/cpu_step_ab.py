@@ -29,7 +29,7 @@ async def main() -> None:
     a = ap.parse_args()
     from oxinfer.runtime import cpu_graph
     cpu_graph.DECODE = "numba"
-    cpu_graph.DROP_GRAPH = False  # (the graph decodes in turns with it below)
+    cpu_graph.GRAPH_BESIDE_TILES = True  # (the graph decodes in turns with it below)
     if a.synthetic:
         import tempfile
         from pathlib import Path

@@ -199,10 +199,10 @@ async def test_a_long_prompt_of_the_default_model_on_tiles_stays_within_bfloat16
 
 
 async def test_where_the_step_takes_every_row_no_graph_is_built():
-    """Where prompts run on tiles no onnxruntime graph is built (cpu_graph.DROP_GRAPH): a first run
-    waits for the step's build; a cache with a pool of its own (growing as tokens come) runs
-    through the step too, its prompt's and decode rows' logits those of the same tokens in a lane
-    of the shared pool."""
+    """Where prompts run on tiles no onnxruntime graph is built (unless cpu_graph.GRAPH_BESIDE_TILES):
+    a first run waits for the step's build; a cache with a pool of its own (growing as tokens come)
+    runs through the step too, its prompt's and decode rows' logits those of the same tokens in a
+    lane of the shared pool."""
     from oxinfer.models.kv_cache import KVCache
     engine = await oxinfer.Engine.load(None)
     graph, cpu, c = engine.scheduler.cpu.graph, engine.steps.cpu, engine.model.cfg

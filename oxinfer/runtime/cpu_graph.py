@@ -60,9 +60,9 @@ KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the 
 # on 2 and 16 cores, and with AMX lighter and quicker to load, since session 39: docs/cpu_graph.md; not
 # yet the default only for want of the switch's own checks: the suite and CI with it, CPUs without AMX)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
-# where the numba step takes every row (prompts on AMX tiles), no onnxruntime graph is built (False: it is,
-# and kept: benchmarks that run prompts through both, in turns)
-DROP_GRAPH = True
+# whether onnxruntime's graph is built where the numba step takes every row (prompts on AMX tiles): not
+# (True: benchmarks that run prompts through both in turns)
+GRAPH_BESIDE_TILES = False
 
 
 @dataclass(eq=False)
@@ -100,7 +100,7 @@ class CpuGraph:
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session = None
-        if refused is None and DROP_GRAPH and _amx():  # the step will take every row: no graph at all
+        if refused is None and not GRAPH_BESIDE_TILES and _amx():  # the step will take every row: no graph
             self.embed, self.weight_bytes = model.embed, 0
         else:
             self._build_graph()
@@ -128,7 +128,8 @@ class CpuGraph:
         try:
             self._build()
         except block_minimums.Refused as e:
-            log.info("q4_1_minimums_beside", reason=str(e), action="each Q4_1 product gets a product of its minimums beside")
+            log.info("q4_1_minimums_beside", reason=str(e),
+                     action="each Q4_1 product gets a product of its minimums beside")
             self.minimums_in_kernel, self.session = False, None
             self._build()
         blockwise.trim_heap()
@@ -209,7 +210,8 @@ class CpuGraph:
 
     def _runs(self, seqs, caches, starts, started=None) -> np.ndarray:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
-        # (a run of prompts alone does not wait for the step's build: a first prompt runs beside it)
+        # (a run of prompts alone waits for the step's build only where no graph was built: else a first
+        # prompt runs beside it)
         tiles = self.prompts_on_tiles()
         stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
         rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
