@@ -102,6 +102,7 @@ class CpuGraph:
         self.session = None
         if refused is None and not GRAPH_BESIDE_TILES and _amx():  # the step will take every row: no graph
             self.embed, self.weight_bytes = model.embed, 0
+            blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
         model.kv_dtype = self.kv_dtype  # (the pool is made at the first cache, after the load)
