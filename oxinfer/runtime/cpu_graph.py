@@ -12,7 +12,8 @@ values of their own, copied into their lanes after), and every other sequence (a
 cached keys, a private pool) alone: onnxruntime's CPU attention takes several rows of several
 sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
 batched or alone (tests/test_cpu_graph.py). Where OXINFER_CPU_DECODE=numba asks (DECODE), decode
-rows go to runtime/cpu_step.py's step instead, its weights laid while the graph converts them.
+rows go to runtime/cpu_step.py's step instead, built in a thread after the load; where the CPU also
+has AMX the step takes every row (prompts on its tiles) and no onnxruntime graph is built at all.
 
 Keys and values are float32 (KV_DTYPE). float16 ones (KV_DTYPE = np.float16 before the load:
 llama.cpp's default cache type) halve the KV memory, and onnxruntime's attention then takes
