@@ -24,6 +24,8 @@ from oxinfer.runtime import cpu_amx as c
 from oxinfer.runtime import cpu_vnni
 
 TILE = 16
+# the sums' tiles loaded back (`_chunked`'s K in chunks: the runtime has no use for them)
+_load_s0, _load_s1, _load_s2, _load_s3 = (c._memory("llvm.x86.tileloadd64", t) for t in range(4))
 
 
 @njit(fastmath=True, inline="always")
@@ -116,10 +118,10 @@ def _chunked(cfg, x, slabs, w, pairs, k, sums, kc):
                 if s0 == 0:
                     _zero()
                 else:
-                    c._load_s0(at, 64)
-                    c._load_s2(at + 1024, 64)
-                    c._load_s1(at + 2048, 64)
-                    c._load_s3(at + 3072, 64)
+                    _load_s0(at, 64)
+                    _load_s2(at + 1024, 64)
+                    _load_s1(at + 2048, 64)
+                    _load_s3(at + 3072, 64)
                 for s in range(s0, min(steps, s0 + cs)):
                     _step(xm + 1024 * s, xm + (steps + s) * 1024, 64, wp + 1024 * s, wp + k * 64 + 1024 * s)
                 _store(at, 64, 2048)

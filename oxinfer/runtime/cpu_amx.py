@@ -100,7 +100,6 @@ def _fixed(name: str, *tiles: int):
 # tiles 0-3: sums (x tile i, W tile j: 2 i + j); 4-5: x; 6-7: W
 _load_x0, _load_x1 = _memory("llvm.x86.tileloadd64", 4), _memory("llvm.x86.tileloadd64", 5)
 _load_w0, _load_w1 = _memory("llvm.x86.tileloadd64", 6), _memory("llvm.x86.tileloadd64", 7)
-_load_s0, _load_s1, _load_s2, _load_s3 = (_memory("llvm.x86.tileloadd64", t) for t in range(4))
 _store0, _store1 = _memory("llvm.x86.tilestored64", 0), _memory("llvm.x86.tilestored64", 1)
 _store2, _store3 = _memory("llvm.x86.tilestored64", 2), _memory("llvm.x86.tilestored64", 3)
 _zero0, _zero1, _zero2, _zero3 = (_fixed("llvm.x86.tilezero", t) for t in range(4))
@@ -191,10 +190,8 @@ def _pairs(typingctx, even, odd, d, m, dst):
         hi.add_incoming(hi8, at8)
         ds, ms = splat(d, vf), splat(m, vf)
 
-        def bf16(v):  # <16 x i8> -> d * v + m as bfloat16's bits in <16 x i32>, rounded to nearest even
-            bits = builder.bitcast(builder.fadd(builder.fmul(builder.uitofp(v, vf), ds), ms), vi)
-            odd_bit = builder.and_(builder.lshr(bits, const(16)), const(1))
-            return builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd_bit), const(16))
+        def bf16(v):  # <16 x i8> -> d * v + m as bfloat16's bits in <16 x i32>
+            return _ir_bf16(builder, builder.fadd(builder.fmul(builder.uitofp(v, vf), ds), ms))
 
         pairs = builder.or_(bf16(lo), builder.shl(bf16(hi), const(16)))
         builder.store(pairs, builder.inttoptr(dst, vi.as_pointer()), align=4)
@@ -414,16 +411,23 @@ def _bf16_32(typingctx, src, dst):
     """32 float32 at src as bfloat16 (rounded to nearest even, as `_bf16`) at dst: one vector (a
     loop of 32 over two arrays is not vectorized: LLVM will not check that they do not overlap)."""
     def codegen(context, builder, signature, args):
-        vi, vf, vh = ir.VectorType(_I32, 32), ir.VectorType(ir.FloatType(), 32), ir.VectorType(ir.IntType(16), 32)
-        bits = builder.bitcast(builder.load(builder.inttoptr(args[0], vf.as_pointer()), align=4), vi)
-
-        def const(v):
-            return ir.Constant(vi, [v] * 32)
-        odd = builder.and_(builder.lshr(bits, const(16)), const(1))
-        rounded = builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd), const(16))
+        vf, vh = ir.VectorType(ir.FloatType(), 32), ir.VectorType(ir.IntType(16), 32)
+        rounded = _ir_bf16(builder, builder.load(builder.inttoptr(args[0], vf.as_pointer()), align=4))
         builder.store(builder.trunc(rounded, vh), builder.inttoptr(args[1], vh.as_pointer()), align=2)
         return context.get_dummy_value()
     return types.void(types.intp, types.intp), codegen
+
+
+def _ir_bf16(builder, floats):
+    """LLVM IR: a vector of float32 -> their bfloat16 bits in the low halves of int32 lanes, rounded to
+    nearest even (as `_bf16`; no NaNs here)."""
+    vi = ir.VectorType(_I32, floats.type.count)
+
+    def const(v):
+        return ir.Constant(vi, [v] * floats.type.count)
+    bits = builder.bitcast(floats, vi)
+    odd = builder.and_(builder.lshr(bits, const(16)), const(1))
+    return builder.lshr(builder.add(builder.add(bits, const(0x7FFF)), odd), const(16))
 
 
 @intrinsic

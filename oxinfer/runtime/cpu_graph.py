@@ -100,9 +100,8 @@ class CpuGraph:
         # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
-        self.session = None
+        self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
         if refused is None and not GRAPH_BESIDE_TILES and _amx():  # the step will take every row: no graph
-            self.embed, self.weight_bytes = model.embed, 0
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -149,7 +148,7 @@ class CpuGraph:
                 rec = GraphOps(model.cfg, data, _converted(model, self._released, kernel, self._laid), self.kv_dtype,
                                kernel)
                 logits = model.trace(rec)
-            self.embed, self.weight_bytes = rec.embed_table, rec.bytes
+            self.weight_bytes = rec.bytes
             with open(os.path.join(folder, "model.onnx"), "wb") as f:
                 f.write(rec.model_bytes(logits, blockwise.IR_VERSION))
             self._logits, minimums = rec.logits, rec.minimums

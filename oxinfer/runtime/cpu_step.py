@@ -454,9 +454,7 @@ class NumbaStep:
             # (the values in pages committed as written, no huge pages: a row's logits' columns, most of
             # its width, are written for the last rows alone; with 2 MB pages a 512-row prompt's rows
             # committed all 109 MiB of the default model's, 4 KiB ones ~15)
-            self._values_map = None  # (the old map goes once nothing reads it)
-            values, self._values_map = lazy_zeros((n, self.width), np.float32)
-            self._scratch = (values, np.zeros((n, self.x_cols), np.int8),
+            self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros((n, self.x_cols), np.int8),
                              np.zeros((n, self.x_cols // 32), np.float32), np.zeros((n, self.x_cols // 32), np.float32),
                              np.zeros((n, H * hd), np.float32))
         return self._scratch
