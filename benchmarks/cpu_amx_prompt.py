@@ -71,7 +71,7 @@ async def main() -> None:
         ts = []
         for _ in range(3):
             t = time.perf_counter()
-            step.logits(x, [n - 1], np.arange(n), np.full(n, cache.slot), cache.pool, prompt=True)
+            step.logits(x, [n - 1], np.arange(n), np.full(n, cache.slot), cache.pool, prompts=[n])
             ts.append(time.perf_counter() - t)
         out.append(f"{name} {min(ts) * 1e3:.1f}")
     step.lines = lines

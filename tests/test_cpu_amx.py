@@ -143,9 +143,10 @@ async def test_a_prompt_on_tiles_computes_what_the_numpy_forward_computes(tmp_pa
     step = engine.scheduler.cpu.graph.step
     calls = []
     real = step.logits
-    step.logits = lambda *a, **k: calls.append((len(a[0]), k.get("prompt", False))) or real(*a, **k)
+    step.logits = lambda *a, **k: calls.append((len(a[0]), tuple(k.get("prompts", ())))) or real(*a, **k)
     got = await _logits(engine, step=True)
-    assert [c for c in calls if c[0] > 1] == [(45, True), (len(PROMPT[:engine.config.context_length - 3]) - 45, True)]
+    rest = len(PROMPT[:engine.config.context_length - 3]) - 45
+    assert [c for c in calls if c[0] > 1] == [(45, (45,)), (rest, (rest,))]
     monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations
     want = await _logits(await oxinfer.Engine.load(path), step=False)
     for i, (g, w) in enumerate(zip(got, want)):
@@ -157,25 +158,30 @@ async def test_a_prompt_on_tiles_computes_what_the_numpy_forward_computes(tmp_pa
 
 
 async def test_a_prompt_s_logits_are_the_same_whatever_else_the_step_runs():
-    """Each prompt runs in a step call of its own (its products on tiles from cpu_step.AMX_ROWS rows,
-    by its own length): prompts and decode rows together give each sequence what it gets alone."""
+    """Prompts of cpu_step.AMX_ROWS rows or more run together in a call of the step (their products on
+    tiles alone or not), a shorter one in a call of its own (alone its products stay off the tiles):
+    prompts, a later chunk of one and decode rows together give each sequence what it gets alone."""
     engine = await oxinfer.Engine.load(None)
     graph = engine.scheduler.cpu.graph
     assert graph.step is not None
     rng = np.random.default_rng(3)
     cpu = engine.steps.cpu
-    old = [cpu.new_cache(128) for _ in range(2)]
+    old = [cpu.new_cache(128) for _ in range(3)]
     for c in old:
         graph.run([rng.integers(300, 40000, 17)], [c])
-    prompts = [rng.integers(300, 40000, n) for n in (9, 40, 33)]
+    prompts = [rng.integers(300, 40000, n) for n in (9, 40, 33, 35)]
     tokens = [np.array([int(t)]) for t in rng.integers(300, 40000, 2)]
-    fresh = [cpu.new_cache(128) for _ in prompts]
-    seqs = [prompts[0], tokens[0], prompts[1], tokens[1], prompts[2]]
-    caches = [fresh[0], old[0], fresh[1], old[1], fresh[2]]
+    fresh = [cpu.new_cache(128) for _ in prompts[:3]]
+    seqs = [prompts[0], tokens[0], prompts[1], tokens[1], prompts[2], prompts[3]]
+    caches = [fresh[0], old[0], fresh[1], old[1], fresh[2], old[2]]
+    step, calls = graph.step, []
+    real = step.logits
+    step.logits = lambda *a, **k: calls.append(tuple(k.get("prompts", ()))) or real(*a, **k)
     together = graph.run(seqs, caches)
-    for c in old:
-        c.trim(1)
-    again = [cpu.new_cache(128), old[0], cpu.new_cache(128), old[1], cpu.new_cache(128)]
+    assert sorted(calls) == [(), (9,), (40, 33, 35)]
+    for c, n in zip(old, (1, 1, 35)):
+        c.trim(n)
+    again = [cpu.new_cache(128), old[0], cpu.new_cache(128), old[1], cpu.new_cache(128), old[2]]
     alone = [graph.run([s], [c])[0] for s, c in zip(seqs, again)]
     for i, a in enumerate(alone):
         assert np.array_equal(a, together[i]), i
@@ -191,9 +197,9 @@ async def test_a_long_prompt_of_the_default_model_on_tiles_stays_within_bfloat16
     step = engine.scheduler.cpu.graph.step
     calls = []
     real = step.logits
-    step.logits = lambda *a, **k: calls.append((len(a[0]), k.get("prompt", False))) or real(*a, **k)
+    step.logits = lambda *a, **k: calls.append((len(a[0]), tuple(k.get("prompts", ())))) or real(*a, **k)
     got = await engine.steps.cpu.prefill(prompt, engine.steps.cpu.new_cache(320))
-    assert calls == [(300, True)]
+    assert calls == [(300, (300,))]
     assert np.abs(got - want).max() <= 3e-2 * np.abs(want).max()
     assert got.argmax() == want.argmax()
 

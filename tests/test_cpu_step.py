@@ -158,14 +158,15 @@ async def test_the_default_model_decodes_through_the_step(engine):
     assert isinstance(graph.step, NumbaStep)
     calls = []
     real = graph.step.logits
-    graph.step.logits = lambda *a, **k: calls.append((len(a[0]), k.get("prompt", False))) or real(*a, **k)
+    graph.step.logits = lambda *a, **k: calls.append((len(a[0]), tuple(k.get("prompts", ())))) or real(*a, **k)
     try:
         r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=4, ignore_eos=True))
     finally:
         del graph.step.logits
     decode = [c for c in calls if c[0] == 1]
     assert len(r.token_ids) == 4 and len(decode) >= 3 and not any(p for _, p in decode)
-    assert [c for c in calls if c[0] > 1] == ([(len(engine.prompt_ids("Name a color.")), True)] if graph.step.amx else [])
+    n = len(engine.prompt_ids("Name a color."))
+    assert [c for c in calls if c[0] > 1] == ([(n, (n,))] if graph.step.amx else [])
 
 
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):

@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
-from oxinfer.runtime import cpu_vnni
+from oxinfer.runtime import cpu_sync, cpu_vnni
 from oxinfer.runtime.cpu_vnni import KINDS, group_bytes
 
 AHEAD = 2  # steps of 32 values `pair` prefetches x's tiles ahead (1, 2 and 4 measured alike on 16 cores, session 39)
@@ -382,6 +382,46 @@ def attend(cfg, q, rows, kp, vp, n, first, window, cap, hd, out, scratch):
         inv = np.float32(1.0) / totals[r]
         for i in range(hd):
             out[r, i] = o[r, i] * inv
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def heads(tid, n, sync, gen, prompts, laid, q, K, V, lanes, pos, H, window, cap, out, oc, cfg):
+    """Thread tid's share of the heads of prompts' rows (roped and scaled queries q: rows of H
+    heads), each prompt's rows one lane's consecutive positions (prompts: a prompt's first row, its
+    end, where its keys lie in laid's last axis). Each kv head's keys and values of each prompt laid
+    for the tiles (keys K, values V: (lanes, kv heads, positions, hd) float32), a task each 256 keys;
+    at a barrier, a task a block of 16 of a prompt's rows (counted from its first) and a head, into
+    out's columns from oc. A prompt's rows come out the same whatever other prompts run beside it.
+    The barrier count after."""
+    KV, hd = K.shape[1], K.shape[3]
+    base, most = 0, 0
+    for p in range(prompts.shape[0]):
+        r0, r1, at = prompts[p, 0], prompts[p, 1], prompts[p, 2]
+        keys, lane = pos[r1 - 1] + 1, lanes[r0]
+        most = max(most, keys)
+        slabs = -(-keys // 32)  # (32 keys each; a task lays up to 8 of one kv head's keys or values)
+        pieces = -(-slabs // 8)
+        for task in range((tid - base) % n, 2 * KV * pieces, n):  # (dealt on from the prompt before's last)
+            g, kind, piece = task // (2 * pieces), task // pieces % 2, task % pieces
+            s0, s1 = 8 * piece, min(slabs, 8 * piece + 8)
+            if kind == 0:
+                keys_panels(K[lane, g], keys, hd, laid[g, 0, at:], s0, s1)
+            else:
+                values_panels(V[lane, g], keys, hd, laid[g, 1, at:], s0, s1)
+        base += 2 * KV * pieces
+    gen = cpu_sync.barrier(sync, n, tid, gen)
+    scratch = attend_scratch(most, hd)
+    base = 0
+    for p in range(prompts.shape[0]):
+        r0, r1, at = prompts[p, 0], prompts[p, 1], prompts[p, 2]
+        tasks = -(-(r1 - r0) // 16) * H
+        for task in range((tid - base) % n, tasks, n):
+            t0, h = r0 + task // H * 16, task % H
+            t1, g = min(r1, t0 + 16), h // (H // KV)
+            attend(cfg, q[t0:t1, h * hd:(h + 1) * hd], t1 - t0, laid[g, 0, at:], laid[g, 1, at:], pos[t1 - 1] + 1,
+                   pos[t0], window, cap, hd, out[t0:t1, oc + h * hd:oc + (h + 1) * hd], scratch)
+        base += tasks
+    return gen
 
 
 @intrinsic

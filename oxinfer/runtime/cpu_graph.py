@@ -242,15 +242,18 @@ class CpuGraph:
         `prompts`, each prompt in a call of its own (its logits the same whatever else runs), their
         logits into out: the indices of the other sequences."""
         pools: dict[int, list[int]] = {}
-        rest = []
+        rest, firsts = [], []
         for i, (s, c) in enumerate(zip(seqs, caches)):
-            if len(s) > 1 and not prompts:
-                rest.append(i)
-            elif len(s) > 1:
-                x, pos = self._looked_up(s), np.arange(starts[i], starts[i] + len(s))
-                out[i] = self.step.logits(x, [len(s) - 1], pos, np.full(len(s), c.slot), c.pool, prompt=True)[0]
+            if len(s) > 1:
+                (firsts if prompts else rest).append(i)
             else:
                 pools.setdefault(id(c.pool), []).append(i)
+        for run in _prompt_runs(firsts, seqs, caches, self.step.tile_rows):
+            x = self._looked_up(np.concatenate([seqs[i] for i in run]))
+            pos = np.concatenate([np.arange(starts[i], starts[i] + len(seqs[i])) for i in run])
+            lanes = np.concatenate([np.full(len(seqs[i]), caches[i].slot) for i in run])
+            lens = [len(seqs[i]) for i in run]
+            out[run] = self.step.logits(x, np.cumsum(lens) - 1, pos, lanes, caches[run[0]].pool, prompts=lens)
         for rows in pools.values():
             x = self._looked_up(np.concatenate([seqs[i] for i in rows]))
             out[rows] = self.step.logits(x, np.arange(len(rows)), [starts[i] for i in rows],
@@ -433,6 +436,22 @@ def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = No
     if released is not None:  # and the whole file's: a fault maps a file's pages in folios of up to 2 MiB, so
         released(None)  # reading one matrix mapped its neighbours' again (the default model: 44 MiB left)
     return converted
+
+
+def _prompt_runs(prompts: list[int], seqs: list[np.ndarray], caches: list, least: int) -> list[list[int]]:
+    """Prompts (their indices) as the numba step's calls: those of `least` rows or more (its tiles'
+    least) of one pool together, up to cpu_prompts.PROMPT_ROWS rows a call, each one's products on
+    AMX tiles alone or beside others, so its logits the same (a 128-token prompt a call paid for
+    the tiles' W for 128 rows); a shorter one alone (beside others its products would go to tiles)."""
+    out: list[list[int]] = []
+    for i in prompts:
+        n, run = len(seqs[i]), out[-1] if out else None
+        if n >= least and run and len(seqs[run[0]]) >= least and caches[run[0]].pool is caches[i].pool \
+                and sum(len(seqs[j]) for j in run) + n <= cpu_prompts.PROMPT_ROWS:
+            run.append(i)
+        else:
+            out.append([i])
+    return out
 
 
 def _runs(seqs: list[np.ndarray], caches: list) -> list[tuple[list[int], bool]]:

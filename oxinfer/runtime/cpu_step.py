@@ -24,7 +24,7 @@ so a sequence's logits are the same batched or alone.
 from __future__ import annotations
 
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -86,9 +86,9 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
     keys roped at its position and written with its values into its lane; at a barrier, each row's
     heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
     task a row and kv head, then a row and head (grouped: a row and a kv head's query heads, which
-    read its keys and values once), dealt round the threads. A prompt's rows (amx[4]: one lane,
-    consecutive positions) on AMX tiles where the head's size allows: `_tile_heads`. The barrier
-    count after."""
+    read its keys and values once), dealt round the threads. Prompts' rows (amx[4]: each prompt's
+    rows, one lane's consecutive positions) on AMX tiles where the head's size allows: queries roped
+    a task a row and head, then `cpu_amx.heads`. The barrier count after."""
     layer, window, row0 = ints[0], ints[1], ints[2]
     H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
@@ -99,9 +99,12 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         _copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
     gen = cpu_sync.barrier(sync, n, tid, gen)
-    if _AMX and amx[4] and hd % 32 == 0:
-        return _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs,
-                           row0, amx)
+    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:
+        for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
+            t, h = task // H, task % H
+            r = pos[t] + row0
+            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+        return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
     m = H // KV if grouped else 1
     for task in range(tid, rows * (H // m), n):
         t, h0 = task // (H // m), task % (H // m) * m
@@ -109,37 +112,6 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, po
         for h in range(h0, h0 + m):
             _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
         _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
-    return gen
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _tile_heads(tid, n, sync, gen, A, rows, qc, oc, window, fl, pos, lanes, K, V, dims, cos, sin, qs, row0, amx):
-    """`_attend`'s heads for a prompt's rows (one lane, consecutive positions) on AMX tiles
-    (runtime/cpu_amx.py, bfloat16): each kv head's keys and values of the lane laid for the tiles, a
-    task each 256 keys; at a barrier, a task a block of 16 rows and a head. The barrier count after."""
-    H, KV, hd, rope_dim = dims[0], dims[1], dims[2], dims[3]
-    keys, lane = pos[rows - 1] + 1, lanes[0]
-    laid = amx[5]
-    slabs = -(-keys // 32)  # (32 keys each; a task lays up to 8 of one kv head's keys or values)
-    pieces = -(-slabs // 8)
-    for task in range(tid, 2 * KV * pieces, n):
-        g, kind, piece = task // (2 * pieces), task // pieces % 2, task % pieces
-        s0, s1 = 8 * piece, min(slabs, 8 * piece + 8)
-        if kind == 0:
-            cpu_amx.keys_panels(K[lane, g], keys, hd, laid[g, 0], s0, s1)
-        else:
-            cpu_amx.values_panels(V[lane, g], keys, hd, laid[g, 1], s0, s1)
-    gen = cpu_sync.barrier(sync, n, tid, gen)
-    scratch = cpu_amx.attend_scratch(keys, hd)
-    for task in range(tid, -(-rows // 16) * H, n):
-        t0, h = task // H * 16, task % H
-        t1 = min(rows, t0 + 16)
-        for t in range(t0, t1):
-            r = pos[t] + row0
-            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        g = h // (H // KV)
-        cpu_amx.attend(amx[3], qs[t0:t1, h * hd:(h + 1) * hd], t1 - t0, laid[g, 0], laid[g, 1], pos[t1 - 1] + 1,
-                       pos[t0], window, fl[1], hd, A[t0:t1, oc + h * hd:oc + (h + 1) * hd], scratch)
     return gen
 
 
@@ -209,8 +181,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
     quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (the
     least rows a product runs on AMX tiles, 0 for never; x's bfloat16 rows, each thread's two panels,
-    the tiles' configuration): `_tiles`; then whether attention runs on tiles (a prompt's rows) and
-    the kv heads' keys and values laid for them: `_tile_heads`."""
+    the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
+    prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
     gen = 0
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
@@ -359,6 +331,8 @@ class NumbaStep:
     theirs, in one map: GGUF's Q4_0, Q4_1 and Q8_0 bytes as stored, else float32 scales). Blocking;
     one run at a time (its scratch is its own)."""
 
+    tile_rows = AMX_ROWS  # (a prompt's products of this many rows or more run on tiles, where the CPU has them)
+
     def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None,
                  released: Callable[[np.ndarray], None] | None = None):
         """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here, and
@@ -395,16 +369,18 @@ class NumbaStep:
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
-               started: Callable[[], None] | None = None, prompt: bool = False) -> np.ndarray:
+               started: Callable[[], None] | None = None, prompts: Sequence[int] = ()) -> np.ndarray:
         """Rows x (T, d) (embeddings) of tokens at positions pos in the pool's lanes -> the logits
         of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
         key and value are written into its lane first. started(): called as the region starts.
-        prompt: products of AMX_ROWS rows or more run on AMX tiles where the CPU has them (bfloat16:
-        a prompt's; decode rows keep the int8 products, the same batched or alone)."""
+        prompts: the rows are prompts of these lengths, one after another, each one lane's consecutive
+        positions: where the CPU has AMX, products of AMX_ROWS rows or more and their attention run on
+        tiles (bfloat16: a prompt's logits the same beside others where each is AMX_ROWS rows or more;
+        decode rows keep the int8 products, the same batched or alone)."""
         if cpu_ahead.on_step_thread():  # (a step run ahead)
-            return self._run(x, last, pos, lanes, *self._pool(pool), started, prompt)
+            return self._run(x, last, pos, lanes, *self._pool(pool), started, prompts)
         return cpu_ahead.step_thread().submit(self._run, x, last, pos, lanes, *self._pool(pool), started,
-                                              prompt).result()
+                                              prompts).result()
 
     def warm(self) -> None:
         """Compile (or load from numba's cache) every function of a step: one row over a pool of
@@ -420,12 +396,12 @@ class NumbaStep:
         """Whether a prompt's products and attention run on AMX tiles here."""
         return _AMX
 
-    def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompt=False) -> np.ndarray:
+    def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=()) -> np.ndarray:
         T = len(x)
-        tiles = prompt and _AMX and T >= AMX_ROWS
+        tiles = len(prompts) > 0 and _AMX and T >= AMX_ROWS
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
-        amx = (AMX_ROWS if tiles else 0, *self._tile_scratch(T if tiles else 0), prompt and _AMX,
-               self._laid_kv(int(np.max(pos)) + 1 if prompt and _AMX else 0))
+        amx = (AMX_ROWS if tiles else 0, *self._tile_scratch(T if tiles else 0),
+               *self._laid_kv(prompts if _AMX else (), np.asarray(pos)))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
@@ -472,14 +448,19 @@ class NumbaStep:
             self._wb = np.zeros((self.threads, 2, self.x_cols // 32 * 256), np.uint32)
         return self._xb, self._wb, self._cfg
 
-    def _laid_kv(self, keys: int) -> np.ndarray:
-        """A prompt's keys and values of each kv head laid for AMX tiles (cpu_amx.keys_panels and
-        values_panels): room for `keys` keys (to a multiple of 32), grown as needed."""
+    def _laid_kv(self, prompts: Sequence[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Prompts of these lengths (rows one after another) for `cpu_amx.heads`: each one's first row,
+        end and where its keys lie in the second, their kv heads' keys and values laid for AMX tiles
+        (cpu_amx.keys_panels and values_panels; (kv heads, 2, room for each prompt's keys to a multiple
+        of 32), grown as needed)."""
         _, kv, hd, _ = self.heads
-        need = -(-keys // 32) * 32 * hd // 2
-        if self._kv is None or self._kv.shape[2] < need:
-            self._kv = np.zeros((kv, 2, max(need, 1)), np.uint32)
-        return self._kv
+        lens = np.asarray(prompts, np.int64)
+        ends = np.cumsum(lens)
+        room = -(-(pos[ends - 1] + 1) // 32) * 32 * hd // 2
+        at = np.cumsum(room) - room
+        if self._kv is None or self._kv.shape[2] < room.sum():
+            self._kv = np.zeros((kv, 2, max(int(room.sum()), 1)), np.uint32)
+        return np.stack([ends - lens, ends, at], axis=1), self._kv
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
         """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv
