@@ -29,6 +29,16 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
 
 
+@pytest.fixture(scope="module")
+def graph_decodes():
+    """onnxruntime's graph takes every CPU row (OXINFER_CPU_DECODE=graph; the default, auto, gives them
+    to the numba step wherever it runs): for the modules that test the graph itself."""
+    from oxinfer.runtime import cpu_graph
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(cpu_graph, "DECODE", "graph")
+        yield
+
+
 @pytest.fixture(scope="session")
 def golden() -> dict:
     """llama.cpp's answers for the default model (a copy lives in tests/data for CI)."""

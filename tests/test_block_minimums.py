@@ -18,6 +18,8 @@ from oxinfer.runtime import block_minimums, blockwise, onnx_proto
 from oxinfer.runtime.blockwise import int4_weights
 from oxinfer.testing import random_matrix, write_tiny_llama
 
+pytestmark = pytest.mark.usefixtures("graph_decodes")  # (the graph itself: conftest.py)
+
 
 def _products(matrices, minimums=None) -> tuple:
     """One session of a MatMulNBits a matrix (zero points of its own, as the graph gives them, or

@@ -14,6 +14,8 @@ from oxinfer.runtime import blockwise
 from oxinfer.runtime.cpu_graph import CpuGraph
 from oxinfer.testing import write_tiny_llama
 
+pytestmark = pytest.mark.usefixtures("graph_decodes")  # (the graph itself: conftest.py)
+
 TOKENS = [72, 105, 33, 10, 256, 257, 7, 200, 99, 3, 150, 42, 17]
 FAMILIES = ("llama3@5.24", "qwen2@5.24", "qwen3@5.24", "mistral_swa@5.24", "phi3@5.24", "phi3_longrope@5.24",
             "gemma2_gguf", "gemma3_gguf")

@@ -15,6 +15,8 @@ import oxinfer
 from oxinfer.runtime import blockwise, cpu_prompts
 from oxinfer.testing import write_tiny_llama
 
+pytestmark = pytest.mark.usefixtures("graph_decodes")  # (the graph itself: conftest.py)
+
 pytest.importorskip("openvino", reason="openvino is not installed (pip install 'oxinfer[openvino]')")
 
 PROMPT = np.random.default_rng(3).integers(3, 250, 85)  # (two parts of at least MIN_ROWS, 32 here)

@@ -125,12 +125,15 @@ async def test_a_full_pool_admits_by_memory_and_preempts_the_youngest(model):
         tg.start_soon(watch)
         for i in range(len(prompts)):
             tg.start_soon(one, i)
+    # (where prompts run on AMX tiles, the tokens it generated come back as a prompt's rows, bfloat16
+    # products where their first computation's were int8: a logprob moved by 1.9e-2)
+    atol = 5e-2 if engine.scheduler.cpu.graph.prompts_on_tiles() else 1e-2
     for g, w in zip(got, want):  # a preempted request's tokens since its last full block are computed
         assert g.token_ids == w.token_ids  # again as a prompt: the same tokens, logits within rounding
         # (their rows' activations rounded to int8 blocks again: where a rounding flips, a logprob
         # moves by up to ~5e-3, measured 4.5e-3 in 2 of 6 runs, 2.3e-7 in the others, as the
         # timing of the preemptions decides; 1e-3 failed a third of the runs before the redesign too)
-        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-2)
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=atol)
         assert g.finish_reason == "length"
     reserving = n_blocks // blocks(40 + 60)
     assert max(running) > reserving

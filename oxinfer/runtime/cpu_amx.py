@@ -9,7 +9,7 @@ block's values in pairs of columns, the layout the tile product reads W in: `pan
 its rows of x through them (`pair`), x converted to bfloat16 once for all threads (`row_bf16`).
 Attention: a block of 16 consecutive rows of one sequence and a head (`attend`), over its kv head's
 keys and values laid once a layer (`keys_panels`, `values_panels`). cpu_step.py runs both for
-prompts (products from AMX_ROWS rows on); decode rows stay on the int8 products (their logits the
+prompts' rows; decode rows stay on the int8 products (their logits the
 same batched or alone).
 
 The kernel asks Linux for the tiles' state once a process (arch_prctl's ARCH_REQ_XCOMP_PERM), and

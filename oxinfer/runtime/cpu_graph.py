@@ -11,8 +11,8 @@ runs the decode rows of consecutive lanes together, first prompts together (padd
 values of their own, copied into their lanes after), and every other sequence (a prompt after
 cached keys, a private pool) alone: onnxruntime's CPU attention takes several rows of several
 sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
-batched or alone (tests/test_cpu_graph.py). Where OXINFER_CPU_DECODE=numba asks (DECODE), decode
-rows go to runtime/cpu_step.py's step instead, built in a thread after the load; where the CPU also
+batched or alone (tests/test_cpu_graph.py). Where numba's step runs (DECODE, OXINFER_CPU_DECODE:
+auto, the default, or numba), decode rows go to runtime/cpu_step.py's step instead, built in a thread after the load; where the CPU also
 has AMX the step takes every row (prompts on its tiles) and no onnxruntime graph is built at all.
 
 Keys and values are float32 (KV_DTYPE). float16 ones (KV_DTYPE = np.float16 before the load:
@@ -57,10 +57,10 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
-# decode rows: "graph", or "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster
-# on 2 and 16 cores, and with AMX lighter and quicker to load, since session 39: docs/cpu_graph.md; not
-# yet the default only for want of the switch's own checks: the suite and CI with it, CPUs without AMX)
-DECODE = os.environ.get("OXINFER_CPU_DECODE", "graph")
+# decode rows: "graph", "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster on
+# 2 and 16 cores, and with AMX lighter and quicker to load: docs/cpu_graph.md, sessions 39-40) or "auto"
+# (the default: numba's step wherever it runs, quietly the graph where it does not)
+DECODE = os.environ.get("OXINFER_CPU_DECODE", "auto")
 # whether onnxruntime's graph is built where the numba step takes every row (prompts on AMX tiles): not
 # (True: benchmarks that run prompts through both in turns)
 GRAPH_BESIDE_TILES = False
@@ -248,7 +248,7 @@ class CpuGraph:
                 (firsts if prompts else rest).append(i)
             else:
                 pools.setdefault(id(c.pool), []).append(i)
-        for run in _prompt_runs(firsts, seqs, caches, self.step.tile_rows):
+        for run in _prompt_runs(firsts, seqs, caches):
             x = self._looked_up(np.concatenate([seqs[i] for i in run]))
             pos = np.concatenate([np.arange(starts[i], starts[i] + len(seqs[i])) for i in run])
             lanes = np.concatenate([np.full(len(seqs[i]), caches[i].slot) for i in run])
@@ -355,10 +355,11 @@ class CpuGraph:
 
 
 def numba_asked() -> bool:
-    """Whether OXINFER_CPU_DECODE (DECODE) asks for the numba step; ValueError naming a bad value."""
-    if DECODE not in ("graph", "numba"):
-        raise ValueError(f"OXINFER_CPU_DECODE={DECODE!r}: expected graph or numba")
-    return DECODE == "numba"
+    """Whether OXINFER_CPU_DECODE (DECODE) asks for the numba step (numba or auto); ValueError naming
+    a bad value."""
+    if DECODE not in ("auto", "graph", "numba"):
+        raise ValueError(f"OXINFER_CPU_DECODE={DECODE!r}: expected auto, graph or numba")
+    return DECODE != "graph"
 
 
 def _amx() -> bool:
@@ -379,8 +380,9 @@ def _step_refused(kv_dtype) -> str | None:
     else:
         import llvmlite.binding
         reason = None if llvmlite.binding.get_host_cpu_features().get("avx512vnni") else "no AVX-512 VNNI on this CPU"
-    if reason is not None:
-        log.info("numba_step_refused", reason=reason, action="decode rows run in onnxruntime's graph")
+    if reason is not None:  # (said where OXINFER_CPU_DECODE=numba asked for it; for auto, in the debug log)
+        (log.info if DECODE == "numba" else log.debug)("numba_step_refused", reason=reason,
+                                                       action="decode rows run in onnxruntime's graph")
     return reason
 
 
@@ -438,16 +440,15 @@ def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = No
     return converted
 
 
-def _prompt_runs(prompts: list[int], seqs: list[np.ndarray], caches: list, least: int) -> list[list[int]]:
-    """Prompts (their indices) as the numba step's calls: those of `least` rows or more (its tiles'
-    least) of one pool together, up to cpu_prompts.PROMPT_ROWS rows a call, each one's products on
-    AMX tiles alone or beside others, so its logits the same (a 128-token prompt a call paid for
-    the tiles' W for 128 rows); a shorter one alone (beside others its products would go to tiles)."""
+def _prompt_runs(prompts: list[int], seqs: list[np.ndarray], caches: list) -> list[list[int]]:
+    """Prompts (their indices) as the numba step's calls: those of one pool together, up to
+    cpu_prompts.PROMPT_ROWS rows a call (a 128-token prompt a call paid for the tiles' W for 128
+    rows; a row's arithmetic on tiles is its own, whatever else runs)."""
     out: list[list[int]] = []
     for i in prompts:
-        n, run = len(seqs[i]), out[-1] if out else None
-        if n >= least and run and len(seqs[run[0]]) >= least and caches[run[0]].pool is caches[i].pool \
-                and sum(len(seqs[j]) for j in run) + n <= cpu_prompts.PROMPT_ROWS:
+        run = out[-1] if out else None
+        if run and caches[run[0]].pool is caches[i].pool and \
+                sum(len(seqs[j]) for j in run) + len(seqs[i]) <= cpu_prompts.PROMPT_ROWS:
             run.append(i)
         else:
             out.append([i])

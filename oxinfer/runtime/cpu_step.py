@@ -4,9 +4,10 @@ function, interprets with the products of runtime/cpu_vnni.py. One call from Pyt
 place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out to the threads
 (session 33: half of a one-row step on the 2-core dev VM); one OpenMP region a step, its threads
 meeting at runtime/cpu_sync.py's spin barriers between lines (a region a line cost ~5-10 us each
-on 16 threads). Decode rows come here where OXINFER_CPU_DECODE=numba asks (runtime/cpu_graph.py),
-and, where the CPU has AMX, prompts too, a prompt a call: its attention and its products of
-AMX_ROWS rows or more run on the CPU's bfloat16 tiles (runtime/cpu_amx.py).
+on 16 threads). Decode rows come here wherever the step runs (runtime/cpu_graph.py), and, where
+the CPU has AMX, prompts too, several a call: their attention and products run on the CPU's bfloat16
+tiles (runtime/cpu_amx.py), every prompt row, however many a call has (a prompt's rows the same
+whole, in chunks, after a prefix cache's hit, or beside other prompts).
 Measured (docs/cpu_graph.md, session 36) on the H100 machines' 16-core Xeon, a step alone: the
 135M shape 2.44 ms on one row against the graph's 4.32 and session 35's 4.26 (llama.cpp's token
 2.05), 21.7 ms on 32 rows against 31.0 (llama.cpp's batched step 26.5); the 1.1B shape level with
@@ -43,8 +44,6 @@ from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM,
 
 log = get_logger("oxinfer.runtime")
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
-# a prompt's products of this many rows or more run on AMX tiles (runtime/cpu_amx.py) where the CPU has them
-AMX_ROWS = 32
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
 
@@ -179,8 +178,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in).
     A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
-    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (the
-    least rows a product runs on AMX tiles, 0 for never; x's bfloat16 rows, each thread's two panels,
+    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (whether
+    products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
     gen = 0
@@ -190,7 +189,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
         if op == LINEAR:
             m = mats[ints[0]]
             blocks = 4 * m[2] + 2 * m[3]
-            if _AMX and amx[0] > 0 and rows >= amx[0] and m[5] % cpu_amx.TILE == 0:
+            if _AMX and amx[0] and m[5] % cpu_amx.TILE == 0:
                 gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
             else:
                 for t in range(tid, rows, n):
@@ -331,8 +330,6 @@ class NumbaStep:
     theirs, in one map: GGUF's Q4_0, Q4_1 and Q8_0 bytes as stored, else float32 scales). Blocking;
     one run at a time (its scratch is its own)."""
 
-    tile_rows = AMX_ROWS  # (a prompt's products of this many rows or more run on tiles, where the CPU has them)
-
     def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None,
                  released: Callable[[np.ndarray], None] | None = None):
         """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here, and
@@ -374,9 +371,8 @@ class NumbaStep:
         of rows `last` (N, vocab), a view of the scratch (valid until the next run). Every row's
         key and value are written into its lane first. started(): called as the region starts.
         prompts: the rows are prompts of these lengths, one after another, each one lane's consecutive
-        positions: where the CPU has AMX, products of AMX_ROWS rows or more and their attention run on
-        tiles (bfloat16: a prompt's logits the same beside others where each is AMX_ROWS rows or more;
-        decode rows keep the int8 products, the same batched or alone)."""
+        positions: where the CPU has AMX, their products and attention run on tiles (bfloat16, each row
+        the same whatever else runs; decode rows keep the int8 products, the same batched or alone)."""
         if cpu_ahead.on_step_thread():  # (a step run ahead)
             return self._run(x, last, pos, lanes, *self._pool(pool), started, prompts)
         return cpu_ahead.step_thread().submit(self._run, x, last, pos, lanes, *self._pool(pool), started,
@@ -398,9 +394,9 @@ class NumbaStep:
 
     def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=()) -> np.ndarray:
         T = len(x)
-        tiles = len(prompts) > 0 and _AMX and T >= AMX_ROWS
-        A, xq, xd, xs, qs = (a[:T] for a in self._rows(T))
-        amx = (AMX_ROWS if tiles else 0, *self._tile_scratch(T if tiles else 0),
+        tiles = len(prompts) > 0 and _AMX
+        A, xq, xd, xs, qs = (a[:T] for a in self._rows(-(-T // 32) * 32 if tiles else T))  # (tiles store 32 rows)
+        amx = (tiles, *self._tile_scratch(T if tiles else 0),
                *self._laid_kv(prompts if _AMX else (), np.asarray(pos)))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
