@@ -73,6 +73,9 @@ async def _run(args) -> None:
     system = [{"role": "system", "content": args.system}] if args.system is not None else []
     engine = await Engine.load(args.model, backend=args.backend, context_length=args.ctx_size,
                                kv_cache_dtype=args.kv_cache_dtype, cpu_prompts=args.cpu_prompts)
+    if (graph := engine.scheduler.cpu.graph) is not None and graph.compiling:
+        print("-- compiling the CPU step, once (numba keeps it; ~30 s on 2 cores): onnxruntime's graph answers "
+              "meanwhile, and this process ends when the step is compiled", file=sys.stderr)
     generated = 0
 
     async def reply(prompt) -> str:

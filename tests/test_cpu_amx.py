@@ -222,3 +222,23 @@ async def test_where_the_step_takes_every_row_no_graph_is_built():
     got = [graph.run([prompt], [private])[0], graph.run([token], [private])[0]]  # (its pool grows from 8 tokens)
     for g, w in zip(got, want):
         assert np.array_equal(g, w)
+
+
+async def test_where_numba_s_cache_holds_no_step_the_graph_runs_until_it_is_compiled(monkeypatch):
+    """A fresh install's first process compiles the step (~30 s on 2 cores): there the graph is
+    built too, says so in the log, and takes the rows until the step is built; then prompts go to
+    the tiles."""
+    from structlog.testing import capture_logs
+
+    from oxinfer.runtime import numba_cache
+    monkeypatch.setattr(numba_cache, "cached", lambda dispatcher: False)
+    with capture_logs() as logs:
+        engine = await oxinfer.Engine.load(None)
+    graph = engine.scheduler.cpu.graph
+    assert graph.session is not None
+    assert [e["action"] for e in logs if e["event"] == "numba_step_compiling"] == [
+        "onnxruntime's graph runs every row until the step is compiled, once"]
+    r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
+    assert len(r.token_ids) == 3
+    assert graph.step is not None and graph.prompts_on_tiles()
+

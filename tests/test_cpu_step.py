@@ -265,7 +265,8 @@ async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_
 
 def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
     """Compiled once (~10 s), then loaded from the cache beside the modules: a new process loads
-    the step (its one entry point, every function it calls compiled into it) from there. (A
+    the step (its one entry point, every function it calls compiled into it) from there, and
+    numba_cache.cached says so before the load (no graph built for the wait). (A
     function numba cannot cache, such as one calling numba.set_num_threads, would compile in
     every process.)"""
     import subprocess
@@ -273,8 +274,9 @@ def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
     script = f"""
 import asyncio, oxinfer
-from oxinfer.runtime import cpu_graph, cpu_step
+from oxinfer.runtime import cpu_graph, cpu_step, numba_cache
 cpu_graph.DECODE = "numba"
+print(numba_cache.cached(cpu_step._run))
 async def main():
     engine = await oxinfer.Engine.load({str(path)!r})
     assert engine.scheduler.cpu.graph.step is not None
@@ -284,8 +286,8 @@ print(sum(cpu_step._run.stats.cache_hits.values()), sum(cpu_step._run.stats.cach
     for _ in range(2):  # (the first may compile, where no earlier test did)
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
-    hits, misses = map(int, out.stdout.split()[-2:])
-    assert hits == 1 and misses == 0, out.stdout
+    cached, hits, misses = out.stdout.split()[-3:]
+    assert cached == "True" and int(hits) == 1 and int(misses) == 0, out.stdout
 
 
 def test_the_step_s_cache_is_stamped_with_all_of_its_sources():

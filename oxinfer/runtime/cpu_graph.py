@@ -101,7 +101,7 @@ class CpuGraph:
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
-        if refused is None and not GRAPH_BESIDE_TILES and _amx():  # the step will take every row: no graph
+        if refused is None and not GRAPH_BESIDE_TILES and _amx() and _step_cached():  # the step takes every row
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -214,7 +214,7 @@ class CpuGraph:
         # (a run of prompts alone waits for the step's build only where no graph was built: else a first
         # prompt runs beside it)
         tiles = self.prompts_on_tiles()
-        stepped = (tiles or any(len(s) == 1 for s in seqs)) and self.step is not None
+        stepped = (tiles or any(len(s) == 1 for s in seqs)) and self._built_step() is not None
         rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
@@ -227,6 +227,17 @@ class CpuGraph:
                 out[[rest[i] for i in rows]] = self._run([seqs[i] for i in rows], [caches[i] for i in rows],
                                                          [starts[i] for i in rows], fresh)
         return out
+
+    @property
+    def compiling(self) -> bool:
+        """Whether numba compiles the step beside this graph (a fresh install's first process:
+        `_step_cached`); the process waits for it at its end, so that the cache is written."""
+        return self.session is not None and isinstance(self._step, Future) and not self._step.done()
+
+    def _built_step(self):
+        """The step once built; None while it builds beside a graph (which takes the rows meanwhile:
+        numba compiling it, ~30 s, in a fresh install's first process); with no graph, waits for it."""
+        return None if self.compiling else self.step
 
     def prompts_on_tiles(self) -> bool:
         """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
@@ -366,6 +377,17 @@ def _amx() -> bool:
     """Whether the numba step runs prompts on AMX tiles here (runtime/cpu_amx.py)."""
     from oxinfer.runtime import cpu_amx
     return cpu_amx.available()
+
+
+def _step_cached() -> bool:
+    """Whether numba's cache holds the step; where not (a fresh install's first process), the graph is
+    built too and runs every row until the step is compiled (~30 s on 2 cores), said in the log."""
+    from oxinfer.runtime import cpu_step, numba_cache
+    if numba_cache.cached(cpu_step._run):
+        return True
+    log.info("numba_step_compiling", reason="numba's cache holds no CPU step for these sources (a first run)",
+             action="onnxruntime's graph runs every row until the step is compiled, once")
+    return False
 
 
 def _step_refused(kv_dtype) -> str | None:

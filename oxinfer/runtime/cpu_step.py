@@ -379,20 +379,23 @@ class NumbaStep:
                                               prompts).result()
 
     def warm(self) -> None:
-        """Compile (or load from numba's cache) every function of a step: one row over a pool of
-        one position."""
+        """Compile (or load from numba's cache) every function of a step in this thread (a process
+        ending meanwhile waits for it: the cache is written), then run one row over a pool of one
+        position on the step's thread (its region's threads started there)."""
         c = self.heads
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
         x = np.zeros((1, self.embed.n_in), np.float32)
-        cpu_ahead.step_thread().submit(self._run, x, [0], [0], [0], addresses, np.array([*c, 1, 1], np.int64)).result()
+        args = (x, [0], [0], [0], addresses, np.array([*c, 1, 1], np.int64))
+        self._run(*args, compile_only=True)
+        cpu_ahead.step_thread().submit(self._run, *args).result()
 
     @property
     def amx(self) -> bool:
         """Whether a prompt's products and attention run on AMX tiles here."""
         return _AMX
 
-    def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=()) -> np.ndarray:
+    def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=(), compile_only=False) -> np.ndarray:
         T = len(x)
         tiles = len(prompts) > 0 and _AMX
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(-(-T // 32) * 32 if tiles else T))  # (tiles store 32 rows)
@@ -407,6 +410,9 @@ class NumbaStep:
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
+        if compile_only:
+            _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx)))
+            return None
         if started is not None:
             started()
         if not _run(*args, self._sync, n, amx):

@@ -43,5 +43,15 @@ class StepSources(_IN_TREE):
         return stamp()
 
 
+def cached(dispatcher) -> bool:
+    """Whether numba's cache holds a compiled form of this function for its sources as they are
+    (a fresh install's first process compiles the step: ~30 s on 2 cores). True where numba's
+    private cache API has moved (as if cached: the step is then waited for, as before)."""
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 - (numba's internals, read for a hint)
+        return True
+
+
 if StepSources not in _IMPL._locator_classes:
     _IMPL._locator_classes.insert(0, StepSources)
