@@ -24,9 +24,9 @@ async def main() -> None:
     ap.add_argument("--lengths", default="128,512")
     ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
-    from oxinfer.runtime import cpu_graph
+    from oxinfer.runtime import cpu_decode, cpu_graph
     from oxinfer.runtime import step_ops as cs
-    cpu_graph.DECODE = "numba"
+    cpu_decode.DECODE = "numba"
     cpu_graph.GRAPH_BESIDE_TILES = True  # (prompts through the graph too, in turns)
     if a.synthetic:
         import tempfile

@@ -92,8 +92,8 @@ def main() -> None:
     a = ap.parse_args()
     import asyncio
     import oxinfer
-    from oxinfer.runtime import cpu_graph
-    cpu_graph.DECODE = "numba"
+    from oxinfer.runtime import cpu_decode
+    cpu_decode.DECODE = "numba"
     if a.synthetic:
         from oxinfer.bench import synthetic_model
         a.model = str(synthetic_model(a.synthetic, Path(tempfile.mkdtemp())))

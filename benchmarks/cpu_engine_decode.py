@@ -54,11 +54,11 @@ async def main() -> None:
                     help="prompts of this many tokens first, one token each (as oxinfer bench's prefill rows)")
     ap.add_argument("--bench", action="store_true", help="then oxinfer bench's own measure: its worker in this process")
     ap.add_argument("--step-threads", type=int, default=None,
-                    help="the numba step's threads (in place of cpu_graph.step_threads' choice)")
+                    help="the numba step's threads (in place of cpu_decode.step_threads' choice)")
     a = ap.parse_args()
     if a.step_threads:
-        from oxinfer.runtime import cpu_graph
-        cpu_graph.step_threads = lambda threads, cores: a.step_threads
+        from oxinfer.runtime import cpu_decode
+        cpu_decode.step_threads = lambda threads, cores: a.step_threads
     if a.synthetic:
         import tempfile
         from pathlib import Path

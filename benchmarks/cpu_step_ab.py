@@ -27,8 +27,8 @@ async def main() -> None:
     ap.add_argument("--callers", action="store_true",
                     help="then the numba step called from this thread, another one, two others in turns")
     a = ap.parse_args()
-    from oxinfer.runtime import cpu_graph
-    cpu_graph.DECODE = "numba"
+    from oxinfer.runtime import cpu_decode, cpu_graph
+    cpu_decode.DECODE = "numba"
     cpu_graph.GRAPH_BESIDE_TILES = True  # (the graph decodes in turns with it below)
     if a.synthetic:
         import tempfile

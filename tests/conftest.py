@@ -24,6 +24,22 @@ SLOWEST_FIRST = ("test_webgpu.py", "test_serve_ray.py", "test_server.py", "test_
                  "test_resident.py", "test_engine.py", "test_constraints.py", "test_cli.py", "test_golden.py")
 
 
+def pytest_sessionstart(session):
+    """The CPU's numba step compiled into numba's cache once, before any worker starts: a fresh clone's
+    first engines would each compile it beside onnxruntime's graph (~30 s), and rows the graph answers
+    meanwhile differ in their last bits from the step's (a batch against its solo answers)."""
+    if hasattr(session.config, "workerinput"):  # (a pytest-xdist worker: the controller did it)
+        return
+    import asyncio
+
+    async def compiled():
+        async with await oxinfer.Engine.load(backend="cpu") as e:
+            if e.scheduler.cpu.graph is not None:
+                e.scheduler.cpu.graph.step  # noqa: B018 - (waits for the build)
+
+    asyncio.run(compiled())
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's own order kept
@@ -33,9 +49,9 @@ def pytest_collection_modifyitems(items):
 def graph_decodes():
     """onnxruntime's graph takes every CPU row (OXINFER_CPU_DECODE=graph; the default, auto, gives them
     to the numba step wherever it runs): for the modules that test the graph itself."""
-    from oxinfer.runtime import cpu_graph
+    from oxinfer.runtime import cpu_decode
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_graph, "DECODE", "graph")
+        m.setattr(cpu_decode, "DECODE", "graph")
         yield
 
 

@@ -17,7 +17,7 @@ from test_cpu_step import _dequantized, _vnni
 from test_gguf_converted import _write
 
 import oxinfer
-from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.runtime import blockwise, cpu_decode
 from oxinfer.testing import random_matrix, write_tiny_llama
 
 
@@ -37,7 +37,7 @@ PROMPT = np.random.default_rng(3).integers(3, 250, 85)
 @pytest.fixture(scope="module", autouse=True)
 def numba_decodes():
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_graph, "DECODE", "numba")
+        m.setattr(cpu_decode, "DECODE", "numba")
         yield
 
 

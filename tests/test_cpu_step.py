@@ -2,7 +2,7 @@
 against numpy on the same integers for every weight type and row length (whole groups of 4 blocks,
 a half group after them, rows not a multiple of 4); the whole step against the model's numpy forward
 on GGUFs of every family as llama.cpp's converter writes them; a row's logits the same batched or
-alone. The step decodes where OXINFER_CPU_DECODE=numba asks (cpu_graph.DECODE, set here for the
+alone. The step decodes where OXINFER_CPU_DECODE=numba asks (cpu_decode.DECODE, set here for the
 module). Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
 
 import asyncio
@@ -16,7 +16,7 @@ from test_cpu_graph import FAMILIES, TOKENS
 from test_gguf_converted import _write
 
 import oxinfer
-from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.runtime import blockwise, cpu_decode, cpu_graph
 from oxinfer.testing import random_matrix, write_tiny_llama
 
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(not _vnni(), reason="numba or AVX-512 VNNI missi
 @pytest.fixture(scope="module", autouse=True)
 def numba_decodes():
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(cpu_graph, "DECODE", "numba")
+        m.setattr(cpu_decode, "DECODE", "numba")
         yield
 
 
@@ -135,7 +135,7 @@ async def test_the_step_computes_what_the_numpy_forward_computes(tmp_path, monke
     assert got_engine.scheduler.cpu.graph.step is not None
     got = await _decode_logits(got_engine)
     monkeypatch.setattr(blockwise, "ACCURACY_INT8", 1)  # float activations
-    monkeypatch.setattr(cpu_graph, "DECODE", "graph")
+    monkeypatch.setattr(cpu_decode, "DECODE", "graph")
     want = await _decode_logits(await oxinfer.Engine.load(path))
     for g, w in zip(got, want):
         tolerance = 0.025 * np.abs(w).max()
@@ -243,12 +243,12 @@ async def test_a_step_whose_threads_cannot_all_run_at_once_runs_in_one_thread(en
 
 
 async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_path, monkeypatch):
-    """OXINFER_CPU_DECODE=graph (the default; read at import as cpu_graph.DECODE): no step, no line.
+    """OXINFER_CPU_DECODE=graph (the default; read at import as cpu_decode.DECODE): no step, no line.
     numba asked for with float16 keys: no step, a line saying why. Decoding works in both; a value
     that is neither is refused at the load, named."""
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
     for setting, kv in (("graph", None), ("numba", np.float16)):
-        monkeypatch.setattr(cpu_graph, "DECODE", setting)
+        monkeypatch.setattr(cpu_decode, "DECODE", setting)
         if kv is not None:
             monkeypatch.setattr(cpu_graph, "KV_DTYPE", kv)
         with capture_logs() as logs:
@@ -258,7 +258,7 @@ async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_
         assert len(refused) == (kv is not None) and all("float16" in e["reason"] for e in refused)
         r = await engine.generate([5, 6, 7], oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(r.token_ids) == 3
-    monkeypatch.setattr(cpu_graph, "DECODE", "fast")
+    monkeypatch.setattr(cpu_decode, "DECODE", "fast")
     with pytest.raises(ValueError, match="OXINFER_CPU_DECODE='fast'"):
         await oxinfer.Engine.load(path)
 
@@ -274,8 +274,8 @@ def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
     script = f"""
 import asyncio, oxinfer
-from oxinfer.runtime import cpu_graph, cpu_step, numba_cache
-cpu_graph.DECODE = "numba"
+from oxinfer.runtime import cpu_decode, cpu_step, numba_cache
+cpu_decode.DECODE = "numba"
 print(numba_cache.cached(cpu_step._run))
 async def main():
     engine = await oxinfer.Engine.load({str(path)!r})

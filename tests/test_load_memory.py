@@ -14,7 +14,7 @@ from test_resident import lose_device_at
 import oxinfer
 from oxinfer.formats import gpu_layout, quants
 from oxinfer.formats.quants import FusedMatrix, QuantMatrix, _owner
-from oxinfer.runtime import blockwise, cpu_graph
+from oxinfer.runtime import blockwise, cpu_decode
 from oxinfer.runtime.blockwise import BlockwiseKernel
 from oxinfer.runtime.webgpu import WebGpuBackend, available
 from oxinfer.runtime.webgpu import backend as webgpu_backend
@@ -40,7 +40,7 @@ def _mapped_rss_kib(path: Path) -> int:
 async def test_the_gguf_pages_leave_once_the_cpu_kernels_hold_the_weights(tmp_path, monkeypatch, decode):
     """onnxruntime's graph, and the numba step where it runs (auto), once built: it lays the
     weights after the load."""
-    monkeypatch.setattr(cpu_graph, "DECODE", decode)
+    monkeypatch.setattr(cpu_decode, "DECODE", decode)
     path = write_tiny_llama(tmp_path / "tiny.gguf", d=256, d_ff=512).resolve()
     async with await oxinfer.Engine.load(path) as e:
         e.scheduler.cpu.graph.step  # noqa: B018 - (waits for the step's build, where one is built)
@@ -79,7 +79,7 @@ async def test_an_hf_directory_s_bf16_pages_leave_once_int8_kernels_hold_the_wei
     """bf16 weights are requantized to the int8 kernels' blocks (float32 would double them), and
     the safetensors file's pages leave as each kernel takes its weights, as a GGUF's do: the
     graph's, and the numba step's where it runs (auto) once built."""
-    monkeypatch.setattr(cpu_graph, "DECODE", decode)
+    monkeypatch.setattr(cpu_decode, "DECODE", decode)
     write_tiny_hf(tmp_path / "m", d=256, d_ff=512, dtype="BF16")
     path = (tmp_path / "m" / "model.safetensors").resolve()
     async with await oxinfer.Engine.load(tmp_path / "m") as e:

@@ -46,7 +46,7 @@ class CpuBackend:
 
     def __init__(self, int8: bool = True):
         blockwise.threads()  # a bad OXINFER_CPU_THREADS fails here, named, not later inside a kernel's fallback
-        from oxinfer.runtime.cpu_graph import numba_asked
+        from oxinfer.runtime.cpu_decode import numba_asked
         numba_asked()  # (and OXINFER_CPU_DECODE)
         self.int8 = int8
         self._kernels: dict[QuantMatrix, Kernel] = {}  # fused base (or plain matrix) -> its kernel

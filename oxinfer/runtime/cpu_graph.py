@@ -11,9 +11,10 @@ runs the decode rows of consecutive lanes together, first prompts together (padd
 values of their own, copied into their lanes after), and every other sequence (a prompt after
 cached keys, a private pool) alone: onnxruntime's CPU attention takes several rows of several
 sequences only when none has keys before them. Rows do not mix: a sequence's logits are the same
-batched or alone (tests/test_cpu_graph.py). Where numba's step runs (DECODE, OXINFER_CPU_DECODE:
-auto, the default, or numba), decode rows go to runtime/cpu_step.py's step instead, built in a thread after the load; where the CPU also
-has AMX the step takes every row (prompts on its tiles) and no onnxruntime graph is built at all.
+batched or alone (tests/test_cpu_graph.py). Where numba's step runs (runtime/cpu_decode.py: by
+default, wherever it can), decode rows go to runtime/cpu_step.py's step instead, built in a thread
+after the load; where the CPU also has AMX the step takes every row (prompts on its tiles) and no
+onnxruntime graph is built at all, unless numba's cache holds no step yet (a first run).
 
 Keys and values are float32 (KV_DTYPE). float16 ones (KV_DTYPE = np.float16 before the load:
 llama.cpp's default cache type) halve the KV memory, and onnxruntime's attention then takes
@@ -31,7 +32,6 @@ the pages it packed, and first prompts' scratch keys and values are a map of the
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import tempfile
 import threading
@@ -46,7 +46,7 @@ import onnxruntime as ort
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import block_minimums, blockwise, cpu_prompts
+from oxinfer.runtime import block_minimums, blockwise, cpu_decode, cpu_prompts
 from oxinfer.runtime.graph_ops import GraphOps, kernel_weights, zero_point
 
 log = get_logger("oxinfer.runtime")
@@ -57,10 +57,6 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
-# decode rows: "graph", "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster on
-# 2 and 16 cores, and with AMX lighter and quicker to load: docs/cpu_graph.md, sessions 39-40) or "auto"
-# (the default: numba's step wherever it runs, quietly the graph where it does not)
-DECODE = os.environ.get("OXINFER_CPU_DECODE", "auto")
 # whether onnxruntime's graph is built where the numba step takes every row (prompts on AMX tiles): not
 # (True: benchmarks that run prompts through both in turns)
 GRAPH_BESIDE_TILES = False
@@ -89,7 +85,7 @@ class CpuGraph:
         row_reader(data): the embedding's rows read from its file (formats/file_rows.py), or None."""
         t0 = time.perf_counter()
         self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
-        refused = _step_refused(self.kv_dtype)
+        refused = cpu_decode.step_refused(self.kv_dtype)
         # where the numba step decodes, onnxruntime's pool is the graph's own: only a session's own
         # pool stops spinning when a run ends (a process's first CPU engine decides)
         blockwise.set_up_threads("own" if refused is None else blockwise.GRAPH_POOL)
@@ -101,7 +97,8 @@ class CpuGraph:
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
-        if refused is None and not GRAPH_BESIDE_TILES and _amx() and _step_cached():  # the step takes every row
+        # the step takes every row: no graph (numba's cache cold: one answers until the step is compiled)
+        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.amx() and cpu_decode.step_cached():
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -117,7 +114,7 @@ class CpuGraph:
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
             log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
-        self._step = None if refused else _numba_step(model, self._laid, released)  # a Future of the decode step
+        self._step = None if refused else cpu_decode.numba_step(model, self._laid, released)  # (a Future)
         self._laid = None
         self.build_s = time.perf_counter() - t0
         log.info("cpu_graph", layers=cfg.n_layers, weight_mib=round(self.weight_bytes / 2**20, 1),
@@ -363,80 +360,6 @@ class CpuGraph:
                 io.bind_input(f"past_{kind}_{layer}", "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
                 io.bind_output(f"present_{kind}_{layer}", "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
         return io
-
-
-def numba_asked() -> bool:
-    """Whether OXINFER_CPU_DECODE (DECODE) asks for the numba step (numba or auto); ValueError naming
-    a bad value."""
-    if DECODE not in ("auto", "graph", "numba"):
-        raise ValueError(f"OXINFER_CPU_DECODE={DECODE!r}: expected auto, graph or numba")
-    return DECODE != "graph"
-
-
-def _amx() -> bool:
-    """Whether the numba step runs prompts on AMX tiles here (runtime/cpu_amx.py)."""
-    from oxinfer.runtime import cpu_amx
-    return cpu_amx.available()
-
-
-def _step_cached() -> bool:
-    """Whether numba's cache holds the step; where not (a fresh install's first process), the graph is
-    built too and runs every row until the step is compiled (~30 s on 2 cores), said in the log."""
-    from oxinfer.runtime import cpu_step, numba_cache
-    if numba_cache.cached(cpu_step._run):
-        return True
-    log.info("numba_step_compiling", reason="numba's cache holds no CPU step for these sources (a first run)",
-             action="onnxruntime's graph runs every row until the step is compiled, once")
-    return False
-
-
-def _step_refused(kv_dtype) -> str | None:
-    """Why runtime/cpu_step.py's decode step does not run here (logged where it was asked for: the
-    graph decodes), or None."""
-    if not numba_asked():
-        return "not asked for"
-    if importlib.util.find_spec("numba") is None:
-        reason = "numba is not installed (pip install 'oxinfer[numba]')"
-    elif np.dtype(kv_dtype) != np.float32:
-        reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
-    else:
-        import llvmlite.binding
-        reason = None if llvmlite.binding.get_host_cpu_features().get("avx512vnni") else "no AVX-512 VNNI on this CPU"
-    if reason is not None:  # (said where OXINFER_CPU_DECODE=numba asked for it; for auto, in the debug log)
-        (log.info if DECODE == "numba" else log.debug)("numba_step_refused", reason=reason,
-                                                       action="decode rows run in onnxruntime's graph")
-    return reason
-
-
-def step_threads(threads: int, cores: int) -> int:
-    """The numba step's threads: one fewer than the graph's where those take every core, from 8 on.
-    Its threads meet at spin barriers a few microseconds apart: where a thread of the engine's own
-    (its loop, sampling, streaming) takes the core of one of them, all of them wait. One stream of
-    the 135M shape through `oxinfer bench` on the H100 machines' 16 cores: 292-306 tok/s with 16
-    threads, 339-366 with 15, 360 with 14; on the 2-core dev VM, 93-106 with 2, 58 with 1."""
-    return threads - 1 if threads >= max(8, cores) else threads
-
-
-def _numba_step(model, laid: dict[int, tuple], released: Callable | None = None) -> Future:
-    """runtime/cpu_step.py's decode step over the matrices laid (the rest laid here, the file's pages
-    they read dropped after: released(None)), compiled in a thread (loaded from numba's cache beside
-    the module: ~0.3 s; ~10 s the first time): its Future."""
-    def build():
-        from oxinfer.runtime.cpu_step import NumbaStep
-        t0 = time.perf_counter()
-        step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid, released)
-        if released is not None:
-            released(None)
-        step.warm()
-        log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
-                 build_s=round(time.perf_counter() - t0, 3), prompts="amx tiles" if step.amx else "graph")
-        return step
-
-    ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")
-    try:
-        return ex.submit(build)
-    finally:
-        ex.shutdown(wait=False)
 
 
 def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = None) -> dict[int, tuple]:

@@ -1,0 +1,97 @@
+"""Who decodes on the CPU: OXINFER_CPU_DECODE's choice between onnxruntime's graph (runtime/cpu_graph.py)
+and the numba step (runtime/cpu_step.py), whether the step runs here (numba, AVX-512 VNNI, float32 keys;
+AMX for prompts), whether numba's cache holds it, its threads, and its build in a thread after the load.
+numba is imported only where the step is built or its cache asked about."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from oxinfer.logs import get_logger
+from oxinfer.runtime import blockwise
+
+log = get_logger("oxinfer.runtime")
+# decode rows: "graph", "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster on
+# 2 and 16 cores, and with AMX lighter and quicker to load: docs/cpu_graph.md, sessions 39-40) or "auto"
+# (the default: numba's step wherever it runs, quietly the graph where it does not)
+DECODE = os.environ.get("OXINFER_CPU_DECODE", "auto")
+
+
+def numba_asked() -> bool:
+    """Whether OXINFER_CPU_DECODE (DECODE) asks for the numba step (numba or auto); ValueError naming
+    a bad value."""
+    if DECODE not in ("auto", "graph", "numba"):
+        raise ValueError(f"OXINFER_CPU_DECODE={DECODE!r}: expected auto, graph or numba")
+    return DECODE != "graph"
+
+
+def amx() -> bool:
+    """Whether the numba step runs prompts on AMX tiles here (runtime/cpu_amx.py)."""
+    from oxinfer.runtime import cpu_amx
+    return cpu_amx.available()
+
+
+def step_cached() -> bool:
+    """Whether numba's cache holds the step; where not (a fresh install's first process), the graph is
+    built too and runs every row until the step is compiled (~30 s on 2 cores), said in the log."""
+    from oxinfer.runtime import cpu_step, numba_cache
+    if numba_cache.cached(cpu_step._run):
+        return True
+    log.info("numba_step_compiling", reason="numba's cache holds no CPU step for these sources (a first run)",
+             action="onnxruntime's graph runs every row until the step is compiled, once")
+    return False
+
+
+def step_refused(kv_dtype) -> str | None:
+    """Why runtime/cpu_step.py's decode step does not run here (logged where it was asked for: the
+    graph decodes), or None."""
+    if not numba_asked():
+        return "not asked for"
+    if importlib.util.find_spec("numba") is None:
+        reason = "numba is not installed (oxinfer depends on it: pip install numba)"
+    elif np.dtype(kv_dtype) != np.float32:
+        reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
+    else:
+        import llvmlite.binding
+        reason = None if llvmlite.binding.get_host_cpu_features().get("avx512vnni") else "no AVX-512 VNNI on this CPU"
+    if reason is not None:  # (said where OXINFER_CPU_DECODE=numba asked for it; for auto, in the debug log)
+        (log.info if DECODE == "numba" else log.debug)("numba_step_refused", reason=reason,
+                                                       action="decode rows run in onnxruntime's graph")
+    return reason
+
+
+def step_threads(threads: int, cores: int) -> int:
+    """The numba step's threads: one fewer than the graph's where those take every core, from 8 on.
+    Its threads meet at spin barriers a few microseconds apart: where a thread of the engine's own
+    (its loop, sampling, streaming) takes the core of one of them, all of them wait. One stream of
+    the 135M shape through `oxinfer bench` on the H100 machines' 16 cores: 292-306 tok/s with 16
+    threads, 339-366 with 15, 360 with 14; on the 2-core dev VM, 93-106 with 2, 58 with 1."""
+    return threads - 1 if threads >= max(8, cores) else threads
+
+
+def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) -> Future:
+    """runtime/cpu_step.py's decode step over the matrices laid (the rest laid here, the file's pages
+    they read dropped after: released(None)), compiled in a thread (loaded from numba's cache beside
+    the module: ~0.3 s; ~10 s the first time): its Future."""
+    def build():
+        from oxinfer.runtime.cpu_step import NumbaStep
+        t0 = time.perf_counter()
+        step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid, released)
+        if released is not None:
+            released(None)
+        step.warm()
+        log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
+                 build_s=round(time.perf_counter() - t0, 3), prompts="amx tiles" if step.amx else "graph")
+        return step
+
+    ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")
+    try:
+        return ex.submit(build)
+    finally:
+        ex.shutdown(wait=False)
