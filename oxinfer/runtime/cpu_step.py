@@ -364,6 +364,7 @@ class NumbaStep:
         self._xb = self._wb = self._kv = None  # AMX's scratch (`_tile_scratch`, `_laid_kv`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
+        self._no_prompts = np.zeros((0, 3), np.int64)
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
                started: Callable[[], None] | None = None, prompts: Sequence[int] = ()) -> np.ndarray:
@@ -456,6 +457,10 @@ class NumbaStep:
         (cpu_amx.keys_panels and values_panels; (kv heads, 2, room for each prompt's keys to a multiple
         of 32), grown as needed)."""
         _, kv, hd, _ = self.heads
+        if len(prompts) == 0:  # (decode rows: ~50 us of numpy saved a step)
+            if self._kv is None:
+                self._kv = np.zeros((kv, 2, 1), np.uint32)
+            return self._no_prompts, self._kv
         lens = np.asarray(prompts, np.int64)
         ends = np.cumsum(lens)
         room = -(-(pos[ends - 1] + 1) // 32) * 32 * hd // 2
