@@ -78,7 +78,7 @@ def step_threads(threads: int, cores: int) -> int:
 def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) -> Future:
     """runtime/cpu_step.py's decode step over the matrices laid (the rest laid here, the file's pages
     they read dropped after: released(None)), compiled in a thread (loaded from numba's cache beside
-    the module: ~0.3 s; ~10 s the first time): its Future."""
+    the module: ~0.3 s; ~30-40 s on 2 cores the first time): its Future."""
     def build():
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()

@@ -228,7 +228,7 @@ class CpuGraph:
     @property
     def compiling(self) -> bool:
         """Whether numba compiles the step beside this graph (a fresh install's first process:
-        `_step_cached`); the process waits for it at its end, so that the cache is written."""
+        cpu_decode.step_cached); the process waits for it at its end, so that the cache is written."""
         return self.session is not None and isinstance(self._step, Future) and not self._step.done()
 
     def _built_step(self):
@@ -247,8 +247,8 @@ class CpuGraph:
 
     def _stepped(self, seqs, caches, starts, out, started=None, prompts=False) -> list[int]:
         """Decode rows through the numba step, a call a pool (a private one's too), and where
-        `prompts`, each prompt in a call of its own (its logits the same whatever else runs), their
-        logits into out: the indices of the other sequences."""
+        `prompts`, the prompts too, together (`_prompt_runs`: a prompt's logits the same whatever else
+        runs), their logits into out: the indices of the other sequences."""
         pools: dict[int, list[int]] = {}
         rest, firsts = [], []
         for i, (s, c) in enumerate(zip(seqs, caches)):

@@ -4,7 +4,7 @@ function, interprets with the products of runtime/cpu_vnni.py. One call from Pyt
 place of onnxruntime's ~10 nodes a layer, each with its own overhead and fan-out to the threads
 (session 33: half of a one-row step on the 2-core dev VM); one OpenMP region a step, its threads
 meeting at runtime/cpu_sync.py's spin barriers between lines (a region a line cost ~5-10 us each
-on 16 threads). Decode rows come here wherever the step runs (runtime/cpu_graph.py), and, where
+on 16 threads). Decode rows come here wherever the step runs (runtime/cpu_decode.py), and, where
 the CPU has AMX, prompts too, several a call: their attention and products run on the CPU's bfloat16
 tiles (runtime/cpu_amx.py), every prompt row, however many a call has (a prompt's rows the same
 whole, in chunks, after a prefix cache's hit, or beside other prompts).
