@@ -30,13 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from llvmlite import ir
-from numba import carray, njit, prange, types
-from numba.extending import intrinsic
+from numba import njit, prange
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: before any @njit)
+from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: first)
                              numba_cache)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
@@ -46,115 +44,6 @@ log = get_logger("oxinfer.runtime")
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
-
-
-@intrinsic
-def _f32_at(typingctx, address):
-    """The float32 pointer at an address (a KV pool's layer, whose arrays numba is not given)."""
-    sig = types.CPointer(types.float32)(types.intp)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _rope(src, dst, c, s, scale, rope_dim, hd):
-    """One head's hd values from src into dst: adjacent pairs of the first rope_dim rotated (GGUF
-    stores q/k rows permuted for this), the rest as they are, all times scale."""
-    for i in range(rope_dim // 2):
-        a, b = src[2 * i], src[2 * i + 1]
-        dst[2 * i] = (a * c[i] - b * s[i]) * scale
-        dst[2 * i + 1] = (a * s[i] + b * c[i]) * scale
-    for i in range(rope_dim, hd):
-        dst[i] = src[i] * scale
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _copy(src, dst, n):
-    """dst[:n] = src[:n] as a loop (an array assignment brings numba's shape check, whose error
-    message took ~5 s of the step's first compile)."""
-    for i in range(n):
-        dst[i] = src[i]
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped,
-            amx):
-    """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
-    keys roped at its position and written with its values into its lane; at a barrier, each row's
-    heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
-    task a row and kv head, then a row and head (grouped: a row and a kv head's query heads, which
-    read its keys and values once), dealt round the threads. Prompts' rows (amx[4]: each prompt's
-    rows, one lane's consecutive positions) on AMX tiles where the head's size allows: queries roped
-    a task a row and head, then `cpu_amx.heads`. The barrier count after."""
-    layer, window, row0 = ints[0], ints[1], ints[2]
-    H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
-    V = carray(_f32_at(pool[layer, 1]), (slots, KV, tokens, hd))
-    for task in range(tid, rows * KV, n):
-        t, g = task // KV, task % KV
-        p, r = pos[t], pos[t] + row0
-        _rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
-        _copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
-    gen = cpu_sync.barrier(sync, n, tid, gen)
-    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:
-        for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
-            t, h = task // H, task % H
-            r = pos[t] + row0
-            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
-    m = H // KV if grouped else 1
-    for task in range(tid, rows * (H // m), n):
-        t, h0 = task // (H // m), task % (H // m) * m
-        r = pos[t] + row0
-        for h in range(h0, h0 + m):
-            _rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, fl[1])
-    return gen
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
-    """Row t's heads h0 to h0 + m (of one kv head): softmax(q . keys (soft-capped)) times values,
-    into A. Each head's arithmetic is the same whatever m (a row's logits the same in any step)."""
-    keys, values = K[lanes[t], h0 // (H // KV)], V[lanes[t], h0 // (H // KV)]
-    n = pos[t] + 1
-    lo = max(0, n - window) if window > 0 else 0
-    s = np.empty((m, n - lo), np.float32)
-    for j in range(lo, n):
-        k = keys[j]
-        for h in range(m):
-            q = qs[t, (h0 + h) * hd:(h0 + h + 1) * hd]
-            acc = np.float32(0.0)
-            for i in range(hd):
-                acc += q[i] * k[i]
-            s[h, j - lo] = acc
-    totals = np.empty(m, np.float32)
-    for h in range(m):
-        sh = s[h]
-        if cap > 0:  # (a branch of its own: inside the loop above, it kept the dot products from vectors)
-            for j in range(n - lo):
-                sh[j] = cap * np.tanh(sh[j] / cap)
-        top = cpu_vnni.largest(sh, 0, n - lo)
-        total = np.float32(0.0)
-        for j in range(n - lo):
-            e = cpu_vnni.exp_neg(sh[j] - top)
-            sh[j] = e
-            total += e
-        totals[h] = total
-    acc = np.zeros((m, hd), np.float32)
-    for j in range(lo, n):
-        v = values[j]
-        for h in range(m):
-            w, ah = s[h, j - lo], acc[h]
-            for i in range(hd):
-                ah[i] += w * v[i]
-    for h in range(m):
-        out = A[t, oc + (h0 + h) * hd:oc + (h0 + h + 1) * hd]
-        inv = np.float32(1.0) / totals[h]
-        for i in range(hd):
-            out[i] = acc[h, i] * inv
 
 
 @njit(parallel=True, fastmath=True, error_model="numpy", cache=True, nogil=True)
@@ -198,12 +87,12 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                 cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o,
                               m[5])
         elif op == ATTEND:
-            gen = _attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos, sin, qs,
-                          grouped, amx)
+            gen = cpu_attend.attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos,
+                                    sin, qs, grouped, amx)
         elif op == LAST:
             if tid == 0:
                 for t in range(last.shape[0]):
-                    _copy(A[last[t], a:], A[t, o:], k)
+                    cpu_attend.copy(A[last[t], a:], A[t, o:], k)
             rows = last.shape[0]
         else:
             w = vecs[vec_at[ints[0]]:]
@@ -470,7 +359,7 @@ class NumbaStep:
         return np.stack([ends - lens, ends, at], axis=1), self._kv
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
-        """A KV pool's layers' addresses (layers, 2) and the dimensions `_attend` reads: (heads, kv
+        """A KV pool's layers' addresses (layers, 2) and the dimensions `cpu_attend.attend` reads: (heads, kv
         heads, head_dim, rope_dim, slots, tokens). A shared pool's arrays never move (kept); a
         private pool's are replaced as it grows (read each call: a step's blocks are reserved before it)."""
         got = self._pools.get(id(pool))
