@@ -226,10 +226,15 @@ class CpuGraph:
         return out
 
     @property
+    def _building(self) -> bool:
+        """Whether the step's build is still under way (its Future not done)."""
+        return isinstance(self._step, Future) and not self._step.done()
+
+    @property
     def compiling(self) -> bool:
         """Whether numba compiles the step beside this graph (a fresh install's first process:
         cpu_decode.step_cached); the process waits for it at its end, so that the cache is written."""
-        return self.session is not None and isinstance(self._step, Future) and not self._step.done()
+        return self.session is not None and self._building
 
     def _built_step(self):
         """The step once built; None while it builds beside a graph (which takes the rows meanwhile:
@@ -242,8 +247,7 @@ class CpuGraph:
         first run waits for the step)."""
         if self.session is None and isinstance(self._step, Future):
             return True
-        built = self._step is not None and not (isinstance(self._step, Future) and not self._step.done())
-        return built and self.step is not None and self.step.amx
+        return not self._building and self.step is not None and self.step.amx
 
     def _stepped(self, seqs, caches, starts, out, started=None, prompts=False) -> list[int]:
         """Decode rows through the numba step, a call a pool (a private one's too), and where

@@ -250,10 +250,11 @@ class NumbaStep:
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
-        self._xb = self._wb = self._kv = None  # AMX's scratch (`_tile_scratch`, `_laid_kv`), made at a first prompt
+        self._xb = self._wb = None  # AMX's scratch (`_tile_scratch`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
-        self._no_prompts = np.zeros((0, 3), np.int64)
+        # prompts' keys and values laid for the tiles (`_laid_kv`: grown at a first prompt), and no prompts
+        self._kv, self._no_prompts = np.zeros((c.n_kv_heads, 2, 1), np.uint32), np.zeros((0, 3), np.int64)
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
                started: Callable[[], None] | None = None, prompts: Sequence[int] = ()) -> np.ndarray:
@@ -347,15 +348,13 @@ class NumbaStep:
         of 32), grown as needed)."""
         _, kv, hd, _ = self.heads
         if len(prompts) == 0:  # (decode rows: ~50 us of numpy saved a step)
-            if self._kv is None:
-                self._kv = np.zeros((kv, 2, 1), np.uint32)
             return self._no_prompts, self._kv
         lens = np.asarray(prompts, np.int64)
         ends = np.cumsum(lens)
         room = -(-(pos[ends - 1] + 1) // 32) * 32 * hd // 2
         at = np.cumsum(room) - room
-        if self._kv is None or self._kv.shape[2] < room.sum():
-            self._kv = np.zeros((kv, 2, max(int(room.sum()), 1)), np.uint32)
+        if self._kv.shape[2] < room.sum():
+            self._kv = np.zeros((kv, 2, int(room.sum())), np.uint32)
         return np.stack([ends - lens, ends, at], axis=1), self._kv
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
