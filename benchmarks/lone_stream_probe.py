@@ -50,7 +50,7 @@ def _timed(name, original):
     return part
 
 
-async def run_one(engine, tokens: int) -> dict[str, float]:
+async def run_one(engine, tokens: int, prompt: int = 64) -> dict[str, float]:
     params = oxinfer.SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     r = engine.resident
     r.program(False).plans.clear()
@@ -60,7 +60,7 @@ async def run_one(engine, tokens: int) -> dict[str, float]:
         v.clear()
     a = r.stats.kernel_s, r.stats.steps
     n, t0, c0 = 0, time.perf_counter(), time.thread_time()
-    async for ev in engine.stream(list(range(64)), params):
+    async for ev in engine.stream([i % 256 for i in range(prompt)], params):
         n += isinstance(ev, oxinfer.Token)
     wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     steps = r.stats.steps - a[1]
@@ -72,7 +72,7 @@ async def run_one(engine, tokens: int) -> dict[str, float]:
 
 async def main(args) -> None:
     path = Path(tempfile.mkdtemp()) / f"{args.synthetic}.gguf"
-    write_tiny_llama(path, fast=True, context=2048, **SYNTHETIC[args.synthetic])
+    write_tiny_llama(path, fast=True, context=max(2048, args.prompt + args.tokens + 16), **SYNTHETIC[args.synthetic])
     gpu = WebGpuBackend.create(allow_cpu_adapter=True, timestamps=True)
     engine = await oxinfer.Engine.load(path, gpu=gpu, backend="webgpu", max_concurrent=4)
     sub.Submitting._submit = _timed_submit(sub.Submitting._submit)
@@ -84,9 +84,9 @@ async def main(args) -> None:
     for _ in range(args.rounds):
         for name, sets in variants.items():
             trial_settings.apply(sets, defaults, engine.resident)
-            got[name].append(await run_one(engine, args.tokens))
+            got[name].append(await run_one(engine, args.tokens, args.prompt))
     trial_settings.apply({}, defaults)
-    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens, variants in turns")
+    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens after {args.prompt}, variants in turns")
     for name, runs in got.items():
         print(f"  {name} ({variants[name] or 'defaults'}): tok/s " + " ".join(f"{r['tok/s']:.0f}" for r in runs))
         for k in runs[0]:
@@ -98,5 +98,6 @@ if __name__ == "__main__":
     p.add_argument("--synthetic", default="135m")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--tokens", type=int, default=512)
+    p.add_argument("--prompt", type=int, default=64, help="the prompt's tokens before each run's decode")
     p.add_argument("--variants", default="defaults:")
     anyio.run(main, p.parse_args())
