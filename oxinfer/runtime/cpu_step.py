@@ -41,6 +41,9 @@ from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM,
                                       SOFTCAP, StepOps)
 
 log = get_logger("oxinfer.runtime")
+# a product's x quantized in pieces of at least this many blocks where its rows are fewer than the threads (one
+# row of the 1.1B shape's down product alone took ~15 us on one core of the 2-core VM while the others waited)
+_QUANTIZE_BLOCKS = 8
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
@@ -66,8 +69,9 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     """Thread tid's share of every line, a barrier after each (the next line may read what any
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in).
-    A product's x is quantized a row a thread (a barrier), then each thread takes its range of W's
-    quads; other lines deal rows (wide element-wise ones, pieces of rows) round the threads. amx: (whether
+    A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
+    thread), a barrier, then each thread takes its range of W's quads; other lines deal rows (wide
+    element-wise ones, pieces of rows) round the threads. amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
@@ -81,8 +85,13 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             if _AMX and amx[0] and m[5] % cpu_amx.TILE == 0:
                 gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
             else:
-                for t in range(tid, rows, n):
-                    cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t])
+                pieces = max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
+                if pieces > 1 and i > 0 and _by_rows(lines[i - 1, 0], lines[i - 1, 5]):
+                    gen = cpu_sync.barrier(sync, n, tid, gen)  # (x's rows are not all this thread's own)
+                for task in range(tid, rows * pieces, n):
+                    t, j = task // pieces, task % pieces
+                    cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t], blocks * j // pieces,
+                                          blocks * (j + 1) // pieces)
                 gen = cpu_sync.barrier(sync, n, tid, gen)
                 cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o,
                               m[5])

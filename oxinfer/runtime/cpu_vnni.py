@@ -282,13 +282,14 @@ def quantize(x, rows, col0, k, blocks, xq, xd, xs):
     even values of each block side by side, then its odd ones from byte blocks x 16 on; each
     block's scale and scale x sum. Blocks past k, to `blocks`, are zeros."""
     for t in range(rows):
-        quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t])
+        quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t], 0, blocks)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
-def quantize_row(x, col0, k, blocks, xq, xd, xs):
+def quantize_row(x, col0, k, blocks, xq, xd, xs, b0, b1):
+    """Blocks b0 to b1 of one row of `quantize` (threads may each take some of a row's blocks)."""
     half = blocks * 16
-    for b in range(blocks):
+    for b in range(b0, b1):
         if 32 * b >= k:
             for j in range(16):
                 xq[16 * b + j] = 0
