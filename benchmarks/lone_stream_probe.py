@@ -86,7 +86,8 @@ async def main(args) -> None:
             trial_settings.apply(sets, defaults, engine.resident)
             got[name].append(await run_one(engine, args.tokens, args.prompt))
     trial_settings.apply({}, defaults)
-    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens after {args.prompt}, variants in turns")
+    print(f"{args.synthetic}: {gpu.adapter.summary}; {args.rounds} rounds of {args.tokens} tokens after "
+          f"{args.prompt}, variants in turns")
     for name, runs in got.items():
         print(f"  {name} ({variants[name] or 'defaults'}): tok/s " + " ".join(f"{r['tok/s']:.0f}" for r in runs))
         for k in runs[0]:

@@ -174,7 +174,8 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     out = []
     for t in range(len(xs_of)):
         for r in range(4):  # the lanes halved to 1 (a tree, not a chain of 16 adds)
-            v = halve(halve(halve(builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r])), 4), 2), 1)
+            v = builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r]))
+            v = halve(halve(halve(v, 4), 2), 1)
             out.append(builder.extract_element(v, ir.Constant(_I32, 0)))
     return out
 
