@@ -6,7 +6,8 @@
 # one stream (16 cores), 32 streams of 128-token prompts and 64 tokens each (llama-batched-bench's -npl 32: 2,048 / T),
 # and the 135m's one stream at 1, 2, 4 and 8 cores (taskset: oxinfer sizes its threads from the affinity mask).
 # PART=turns: llama.cpp built, then per shape in turns (ROUNDS, 2): llama-batched-bench -npl 32, llama-bench tg64 after
-# 512 tokens (-d 512), oxinfer bench 512x1 and 128x32. Carry [".nbs", ".whlmin", ".lcp"]; outputs in $OUT (JSONs in one tgz: the device returns 8 files a call).
+# 512 tokens (-d 512), oxinfer bench 512x1 and 128x32. PART=bandwidth: benchmarks/cpu_bandwidth_probe.py (the host's
+# read rate beside the products' at 1-16 threads), then llama.cpp's 1.1B tg64 at 1-16 threads. Carry [".nbs", ".whlmin", ".lcp"]; outputs in $OUT (JSONs in one tgz: the device returns 8 files a call).
 export PYTHONPATH=/tmp/nb:/tmp/site:$PWD PYTHONUNBUFFERED=1 OXINFER_CPU_DECODE=numba
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlmin/*.whl || exit 1
 mkdir -p /tmp/nb && { [ -d /tmp/nb/numba ] || tar -xJf .nbs/nb-site.tar.xz -C /tmp/nb || exit 1; }
@@ -27,6 +28,13 @@ if [ "${PART:-llama}" = turns ]; then  # (one call: llama.cpp built, then both e
       done
     done
   done
+  exit
+fi
+if [ "${PART:-llama}" = bandwidth ]; then  # (the host's read rate and the products' at 1-16 threads; then llama.cpp's 1.1B tg64)
+  python3 benchmarks/cpu_bandwidth_probe.py --threads 1,2,4,8,15,16 --rounds 3 2>&1 | grep -v "^20"
+  BATCHED=0 bash benchmarks/h200_llamacpp_cpu.sh 2>&1 | grep -E "built|rror" | tail -2
+  B=/tmp/llama_cpp_python-0.3.36-trim/vendor/llama.cpp/build-cpu/bin
+  timeout 150 $B/llama-bench -m /tmp/m/1b.gguf -p 0 -n 64 -t 1,2,4,8,16 -r 2 2>&1 | grep -E "tg64|error"
   exit
 fi
 if [ "${PART:-llama}" = llama ]; then
