@@ -115,17 +115,12 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
             return builder.load(at(addr, const(0), ir.VectorType(_F32, k)), align=1)
         return builder.fpext(builder.load(at(addr, const(0), ir.VectorType(_F16, k)), align=1), ir.VectorType(_F32, k))
 
-    def group(k, wrow, xoff, doff, accs):
-        """k blocks (4 or 2) of the 4 rows at wrow(r) against every x at value byte xoff, scale doff:
-        each (x, row) pair's lanes += (q . x8) d xd + m xs, the minimum's term in its block's first
-        lane (two fused multiply-adds a pair; every scale spread to its block's 4 lanes once a group)."""
+    def group(k, wrow, xoff, doff, accs, mins):
+        """k blocks (4 or 2) of the 4 rows at wrow(r) against every x at value byte xoff, scale doff."""
         vi, vf, vk = lanes(k)
         dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
                                                 f"llvm.x86.avx512.vpdpbusd.{128 * k}")
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), f"llvm.fma.v{4 * k}f32")
         spread = ir.Constant(ir.VectorType(_I32, 4 * k), [i // 4 for i in range(4 * k)])
-        first = ir.Constant(ir.VectorType(_I32, 4 * k), [i // 4 if i % 4 == 0 else k for i in range(4 * k)])
-        none = ir.Constant(vk, [0.0] * k)
         vb = 16 * k
         rows = []
         for r in range(4):
@@ -140,31 +135,36 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                 even, odd = q, builder.load(at(w, builder.add(row, const(vb)), vi), align=1)
                 d = scales(builder.add(w, builder.add(row, const(2 * vb))), k)
                 m = builder.fmul(d, ir.Constant(vk, [-128.0] * k))
-            rows.append((even, odd, builder.shuffle_vector(d, d, spread), builder.shuffle_vector(m, none, first)))
+            rows.append((even, odd, d, m))
         for t, (xe, xo, xd, xs) in enumerate(xs_of):
             a = builder.load(at(xe, xoff, vi), align=1)
             b = builder.load(at(xo, xoff, vi), align=1)
             xdk = builder.load(at(xd, doff, vk), align=4)
             xsk = builder.load(at(xs, doff, vk), align=4)
-            xd16, xs16 = builder.shuffle_vector(xdk, xdk, spread), builder.shuffle_vector(xsk, xsk, spread)
-            for r, (even, odd, d16, m1) in enumerate(rows):
+            for r, (even, odd, d, m) in enumerate(rows):
                 s = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(vi, [0] * 4 * k), even, a]), odd, b])
-                acc = builder.call(fma, [m1, xs16, builder.load(accs[t][r])])
-                builder.store(builder.call(fma, [builder.sitofp(s, vf), builder.fmul(d16, xd16), acc]), accs[t][r])
+                scale = builder.fmul(d, xdk)
+                scale = builder.shuffle_vector(scale, scale, spread)
+                acc = builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale))
+                builder.store(acc, accs[t][r])
+                builder.store(builder.fadd(builder.load(mins[t][r]), builder.fmul(m, xsk)), mins[t][r])
 
     def zeros(k):
         return ir.Constant(ir.VectorType(_F32, k), [0.0] * k)
 
     accs = [[cgutils.alloca_once_value(builder, zeros(16)) for _ in range(4)] for _ in xs_of]
+    mins = [[cgutils.alloca_once_value(builder, zeros(4)) for _ in range(4)] for _ in xs_of]
     tails = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(4)] for _ in xs_of]
+    tail_mins = [[cgutils.alloca_once_value(builder, zeros(2)) for _ in range(4)] for _ in xs_of]
     rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
     with cgutils.for_range(builder, n) as loop:
         og = builder.mul(loop.index, const(4 * rb4))
         group(4, lambda r: builder.add(og, const(rb4 * r)), builder.mul(loop.index, const(64)),
-              builder.mul(loop.index, const(16)), accs)
+              builder.mul(loop.index, const(16)), accs, mins)
     with builder.if_then(builder.icmp_signed("!=", tail, ir.Constant(tail.type, 0))):
         og = builder.mul(n, const(4 * rb4))
-        group(2, lambda r: builder.add(og, const(rb2 * r)), builder.mul(n, const(64)), builder.mul(n, const(16)), tails)
+        group(2, lambda r: builder.add(og, const(rb2 * r)), builder.mul(n, const(64)), builder.mul(n, const(16)),
+              tails, tail_mins)
 
     def halve(v, k):  # <2k x float> -> <k x float>: lanes i and k + i added
         lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, k), list(range(k))))
@@ -173,9 +173,12 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
 
     out = []
     for t in range(len(xs_of)):
-        for r in range(4):  # the lanes halved to 1 (a tree, not a chain of 16 adds)
-            v = builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r]))
-            v = halve(halve(halve(v, 4), 2), 1)
+        for r in range(4):  # the lanes halved to 4 (a tree, not a chain of 16 adds), the minimums', then 1
+            v = halve(builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r])), 4)
+            tm = builder.load(tail_mins[t][r])
+            v = builder.fadd(builder.fadd(v, builder.load(mins[t][r])),
+                             builder.shuffle_vector(tm, zeros(2), ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3])))
+            v = halve(halve(v, 2), 1)
             out.append(builder.extract_element(v, ir.Constant(_I32, 0)))
     return out
 
