@@ -39,12 +39,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", required=True, help="another version of oxinfer/runtime/cpu_vnni.py")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--mib", type=int, default=0,
+                    help="then one row against a 2048 x 2048 matrix tiled to this many MiB (read from memory)")
     a = ap.parse_args()
     forms = {"checkout": cpu_vnni.some, "other": other_module(a.other).some}
-    for n_out, n_in in SHAPES:
-        laid, kind, groups, tail = cpu_vnni.lay(random_matrix("Q4_1", n_out, n_in, np.random.default_rng(1)))
+    for n_out, n_in in (*SHAPES, *([(0, 2048)] if a.mib else [])):
+        laid, kind, groups, tail = cpu_vnni.lay(random_matrix("Q4_1", n_out or 2048, n_in, np.random.default_rng(1)))
+        if not n_out:  # (memory-bound: W's bytes are read once a pass)
+            laid = np.ascontiguousarray(np.tile(laid, (max(1, a.mib * 2**20 // laid.nbytes), 1)))
+            n_out = 4 * laid.shape[0]
         nb = 4 * groups + 2 * tail
-        for rows in (1, 32):
+        for rows in (1, 32) if n_out * n_in <= 2**24 else (1,):
             x = np.random.default_rng(0).standard_normal((rows, n_in)).astype(np.float32)
             xq, xd, xs = (np.zeros((rows, nb * 32), np.int8), np.zeros((rows, nb), np.float32),
                           np.zeros((rows, nb), np.float32))
