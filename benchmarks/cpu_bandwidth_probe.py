@@ -2,8 +2,7 @@
 from it: GB/s of a plain read (each thread sums its contiguous share of a big array; with and without
 `some`'s software prefetch) and of
 `cpu_vnni.some` over as many bytes of laid Q4_1 rows (a 2048-column matrix laid once, then tiled,
-so every byte is read from memory, as in a 1.1B decode step), and of cpu_superblock_probe.py's
-block-transposed kernel over the same rows so laid, at each thread count, in turns.
+so every byte is read from memory, as in a 1.1B decode step), at each thread count, in turns.
 
     python benchmarks/cpu_bandwidth_probe.py [--mib 640] [--threads 1,2,4,8,15,16] [--rounds 3]
 
@@ -20,7 +19,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from cpu_superblock_probe import lay_sb, some_sb, x_sb
 from oxinfer.runtime import cpu_vnni
 from oxinfer.testing_blocks import random_matrix
 
@@ -53,22 +51,11 @@ def _products(address, quads, groups, tail, kind, xq, xd, xs, out, n):
                       0, out.shape[1])
 
 
-@njit(parallel=True, cache=False)
-def _superblocks(address, quads, nsb, xe, xo, xd, xs, out, n):
-    """_products with cpu_superblock_probe's block-transposed layout and kernel."""
-    for t in prange(n):
-        some_sb(quads * t // n, quads * (t + 1) // n, address, nsb, xe, xo, xd, xs, 1, out[t:t + 1])
-
-
 def laid_rows(mib: int) -> tuple:
-    """A 2048 x 2048 Q4_1 matrix laid for `some`, tiled to ~mib MiB of quads: (bytes, kind, groups, tail),
-    then the same rows laid in superblocks and tiled alike, and their superblocks a row."""
-    w = random_matrix("Q4_1", N_IN, N_IN, np.random.default_rng(1))
-    laid, kind, groups, tail = cpu_vnni.lay(w)
-    sb, nsb = lay_sb(w)
+    """A 2048 x 2048 Q4_1 matrix laid for `some`, tiled to ~mib MiB of quads: (bytes, kind, groups, tail)."""
+    laid, kind, groups, tail = cpu_vnni.lay(random_matrix("Q4_1", N_IN, N_IN, np.random.default_rng(1)))
     reps = max(1, mib * 2**20 // laid.nbytes)
-    tiled = [np.ascontiguousarray(np.tile(a, (reps, 1))) for a in (laid, sb)]
-    return tiled[0], kind, groups, tail, tiled[1], nsb
+    return np.ascontiguousarray(np.tile(laid, (reps, 1))), kind, groups, tail
 
 
 def main() -> None:
@@ -79,17 +66,16 @@ def main() -> None:
     a = ap.parse_args()
     counts = [n for n in map(int, a.threads.split(",")) if n <= numba.config.NUMBA_NUM_THREADS]
     words = np.ones(a.mib * 2**20 // 8, np.int64)
-    laid, kind, groups, tail, sb, nsb = laid_rows(a.mib)
+    laid, kind, groups, tail = laid_rows(a.mib)
     nb = 4 * groups + 2 * tail
     x = np.random.default_rng(0).standard_normal((1, N_IN)).astype(np.float32)
     xq, xd, xs = np.zeros((1, nb * 32), np.int8), np.zeros((1, nb), np.float32), np.zeros((1, nb), np.float32)
     cpu_vnni.quantize(x, 1, 0, N_IN, nb, xq, xd, xs)
-    xe, xo = x_sb(xq, nb)
     quads = laid.shape[0]
     out = np.zeros((max(counts), 4 * quads), np.float32)
     print(f"{numba.config.NUMBA_NUM_THREADS} threads at most; {words.nbytes / 2**20:.0f} MiB read, "
           f"{laid.nbytes / 2**20:.0f} MiB of laid Q4_1 rows; GB/s, best of each round's 3 passes")
-    kinds = ("read", "read, prefetched", "products", "superblocks")
+    kinds = ("read", "read, prefetched", "products")
     got = {(k, n): [] for k in kinds for n in counts}
     for _ in range(a.rounds):
         for n in counts:
@@ -97,16 +83,14 @@ def main() -> None:
             for kind_name, run, nbytes in (("read", lambda: _read(words, n, 0), words.nbytes),
                                            ("read, prefetched", lambda: _read(words, n, cpu_vnni.AHEAD), words.nbytes),
                                            ("products", lambda: _products(laid.ctypes.data, quads, groups, tail, kind,
-                                                                          xq, xd, xs, out, n), laid.nbytes),
-                                           ("superblocks", lambda: _superblocks(sb.ctypes.data, quads, nsb, xe, xo, xd,
-                                                                                xs, out, n), sb.nbytes)):
+                                                                          xq, xd, xs, out, n), laid.nbytes)):
                 run()
                 best = min(_timed(run) for _ in range(3))
                 got[(kind_name, n)].append(nbytes / best / 1e9)
     for n in counts:
-        r, f, p, b = (np.median(got[(k, n)]) for k in kinds)
+        r, f, p = (np.median(got[(k, n)]) for k in kinds)
         print(f"{n:3d} threads: read {r:6.1f} GB/s, prefetched {f:6.1f}, products {p:6.1f} ({p / max(r, f):.2f} of the "
-              f"better read), superblocks {b:6.1f}", flush=True)
+              f"better read)", flush=True)
 
 
 def _timed(run) -> float:

@@ -6,8 +6,9 @@ and 32 rows of x: the way to compare kernel forms on a host whose speed swings b
     git show <commit>:oxinfer/runtime/cpu_vnni.py > /tmp/other_vnni.py
     python benchmarks/cpu_vnni_ab.py --other /tmp/other_vnni.py [--rounds 15]
 
-Each form's `some` runs whole (its prefetch, its stores), and the sums of the two forms' outputs are
-printed beside their times so a form that computes something else shows.
+Each form lays W, quantizes x and runs its whole `some` (its prefetch, its stores) its own way; the
+sums of the two forms' outputs are printed beside their times so a form that computes something else
+shows.
 """
 from __future__ import annotations
 
@@ -42,25 +43,32 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=0,
                     help="then one row against a 2048 x 2048 matrix tiled to this many MiB (read from memory)")
     a = ap.parse_args()
-    forms = {"checkout": cpu_vnni.some, "other": other_module(a.other).some}
+    mods = {"checkout": cpu_vnni, "other": other_module(a.other)}  # (each lays W and quantizes x its own way)
     for n_out, n_in in (*SHAPES, *([(0, 2048)] if a.mib else [])):
-        laid, kind, groups, tail = cpu_vnni.lay(random_matrix("Q4_1", n_out or 2048, n_in, np.random.default_rng(1)))
+        w = random_matrix("Q4_1", n_out or 2048, n_in, np.random.default_rng(1))
+        laid = {name: mod.lay(w) for name, mod in mods.items()}
         if not n_out:  # (memory-bound: W's bytes are read once a pass)
-            laid = np.ascontiguousarray(np.tile(laid, (max(1, a.mib * 2**20 // laid.nbytes), 1)))
-            n_out = 4 * laid.shape[0]
-        nb = 4 * groups + 2 * tail
+            reps = max(1, a.mib * 2**20 // laid["checkout"][0].nbytes)
+            laid = {name: (np.ascontiguousarray(np.tile(v[0], (reps, 1))), *v[1:]) for name, v in laid.items()}
+        n_out = n_out or 4 * laid["checkout"][0].shape[0]
         for rows in (1, 32) if n_out * n_in <= 2**24 else (1,):
             x = np.random.default_rng(0).standard_normal((rows, n_in)).astype(np.float32)
-            xq, xd, xs = (np.zeros((rows, nb * 32), np.int8), np.zeros((rows, nb), np.float32),
-                          np.zeros((rows, nb), np.float32))
-            cpu_vnni.quantize(x, rows, 0, n_in, nb, xq, xd, xs)
-            out = np.zeros((rows, n_out), np.float32)
-            args = (0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq, xd, xs, rows, out, 0, n_out)
-            totals = {name: (f(*args), float(out.sum()))[1] for name, f in forms.items()}
+            runs, totals = {}, {}
+            for name, mod in mods.items():
+                bytes_, kind, groups, tail = laid[name]
+                nb = 4 * groups + 2 * tail
+                xq, xd, xs = (np.zeros((rows, nb * 32), np.int8), np.zeros((rows, nb), np.float32),
+                              np.zeros((rows, nb), np.float32))
+                mod.quantize(x, rows, 0, n_in, nb, xq, xd, xs)
+                out = np.zeros((rows, n_out), np.float32)
+                args = (0, bytes_.shape[0], bytes_.ctypes.data, groups, tail, kind, xq, xd, xs, rows, out, 0, n_out)
+                runs[name] = (mod.some, args, (bytes_, xq, xd, xs, out))
+                mod.some(*args)
+                totals[name] = float(out.sum())
             reps = max(3, int(3e7 / (n_out * n_in * rows)))
-            best = dict.fromkeys(forms, np.inf)
+            best = dict.fromkeys(mods, np.inf)
             for _ in range(a.rounds):
-                for name, f in forms.items():
+                for name, (f, args, _) in runs.items():
                     t = time.perf_counter()
                     for _ in range(reps):
                         f(*args)

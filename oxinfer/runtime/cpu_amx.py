@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import cpu_sync, cpu_vnni
-from oxinfer.runtime.cpu_vnni import KINDS, group_bytes
+from oxinfer.runtime.cpu_vnni import KINDS, SUPER, group_bytes
 
 AHEAD = 2  # steps of 32 values `pair` prefetches x's tiles ahead (1, 2 and 4 measured alike on 16 cores, session 39)
 TILE = 16  # rows of x, and of W, a tile holds (and 32 bfloat16 columns: one block of 32)
@@ -135,26 +135,36 @@ def panel(address, quad0, groups, tail, kind, n_out, out):
     stride = 4 * (groups * rb4 + tail * rb2)
     vb = 16 if bits == 4 else 32  # a block's value bytes
     block = np.empty(TILE * 16, np.uint32)  # (row, pair)
+    moved = np.empty(32, np.uint8)  # a superblock's block's value bytes, gathered (cpu_vnni.lay: 4 a piece of 64)
+    supers = groups // 4
     for b in range(4 * groups + 2 * tail):
         g, k = (b // 4, 4) if b < 4 * groups else (groups, 2)
-        rb, bi = (rb4 if k == 4 else rb2), b - 4 * g
+        if b < SUPER * supers:
+            g, k = b // SUPER * 4, SUPER
+        rb, bi = (rb4 if k == 4 else 4 * rb4 if k == SUPER else rb2), b - 4 * g
         for r in range(TILE):
             if 4 * quad0 + r >= n_out:
                 block[16 * r:16 * r + 16] = 0
                 continue
             base = address + (quad0 + r // 4) * stride + g * 4 * rb4 + (r % 4) * rb
             at = base + k * vb  # the group's d, then (4-bit) m
-            if sb == 2:
-                d = _f16(at + 2 * bi)
-                m = _f16(at + k * 2 + 2 * bi) if bits == 4 else np.float32(-128.0) * d
-            else:
-                d = _f32(at + 4 * bi)
-                m = _f32(at + k * 4 + 4 * bi) if bits == 4 else np.float32(-128.0) * d
-            odd = base + 16 * k + 16 * bi if bits == 8 else 0
-            _pairs(base + 16 * bi, odd, d, m, block.ctypes.data + 64 * r)
+            d = _scale(at + sb * bi, sb)
+            m = _scale(at + (k + bi) * sb, sb) if bits == 4 else np.float32(-128.0) * d
+            even, odd = base + 16 * bi, base + 16 * k + 16 * bi if bits == 8 else 0
+            if k == SUPER:  # (its block's bytes gathered: 4 from each piece of 64; 8-bit: the odd plane's after)
+                for i in range(16 * (bits // 4)):
+                    moved[i] = _u8(base + 256 * (i // 16) + 64 * (i % 16 // 4) + 4 * bi + i % 4)
+                even, odd = moved.ctypes.data, moved.ctypes.data + 16 if bits == 8 else 0
+            _pairs(even, odd, d, m, block.ctypes.data + 64 * r)
         for j in range(16):
             for r in range(TILE):
                 out[(b * 16 + j) * 16 + r] = block[16 * r + j]
+
+
+@njit(cache=True, inline="always")
+def _scale(address, sb):
+    """The float16 (sb 2) or float32 scale at address."""
+    return _f16(address) if sb == 2 else _f32(address)
 
 
 @intrinsic

@@ -19,6 +19,14 @@ and scale x sum. A group is two vpdpbusd a row of x; the 16 lanes (4 a block) ar
 blocks' d x xd in float and summed once a row: the products of every row the same whatever the
 number of rows, so a sequence's logits are the same batched or alone.
 
+A row's first 16 x (groups // 4) blocks are superblocks of SUPER (16) blocks, laid block-transposed:
+the superblock's 64-byte piece j of a value half holds bytes 4j..4j+3 of each of its 16 blocks (a
+lane a block), then its 16 d and (4-bit) 16 m; x's halves alike (its scales stay in block order). After
+a superblock's 4 pieces (8 vpdpbusd) a lane holds its block's whole dot product, so one convert,
+multiply and two fused multiply-adds scale 16 blocks where a group's scale 4: `some` alone 0.66-0.78x
+its time at one row in cache, 0.87x from memory, 0.76-0.90x at 32 rows (one VM core, session 41,
+`benchmarks/cpu_vnni_ab.py`). A superblock takes the bytes of 4 groups.
+
 Measured (docs/cpu_graph.md, session 34): one core streams Q4_1 at MLAS's rate (15-24 GB/s), 16
 threads 1.1-2.9x MLAS's on the H100 machines' Xeon.
 """
@@ -36,6 +44,7 @@ from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted funct
 from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
 
 BLOCK = 32
+SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, laid block-transposed (`lay`)
 # a matrix's kind: its values' bits, its scales' bytes (float16 where every scale and minimum is one
 # exactly: GGUF's own Q4_0, Q4_1 and Q8_0 blocks; else float32). 8-bit values keep no minimums:
 # theirs are -128 d.
@@ -52,8 +61,9 @@ def group_bytes(bits: int, sb: int, blocks: int) -> int:
 
 def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int, int, int]:
     """w's blocks as the products read them: (bytes (n_out / 4 rounded up, 4 rows' bytes), kind
-    (KINDS' index), groups of 4 blocks, tail: 1 where a half group of 2 blocks follows them). Rows
-    are padded with zeros to a multiple of 4, blocks to a multiple of 2 (to 4 where 3 are left).
+    (KINDS' index), groups of 4 blocks (the first 4 x (groups // 4) of them as superblocks), tail: 1
+    where a half group of 2 blocks follows them). Rows are padded with zeros to a multiple of 4,
+    blocks to a multiple of 2 (to 4 where 3 are left).
     int8: a type that is not 4-bit's int8 blocks (values, scales) as blockwise.int8_weights made
     them already (the graph's conversion: a requantized type's is the costly part)."""
     c = w.codec
@@ -81,16 +91,21 @@ def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tu
     vals = [padded(h, 16) for h in halves]
     scl = [padded(np.asarray(a, np.float16 if sb == 2 else np.float32), 1) for a in scales]
 
-    def part(lo: int, n: int) -> np.ndarray:  # blocks [lo, lo + n) of every row, as (quads, n / k, 4 rows, bytes)
-        k = min(n, 4)
-        pieces = [v[:, lo:lo + n].reshape(-1, n // k, 16 * k) for v in vals]
+    def part(lo: int, n: int, k: int) -> np.ndarray:  # blocks [lo, lo + n), k a unit: (quads, n / k, 4 rows, bytes)
+        pieces = [v[:, lo:lo + n].reshape(-1, n // k, k, 16) for v in vals]
+        if k == SUPER:  # block-transposed: a superblock's 64-byte piece j holds bytes 4j..4j+3 of each of its blocks
+            pieces = [p.reshape(-1, n // k, k, 4, 4).transpose(0, 1, 3, 2, 4) for p in pieces]
+        pieces = [p.reshape(-1, n // k, 16 * k) for p in pieces]
         pieces += [a[:, lo:lo + n].reshape(-1, n // k, k).view(np.uint8) for a in scl]
         g = np.concatenate(pieces, axis=2)  # (n_out padded, n / k, bytes)
         return g.reshape(-1, 4, n // k, g.shape[2]).transpose(0, 2, 1, 3).reshape(g.shape[0] // 4, -1)
 
-    laid = [part(0, 4 * groups)] if groups else []
+    supers = groups // 4
+    laid = [part(0, SUPER * supers, SUPER)] if supers else []
+    if groups > 4 * supers:
+        laid.append(part(SUPER * supers, 4 * (groups - 4 * supers), 4))
     if tail:
-        laid.append(part(4 * groups, 2))
+        laid.append(part(4 * groups, 2, 2))
     kind = KINDS.index((bits, sb))
     return np.ascontiguousarray(np.concatenate(laid, axis=1)), kind, groups, tail
 
@@ -152,12 +167,55 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     def zeros(k):
         return ir.Constant(ir.VectorType(_F32, k), [0.0] * k)
 
+    def superblock(i, accs):
+        """Superblock i of the 4 rows (SUPER blocks; a row's 4 x rb4 bytes) against every x, x rows two at a
+        time (four would spill): each row's 64-byte piece j holds bytes 4j..4j+3 of each of its blocks, x's
+        alike, so after the 4 pieces a lane holds its block's whole dot product, and one convert, multiply
+        and two fused multiply-adds ((q . x8) d xd, then m xs) scale all 16 blocks."""
+        vi, vf = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
+                                                "llvm.x86.avx512.vpdpbusd.512")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        mask, four = ir.Constant(vi, [0x0F0F0F0F] * 16), ir.Constant(vi, [4] * 16)
+        sbb = 4 * rb4  # a row's bytes of a superblock
+        vb = 256 if bits == 4 else 512  # its value bytes
+        first, xoff, doff = builder.mul(i, const(4 * sbb)), builder.mul(i, const(256)), builder.mul(i, const(64))
+        for p in range(0, len(xs_of), 2):
+            pair = xs_of[p:p + 2]
+            ints = [[ir.Constant(vi, [0] * 16)] * 4 for _ in pair]
+            for j in range(4):
+                xv = [(builder.load(at(xe, builder.add(xoff, const(64 * j)), vi), align=1),
+                       builder.load(at(xo, builder.add(xoff, const(64 * j)), vi), align=1)) for xe, xo, _, _ in pair]
+                for r in range(4):
+                    row = builder.add(first, const(sbb * r + 64 * j))
+                    q = builder.load(at(w, row, vi), align=1)
+                    if bits == 4:
+                        even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
+                    else:
+                        even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
+                    for t, (a, b) in enumerate(xv):
+                        ints[t][r] = builder.call(dpbusd, [builder.call(dpbusd, [ints[t][r], even, a]), odd, b])
+            xsc = [(builder.load(at(xd, doff, vf), align=4), builder.load(at(xs, doff, vf), align=4))
+                   for _, _, xd, xs in pair]
+            for r in range(4):
+                row = builder.add(first, const(sbb * r + vb))
+                d = scales(builder.add(w, row), 16)
+                m = scales(builder.add(w, builder.add(row, const(16 * sb))), 16) if bits == 4 else \
+                    builder.fmul(d, ir.Constant(vf, [-128.0] * 16))
+                for t, (xd16, xs16) in enumerate(xsc):
+                    acc = builder.load(accs[p + t][r])
+                    acc = builder.call(fma, [builder.sitofp(ints[t][r], vf), builder.fmul(d, xd16), acc])
+                    builder.store(builder.call(fma, [m, xs16, acc]), accs[p + t][r])
+
     accs = [[cgutils.alloca_once_value(builder, zeros(16)) for _ in range(4)] for _ in xs_of]
     mins = [[cgutils.alloca_once_value(builder, zeros(4)) for _ in range(4)] for _ in xs_of]
     tails = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(4)] for _ in xs_of]
     tail_mins = [[cgutils.alloca_once_value(builder, zeros(2)) for _ in range(4)] for _ in xs_of]
     rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
-    with cgutils.for_range(builder, n) as loop:
+    supers = builder.ashr(n, const(2))  # (lay's: groups // 4)
+    with cgutils.for_range(builder, supers) as loop:
+        superblock(loop.index, accs)
+    with cgutils.for_range(builder, n, start=builder.mul(supers, const(4))) as loop:
         og = builder.mul(loop.index, const(4 * rb4))
         group(4, lambda r: builder.add(og, const(rb4 * r)), builder.mul(loop.index, const(64)),
               builder.mul(loop.index, const(16)), accs, mins)
@@ -289,11 +347,16 @@ def quantize(x, rows, col0, k, blocks, xq, xd, xs):
 def quantize_row(x, col0, k, blocks, xq, xd, xs, b0, b1):
     """Blocks b0 to b1 of one row of `quantize` (threads may each take some of a row's blocks)."""
     half = blocks * 16
+    supers = blocks // SUPER  # (as `lay`'s: its groups // 4)
     for b in range(b0, b1):
+        if b < SUPER * supers:  # byte j at piece j // 4 of the superblock (64 bytes each), lane b % 16
+            at, step = 256 * (b // SUPER) + 4 * (b % SUPER), 64
+        else:
+            at, step = 16 * b, 4
         if 32 * b >= k:
             for j in range(16):
-                xq[16 * b + j] = 0
-                xq[half + 16 * b + j] = 0
+                xq[at + j // 4 * step + j % 4] = 0
+                xq[half + at + j // 4 * step + j % 4] = 0
             xd[b] = 0
             xs[b] = 0
             continue
@@ -306,8 +369,8 @@ def quantize_row(x, col0, k, blocks, xq, xd, xs, b0, b1):
         for j in range(16):
             e = np.int32(np.rint(x[col0 + 32 * b + 2 * j] * inv))
             o = np.int32(np.rint(x[col0 + 32 * b + 2 * j + 1] * inv))
-            xq[16 * b + j] = e
-            xq[half + 16 * b + j] = o
+            xq[at + j // 4 * step + j % 4] = e
+            xq[half + at + j // 4 * step + j % 4] = o
             total += e + o
         xd[b] = d
         xs[b] = d * np.float32(total)
