@@ -135,13 +135,15 @@ def panel(address, quad0, groups, tail, kind, n_out, out):
     stride = 4 * (groups * rb4 + tail * rb2)
     vb = 16 if bits == 4 else 32  # a block's value bytes
     block = np.empty(TILE * 16, np.uint32)  # (row, pair)
-    moved = np.empty(32, np.uint8)  # a superblock's block's value bytes, gathered (cpu_vnni.lay: 4 a piece of 64)
     supers = groups // 4
     for b in range(4 * groups + 2 * tail):
-        g, k = (b // 4, 4) if b < 4 * groups else (groups, 2)
-        if b < SUPER * supers:
-            g, k = b // SUPER * 4, SUPER
-        rb, bi = (rb4 if k == 4 else 4 * rb4 if k == SUPER else rb2), b - 4 * g
+        if b < SUPER * supers:  # (a superblock: a unit of 16 blocks, a row's 4 x rb4 bytes)
+            g, k, rb = b // SUPER * 4, SUPER, 4 * rb4
+        elif b < 4 * groups:
+            g, k, rb = b // 4, 4, rb4
+        else:
+            g, k, rb = groups, 2, rb2
+        bi = b - 4 * g
         for r in range(TILE):
             if 4 * quad0 + r >= n_out:
                 block[16 * r:16 * r + 16] = 0
@@ -150,12 +152,10 @@ def panel(address, quad0, groups, tail, kind, n_out, out):
             at = base + k * vb  # the group's d, then (4-bit) m
             d = _scale(at + sb * bi, sb)
             m = _scale(at + (k + bi) * sb, sb) if bits == 4 else np.float32(-128.0) * d
-            even, odd = base + 16 * bi, base + 16 * k + 16 * bi if bits == 8 else 0
-            if k == SUPER:  # (its block's bytes gathered: 4 from each piece of 64; 8-bit: the odd plane's after)
-                for i in range(16 * (bits // 4)):
-                    moved[i] = _u8(base + 256 * (i // 16) + 64 * (i % 16 // 4) + 4 * bi + i % 4)
-                even, odd = moved.ctypes.data, moved.ctypes.data + 16 if bits == 8 else 0
-            _pairs(even, odd, d, m, block.ctypes.data + 64 * r)
+            # (a superblock's block: 4 bytes in each of 4 pieces of 64; 8-bit: the odd plane 256 bytes on)
+            even, odd, piece = (base + 4 * bi, base + 256 + 4 * bi, 64) if k == SUPER else \
+                (base + 16 * bi, base + 16 * k + 16 * bi, 4)
+            _pairs(even, odd if bits == 8 else 0, piece, d, m, block.ctypes.data + 64 * r)
         for j in range(16):
             for r in range(TILE):
                 out[(b * 16 + j) * 16 + r] = block[16 * r + j]
@@ -168,13 +168,23 @@ def _scale(address, sb):
 
 
 @intrinsic
-def _pairs(typingctx, even, odd, d, m, dst):
+def _pairs(typingctx, even, odd, piece, d, m, dst):
     """A block's 16 pairs of values 2j, 2j + 1 (d * q + m, as bfloat16) stored at dst (16 uint32):
     q's low and high nibbles of the 16 bytes at `even` where odd is 0 (4-bit), else the bytes at
-    even and at odd."""
+    even and at odd; each 16 bytes as 4 pieces of 4, `piece` bytes apart (4: side by side; 64: a
+    superblock's block, cpu_vnni.lay)."""
     def codegen(context, builder, signature, args):
-        even, odd, d, m, dst = args
+        even, odd, piece, d, m, dst = args
         v8, vi, vf = (ir.VectorType(t, 16) for t in (ir.IntType(8), ir.IntType(32), ir.FloatType()))
+        v4 = ir.VectorType(ir.IntType(32), 4)
+
+        def gather(address):  # 4 pieces of 4 bytes, `piece` apart, as <16 x i8>
+            v = ir.Constant(v4, None)
+            for j in range(4):
+                at = builder.add(address, builder.mul(piece, ir.Constant(piece.type, j)))
+                word = builder.load(builder.inttoptr(at, ir.IntType(32).as_pointer()), align=1)
+                v = builder.insert_element(v, word, ir.Constant(ir.IntType(32), j))
+            return builder.bitcast(v, v8)
 
         def splat(value, vt):
             one = builder.insert_element(ir.Constant(vt, None), value, ir.Constant(ir.IntType(32), 0))
@@ -183,7 +193,7 @@ def _pairs(typingctx, even, odd, d, m, dst):
         def const(v):
             return ir.Constant(vi, [v] * 16)
 
-        q = builder.load(builder.inttoptr(even, v8.as_pointer()), align=1)
+        q = gather(even)
         four = builder.icmp_unsigned("==", odd, ir.Constant(odd.type, 0))
         with builder.if_else(four) as (nibbles, bytes_):
             with nibbles:
@@ -191,7 +201,7 @@ def _pairs(typingctx, even, odd, d, m, dst):
                 hi4 = builder.lshr(q, ir.Constant(v8, [4] * 16))
                 at4 = builder.block
             with bytes_:
-                hi8 = builder.load(builder.inttoptr(odd, v8.as_pointer()), align=1)
+                hi8 = gather(odd)
                 at8 = builder.block
         lo, hi = builder.phi(v8), builder.phi(v8)
         lo.add_incoming(lo4, at4)
@@ -206,7 +216,7 @@ def _pairs(typingctx, even, odd, d, m, dst):
         pairs = builder.or_(bf16(lo), builder.shl(bf16(hi), const(16)))
         builder.store(pairs, builder.inttoptr(dst, vi.as_pointer()), align=4)
         return context.get_dummy_value()
-    return types.void(types.intp, types.intp, types.float32, types.float32, types.intp), codegen
+    return types.void(types.intp, types.intp, types.intp, types.float32, types.float32, types.intp), codegen
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -432,13 +442,6 @@ def heads(tid, n, sync, gen, prompts, laid, q, K, V, lanes, pos, H, window, cap,
                    pos[t0], window, cap, hd, out[t0:t1, oc + h * hd:oc + (h + 1) * hd], scratch)
         base += tasks
     return gen
-
-
-@intrinsic
-def _u8(typingctx, address):
-    def codegen(context, builder, signature, args):
-        return builder.zext(builder.load(builder.inttoptr(args[0], ir.IntType(8).as_pointer())), ir.IntType(32))
-    return types.uint32(types.intp), codegen
 
 
 @intrinsic
