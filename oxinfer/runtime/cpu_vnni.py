@@ -337,8 +337,9 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
 def quantize(x, rows, col0, k, blocks, xq, xd, xs):
     """Columns [col0, col0 + k) of x's first `rows` rows into int8 blocks of 32 (absmax / 127
     scales, x times 127 / absmax rounded half to even, as ggml's AVX2 quantize_row_q8_1): a row's
-    even values of each block side by side, then its odd ones from byte blocks x 16 on; each
-    block's scale and scale x sum. Blocks past k, to `blocks`, are zeros."""
+    even values of each block side by side (a superblock's block-transposed, as `lay` lays W's), then
+    its odd ones from byte blocks x 16 on; each block's scale and scale x sum, in block order. Blocks
+    past k, to `blocks`, are zeros."""
     for t in range(rows):
         quantize_row(x[t], col0, k, blocks, xq[t], xd[t], xs[t], 0, blocks)
 
