@@ -24,6 +24,7 @@ decode speed is the same.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -203,6 +204,39 @@ def int4_weights(w: QuantMatrix, zero_point: int = 8) -> tuple[np.ndarray, np.nd
     return values.reshape(w.n_out, w.n_in // BLOCK, BLOCK // 2), scales, offsets
 
 
+def matmul_nbits(name: str, n_out: int, n_in: int, bits: int, values: np.ndarray, scales: np.ndarray,
+                 zero_points: np.ndarray | None = None, accuracy_level: int | None = None) -> bytes:
+    """A model of one MatMulNBits (at accuracy_level, default ACCURACY_INT8), y (t, n_out) = x (t, n_in) @ W^T,
+    its weights given as raw bytes (onnx_proto: no `import onnx`; onnx's helpers copied a 30 MiB head into the
+    graph, then the model)."""
+    weights = [onnx_proto.tensor("w", onnx_proto.UINT8, values.shape, raw=values.tobytes()),
+               onnx_proto.tensor("scales", onnx_proto.FLOAT, scales.shape, raw=scales.tobytes())]
+    if zero_points is not None:
+        weights.append(onnx_proto.tensor("z", onnx_proto.UINT8, zero_points.shape, raw=zero_points.tobytes()))
+    return onnx_proto.model(
+        [onnx_proto.node("MatMulNBits", ["x", "w", "scales", *(["z"] if zero_points is not None else [])], ["y"],
+                         "com.microsoft", K=n_in, N=n_out, bits=bits, block_size=BLOCK,
+                         accuracy_level=ACCURACY_INT8 if accuracy_level is None else accuracy_level)],
+        name, [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", n_in])],
+        [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", n_out])], weights, {"": 21, "com.microsoft": 1}, IR_VERSION)
+
+
+@functools.cache
+def lone_row_differs() -> bool:
+    """Whether MLAS here gives a lone row of an int8 MatMulNBits other bits than the same row among
+    others: its AVX2 kernels take one row another way (the last bits differ; AVX-512's agree, and any
+    number of rows from 2 gives every row the same bits). Where it does, a lone row runs as two (the
+    kernels here, the CPU graph's products), so that a sequence's logits stay the same batched or alone."""
+    n_out, n_in = 64, 512
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 256, (n_out, n_in // BLOCK, BLOCK // 2), dtype=np.uint8)
+    scales = rng.uniform(0.01, 0.02, n_out * n_in // BLOCK).astype(np.float32)
+    model = matmul_nbits("lone_row", n_out, n_in, 4, values, scales, accuracy_level=4)
+    session = ort.InferenceSession(model, session_options(), providers=["CPUExecutionProvider"])
+    x = rng.normal(size=(3, n_in)).astype(np.float32)
+    return not np.array_equal(session.run(None, {"x": x[:1]})[0], session.run(None, {"x": x})[0][:1])
+
+
 class BlockwiseKernel:
     """y (t, n_out) = x (t, n_in) @ W^T for one quantized matrix.
 
@@ -226,20 +260,9 @@ class BlockwiseKernel:
         if converted is not None:
             converted(w.data)
         self.nbytes = values.nbytes + scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
-        # the weights go into the model once, as raw bytes (onnx_proto: no `import onnx`); only the
-        # serialized model lives while onnxruntime copies it (onnx's helpers copied a 30 MiB head
-        # into the graph, then the model: it peaked 159 MiB above its start)
-        weights = [onnx_proto.tensor("w", onnx_proto.UINT8, shape, raw=values.tobytes())]
-        del values
-        weights.append(onnx_proto.tensor("scales", onnx_proto.FLOAT, scales.shape, raw=scales.tobytes()))
-        del scales
-        serialized = onnx_proto.model(
-            [onnx_proto.node("MatMulNBits", ["x", "w", "scales"], ["y"], "com.microsoft", K=w.n_in, N=w.n_out, bits=bits,
-                             block_size=BLOCK, accuracy_level=ACCURACY_INT8)],
-            w.name, [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", w.n_in])],
-            [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", w.n_out])], weights, {"": 21, "com.microsoft": 1},
-            IR_VERSION)
-        del weights
+        # only the serialized model lives while onnxruntime copies it (onnx's helpers: 159 MiB above the start)
+        serialized = matmul_nbits(w.name, w.n_out, w.n_in, bits, values.reshape(shape), scales)
+        del values, scales
         self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they
@@ -250,8 +273,10 @@ class BlockwiseKernel:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, np.float32)
-        y = self._session.run(["y"], {"x": x})[0]
-        if self.offsets is not None:  # each block's offset times the sum of x over the block
-            y += x.reshape(len(x), -1, BLOCK).sum(axis=2) @ self.offsets
+        lone = len(x) == 1 and lone_row_differs()
+        y = self._session.run(["y"], {"x": np.repeat(x, 2, axis=0) if lone else x})[0][:len(x)]
+        if self.offsets is not None:  # each block's offset times the sum of x over the block (einsum: a row's
+            # bits whatever the rows, where BLAS's one-row product took another order on AVX2)
+            y += np.einsum("tb,bn->tn", x.reshape(len(x), -1, BLOCK).sum(axis=2), self.offsets)
         return y
 

@@ -83,6 +83,9 @@ class GraphOps:
         self._parts: dict[str, list[int]] = {}  # a product's output -> its parts' widths
         self._splits: dict[str, dict[int, str]] = {}  # a product's output -> its parts' tensors, by first column
         self._block_sums: dict[str, str] = {}  # an input -> its sums over blocks of 32 (Q4_1's offset terms)
+        # an input -> it with a row of zeros after each sequence's rows, where MLAS takes a lone row another way
+        self._padded: dict[str, str] | None = {} if self.accuracy_level == blockwise.ACCURACY_INT8 and \
+            blockwise.lone_row_differs() else None
         self._converted = weights or {}
         self._weights: dict[int, tuple[str, str]] = {}  # id(matrix) -> (initializer prefix, its minimums: "", "beside", "kernel")
         self._consts: dict[tuple, str] = {}
@@ -181,9 +184,16 @@ class GraphOps:
         """x @ w.T through MatMulNBits, plus a Q4_1 block's minimum times x's block sums (in the
         kernel, or beside it)."""
         prefix, minimums = self._weights.get(id(w)) or self._weight(w)
-        y = self._node("MatMulNBits", [x, prefix + "q", prefix + "s", *([prefix + "z"] if minimums == "kernel" else [])],
+        padded = x if self._padded is None else self._padded.get(x)
+        if padded is None:  # (B, S, K) -> (B, S + 1, K): never one row (blockwise.lone_row_differs)
+            padded = self._padded[x] = self._node("Pad", [x, self._const(np.array([0, 0, 0, 0, 1, 0], np.int64),
+                                                                          np.int64)])[0]
+        y = self._node("MatMulNBits", [padded, prefix + "q", prefix + "s",
+                                       *([prefix + "z"] if minimums == "kernel" else [])],
                        domain="com.microsoft", K=w.n_in, N=w.n_out, bits=4 if w.codec.int4 else 8, block_size=BLOCK,
                        accuracy_level=self.accuracy_level)[0]
+        if padded is not x:  # (the padding's rows dropped)
+            y = self._node("Slice", [y, *(self._const(np.array([v], np.int64), np.int64) for v in (0, -1, 1))])[0]
         if minimums != "beside":
             return y
         sums = self._block_sums.get(x)
