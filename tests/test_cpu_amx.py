@@ -7,13 +7,12 @@ a prompt's logits the same whatever else the step runs. Skipped, saying so, wher
 VNNI or AMX (the CPU's bfloat16 tiles, and Linux's leave to use them) is missing: prompts then run
 in onnxruntime's graph or OpenVINO."""
 
-import importlib.util
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 from test_cpu_graph import FAMILIES, exact_prompt_logits
-from test_cpu_step import _dequantized, _vnni
+from test_cpu_step import _dequantized, _runs
 from test_gguf_converted import _write
 
 import oxinfer
@@ -22,7 +21,7 @@ from oxinfer.testing import random_matrix, write_tiny_llama
 
 
 def _amx() -> bool:
-    if not _vnni() or importlib.util.find_spec("numba") is None:
+    if not _runs():
         return False
     from oxinfer.runtime import cpu_amx
     return cpu_amx.available()

@@ -3,7 +3,8 @@ against numpy on the same integers for every weight type and row length (whole g
 a half group after them, rows not a multiple of 4); the whole step against the model's numpy forward
 on GGUFs of every family as llama.cpp's converter writes them; a row's logits the same batched or
 alone. The step decodes by default (auto) where it can; OXINFER_CPU_DECODE=numba (cpu_decode.DECODE, set here for the
-module). Skipped, saying so, where numba or AVX-512 VNNI is missing (the graph then decodes)."""
+module). Skipped, saying so, where numba is missing or the CPU has neither AVX-512 VNNI nor AVX2 (the graph then
+decodes)."""
 
 import asyncio
 import importlib.util
@@ -20,14 +21,15 @@ from oxinfer.runtime import blockwise, cpu_decode, cpu_graph
 from oxinfer.testing import random_matrix, write_tiny_llama
 
 
-def _vnni() -> bool:
+def _runs() -> bool:
     if importlib.util.find_spec("numba") is None:
         return False
-    import llvmlite.binding
-    return bool(llvmlite.binding.get_host_cpu_features().get("avx512vnni"))
+    from oxinfer.runtime import cpu_vnni
+    return cpu_vnni.runs_here()
 
 
-pytestmark = pytest.mark.skipif(not _vnni(), reason="numba or AVX-512 VNNI missing: the CPU graph decodes instead")
+pytestmark = pytest.mark.skipif(not _runs(), reason="numba missing, or neither AVX-512 VNNI nor AVX2 here: the CPU "
+                                                    "graph decodes instead")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -99,6 +101,42 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
     rng = np.random.default_rng(1)
     kinds = {q: cpu_vnni.KINDS[cpu_vnni.lay(random_matrix(q, 8, 256, rng))[1]] for q in ("Q4_1", "Q8_0", "Q4_K", "F16")}
     assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_avx2_s_form_of_vpdpbusd_sums_what_numpy_sums(monkeypatch, bits):
+    """cpu_vnni._dpbusd as CPUs without AVX-512 VNNI run it (on any CPU with AVX2): 16 int32 lanes,
+    each plus its 4 products of unsigned w and signed x bytes, at the extremes of both (4-bit w at most
+    15: pmaddubsw's int16 pairs; 8-bit w through int32)."""
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
+
+    from oxinfer.runtime import cpu_vnni
+    monkeypatch.setattr(cpu_vnni, "VNNI", False)
+    vi = ir.VectorType(ir.IntType(32), 16)
+
+    @intrinsic
+    def dot(typingctx, acc, w, x):
+        def codegen(context, builder, signature, args):
+            a, w, x = (builder.inttoptr(v, vi.as_pointer()) for v in args)
+            a8, w8, x8 = (builder.load(p, align=1) for p in (a, w, x))
+            builder.store(cpu_vnni._dpbusd(builder, a8, w8, x8, bits), a, align=1)
+            return context.get_dummy_value()
+        return types.void(types.intp, types.intp, types.intp), codegen
+
+    @njit
+    def run(acc, w, x):
+        dot(acc.ctypes.data, w.ctypes.data, x.ctypes.data)
+
+    rng = np.random.default_rng(bits)
+    w = rng.integers(0, 1 << bits, 64, dtype=np.uint8)
+    x = rng.integers(-128, 128, 64, dtype=np.int8)
+    w[:8], x[:8] = (1 << bits) - 1, [-128, -128, -128, -128, 127, 127, 127, 127]
+    acc = rng.integers(-1 << 20, 1 << 20, 16).astype(np.int32)
+    want = acc + (w.astype(np.int32) * x).reshape(16, 4).sum(axis=1)
+    run(acc, w, x)
+    np.testing.assert_array_equal(acc, want)
 
 
 def test_largest_is_numpy_s_max():

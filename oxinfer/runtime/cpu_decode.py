@@ -1,5 +1,5 @@
 """Who decodes on the CPU: OXINFER_CPU_DECODE's choice between onnxruntime's graph (runtime/cpu_graph.py)
-and the numba step (runtime/cpu_step.py), whether the step runs here (numba, AVX-512 VNNI, float32 keys;
+and the numba step (runtime/cpu_step.py), whether the step runs here (numba, AVX-512 VNNI or AVX2, float32 keys;
 AMX for prompts), whether numba's cache holds it, its threads, and its build in a thread after the load.
 numba is imported only where the step is built or its cache asked about."""
 
@@ -17,7 +17,7 @@ from oxinfer.logs import get_logger
 from oxinfer.runtime import blockwise
 
 log = get_logger("oxinfer.runtime")
-# decode rows: "graph", "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI are; faster on
+# decode rows: "graph", "numba" (runtime/cpu_step.py's step, where numba and AVX-512 VNNI or AVX2 are; faster on
 # 2 and 16 cores, and with AMX lighter and quicker to load: docs/cpu_graph.md, sessions 39-40) or "auto"
 # (the default: numba's step wherever it runs, quietly the graph where it does not)
 DECODE = os.environ.get("OXINFER_CPU_DECODE", "auto")
@@ -58,8 +58,8 @@ def step_refused(kv_dtype) -> str | None:
     elif np.dtype(kv_dtype) != np.float32:
         reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
     else:
-        import llvmlite.binding
-        reason = None if llvmlite.binding.get_host_cpu_features().get("avx512vnni") else "no AVX-512 VNNI on this CPU"
+        from oxinfer.runtime import cpu_vnni
+        reason = None if cpu_vnni.runs_here() else "neither AVX-512 VNNI nor AVX2 with FMA and F16C on this CPU"
     if reason is not None:  # (said where OXINFER_CPU_DECODE=numba asked for it; for auto, in the debug log)
         (log.info if DECODE == "numba" else log.debug)("numba_step_refused", reason=reason,
                                                        action="decode rows run in onnxruntime's graph")

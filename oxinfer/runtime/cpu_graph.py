@@ -97,8 +97,11 @@ class CpuGraph:
         # ones are laid as the step builds, after the load (the default model's: 0.2-0.4 s on 2 cores)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
-        # the step takes every row: no graph (numba's cache cold: one answers until the step is compiled)
-        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.amx() and cpu_decode.step_cached():
+        # numba's cache holds the step: rows wait the seconds it takes to load (not the graph's: their logits would
+        # be another kernel's); cold, the graph answers until the step is compiled
+        self._cached = refused is None and cpu_decode.step_cached()
+        # the step takes every row: no graph
+        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.amx() and self._cached:
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -234,7 +237,7 @@ class CpuGraph:
     def compiling(self) -> bool:
         """Whether numba compiles the step beside this graph (a fresh install's first process:
         cpu_decode.step_cached); the process waits for it at its end, so that the cache is written."""
-        return self.session is not None and self._building
+        return self.session is not None and self._building and not self._cached
 
     def _built_step(self):
         """The step once built; None while it builds beside a graph (which takes the rows meanwhile:

@@ -1,8 +1,9 @@
 """The CPU's products of our own: a quantized matrix times rows of x in int8 blocks, with AVX-512
 VNNI's integer dot product (vpdpbusd: 16 lanes of 4 u8 x s8 products) spelled out through numba's
-@intrinsic as LLVM's `llvm.x86.avx512.vpdpbusd.512`. numba compiles them at the first load and
-caches them beside this file (llvmlite ships LLVM: no compiler on the machine, no C extension of
-ours). runtime/cpu_step.py runs a whole step of them.
+@intrinsic as LLVM's `llvm.x86.avx512.vpdpbusd.512`; where the CPU has AVX2 but not AVX-512 VNNI
+(AMD's Zen 2-3, Intel's before Ice Lake), the same sums in AVX2's pmaddubsw and pmaddwd (`_dpbusd`).
+numba compiles them at the first load and caches them beside this file (llvmlite ships LLVM: no
+compiler on the machine, no C extension of ours). runtime/cpu_step.py runs a whole step of them.
 
 Every value of a block of 32 is d * q + m, q unsigned: 4-bit types (Q4_0, Q4_1) as their codecs'
 `int4_blocks` with zero point 0 (m is Q4_1's minimum, or -8 d), every other quantized type as its
@@ -51,6 +52,59 @@ SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, l
 KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
+_I8, _I16 = ir.IntType(8), ir.IntType(16)
+
+
+def _features() -> dict:
+    import llvmlite.binding
+    return llvmlite.binding.get_host_cpu_features()
+
+
+# whether this CPU has vpdpbusd (else `_dpbusd` spells it in AVX2: the same sums, bit for bit)
+VNNI = bool(_features().get("avx512vnni"))
+
+
+def runs_here() -> bool:
+    """Whether these products compile for this CPU: AVX-512 VNNI, or AVX2 with FMA and F16C."""
+    f = _features()
+    return VNNI or all(f.get(k) for k in ("avx2", "fma", "f16c"))
+
+
+def _dpbusd(builder, acc, w, x, bits):
+    """acc + vpdpbusd(w, x): each int32 lane plus the 4 products of its bytes, w's unsigned, x's signed.
+    Where the CPU lacks AVX-512 VNNI, in 32-byte pieces as AVX2 has them: 4-bit w (at most 15) through
+    pmaddubsw (pairs in int16, which they cannot overflow) then pmaddwd by ones; 8-bit w through
+    pmaddwd of the bytes widened, then neighbouring lanes added."""
+    vi = acc.type
+    n = vi.count
+    if VNNI:
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
+                                           f"llvm.x86.avx512.vpdpbusd.{32 * n}")
+        return builder.call(f, [acc, w, x])
+    v8, v16, v32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v8, v8]), "llvm.x86.avx2.pmadd.ub.sw")
+    ones = ir.Constant(v16, [1] * 16)
+
+    def pick(a, b, lanes):  # (a's lanes, then b's), those listed
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
+
+    def piece(v, i, ty):  # lanes [8i, 8i + 8) of an int32 vector, as ty
+        return builder.bitcast(pick(v, v, range(8 * i, 8 * i + 8)), ty)
+
+    sums = []
+    for i in range(n // 8):
+        a, b = piece(w, i, v8), piece(x, i, v8)
+        if bits == 4:
+            sums.append(builder.call(wd, [builder.call(ub, [a, b]), ones]))
+            continue
+        a16, b16 = builder.zext(a, ir.VectorType(_I16, 32)), builder.sext(b, ir.VectorType(_I16, 32))
+        lo, hi = (builder.call(wd, [pick(v, v, range(16 * j, 16 * j + 16)) for v in (a16, b16)])
+                  for j in range(2))  # 2 x 8 sums of 2 bytes
+        sums.append(builder.add(pick(lo, hi, range(0, 16, 2)), pick(lo, hi, range(1, 16, 2))))
+    while len(sums) > 1:  # (8 lanes a piece, joined in order)
+        sums = [pick(sums[j], sums[j + 1], range(2 * sums[j].type.count)) for j in range(0, len(sums), 2)]
+    return builder.add(acc, sums[0])
 
 
 @njit(cache=True)
@@ -133,8 +187,6 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     def group(k, wrow, xoff, doff, accs, mins):
         """k blocks (4 or 2) of the 4 rows at wrow(r) against every x at value byte xoff, scale doff."""
         vi, vf, vk = lanes(k)
-        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
-                                                f"llvm.x86.avx512.vpdpbusd.{128 * k}")
         spread = ir.Constant(ir.VectorType(_I32, 4 * k), [i // 4 for i in range(4 * k)])
         vb = 16 * k
         rows = []
@@ -157,7 +209,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
             xdk = builder.load(at(xd, doff, vk), align=4)
             xsk = builder.load(at(xs, doff, vk), align=4)
             for r, (even, odd, d, m) in enumerate(rows):
-                s = builder.call(dpbusd, [builder.call(dpbusd, [ir.Constant(vi, [0] * 4 * k), even, a]), odd, b])
+                s = _dpbusd(builder, _dpbusd(builder, ir.Constant(vi, [0] * 4 * k), even, a, bits), odd, b, bits)
                 scale = builder.fmul(d, xdk)
                 scale = builder.shuffle_vector(scale, scale, spread)
                 acc = builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale))
@@ -173,8 +225,6 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         alike, so after the 4 pieces a lane holds its block's whole dot product, and one convert, multiply
         and two fused multiply-adds ((q . x8) d xd, then m xs) scale all 16 blocks."""
         vi, vf = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
-        dpbusd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
-                                                "llvm.x86.avx512.vpdpbusd.512")
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
         mask, four = ir.Constant(vi, [0x0F0F0F0F] * 16), ir.Constant(vi, [4] * 16)
         sbb = 4 * rb4  # a row's bytes of a superblock
@@ -194,7 +244,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                     else:
                         even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
                     for t, (a, b) in enumerate(xv):
-                        ints[t][r] = builder.call(dpbusd, [builder.call(dpbusd, [ints[t][r], even, a]), odd, b])
+                        ints[t][r] = _dpbusd(builder, _dpbusd(builder, ints[t][r], even, a, bits), odd, b, bits)
             xsc = [(builder.load(at(xd, doff, vf), align=4), builder.load(at(xs, doff, vf), align=4))
                    for _, _, xd, xs in pair]
             for r in range(4):
