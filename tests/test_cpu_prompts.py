@@ -119,8 +119,9 @@ async def test_a_step_of_prompts_long_together_compiles_it_then_runs_of_run_rows
 async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):
     """Engine.load(cpu_prompts=): "onnxruntime" never compiles OpenVINO; "openvino" wins over
     OXINFER_OPENVINO=0 and over the memory check, and where it cannot run (not installed; Gemma 2's
-    windows and soft caps) the load fails saying why; "auto" leaves it out where its memory would
-    take over half of what the machine has available; an unknown name fails before anything loads."""
+    windows and soft caps) the load fails saying why; "auto" leaves it out where the CPU has no bfloat16
+    products (unless OXINFER_OPENVINO=1) and where its memory would take over half of what the machine
+    has available; an unknown name fails before anything loads."""
     assert (await oxinfer.Engine.load(None, cpu_prompts="onnxruntime")).scheduler.cpu.graph.prompts is None
     monkeypatch.setenv("OXINFER_OPENVINO", "0")
     assert (await oxinfer.Engine.load(None, cpu_prompts="openvino")).scheduler.cpu.graph.prompts is not None
@@ -128,6 +129,13 @@ async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):
         await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"), cpu_prompts="openvino")
     monkeypatch.delenv("OXINFER_OPENVINO")
     engine = await oxinfer.Engine.load(None, cpu_prompts="openvino")
+    monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 1 << 30)
+    monkeypatch.setattr(cpu_prompts, "bf16_products", lambda: False)  # (AVX2 alone: its float32 prompts lost)
+    assert "no bfloat16 products" in cpu_prompts.refuses(engine.model)
+    monkeypatch.setenv("OXINFER_OPENVINO", "1")
+    assert cpu_prompts.refuses(engine.model) is None
+    monkeypatch.delenv("OXINFER_OPENVINO")
+    monkeypatch.setattr(cpu_prompts, "bf16_products", lambda: True)
     need = cpu_prompts.memory_mib(engine.model)
     assert 200 + 2.5 * 60 < need < 200 + 2.5 * 100  # (the default model's matrices: ~92 MiB, its embedding among them)
     monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 2 * need - 1)
