@@ -227,6 +227,7 @@ def lone_row_differs() -> bool:
     others: its AVX2 kernels take one row another way (the last bits differ; AVX-512's agree, and any
     number of rows from 2 gives every row the same bits). Where it does, a lone row runs as two (the
     kernels here, the CPU graph's products), so that a sequence's logits stay the same batched or alone."""
+    set_up_threads()
     n_out, n_in = 64, 512
     rng = np.random.default_rng(0)
     values = rng.integers(0, 256, (n_out, n_in // BLOCK, BLOCK // 2), dtype=np.uint8)
