@@ -205,20 +205,31 @@ def int4_weights(w: QuantMatrix, zero_point: int = 8) -> tuple[np.ndarray, np.nd
 
 
 def matmul_nbits(name: str, n_out: int, n_in: int, bits: int, values: np.ndarray, scales: np.ndarray,
-                 zero_points: np.ndarray | None = None, accuracy_level: int | None = None) -> bytes:
+                 zero_points: np.ndarray | None = None, accuracy_level: int | None = None,
+                 offsets: np.ndarray | None = None) -> bytes:
     """A model of one MatMulNBits (at accuracy_level, default ACCURACY_INT8), y (t, n_out) = x (t, n_in) @ W^T,
     its weights given as raw bytes (onnx_proto: no `import onnx`; onnx's helpers copied a 30 MiB head into the
-    graph, then the model)."""
+    graph, then the model); offsets (n_in / 32, n_out): plus each block's offset times x's sum over the block
+    (MLAS's float product: a row's bits whatever the rows, where OpenBLAS's were not on AVX2)."""
     weights = [onnx_proto.tensor("w", onnx_proto.UINT8, values.shape, raw=values.tobytes()),
                onnx_proto.tensor("scales", onnx_proto.FLOAT, scales.shape, raw=scales.tobytes())]
     if zero_points is not None:
         weights.append(onnx_proto.tensor("z", onnx_proto.UINT8, zero_points.shape, raw=zero_points.tobytes()))
-    return onnx_proto.model(
-        [onnx_proto.node("MatMulNBits", ["x", "w", "scales", *(["z"] if zero_points is not None else [])], ["y"],
-                         "com.microsoft", K=n_in, N=n_out, bits=bits, block_size=BLOCK,
-                         accuracy_level=ACCURACY_INT8 if accuracy_level is None else accuracy_level)],
-        name, [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", n_in])],
-        [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", n_out])], weights, {"": 21, "com.microsoft": 1}, IR_VERSION)
+    product = "y" if offsets is None else "q"
+    nodes = [onnx_proto.node("MatMulNBits", ["x", "w", "scales", *(["z"] if zero_points is not None else [])],
+                             [product], "com.microsoft", K=n_in, N=n_out, bits=bits, block_size=BLOCK,
+                             accuracy_level=ACCURACY_INT8 if accuracy_level is None else accuracy_level)]
+    if offsets is not None:  # (t, K) -> (t, K / 32, 32) -> (t, K / 32) -> (t, N)
+        weights += [onnx_proto.tensor("o", onnx_proto.FLOAT, offsets.shape, raw=offsets.tobytes()),
+                    onnx_proto.tensor("blocks", onnx_proto.INT64, (3,), raw=np.array([0, -1, BLOCK], np.int64).tobytes()),
+                    onnx_proto.tensor("last", onnx_proto.INT64, (1,), raw=np.array([2], np.int64).tobytes())]
+        nodes += [onnx_proto.node("Reshape", ["x", "blocks"], ["xb"]),
+                  onnx_proto.node("ReduceSum", ["xb", "last"], ["sums"], keepdims=0),
+                  onnx_proto.node("MatMul", ["sums", "o"], ["off"]),
+                  onnx_proto.node("Add", [product, "off"], ["y"])]
+    return onnx_proto.model(nodes, name, [onnx_proto.value_info("x", onnx_proto.FLOAT, ["t", n_in])],
+                            [onnx_proto.value_info("y", onnx_proto.FLOAT, ["t", n_out])], weights,
+                            {"": 21, "com.microsoft": 1}, IR_VERSION)
 
 
 @functools.cache
@@ -245,25 +256,25 @@ class BlockwiseKernel:
     which a one-token step streams from memory (SmolLM2's layers on the 2-core dev VM: 7.3 ms a
     step against 14.2 as int8). The kernel's zero point is 8 and integer: a Q4_1 block's minimum
     comes back as an offset per block, offsets (n_in / 32, n_out) times the sums of x's blocks,
-    one small float32 product beside (exact, where the int8 blocks requantized Q4_1's values)."""
+    one small float32 product in the same model (exact, where the int8 blocks requantized Q4_1's values)."""
 
     def __init__(self, w: QuantMatrix, converted: Callable[[np.ndarray], None] | None = None):
         """converted(w.data): told once w's bytes are read (a memory-mapped file may drop their
         pages while onnxruntime builds the kernel: SmolLM2's bf16 head is 56 MB of them)."""
         set_up_threads()
-        self.offsets = None
+        offsets = None
         if w.codec.int4:
-            values, scales, self.offsets = int4_weights(w)
+            values, scales, offsets = int4_weights(w)
             bits, shape = 4, values.shape
         else:
             values, scales = int8_weights(w)  # (n_out * n_in / 32, 32) u8, (n_out * n_in / 32,) f32
             bits, shape = 8, (w.n_out, w.n_in // BLOCK, BLOCK)
         if converted is not None:
             converted(w.data)
-        self.nbytes = values.nbytes + scales.nbytes + (0 if self.offsets is None else self.offsets.nbytes)
+        self.nbytes = values.nbytes + scales.nbytes + (0 if offsets is None else offsets.nbytes)
         # only the serialized model lives while onnxruntime copies it (onnx's helpers: 159 MiB above the start)
-        serialized = matmul_nbits(w.name, w.n_out, w.n_in, bits, values.reshape(shape), scales)
-        del values, scales
+        serialized = matmul_nbits(w.name, w.n_out, w.n_in, bits, values.reshape(shape), scales, offsets=offsets)
+        del values, scales, offsets
         self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they
@@ -275,9 +286,5 @@ class BlockwiseKernel:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, np.float32)
         lone = len(x) == 1 and lone_row_differs()
-        y = self._session.run(["y"], {"x": np.repeat(x, 2, axis=0) if lone else x})[0][:len(x)]
-        if self.offsets is not None:  # each block's offset times the sum of x over the block (einsum: a row's
-            # bits whatever the rows, where BLAS's one-row product took another order on AVX2)
-            y += np.einsum("tb,bn->tn", x.reshape(len(x), -1, BLOCK).sum(axis=2), self.offsets)
-        return y
+        return self._session.run(["y"], {"x": np.repeat(x, 2, axis=0) if lone else x})[0][:len(x)]
 
