@@ -337,15 +337,20 @@ def bench_command(args) -> None:
             print(f"wrote {p}", file=sys.stderr)
 
 
+# the CPU's flags a figure depends on (the numba step's products: AVX-512 VNNI, else AVX2; prompts on AMX tiles)
+_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
 def _cpu_name() -> str:
+    """The CPU's model name and which of _FLAGS it has, as lscpu lists them."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                flags = Path("/proc/cpuinfo").read_text()
-                return line.split(":", 1)[1].strip() + (" (AVX-512 VNNI)" if "avx512_vnni" in flags else " (no AVX-512 VNNI)")
+        info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return "unknown"
+        return "unknown"
+    fields = [line.split(":", 1) for line in info.splitlines() if ":" in line]
+    name = next((v.strip() for k, v in fields if k.strip() == "model name"), "unknown")
+    flags = set(next((v.split() for k, v in fields if k.strip() == "flags"), []))
+    return f"{name} ({' '.join(f for f in _FLAGS if f in flags) or 'none of ' + ', '.join(_FLAGS)})"
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
