@@ -134,6 +134,21 @@ def test_the_probe_holds_only_once_written():
     assert probe.holds()
 
 
+def test_the_probe_asks_the_one_row_kernel_where_the_graph_gives_it_one_row(monkeypatch):
+    """Where MLAS takes a lone row another way (AVX2's kernels), that kernel reads the zero points, not
+    the block sums the minimums are written over: a probe that checked only several rows held there
+    while every decode row lost its minimums (the default model answered garbage). The graph then pads
+    a lone row (blockwise.lone_row_differs); a probe of the unpadded case must fail."""
+    if not blockwise.lone_row_differs():
+        pytest.skip("MLAS here gives a lone row the bits it gives it among others (AVX-512): one kernel")
+    before = block_minimums.snapshot()
+    probe = block_minimums.Probe(blockwise.session_options())
+    block_minimums.write_checked([], probe, before)
+    assert probe.holds()  # (the rows the graph gives it: 2, 3, 64)
+    monkeypatch.setattr(blockwise, "lone_row_differs", lambda: False)
+    assert not probe.holds()  # (one row: the zero points' product, without the minimums)
+
+
 async def test_a_graph_whose_minimums_cannot_be_written_has_them_beside(tmp_path, monkeypatch):
     """No block sums found (here: no memory searched): the graph is built again with a product of
     the minimums beside each Q4_1 product, says so, and computes what the written graph computes
