@@ -84,6 +84,14 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+@functools.cache
+def host_features() -> dict:
+    """LLVM's names for this CPU's features (llvmlite's, without numba), asked once a process: which
+    products compile here (cpu_vnni), whether AMX's tiles are there (cpu_amx), OpenVINO's bfloat16."""
+    import llvmlite.binding
+    return dict(llvmlite.binding.get_host_cpu_features())
+
+
 def threads() -> int:
     """onnxruntime's threads for the products: OXINFER_CPU_THREADS where set (a whole number of
     at least 1), else every core this process may use."""

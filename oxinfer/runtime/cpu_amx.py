@@ -28,7 +28,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
-from oxinfer.runtime import cpu_sync, cpu_vnni
+from oxinfer.runtime import blockwise, cpu_sync, cpu_vnni
 from oxinfer.runtime.cpu_vnni import KINDS, SUPER, group_bytes
 
 AHEAD = 2  # steps of 32 values `pair` prefetches x's tiles ahead (1, 2 and 4 measured alike on 16 cores, session 39)
@@ -42,8 +42,7 @@ _PTR, _I32 = ir.IntType(8).as_pointer(), ir.IntType(32)
 @functools.cache
 def available() -> bool:
     """Whether this CPU has AMX's bfloat16 tiles and Linux lets this process use them (asked once)."""
-    import llvmlite.binding
-    features = llvmlite.binding.get_host_cpu_features()
+    features = blockwise.host_features()
     if not (features.get("amx-tile") and features.get("amx-bf16")):
         return False
     try:

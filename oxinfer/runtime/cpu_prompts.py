@@ -117,8 +117,7 @@ def bf16_products() -> bool:
     """Whether OpenVINO runs prompts' products in bfloat16 here (AMX tiles or AVX512_BF16), its gain: on a
     2-core AMD EPYC with AVX2 alone (session 42) its float32 prompts read 446 tok/s against onnxruntime's
     513-516 (the default model, 512 tokens) and took the bench's peak RSS from 464 to 917 MiB."""
-    import llvmlite.binding
-    features = llvmlite.binding.get_host_cpu_features()
+    features = blockwise.host_features()
     return bool(features.get("amx-bf16") or features.get("avx512bf16"))
 
 

@@ -41,7 +41,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.formats.quants import QuantMatrix
-from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
+from oxinfer.runtime import blockwise, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
 from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
 
 BLOCK = 32
@@ -55,19 +55,13 @@ _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
 
 
-def _features() -> dict:
-    import llvmlite.binding
-    return llvmlite.binding.get_host_cpu_features()
-
-
 # whether this CPU has vpdpbusd (else `_dpbusd` spells it in AVX2: the same sums, bit for bit)
-VNNI = bool(_features().get("avx512vnni"))
+VNNI = bool(blockwise.host_features().get("avx512vnni"))
 
 
 def runs_here() -> bool:
     """Whether these products compile for this CPU: AVX-512 VNNI, or AVX2 with FMA and F16C."""
-    f = _features()
-    return VNNI or all(f.get(k) for k in ("avx2", "fma", "f16c"))
+    return VNNI or all(blockwise.host_features().get(k) for k in ("avx2", "fma", "f16c"))
 
 
 def _dpbusd(builder, acc, w, x, bits):
