@@ -105,23 +105,27 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_avx2_s_form_of_vpdpbusd_sums_what_numpy_sums(monkeypatch, bits):
-    """cpu_vnni._dpbusd as CPUs without AVX-512 VNNI run it (on any CPU with AVX2): 16 int32 lanes,
-    each plus its 4 products of unsigned w and signed x bytes, at the extremes of both (4-bit w at most
-    15: pmaddubsw's int16 pairs; 8-bit w through int32)."""
+    """cpu_vnni's sums as CPUs without AVX-512 VNNI run them (on any CPU with AVX2): 16 int32 lanes, each
+    the products of unsigned w and signed x bytes, 4 a lane, through 8 pieces (a superblock's: `_begin`,
+    `_add` each, `_end`), at the extremes of both where they are largest in size (a 4-bit w's sums kept in
+    int16 through all 8; an 8-bit w's through int32), then added to int32 lanes as the kernels do."""
     from llvmlite import ir
     from numba import njit, types
     from numba.extending import intrinsic
 
     from oxinfer.runtime import cpu_vnni
     monkeypatch.setattr(cpu_vnni, "VNNI", False)
-    vi = ir.VectorType(ir.IntType(32), 16)
+    vi, pieces = ir.VectorType(ir.IntType(32), 16), 8
 
     @intrinsic
     def dot(typingctx, acc, w, x):
         def codegen(context, builder, signature, args):
             a, w, x = (builder.inttoptr(v, vi.as_pointer()) for v in args)
-            a8, w8, x8 = (builder.load(p, align=1) for p in (a, w, x))
-            builder.store(cpu_vnni._dpbusd(builder, a8, w8, x8, bits), a, align=1)
+            s = cpu_vnni._begin(16, bits)
+            for i in range(pieces):  # (piece i: 64 bytes on)
+                w8, x8 = (builder.load(builder.gep(p, [ir.Constant(ir.IntType(64), i)]), align=1) for p in (w, x))
+                s = cpu_vnni._add(builder, s, w8, x8, bits)
+            builder.store(builder.add(builder.load(a, align=1), cpu_vnni._end(builder, s, bits)), a, align=1)
             return context.get_dummy_value()
         return types.void(types.intp, types.intp, types.intp), codegen
 
@@ -130,11 +134,11 @@ def test_avx2_s_form_of_vpdpbusd_sums_what_numpy_sums(monkeypatch, bits):
         dot(acc.ctypes.data, w.ctypes.data, x.ctypes.data)
 
     rng = np.random.default_rng(bits)
-    w = rng.integers(0, 1 << bits, 64, dtype=np.uint8)
-    x = rng.integers(-128, 128, 64, dtype=np.int8)
-    w[:8], x[:8] = (1 << bits) - 1, [-128, -128, -128, -128, 127, 127, 127, 127]
+    w = rng.integers(0, 1 << bits, (pieces, 64), dtype=np.uint8)
+    x = rng.integers(-128, 128, (pieces, 64), dtype=np.int8)
+    w[:, :16], x[:, :8], x[:, 8:16] = (1 << bits) - 1, -128, 127  # lanes 0-1 at the least, 2-3 at the most
     acc = rng.integers(-1 << 20, 1 << 20, 16).astype(np.int32)
-    want = acc + (w.astype(np.int32) * x).reshape(16, 4).sum(axis=1)
+    want = acc + (w.astype(np.int32) * x).reshape(pieces, 16, 4).sum(axis=(0, 2))
     run(acc, w, x)
     np.testing.assert_array_equal(acc, want)
 

@@ -1,7 +1,7 @@
 """The CPU's products of our own: a quantized matrix times rows of x in int8 blocks, with AVX-512
 VNNI's integer dot product (vpdpbusd: 16 lanes of 4 u8 x s8 products) spelled out through numba's
 @intrinsic as LLVM's `llvm.x86.avx512.vpdpbusd.512`; where the CPU has AVX2 but not AVX-512 VNNI
-(AMD's Zen 2-3, Intel's before Ice Lake), the same sums in AVX2's pmaddubsw and pmaddwd (`_dpbusd`).
+(AMD's Zen 2-3, Intel's before Ice Lake), the same sums in AVX2's pmaddubsw and pmaddwd (`_add`).
 numba compiles them at the first load and caches them beside this file (llvmlite ships LLVM: no
 compiler on the machine, no C extension of ours). runtime/cpu_step.py runs a whole step of them.
 
@@ -55,7 +55,7 @@ _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 _I8, _I16 = ir.IntType(8), ir.IntType(16)
 
 
-# whether this CPU has vpdpbusd (else `_dpbusd` spells it in AVX2: the same sums, bit for bit)
+# whether this CPU has vpdpbusd (else `_add` spells its sums in AVX2)
 VNNI = bool(blockwise.host_features().get("avx512vnni"))
 
 
@@ -64,41 +64,93 @@ def runs_here() -> bool:
     return VNNI or all(blockwise.host_features().get(k) for k in ("avx2", "fma", "f16c"))
 
 
-def _dpbusd(builder, acc, w, x, bits):
-    """acc + vpdpbusd(w, x): each int32 lane plus the 4 products of its bytes, w's unsigned, x's signed.
-    Where the CPU lacks AVX-512 VNNI, in 32-byte pieces as AVX2 has them: 4-bit w (at most 15) through
-    pmaddubsw (pairs in int16, which they cannot overflow) then pmaddwd by ones; 8-bit w through
-    pmaddwd of the bytes widened, then neighbouring lanes added."""
-    vi = acc.type
-    n = vi.count
+# A lane's sums of products (4 bytes of w, unsigned, times 4 of x, signed, a lane) through a group or a
+# superblock: `_begin`, `_add` a piece at a time, `_end`. With AVX-512 VNNI, vpdpbusd into int32 lanes.
+# Without, in AVX2's 32-byte pieces: a 4-bit w's products stay in pmaddubsw's int16 pairs (at most 8 of
+# them a lane, each pair at most 2 x 15 x 128 = 3,840 in size: 30,720 < 2^15) and are widened once by
+# pmaddwd (`_end`), in half the multiplies of widening each (`some` 1.1-1.4x quicker on a 2-core VM's
+# AMD EPYC core, session 43); an 8-bit w's bytes are widened to int16 for pmaddwd. vpdpbusd's integers
+# everywhere, bit for bit.
+
+
+def _short(bits: int) -> bool:
+    """Whether `_begin`'s sums are int16 pairs (4-bit w without VNNI)."""
+    return bits == 4 and not VNNI
+
+
+def _begin(lanes: int, bits: int):
+    """A zero sum of `lanes` int32 lanes of products, in the form `_add` adds to."""
+    return _shorts(lanes) if _short(bits) else ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
+
+
+def _add(builder, acc, w, x, bits):
+    """acc (`_begin`'s form) + the products of w's and x's bytes, a lane's 4 together."""
     if VNNI:
+        vi = acc.type
         f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
-                                           f"llvm.x86.avx512.vpdpbusd.{32 * n}")
+                                           f"llvm.x86.avx512.vpdpbusd.{32 * vi.count}")
         return builder.call(f, [acc, w, x])
-    v8, v16, v32 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
-    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
-    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v8, v8]), "llvm.x86.avx2.pmadd.ub.sw")
-    ones = ir.Constant(v16, [1] * 16)
-
-    def pick(a, b, lanes):  # (a's lanes, then b's), those listed
-        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
-
-    def piece(v, i, ty):  # lanes [8i, 8i + 8) of an int32 vector, as ty
-        return builder.bitcast(pick(v, v, range(8 * i, 8 * i + 8)), ty)
-
+    if bits == 4:
+        return _madd(builder, acc, w, x)
+    v16 = ir.VectorType(_I16, 16)
+    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(_I32, 8), [v16, v16]),
+                                        "llvm.x86.avx2.pmadd.wd")
     sums = []
-    for i in range(n // 8):
-        a, b = piece(w, i, v8), piece(x, i, v8)
-        if bits == 4:
-            sums.append(builder.call(wd, [builder.call(ub, [a, b]), ones]))
-            continue
+    for i in range(acc.type.count // 8):
+        a, b = _piece(builder, w, i, ir.VectorType(_I8, 32)), _piece(builder, x, i, ir.VectorType(_I8, 32))
         a16, b16 = builder.zext(a, ir.VectorType(_I16, 32)), builder.sext(b, ir.VectorType(_I16, 32))
-        lo, hi = (builder.call(wd, [pick(v, v, range(16 * j, 16 * j + 16)) for v in (a16, b16)])
+        lo, hi = (builder.call(wd, [_pick(builder, v, v, range(16 * j, 16 * j + 16)) for v in (a16, b16)])
                   for j in range(2))  # 2 x 8 sums of 2 bytes
-        sums.append(builder.add(pick(lo, hi, range(0, 16, 2)), pick(lo, hi, range(1, 16, 2))))
-    while len(sums) > 1:  # (8 lanes a piece, joined in order)
-        sums = [pick(sums[j], sums[j + 1], range(2 * sums[j].type.count)) for j in range(0, len(sums), 2)]
-    return builder.add(acc, sums[0])
+        sums.append(builder.add(_pick(builder, lo, hi, range(0, 16, 2)), _pick(builder, lo, hi, range(1, 16, 2))))
+    return builder.add(acc, _joined(builder, sums))
+
+
+def _end(builder, acc, bits):
+    """`_begin`'s sum as int32 lanes."""
+    if not _short(bits):
+        return acc
+    lanes = acc.type.count // 2
+    return _widen(builder, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes), acc)
+
+
+def _shorts(n):
+    """int16 zeros for n int32 lanes' pairs (`_madd`'s accumulator)."""
+    return ir.Constant(ir.VectorType(_I16, 2 * n), [0] * 2 * n)
+
+
+def _pick(builder, a, b, lanes):  # (a's lanes, then b's), those listed
+    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
+
+
+def _piece(builder, v, i, ty):  # 32-byte piece i of a vector, as ty
+    k = 256 // v.type.element.width  # (its elements a piece)
+    return builder.bitcast(_pick(builder, v, v, range(k * i, k * i + k)), ty)
+
+
+def _joined(builder, pieces):  # pieces of 32 bytes, joined in order
+    while len(pieces) > 1:
+        pieces = [_pick(builder, pieces[j], pieces[j + 1], range(2 * pieces[j].type.count))
+                  for j in range(0, len(pieces), 2)]
+    return pieces[0]
+
+
+def _madd(builder, acc16, w, x):
+    """acc16 + pmaddubsw(w, x) (AVX2: 32 bytes a piece), 4-bit w's unsigned bytes times x's signed: int16
+    pairs, each an int32 lane's two halves (`_widen` adds them)."""
+    v8, v16 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
+    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v8, v8]), "llvm.x86.avx2.pmadd.ub.sw")
+    n = w.type.count // 8
+    return builder.add(acc16, _joined(builder, [builder.call(ub, [_piece(builder, w, i, v8), _piece(builder, x, i, v8)])
+                                                for i in range(n)]))
+
+
+def _widen(builder, acc, acc16):
+    """acc + each int32 lane's two int16 halves of acc16 (pmaddwd by ones)."""
+    v16, v32 = ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
+    ones = ir.Constant(v16, [1] * 16)
+    return builder.add(acc, _joined(builder, [builder.call(wd, [_piece(builder, acc16, i, v16), ones])
+                                              for i in range(acc16.type.count // 16)]))
 
 
 @njit(cache=True)
@@ -203,7 +255,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
             xdk = builder.load(at(xd, doff, vk), align=4)
             xsk = builder.load(at(xs, doff, vk), align=4)
             for r, (even, odd, d, m) in enumerate(rows):
-                s = _dpbusd(builder, _dpbusd(builder, ir.Constant(vi, [0] * 4 * k), even, a, bits), odd, b, bits)
+                s = _end(builder, _add(builder, _add(builder, _begin(4 * k, bits), even, a, bits), odd, b, bits), bits)
                 scale = builder.fmul(d, xdk)
                 scale = builder.shuffle_vector(scale, scale, spread)
                 acc = builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale))
@@ -226,7 +278,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         first, xoff, doff = builder.mul(i, const(4 * sbb)), builder.mul(i, const(256)), builder.mul(i, const(64))
         for p in range(0, len(xs_of), 2):
             pair = xs_of[p:p + 2]
-            ints = [[ir.Constant(vi, [0] * 16)] * 4 for _ in pair]
+            ints = [[_begin(16, bits)] * 4 for _ in pair]
             for j in range(4):
                 xv = [(builder.load(at(xe, builder.add(xoff, const(64 * j)), vi), align=1),
                        builder.load(at(xo, builder.add(xoff, const(64 * j)), vi), align=1)) for xe, xo, _, _ in pair]
@@ -238,7 +290,8 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                     else:
                         even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
                     for t, (a, b) in enumerate(xv):
-                        ints[t][r] = _dpbusd(builder, _dpbusd(builder, ints[t][r], even, a, bits), odd, b, bits)
+                        ints[t][r] = _add(builder, _add(builder, ints[t][r], even, a, bits), odd, b, bits)
+            ints = [[_end(builder, v, bits) for v in row] for row in ints]
             xsc = [(builder.load(at(xd, doff, vf), align=4), builder.load(at(xs, doff, vf), align=4))
                    for _, _, xd, xs in pair]
             for r in range(4):
