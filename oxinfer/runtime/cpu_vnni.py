@@ -270,28 +270,39 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         time (four would spill): each row's 64-byte piece j holds bytes 4j..4j+3 of each of its blocks, x's
         alike, so after the 4 pieces a lane holds its block's whole dot product, and one convert, multiply
         and two fused multiply-adds ((q . x8) d xd, then m xs) scale all 16 blocks."""
-        vi, vf = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+        vf = ir.VectorType(_F32, 16)
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
-        mask, four = ir.Constant(vi, [0x0F0F0F0F] * 16), ir.Constant(vi, [4] * 16)
+        # (AVX2's int16 sums: the superblock's blocks 0-7 through all 4 pieces, then 8-15, in 32-byte vectors:
+        # a pair's 4 rows then hold 8 registers of sums of AVX2's 16, not 16)
+        halves = 2 if _short(bits) else 1
+        lanes = 16 // halves
+        vi = ir.VectorType(_I32, lanes)
+        mask, four = ir.Constant(vi, [0x0F0F0F0F] * lanes), ir.Constant(vi, [4] * lanes)
         sbb = 4 * rb4  # a row's bytes of a superblock
         vb = 256 if bits == 4 else 512  # its value bytes
         first, xoff, doff = builder.mul(i, const(4 * sbb)), builder.mul(i, const(256)), builder.mul(i, const(64))
         for p in range(0, len(xs_of), 2):
             pair = xs_of[p:p + 2]
-            ints = [[_begin(16, bits)] * 4 for _ in pair]
-            for j in range(4):
-                xv = [(builder.load(at(xe, builder.add(xoff, const(64 * j)), vi), align=1),
-                       builder.load(at(xo, builder.add(xoff, const(64 * j)), vi), align=1)) for xe, xo, _, _ in pair]
-                for r in range(4):
-                    row = builder.add(first, const(sbb * r + 64 * j))
-                    q = builder.load(at(w, row, vi), align=1)
-                    if bits == 4:
-                        even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
-                    else:
-                        even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
-                    for t, (a, b) in enumerate(xv):
-                        ints[t][r] = _add(builder, _add(builder, ints[t][r], even, a, bits), odd, b, bits)
-            ints = [[_end(builder, v, bits) for v in row] for row in ints]
+            parts = [[[] for _ in range(4)] for _ in pair]
+            for h in range(halves):
+                ints = [[_begin(lanes, bits)] * 4 for _ in pair]
+                for j in range(4):
+                    piece = 64 * j + 4 * lanes * h
+                    xv = [(builder.load(at(xe, builder.add(xoff, const(piece)), vi), align=1),
+                           builder.load(at(xo, builder.add(xoff, const(piece)), vi), align=1)) for xe, xo, _, _ in pair]
+                    for r in range(4):
+                        row = builder.add(first, const(sbb * r + piece))
+                        q = builder.load(at(w, row, vi), align=1)
+                        if bits == 4:
+                            even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
+                        else:
+                            even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
+                        for t, (a, b) in enumerate(xv):
+                            ints[t][r] = _add(builder, _add(builder, ints[t][r], even, a, bits), odd, b, bits)
+                for t in range(len(pair)):
+                    for r in range(4):
+                        parts[t][r].append(_end(builder, ints[t][r], bits))
+            ints = [[_joined(builder, v) for v in row] for row in parts]
             xsc = [(builder.load(at(xd, doff, vf), align=4), builder.load(at(xs, doff, vf), align=4))
                    for _, _, xd, xs in pair]
             for r in range(4):
@@ -370,6 +381,10 @@ def _rows_of(xs: int):
 
 
 _ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
+# x rows a quad of W takes together: 4 (then 2, then 1) with AVX-512's 32 registers; with AVX2's 16 one at a
+# time (2 or 4 rows' sums spilled to the stack: 1.04-1.5x slower at 32 rows on the 2-core VM's AMD EPYC core,
+# session 43). A row's sums are the same whichever.
+WIDE = VNNI
 # bytes of W `some` prefetches ahead of the quad it reads: one 2-core VM core streamed the 135M's
 # products from memory at 7.1-8.4 GB/s without, 10.1-10.7 with 4 KiB (session 39; 16 cores: within
 # their noise, session 36)
@@ -393,7 +408,8 @@ def fetch(typingctx, address):
 def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
     (4 rows each; r < n_out): W the matrix laid at `address` (lay: groups, tail, kind), x_t in int8
-    blocks (quantize). Four x at a time (then two, then one), W's bytes AHEAD on prefetched.
+    blocks (quantize). Four x at a time (then two, then one; one at a time where not WIDE), W's bytes AHEAD
+    on prefetched.
     runtime/cpu_step.py's threads each take a range of quads."""
     bits, sb = KINDS[kind]
     stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
@@ -409,25 +425,26 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
         r = 4 * quad
         keep = min(4, n_out - r)
         t = 0
-        while t + 3 < rows:
+        while WIDE and t + 3 < rows:
             e = x0 + t * s8
             y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
             for i in range(keep):
                 for j in range(4):
                     out[t + j, col0 + r + i] = y4[4 * j + i]
             t += 4
-        while t + 1 < rows:
+        while WIDE and t + 1 < rows:
             e = x0 + t * s8
             y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
             for i in range(keep):
                 out[t, col0 + r + i] = y[i]
                 out[t + 1, col0 + r + i] = y[4 + i]
             t += 2
-        if t < rows:
+        while t < rows:
             e = x0 + t * s8
             y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
             for i in range(keep):
                 out[t, col0 + r + i] = y1[i]
+            t += 1
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
