@@ -211,7 +211,7 @@ async def test_where_the_step_takes_every_row_no_graph_is_built():
     from oxinfer.models.kv_cache import KVCache
     engine = await oxinfer.Engine.load(None)
     graph, cpu, c = engine.scheduler.cpu.graph, engine.steps.cpu, engine.model.cfg
-    assert graph.session is None and graph.prompts_on_tiles() and cpu.prompt_rows == 512
+    assert graph.session is None and graph.prompts_in_step() and cpu.prompt_rows == 512
     rng = np.random.default_rng(11)
     prompt, token = rng.integers(300, 40000, 40), np.array([1234])
     shared = cpu.new_cache(64)
@@ -239,5 +239,5 @@ async def test_where_numba_s_cache_holds_no_step_the_graph_runs_until_it_is_comp
         "onnxruntime's graph runs every row until the step is compiled, once"]
     r = await engine.generate("Name a color.", oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
     assert len(r.token_ids) == 3
-    assert graph.step is not None and graph.prompts_on_tiles()
+    assert graph.step is not None and graph.prompts_in_step()
 

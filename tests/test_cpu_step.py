@@ -193,8 +193,8 @@ async def engine():
 
 
 async def test_the_default_model_decodes_through_the_step(engine):
-    """Built at load beside the graph (its products' weights laid once), it takes every decode row,
-    and where the CPU has AMX the prompt too (once the step is built), as a prompt."""
+    """Built at load (beside the graph where one is built: its products' weights laid once), it takes
+    every decode row, and where no graph is built (AMX, or AVX2 alone) the prompt too, as a prompt."""
     graph = engine.scheduler.cpu.graph
     from oxinfer.runtime.cpu_step import NumbaStep
     assert isinstance(graph.step, NumbaStep)
@@ -208,7 +208,7 @@ async def test_the_default_model_decodes_through_the_step(engine):
     decode = [c for c in calls if c[0] == 1]
     assert len(r.token_ids) == 4 and len(decode) >= 3 and not any(p for _, p in decode)
     n = len(engine.prompt_ids("Name a color."))
-    assert [c for c in calls if c[0] > 1] == ([(n, (n,))] if graph.step.amx else [])
+    assert [c for c in calls if c[0] > 1] == ([(n, (n,))] if graph.prompts_in_step() else [])
 
 
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):

@@ -37,6 +37,16 @@ def amx() -> bool:
     return cpu_amx.available()
 
 
+def step_prompts() -> bool:
+    """Whether the numba step runs prompts here too, so that no onnxruntime graph is built: on AMX tiles,
+    or where the CPU has AVX2 and not AVX-512 (cpu_vnni.WIDE): there its int8 products at a prompt's rows
+    ran at 1.2-1.5x MLAS's (one core of the 2-core VM's AMD EPYC, session 43) and a 512-token prompt at
+    the graph's pace, while the graph's build took most of a 1.7-2.1 s load and ~200 MiB. With AVX-512
+    and no AMX, the graph's prompts (not measured against the step's since session 43's kernels)."""
+    from oxinfer.runtime import cpu_vnni
+    return amx() or not cpu_vnni.WIDE
+
+
 def step_cached() -> bool:
     """Whether numba's cache holds the step; where not (a fresh install's first process), the graph is
     built too and runs every row until the step is compiled (~30 s on 2 cores), said in the log."""
@@ -87,7 +97,8 @@ def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) 
             released(None)
         step.warm()
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
-                 build_s=round(time.perf_counter() - t0, 3), prompts="amx tiles" if step.amx else "graph")
+                 build_s=round(time.perf_counter() - t0, 3),
+                 prompts="amx tiles" if step.amx else "int8 rows" if step_prompts() else "graph")
         return step
 
     ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")

@@ -57,7 +57,7 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
 KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
-# whether onnxruntime's graph is built where the numba step takes every row (prompts on AMX tiles): not
+# whether onnxruntime's graph is built where the numba step takes every row (cpu_decode.step_prompts): not
 # (True: benchmarks that run prompts through both in turns)
 GRAPH_BESIDE_TILES = False
 
@@ -101,7 +101,7 @@ class CpuGraph:
         # be another kernel's); cold, the graph answers until the step is compiled
         self._cached = refused is None and cpu_decode.step_cached()
         # the step takes every row: no graph
-        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.amx() and self._cached:
+        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.step_prompts() and self._cached:
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -116,7 +116,8 @@ class CpuGraph:
         self.prompts = None if openvino_refused or self.session is None else cpu_prompts.OpenVinoPrompts(
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
-            log.info("openvino_prompts_refused", reason=openvino_refused, action="prompts run in onnxruntime's graph")
+            log.info("openvino_prompts_refused", reason=openvino_refused,
+                     action="prompts run in " + ("onnxruntime's graph" if self.session is not None else "the numba step"))
         self._step = None if refused else cpu_decode.numba_step(model, self._laid, released)  # (a Future)
         self._laid = None
         self.build_s = time.perf_counter() - t0
@@ -213,9 +214,9 @@ class CpuGraph:
         out = np.empty((len(seqs), self.model.cfg.vocab_size), np.float32)
         # (a run of prompts alone waits for the step's build only where no graph was built: else a first
         # prompt runs beside it)
-        tiles = self.prompts_on_tiles()
-        stepped = (tiles or any(len(s) == 1 for s in seqs)) and self._built_step() is not None
-        rest = self._stepped(seqs, caches, starts, out, started, tiles) if stepped else list(range(len(seqs)))
+        prompts = self.prompts_in_step()
+        stepped = (prompts or any(len(s) == 1 for s in seqs)) and self._built_step() is not None
+        rest = self._stepped(seqs, caches, starts, out, started, prompts) if stepped else list(range(len(seqs)))
         seqs, caches, starts = [seqs[i] for i in rest], [caches[i] for i in rest], [starts[i] for i in rest]
         openvino = self.prompts is not None and self.prompts.takes([len(s) for s in seqs])
         for rows, fresh in _runs(seqs, caches):
@@ -244,11 +245,11 @@ class CpuGraph:
         numba compiling it, ~30 s, in a fresh install's first process); with no graph, waits for it."""
         return None if self.compiling else self.step
 
-    def prompts_on_tiles(self) -> bool:
-        """Whether prompts run through the numba step, on AMX tiles: the step built (a prompt does not
-        wait for it while the graph can take it) where the CPU has them; with no graph, always (the
-        first run waits for the step)."""
-        if self.session is None and isinstance(self._step, Future):
+    def prompts_in_step(self) -> bool:
+        """Whether prompts run through the numba step: with no graph, always (the first run waits for
+        the step); beside a graph (GRAPH_BESIDE_TILES), on AMX tiles once the step is built (a prompt
+        does not wait for it while the graph can take it)."""
+        if self.session is None:
             return True
         return not self._building and self.step is not None and self.step.amx
 

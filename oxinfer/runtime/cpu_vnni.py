@@ -385,6 +385,10 @@ _ONE, _TWO, _FOUR = _rows_of(1), _rows_of(2), _rows_of(4)
 # time (2 or 4 rows' sums spilled to the stack: 1.04-1.5x slower at 32 rows on the 2-core VM's AMD EPYC core,
 # session 43). A row's sums are the same whichever.
 WIDE = VNNI
+# x rows a pass of W takes at most: a long prompt's int8 rows (512 of the 135M's down product: ~1 MB) fell out
+# of a core's L2 with each quad of W (that product at 512 rows on one core of the 2-core VM's AMD EPYC: 73 GOP/s,
+# in passes of 64 rows 82; session 43)
+X_ROWS = 64
 # bytes of W `some` prefetches ahead of the quad it reads: one 2-core VM core streamed the 135M's
 # products from memory at 7.1-8.4 GB/s without, 10.1-10.7 with 4 KiB (session 39; 16 cores: within
 # their noise, session 36)
@@ -416,35 +420,37 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-    fetched, last = address + lo * stride + AHEAD, address + hi * stride
-    for quad in range(lo, hi):
-        w = address + quad * stride
-        while fetched < min(w + stride + AHEAD, last):
-            fetch(fetched)
-            fetched += 64
-        r = 4 * quad
-        keep = min(4, n_out - r)
-        t = 0
-        while WIDE and t + 3 < rows:
-            e = x0 + t * s8
-            y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-            for i in range(keep):
-                for j in range(4):
-                    out[t + j, col0 + r + i] = y4[4 * j + i]
-            t += 4
-        while WIDE and t + 1 < rows:
-            e = x0 + t * s8
-            y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-            for i in range(keep):
-                out[t, col0 + r + i] = y[i]
-                out[t + 1, col0 + r + i] = y[4 + i]
-            t += 2
-        while t < rows:
-            e = x0 + t * s8
-            y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-            for i in range(keep):
-                out[t, col0 + r + i] = y1[i]
-            t += 1
+    for c0 in range(0, rows, X_ROWS):  # (x's rows in pieces that stay in the core's cache while W passes)
+        c1 = min(rows, c0 + X_ROWS)
+        fetched, last = address + lo * stride + AHEAD, address + hi * stride
+        for quad in range(lo, hi):
+            w = address + quad * stride
+            while fetched < min(w + stride + AHEAD, last):
+                fetch(fetched)
+                fetched += 64
+            r = 4 * quad
+            keep = min(4, n_out - r)
+            t = c0
+            while WIDE and t + 3 < c1:
+                e = x0 + t * s8
+                y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    for j in range(4):
+                        out[t + j, col0 + r + i] = y4[4 * j + i]
+                t += 4
+            while WIDE and t + 1 < c1:
+                e = x0 + t * s8
+                y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    out[t, col0 + r + i] = y[i]
+                    out[t + 1, col0 + r + i] = y[4 + i]
+                t += 2
+            while t < c1:
+                e = x0 + t * s8
+                y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    out[t, col0 + r + i] = y1[i]
+                t += 1
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)

@@ -114,10 +114,10 @@ class CpuExecutor:
     @property
     def prompt_rows(self) -> int:
         """CPU_PROMPT_ROWS; cpu_prompts.PROMPT_ROWS where OpenVINO may run long prompts, or the numba
-        step runs them on AMX tiles (a call's own costs, its barriers and the keys laid for the tiles,
-        paid once for 512 rows: a 512-token prompt of the default model +9% on the 2-core VM)."""
+        step runs them (a call's own costs, its barriers and on AMX the keys laid for the tiles, paid
+        once for 512 rows: a 512-token prompt of the default model +9% on the 2-core VM)."""
         graph = self.scheduler.cpu.graph
-        wide = graph is not None and (graph.prompts is not None or graph.prompts_on_tiles())
+        wide = graph is not None and (graph.prompts is not None or graph.prompts_in_step())
         return cpu_prompts.PROMPT_ROWS if wide else CPU_PROMPT_ROWS
 
     def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> KVCache:
