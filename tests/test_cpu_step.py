@@ -105,27 +105,27 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_avx2_s_form_of_vpdpbusd_sums_what_numpy_sums(monkeypatch, bits):
-    """cpu_vnni's sums as CPUs without AVX-512 VNNI run them (on any CPU with AVX2): 16 int32 lanes, each
-    the products of unsigned w and signed x bytes, 4 a lane, through 8 pieces (a superblock's: `_begin`,
-    `_add` each, `_end`), at the extremes of both where they are largest in size (a 4-bit w's sums kept in
+    """cpu_dots' sums as CPUs without AVX-512 VNNI run them (on any CPU with AVX2): 16 int32 lanes, each
+    the products of unsigned w and signed x bytes, 4 a lane, through 8 pieces (a superblock's: `begin`,
+    `plus` each, `end`), at the extremes of both where they are largest in size (a 4-bit w's sums kept in
     int16 through all 8; an 8-bit w's through int32), then added to int32 lanes as the kernels do."""
     from llvmlite import ir
     from numba import njit, types
     from numba.extending import intrinsic
 
-    from oxinfer.runtime import cpu_vnni
-    monkeypatch.setattr(cpu_vnni, "VNNI", False)
+    from oxinfer.runtime import cpu_dots
+    monkeypatch.setattr(cpu_dots, "VNNI", False)
     vi, pieces = ir.VectorType(ir.IntType(32), 16), 8
 
     @intrinsic
     def dot(typingctx, acc, w, x):
         def codegen(context, builder, signature, args):
             a, w, x = (builder.inttoptr(v, vi.as_pointer()) for v in args)
-            s = cpu_vnni._begin(16, bits)
+            s = cpu_dots.begin(16, bits)
             for i in range(pieces):  # (piece i: 64 bytes on)
                 w8, x8 = (builder.load(builder.gep(p, [ir.Constant(ir.IntType(64), i)]), align=1) for p in (w, x))
-                s = cpu_vnni._add(builder, s, w8, x8, bits)
-            builder.store(builder.add(builder.load(a, align=1), cpu_vnni._end(builder, s, bits)), a, align=1)
+                s = cpu_dots.plus(builder, s, w8, x8, bits)
+            builder.store(builder.add(builder.load(a, align=1), cpu_dots.end(builder, s, bits)), a, align=1)
             return context.get_dummy_value()
         return types.void(types.intp, types.intp, types.intp), codegen
 

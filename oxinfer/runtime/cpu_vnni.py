@@ -1,7 +1,7 @@
 """The CPU's products of our own: a quantized matrix times rows of x in int8 blocks, with AVX-512
 VNNI's integer dot product (vpdpbusd: 16 lanes of 4 u8 x s8 products) spelled out through numba's
 @intrinsic as LLVM's `llvm.x86.avx512.vpdpbusd.512`; where the CPU has AVX2 but not AVX-512 VNNI
-(AMD's Zen 2-3, Intel's before Ice Lake), the same sums in AVX2's pmaddubsw and pmaddwd (`_add`).
+(AMD's Zen 2-3, Intel's before Ice Lake), the same sums in AVX2's pmaddubsw and pmaddwd (runtime/cpu_dots.py).
 numba compiles them at the first load and caches them beside this file (llvmlite ships LLVM: no
 compiler on the machine, no C extension of ours). runtime/cpu_step.py runs a whole step of them.
 
@@ -43,6 +43,7 @@ from numba.extending import intrinsic
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime import blockwise, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
 from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
+from oxinfer.runtime.cpu_dots import VNNI, begin, end, joined, plus, short
 
 BLOCK = 32
 SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, laid block-transposed (`lay`)
@@ -52,105 +53,11 @@ SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, l
 KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
-_I8, _I16 = ir.IntType(8), ir.IntType(16)
-
-
-# whether this CPU has vpdpbusd (else `_add` spells its sums in AVX2)
-VNNI = bool(blockwise.host_features().get("avx512vnni"))
 
 
 def runs_here() -> bool:
     """Whether these products compile for this CPU: AVX-512 VNNI, or AVX2 with FMA and F16C."""
     return VNNI or all(blockwise.host_features().get(k) for k in ("avx2", "fma", "f16c"))
-
-
-# A lane's sums of products (4 bytes of w, unsigned, times 4 of x, signed, a lane) through a group or a
-# superblock: `_begin`, `_add` a piece at a time, `_end`. With AVX-512 VNNI, vpdpbusd into int32 lanes.
-# Without, in AVX2's 32-byte pieces: a 4-bit w's products stay in pmaddubsw's int16 pairs (at most 8 of
-# them a lane, each pair at most 2 x 15 x 128 = 3,840 in size: 30,720 < 2^15) and are widened once by
-# pmaddwd (`_end`), in half the multiplies of widening each (`some` 1.1-1.4x quicker on a 2-core VM's
-# AMD EPYC core, session 43); an 8-bit w's bytes are widened to int16 for pmaddwd. vpdpbusd's integers
-# everywhere, bit for bit.
-
-
-def _short(bits: int) -> bool:
-    """Whether `_begin`'s sums are int16 pairs (4-bit w without VNNI)."""
-    return bits == 4 and not VNNI
-
-
-def _begin(lanes: int, bits: int):
-    """A zero sum of `lanes` int32 lanes of products, in the form `_add` adds to."""
-    return _shorts(lanes) if _short(bits) else ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes)
-
-
-def _add(builder, acc, w, x, bits):
-    """acc (`_begin`'s form) + the products of w's and x's bytes, a lane's 4 together."""
-    if VNNI:
-        vi = acc.type
-        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vi, [vi, vi, vi]),
-                                           f"llvm.x86.avx512.vpdpbusd.{32 * vi.count}")
-        return builder.call(f, [acc, w, x])
-    if bits == 4:
-        return _madd(builder, acc, w, x)
-    v16 = ir.VectorType(_I16, 16)
-    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VectorType(_I32, 8), [v16, v16]),
-                                        "llvm.x86.avx2.pmadd.wd")
-    sums = []
-    for i in range(acc.type.count // 8):
-        a, b = _piece(builder, w, i, ir.VectorType(_I8, 32)), _piece(builder, x, i, ir.VectorType(_I8, 32))
-        a16, b16 = builder.zext(a, ir.VectorType(_I16, 32)), builder.sext(b, ir.VectorType(_I16, 32))
-        lo, hi = (builder.call(wd, [_pick(builder, v, v, range(16 * j, 16 * j + 16)) for v in (a16, b16)])
-                  for j in range(2))  # 2 x 8 sums of 2 bytes
-        sums.append(builder.add(_pick(builder, lo, hi, range(0, 16, 2)), _pick(builder, lo, hi, range(1, 16, 2))))
-    return builder.add(acc, _joined(builder, sums))
-
-
-def _end(builder, acc, bits):
-    """`_begin`'s sum as int32 lanes."""
-    if not _short(bits):
-        return acc
-    lanes = acc.type.count // 2
-    return _widen(builder, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes), acc)
-
-
-def _shorts(n):
-    """int16 zeros for n int32 lanes' pairs (`_madd`'s accumulator)."""
-    return ir.Constant(ir.VectorType(_I16, 2 * n), [0] * 2 * n)
-
-
-def _pick(builder, a, b, lanes):  # (a's lanes, then b's), those listed
-    return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), list(lanes)))
-
-
-def _piece(builder, v, i, ty):  # 32-byte piece i of a vector, as ty
-    k = 256 // v.type.element.width  # (its elements a piece)
-    return builder.bitcast(_pick(builder, v, v, range(k * i, k * i + k)), ty)
-
-
-def _joined(builder, pieces):  # pieces of 32 bytes, joined in order
-    while len(pieces) > 1:
-        pieces = [_pick(builder, pieces[j], pieces[j + 1], range(2 * pieces[j].type.count))
-                  for j in range(0, len(pieces), 2)]
-    return pieces[0]
-
-
-def _madd(builder, acc16, w, x):
-    """acc16 + pmaddubsw(w, x) (AVX2: 32 bytes a piece), 4-bit w's unsigned bytes times x's signed: int16
-    pairs, each an int32 lane's two halves (`_widen` adds them)."""
-    v8, v16 = ir.VectorType(_I8, 32), ir.VectorType(_I16, 16)
-    ub = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v16, [v8, v8]), "llvm.x86.avx2.pmadd.ub.sw")
-    n = w.type.count // 8
-    return builder.add(acc16, _joined(builder, [builder.call(ub, [_piece(builder, w, i, v8), _piece(builder, x, i, v8)])
-                                                for i in range(n)]))
-
-
-def _widen(builder, acc, acc16):
-    """acc + each int32 lane's two int16 halves of acc16 (pmaddwd by ones)."""
-    v16, v32 = ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
-    wd = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v32, [v16, v16]), "llvm.x86.avx2.pmadd.wd")
-    ones = ir.Constant(v16, [1] * 16)
-    return builder.add(acc, _joined(builder, [builder.call(wd, [_piece(builder, acc16, i, v16), ones])
-                                              for i in range(acc16.type.count // 16)]))
 
 
 @njit(cache=True)
@@ -255,7 +162,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
             xdk = builder.load(at(xd, doff, vk), align=4)
             xsk = builder.load(at(xs, doff, vk), align=4)
             for r, (even, odd, d, m) in enumerate(rows):
-                s = _end(builder, _add(builder, _add(builder, _begin(4 * k, bits), even, a, bits), odd, b, bits), bits)
+                s = end(builder, plus(builder, plus(builder, begin(4 * k, bits), even, a, bits), odd, b, bits), bits)
                 scale = builder.fmul(d, xdk)
                 scale = builder.shuffle_vector(scale, scale, spread)
                 acc = builder.fadd(builder.load(accs[t][r]), builder.fmul(builder.sitofp(s, vf), scale))
@@ -274,7 +181,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
         # (AVX2's int16 sums: the superblock's blocks 0-7 through all 4 pieces, then 8-15, in 32-byte vectors:
         # a pair's 4 rows then hold 8 registers of sums of AVX2's 16, not 16)
-        halves = 2 if _short(bits) else 1
+        halves = 2 if short(bits) else 1
         lanes = 16 // halves
         vi = ir.VectorType(_I32, lanes)
         mask, four = ir.Constant(vi, [0x0F0F0F0F] * lanes), ir.Constant(vi, [4] * lanes)
@@ -285,7 +192,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
             pair = xs_of[p:p + 2]
             parts = [[[] for _ in range(4)] for _ in pair]
             for h in range(halves):
-                ints = [[_begin(lanes, bits)] * 4 for _ in pair]
+                ints = [[begin(lanes, bits)] * 4 for _ in pair]
                 for j in range(4):
                     piece = 64 * j + 4 * lanes * h
                     xv = [(builder.load(at(xe, builder.add(xoff, const(piece)), vi), align=1),
@@ -298,11 +205,11 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                         else:
                             even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
                         for t, (a, b) in enumerate(xv):
-                            ints[t][r] = _add(builder, _add(builder, ints[t][r], even, a, bits), odd, b, bits)
+                            ints[t][r] = plus(builder, plus(builder, ints[t][r], even, a, bits), odd, b, bits)
                 for t in range(len(pair)):
                     for r in range(4):
-                        parts[t][r].append(_end(builder, ints[t][r], bits))
-            ints = [[_joined(builder, v) for v in row] for row in parts]
+                        parts[t][r].append(end(builder, ints[t][r], bits))
+            ints = [[joined(builder, v) for v in row] for row in parts]
             xsc = [(builder.load(at(xd, doff, vf), align=4), builder.load(at(xs, doff, vf), align=4))
                    for _, _, xd, xs in pair]
             for r in range(4):
