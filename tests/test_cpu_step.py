@@ -372,3 +372,30 @@ async def test_a_step_of_decode_rows_and_prompts_gives_each_its_own_logits(engin
                                                             engine.steps.cpu.new_cache(128), old[1]])]
     for i, a in enumerate(alone):
         assert np.array_equal(a, together[i]), i
+
+
+@pytest.mark.skipif(not cpu_decode.step_prompts(), reason="the numba step takes no prompts here (neither AMX nor "
+                    "AVX2 without AVX-512): onnxruntime's graph or OpenVINO runs them, as test_cpu_prompts checks")
+async def test_where_the_step_runs_prompts_openvino_is_taken_only_when_asked(monkeypatch):
+    """Where the numba step runs prompts (AMX tiles, or AVX2's int8 rows) no onnxruntime graph is built
+    and "auto" leaves OpenVINO out, saying why; cpu_prompts="openvino" is honoured: the graph is built
+    beside the step and OpenVINO takes the long prompts, not the step."""
+    from oxinfer.runtime import cpu_prompts
+    if not cpu_prompts.installed():
+        pytest.skip("openvino is not installed: nothing to take the prompts but the step")
+    monkeypatch.delenv("OXINFER_OPENVINO", raising=False)
+    monkeypatch.setattr(cpu_prompts, "bf16_products", lambda: True)  # (the memory check alone could refuse it)
+    monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 1 << 30)
+    with capture_logs() as logs:
+        auto = await oxinfer.Engine.load(None)
+    graph = auto.scheduler.cpu.graph
+    assert graph.session is None and graph.prompts is None and graph.prompts_in_step()
+    refused = [e for e in logs if e["event"] == "openvino_prompts_refused"]
+    assert len(refused) == 1 and refused[0]["reason"].startswith("the numba step runs prompts here")
+    assert refused[0]["action"] == "prompts run in the numba step"
+    asked = await oxinfer.Engine.load(None, cpu_prompts="openvino")
+    graph = asked.scheduler.cpu.graph
+    assert graph.session is not None and graph.prompts is not None and not graph.prompts_in_step()
+    assert graph.step is not None  # (decode rows still the step's)
+    await auto.aclose()
+    await asked.aclose()

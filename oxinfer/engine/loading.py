@@ -41,7 +41,7 @@ def load(path: str | Path | None, backend: str = "cpu", gpu=None, max_concurrent
                          "pass context_length <= original_context to get those")
     scheduler = MatmulScheduler(CpuBackend(int8=cpu_int8), gpu=gpu if gpu is not None else select_gpu_backend(backend))
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, scheduler.linear))
-    refused = prompts.refuses(model, cpu_prompts)  # ("openvino" where it cannot: the error before any conversion)
+    refused = prompts.refuses(model, cpu_prompts, kv)  # ("openvino" where it cannot: the error before any conversion)
     f.loaded()  # tensors it left: a GGUF's metadata that disagrees with them refused, an HF directory's named
     device = None
     release = getattr(f, "release_pages", None)  # a GGUF's map: its pages leave as a device or kernels copy them

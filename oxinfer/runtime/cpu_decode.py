@@ -61,19 +61,28 @@ def step_cached() -> bool:
 def step_refused(kv_dtype) -> str | None:
     """Why runtime/cpu_step.py's decode step does not run here (logged where it was asked for: the
     graph decodes), or None."""
-    if not numba_asked():
-        return "not asked for"
-    if importlib.util.find_spec("numba") is None:
-        reason = "numba is not installed (oxinfer depends on it: pip install numba)"
-    elif np.dtype(kv_dtype) != np.float32:
-        reason = f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
-    else:
-        from oxinfer.runtime import cpu_vnni
-        reason = None if cpu_vnni.runs_here() else "neither AVX-512 VNNI nor AVX2 with FMA and F16C on this CPU"
+    reason = _refusal(kv_dtype)
     if reason is not None:  # (said where OXINFER_CPU_DECODE=numba asked for it; for auto, in the debug log)
         (log.info if DECODE == "numba" else log.debug)("numba_step_refused", reason=reason,
                                                        action="decode rows run in onnxruntime's graph")
     return reason
+
+
+def runs_prompts(kv_dtype=None) -> bool:
+    """Whether the numba step runs here and takes the prompts too (step_prompts), keys and values of
+    kv_dtype (default float32)."""
+    return _refusal(kv_dtype or np.float32) is None and step_prompts()
+
+
+def _refusal(kv_dtype) -> str | None:
+    if not numba_asked():
+        return "not asked for"
+    if importlib.util.find_spec("numba") is None:
+        return "numba is not installed (oxinfer depends on it: pip install numba)"
+    if np.dtype(kv_dtype) != np.float32:
+        return f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
+    from oxinfer.runtime import cpu_vnni
+    return None if cpu_vnni.runs_here() else "neither AVX-512 VNNI nor AVX2 with FMA and F16C on this CPU"
 
 
 def step_threads(threads: int, cores: int) -> int:

@@ -100,8 +100,9 @@ class CpuGraph:
         # numba's cache holds the step: rows wait the seconds it takes to load (not the graph's: their logits would
         # be another kernel's); cold, the graph answers until the step is compiled
         self._cached = refused is None and cpu_decode.step_cached()
-        # the step takes every row: no graph
-        if refused is None and not GRAPH_BESIDE_TILES and cpu_decode.step_prompts() and self._cached:
+        # the step takes every row (not where OpenVINO was asked to take prompts): no graph
+        if (refused is None and not GRAPH_BESIDE_TILES and cpu_decode.step_prompts() and self._cached
+                and openvino_refused is not None):
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:
             self._build_graph()
@@ -248,9 +249,11 @@ class CpuGraph:
     def prompts_in_step(self) -> bool:
         """Whether prompts run through the numba step: with no graph, always (the first run waits for
         the step); beside a graph (GRAPH_BESIDE_TILES), on AMX tiles once the step is built (a prompt
-        does not wait for it while the graph can take it)."""
+        does not wait for it while the graph can take it), unless OpenVINO takes them."""
         if self.session is None:
             return True
+        if self.prompts is not None:
+            return False
         return not self._building and self.step is not None and self.step.amx
 
     def _stepped(self, seqs, caches, starts, out, started=None, prompts=False) -> list[int]:

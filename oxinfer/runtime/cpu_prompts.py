@@ -32,7 +32,7 @@ import time
 import numpy as np
 
 from oxinfer.logs import get_logger
-from oxinfer.runtime import blockwise
+from oxinfer.runtime import blockwise, cpu_decode
 from oxinfer.runtime.graph_ops import GraphOps
 
 log = get_logger("oxinfer.runtime")
@@ -69,9 +69,10 @@ def check_choice(choice: str) -> None:
         raise ValueError(f"cpu_prompts {choice!r}: expected one of {', '.join(CHOICES)}")
 
 
-def refuses(model, choice: str = "auto") -> str | None:
-    """Why prompts of this model stay onnxruntime's (None: OpenVINO takes them). choice "openvino"
-    raises ValueError where it cannot (the reason), "onnxruntime" always refuses."""
+def refuses(model, choice: str = "auto", kv_dtype=None) -> str | None:
+    """Why prompts of this model stay onnxruntime's, or the numba step's (None: OpenVINO takes them).
+    choice "openvino" raises ValueError where it cannot (the reason), "onnxruntime" always refuses.
+    kv_dtype: the KV pool's (the numba step reads float32 alone)."""
     check_choice(choice)
     cfg = model.cfg
     if choice == "onnxruntime":
@@ -81,6 +82,9 @@ def refuses(model, choice: str = "auto") -> str | None:
     reason = None
     if not installed():
         reason = "openvino is not installed (pip install 'oxinfer[openvino]')"
+    elif choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() != "1" and cpu_decode.runs_prompts(kv_dtype):
+        reason = ("the numba step runs prompts here (AMX tiles, or AVX2's int8 rows) and no onnxruntime graph is "
+                  "built; cpu_prompts='openvino' (or OXINFER_OPENVINO=1) takes it anyway")
     elif choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() != "1" and not bf16_products():
         reason = ("no bfloat16 products on this CPU (AMX or AVX512_BF16): OpenVINO's float32 ones were slower than "
                   "onnxruntime's int8 ones and held ~450 MiB more; cpu_prompts='openvino' (or OXINFER_OPENVINO=1) "
