@@ -337,15 +337,17 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     """numba keys a function's cache on its own file: a step cached before a change to cpu_vnni.py's
     kernels (or step_ops.py's op codes, or cpu_sync.py's barrier) would go on running the old ones.
     The step's functions are stamped with the contents of every module of the runtime that compiles
-    into numba's cache, and of step_ops.py's op codes, together (runtime/numba_cache.py)."""
+    into numba's cache or writes LLVM IR into what does (cpu_dots.py's sums), and of step_ops.py's op
+    codes, together (runtime/numba_cache.py)."""
     import hashlib
     from pathlib import Path
 
     from oxinfer.runtime import cpu_amx, cpu_attend, cpu_step, cpu_sync, cpu_vnni, numba_cache
     want = hashlib.sha256(b"".join(open(p, "rb").read() for p in numba_cache.SOURCES)).hexdigest()
-    cached = {p.name for p in Path(cpu_step.__file__).parent.glob("*.py") if "cache=True" in p.read_text()}
+    cached = {p.name for p in Path(cpu_step.__file__).parent.glob("*.py")
+              if "cache=True" in p.read_text() or "from llvmlite import ir" in p.read_text()}
     assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == cached | {"step_ops.py"}
-    assert {"cpu_vnni.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py", "cpu_step.py"} <= cached
+    assert {"cpu_vnni.py", "cpu_dots.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py", "cpu_step.py"} <= cached
     for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier, cpu_amx.pair, cpu_amx.panel,
               cpu_attend.heads):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
