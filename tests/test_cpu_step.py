@@ -287,18 +287,18 @@ async def test_a_step_whose_threads_cannot_all_run_at_once_runs_in_one_thread(en
 async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_path, monkeypatch):
     """OXINFER_CPU_DECODE=graph (read at import as cpu_decode.DECODE; the default, auto, runs the step where it can):
     no step, no line.
-    numba asked for with float16 keys: no step, a line saying why; auto with them: no step, quietly.
-    Decoding works in all three; any other value is refused at the load, named."""
+    numba asked for on a CPU it cannot run on (neither AVX-512 VNNI nor AVX2): no step, a line saying why;
+    auto there: no step, quietly. Decoding works in all three; any other value is refused at the load, named."""
+    from oxinfer.runtime import cpu_vnni
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
-    for setting, kv in (("graph", None), ("numba", np.float16), ("auto", np.float16)):
+    for setting, cpu in (("graph", True), ("numba", False), ("auto", False)):
         monkeypatch.setattr(cpu_decode, "DECODE", setting)
-        if kv is not None:
-            monkeypatch.setattr(cpu_graph, "KV_DTYPE", kv)
+        monkeypatch.setattr(cpu_vnni, "runs_here", lambda: cpu)
         with capture_logs() as logs:
             engine = await oxinfer.Engine.load(path)
         assert engine.scheduler.cpu.graph.step is None
         refused = [e for e in logs if e["event"] == "numba_step_refused" and e["log_level"] != "debug"]
-        assert len(refused) == (setting == "numba") and all("float16" in e["reason"] for e in refused)
+        assert len(refused) == (setting == "numba") and all("neither AVX-512 VNNI nor AVX2" in e["reason"] for e in refused)
         r = await engine.generate([5, 6, 7], oxinfer.SamplingParams(max_tokens=3, ignore_eos=True))
         assert len(r.token_ids) == 3
     monkeypatch.setattr(cpu_decode, "DECODE", "fast")
@@ -401,3 +401,48 @@ async def test_where_the_step_runs_prompts_openvino_is_taken_only_when_asked(mon
     assert graph.step is not None  # (decode rows still the step's)
     await auto.aclose()
     await asked.aclose()
+
+
+async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_noise(engine):
+    """kv_cache_dtype float16 (llama.cpp's default cache type) no longer sends the rows to onnxruntime's
+    graph: the step reads and writes the pool's float16 keys and values (F16C's conversions, float32
+    arithmetic). Against the default float32 keys, a 170-token text and three decode steps: each row's
+    logits, less their mean, within 1.0 of float32's (llama.cpp's own batch vs token-by-token noise,
+    tests/golden_checks.py), the top five's logprobs within 0.5, the same argmax where float32's top two
+    are 1.0 apart; two sequences decoding together give each its solo logits, bit for bit."""
+    f16 = await oxinfer.Engine.load(None, kv_cache_dtype="float16")
+    graph = f16.scheduler.cpu.graph
+    assert graph.kv_dtype == np.float16 and f16.model.kv_pool.dtype == np.float16 and graph.step is not None
+    text = ("The history of the bicycle begins in the early nineteenth century, when inventors in Germany and "
+            "France built two-wheeled machines that riders pushed along with their feet. Over the following "
+            "decades, pedals, chains and pneumatic tyres turned this curiosity into the most efficient means "
+            "of transport ever devised, and by the end of the century millions of people rode to work. ") * 2
+    prompt, steps = np.array(engine.tokenizer.encode(text)), engine.tokenizer.encode(" The first")
+    calls = []
+    real = graph.step.logits
+    graph.step.logits = lambda *a, **k: calls.append(len(a[0])) or real(*a, **k)
+    got, want = [], []
+    try:
+        for e, out in ((f16, got), (engine, want)):
+            cache, run = e.steps.cpu.new_cache(256), e.scheduler.cpu.graph.run
+            out.append(run([prompt], [cache])[0])
+            out += [run([np.array([t])], [cache])[0] for t in steps]
+    finally:
+        del graph.step.logits
+    assert calls.count(1) == len(steps) and (not graph.prompts_in_step() or calls[0] == len(prompt))
+    for g, w in zip(got, want):
+        assert np.abs((g - g.mean()) - (w - w.mean())).max() <= 1.0
+        top = np.argsort(w)[-5:]
+        lg, lw = (x - x.max() - np.log(np.exp(x - x.max()).sum()) for x in (g, w))
+        assert np.abs(lg[top] - lw[top]).max() <= 0.5
+        if w[top[-1]] - w[top[-2]] > 1.0:
+            assert g.argmax() == w.argmax()
+    run = graph.run
+    caches = [f16.steps.cpu.new_cache(64) for _ in range(2)]
+    firsts = [run([prompt[:20 + 7 * i]], [c])[0] for i, c in enumerate(caches)]
+    together = run([np.array([5]), np.array([9])], caches)
+    for c in caches:
+        c.trim(1)
+    alone = [run([np.array([t])], [c])[0] for t, c in zip((5, 9), caches)]
+    assert all(np.isfinite(f).all() for f in firsts)
+    np.testing.assert_array_equal(together, np.stack(alone))

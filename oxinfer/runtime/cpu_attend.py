@@ -1,13 +1,17 @@
-"""The numba step's attention (runtime/cpu_step.py's ATTEND lines) over the KV pool's float32 keys
-and values: each row's key roped and written with its value into its lane at its position, then each
-row's heads over its lane's keys up to its own (`attend`, a thread's share; `heads`, one row and a kv
-head's query heads). Prompts' rows on AMX tiles go to runtime/cpu_amx.py's `heads` instead."""
+"""The numba step's attention (runtime/cpu_step.py's ATTEND lines) over the KV pool's float32 or
+float16 keys and values: each row's key roped and written with its value into its lane at its
+position, then each row's heads over its lane's keys up to its own (`attend`, a thread's share;
+`heads`, one row and a kv head's query heads). Prompts' rows on AMX tiles go to runtime/cpu_amx.py's
+`heads` instead (float32 pools). Float16 values are read and written through F16C's conversions
+(`get`, `put`: a pool's arrays as uint16 bits here, numba having no float16 on the CPU), which LLVM
+vectorizes; the arithmetic is float32's either way."""
 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import cpu_amx, cpu_sync, cpu_vnni
@@ -26,52 +30,138 @@ def _f32_at(typingctx, address):
     return sig, codegen
 
 
+@intrinsic
+def _u16_at(typingctx, address):
+    """The uint16 pointer at an address (a float16 pool's layer, its values' bits)."""
+    sig = types.CPointer(types.uint16)(types.intp)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+    return sig, codegen
+
+
+@intrinsic
+def _half(typingctx, bits):
+    """float16 bits as a float32."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def _bits(typingctx, value):
+    """A float32 rounded to float16 (to nearest, even), as its bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
+
+
+def get(a, i):
+    """a[i] as a float32 (a float16 pool's bits converted)."""
+
+
+def put(a, i, v):
+    """a[i] = v, rounded to float16 where a holds a float16 pool's bits."""
+
+
+@overload(get, inline="always")
+def _get(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: _half(a[i])
+    return lambda a, i: a[i]
+
+
+@overload(put, inline="always")
+def _put(a, i, v):
+    if a.dtype == types.uint16:
+        def half(a, i, v):
+            a[i] = _bits(np.float32(v))
+        return half
+
+    def same(a, i, v):
+        a[i] = v
+    return same
+
+
 @njit(fastmath=True, error_model="numpy", cache=True)
 def rope(src, dst, c, s, scale, rope_dim, hd):
-    """One head's hd values from src into dst: adjacent pairs of the first rope_dim rotated (GGUF
-    stores q/k rows permuted for this), the rest as they are, all times scale."""
+    """One head's hd values from src into dst (a float16 pool's bits rounded: `put`): adjacent pairs of
+    the first rope_dim rotated (GGUF stores q/k rows permuted for this), the rest as they are, all times
+    scale."""
     for i in range(rope_dim // 2):
         a, b = src[2 * i], src[2 * i + 1]
-        dst[2 * i] = (a * c[i] - b * s[i]) * scale
-        dst[2 * i + 1] = (a * s[i] + b * c[i]) * scale
+        put(dst, 2 * i, (a * c[i] - b * s[i]) * scale)
+        put(dst, 2 * i + 1, (a * s[i] + b * c[i]) * scale)
     for i in range(rope_dim, hd):
-        dst[i] = src[i] * scale
+        put(dst, i, src[i] * scale)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True, inline="always")
 def copy(src, dst, n):
     """dst[:n] = src[:n] as a loop (an array assignment brings numba's shape check, whose error
-    message took ~5 s of the step's first compile)."""
+    message took ~5 s of the step's first compile); a float16 pool's bits rounded (`put`)."""
     for i in range(n):
-        dst[i] = src[i]
+        put(dst, i, src[i])
+
+
+def _tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
+    """Prompts' heads on AMX tiles (`cpu_amx.heads`), their queries roped first: float32 keys alone (a
+    float16 pool's prompts are laid for none: cpu_step). The barrier count after."""
+
+
+@overload(_tiles)
+def _tiles_typed(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
+    if K.dtype != types.float32:
+        return lambda tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx: gen
+
+    def tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
+        H, hd, rope_dim = dims[0], dims[2], dims[3]
+        for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
+            t, h = task // H, task % H
+            r = pos[t] + row0
+            rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+        return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
+    return tiles
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
 def attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, pool, dims, cos, sin, qs, grouped,
             amx):
-    """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc): each row's
+    """Thread tid's share of rows' attention (q, k, v: columns qc, kc, vc of A; out: oc) over the
+    layer's keys and values in the pool (dims[6]: float16's bits, else float32): each row's
     keys roped at its position and written with its values into its lane; at a barrier, each row's
     heads (q roped and scaled) over its lane's keys up to its position, from its window's first. A
     task a row and kv head, then a row and head (grouped: a row and a kv head's query heads, which
     read its keys and values once), dealt round the threads. Prompts' rows (amx[4]: each prompt's
     rows, one lane's consecutive positions) on AMX tiles where the head's size allows: queries roped
     a task a row and head, then `cpu_amx.heads`. The barrier count after."""
-    layer, window, row0 = ints[0], ints[1], ints[2]
-    H, KV, hd, rope_dim, slots, tokens = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    layer = ints[0]
+    KV, hd, slots, tokens = dims[1], dims[2], dims[4], dims[5]
+    if dims[6]:  # (float16 keys and values: AMX's tiles read float32 alone)
+        K16 = carray(_u16_at(pool[layer, 0]), (slots, KV, tokens, hd))
+        V16 = carray(_u16_at(pool[layer, 1]), (slots, KV, tokens, hd))
+        return _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, K16, V16, dims, cos, sin, qs,
+                       grouped, amx)
     K = carray(_f32_at(pool[layer, 0]), (slots, KV, tokens, hd))
     V = carray(_f32_at(pool[layer, 1]), (slots, KV, tokens, hd))
+    return _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, K, V, dims, cos, sin, qs, grouped,
+                   amx)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, K, V, dims, cos, sin, qs, grouped, amx):
+    """`attend` over a layer's keys K and values V (lanes, kv heads, positions, hd): float32, or a float16
+    pool's bits."""
+    window, row0 = ints[1], ints[2]
+    H, KV, hd, rope_dim = dims[0], dims[1], dims[2], dims[3]
     for task in range(tid, rows * KV, n):
         t, g = task // KV, task % KV
         p, r = pos[t], pos[t] + row0
         rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
     gen = cpu_sync.barrier(sync, n, tid, gen)
-    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:
-        for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
-            t, h = task // H, task % H
-            r = pos[t] + row0
-            rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
+    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:  # (prompts laid for tiles: a float32 pool's alone)
+        return _tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx)
     m = H // KV if grouped else 1
     for task in range(tid, rows * (H // m), n):
         t, h0 = task // (H // m), task % (H // m) * m
@@ -100,16 +190,16 @@ def heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
             qh = q[h * hd:(h + 1) * hd]
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for i in range(hd):
-                a0 += qh[i] * k0[i]
-                a1 += qh[i] * k1[i]
-                a2 += qh[i] * k2[i]
-                a3 += qh[i] * k3[i]
+                a0 += qh[i] * get(k0, i)
+                a1 += qh[i] * get(k1, i)
+                a2 += qh[i] * get(k2, i)
+                a3 += qh[i] * get(k3, i)
             s[h, j], s[h, j + 1], s[h, j + 2], s[h, j + 3] = a0, a1, a2, a3
     for j in range(L - L % 4, L):
         for h in range(m):
             qh, a0 = q[h * hd:(h + 1) * hd], np.float32(0.0)
             for i in range(hd):
-                a0 += qh[i] * keys[j, i]
+                a0 += qh[i] * get(keys[j], i)
             s[h, j] = a0
     totals = np.empty(m, np.float32)
     for h in range(m):
@@ -131,12 +221,12 @@ def heads(t, h0, m, A, oc, K, V, qs, pos, lanes, H, KV, hd, window, cap):
             w0, w1, w2, w3 = s[h, j], s[h, j + 1], s[h, j + 2], s[h, j + 3]
             ah = acc[h * hd:(h + 1) * hd]
             for i in range(hd):
-                ah[i] += w0 * v0[i] + w1 * v1[i] + w2 * v2[i] + w3 * v3[i]
+                ah[i] += w0 * get(v0, i) + w1 * get(v1, i) + w2 * get(v2, i) + w3 * get(v3, i)
     for j in range(L - L % 4, L):
         for h in range(m):
             w, ah = s[h, j], acc[h * hd:(h + 1) * hd]
             for i in range(hd):
-                ah[i] += w * values[j, i]
+                ah[i] += w * get(values[j], i)
     for h in range(m):
         out = A[t, oc + (h0 + h) * hd:oc + (h0 + h + 1) * hd]
         inv = np.float32(1.0) / totals[h]

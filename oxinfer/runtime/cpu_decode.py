@@ -1,5 +1,5 @@
 """Who decodes on the CPU: OXINFER_CPU_DECODE's choice between onnxruntime's graph (runtime/cpu_graph.py)
-and the numba step (runtime/cpu_step.py), whether the step runs here (numba, AVX-512 VNNI or AVX2, float32 keys;
+and the numba step (runtime/cpu_step.py), whether the step runs here (numba, AVX-512 VNNI or AVX2, float32 or float16 keys;
 AMX for prompts), whether numba's cache holds it, its threads, and its build in a thread after the load.
 numba is imported only where the step is built or its cache asked about."""
 
@@ -79,8 +79,8 @@ def _refusal(kv_dtype) -> str | None:
         return "not asked for"
     if importlib.util.find_spec("numba") is None:
         return "numba is not installed (oxinfer depends on it: pip install numba)"
-    if np.dtype(kv_dtype) != np.float32:
-        return f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32"
+    if np.dtype(kv_dtype) not in (np.float32, np.float16):
+        return f"keys and values in {np.dtype(kv_dtype).name}: the step reads float32 and float16"
     from oxinfer.runtime import cpu_vnni
     return None if cpu_vnni.runs_here() else "neither AVX-512 VNNI nor AVX2 with FMA and F16C on this CPU"
 

@@ -72,7 +72,7 @@ def check_choice(choice: str) -> None:
 def refuses(model, choice: str = "auto", kv_dtype=None) -> str | None:
     """Why prompts of this model stay onnxruntime's, or the numba step's (None: OpenVINO takes them).
     choice "openvino" raises ValueError where it cannot (the reason), "onnxruntime" always refuses.
-    kv_dtype: the KV pool's (the numba step reads float32 alone)."""
+    kv_dtype: the KV pool's (the numba step reads float32 and float16)."""
     check_choice(choice)
     cfg = model.cfg
     if choice == "onnxruntime":

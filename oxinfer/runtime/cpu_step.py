@@ -286,7 +286,7 @@ class NumbaStep:
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
         x = np.zeros((1, self.embed.n_in), np.float32)
-        args = (x, [0], [0], [0], addresses, np.array([*c, 1, 1], np.int64))
+        args = (x, [0], [0], [0], addresses, np.array([*c, 1, 1, 0], np.int64))
         self._run(*args, compile_only=True)
         cpu_ahead.step_thread().submit(self._run, *args).result()
 
@@ -297,10 +297,10 @@ class NumbaStep:
 
     def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=(), compile_only=False) -> np.ndarray:
         T = len(x)
-        tiles = len(prompts) > 0 and _AMX
+        tiles = len(prompts) > 0 and _AMX and not dims[6]  # (a float16 pool's prompts: int8 products, heads a row)
         A, xq, xd, xs, qs = (a[:T] for a in self._rows(-(-T // 32) * 32 if tiles else T))  # (tiles store 32 rows)
         amx = (tiles, *self._tile_scratch(T if tiles else 0),
-               *self._laid_kv(prompts if _AMX else (), np.asarray(pos)))
+               *self._laid_kv(prompts if tiles else (), np.asarray(pos)))
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
@@ -368,14 +368,14 @@ class NumbaStep:
 
     def _pool(self, pool) -> tuple[np.ndarray, np.ndarray]:
         """A KV pool's layers' addresses (layers, 2) and the dimensions `cpu_attend.attend` reads: (heads, kv
-        heads, head_dim, rope_dim, slots, tokens). A shared pool's arrays never move (kept); a
+        heads, head_dim, rope_dim, slots, tokens, whether float16). A shared pool's arrays never move (kept); a
         private pool's are replaced as it grows (read each call: a step's blocks are reserved before it)."""
         got = self._pools.get(id(pool))
         if got is None or got[0] is not pool:
-            if pool.dtype != np.float32:
-                raise TypeError(f"a KV pool of {pool.dtype} keys: the numba step reads and writes float32 keys")
+            if pool.dtype not in (np.float32, np.float16):
+                raise TypeError(f"a KV pool of {pool.dtype} keys: the numba step reads and writes float32 or float16")
             addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in zip(pool.keys, pool.values)], np.int64)
-            got = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens], np.int64))
+            got = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens, pool.dtype == np.float16], np.int64))
             if not pool.growable:
                 self._pools[id(pool)] = got
         return got[1], got[2]
