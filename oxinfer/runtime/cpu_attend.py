@@ -20,24 +20,18 @@ from oxinfer.runtime import cpu_amx, cpu_sync, cpu_vnni
 _AMX = cpu_amx.available()
 
 
-@intrinsic
-def _f32_at(typingctx, address):
-    """The float32 pointer at an address (a KV pool's layer, whose arrays numba is not given)."""
-    sig = types.CPointer(types.float32)(types.intp)
+def _pointer(ty, name: str):
+    """An intrinsic: the pointer to ty at an address (a KV pool's layer, whose arrays numba is not given)."""
+    def at(typingctx, address):
+        def codegen(context, builder, signature, args):
+            return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
+        return types.CPointer(ty)(types.intp), codegen
+    at.__name__ = name
+    return intrinsic(at)
 
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
 
-
-@intrinsic
-def _u16_at(typingctx, address):
-    """The uint16 pointer at an address (a float16 pool's layer, its values' bits)."""
-    sig = types.CPointer(types.uint16)(types.intp)
-
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], context.get_value_type(signature.return_type))
-    return sig, codegen
+# a float32 pool's layer, and a float16 one's bits
+_f32_at, _u16_at = _pointer(types.float32, "f32_at"), _pointer(types.uint16, "u16_at")
 
 
 @intrinsic
