@@ -22,9 +22,9 @@ def tiny(tmp_path_factory):
 
 async def test_the_worker_measures_every_metric(tiny):
     out = await _oxinfer_worker(str(tiny), "cpu", [16, 32], 4, [1, 3])
-    assert set(out) == {"load_s", "prefill_tps@16", "prefill_tps@32", "ttft_s", "decode_tps",
+    assert set(out) == {"load_s", "ready_s", "prefill_tps@16", "prefill_tps@32", "ttft_s", "decode_tps",
                         "aggregate_tps@1", "aggregate_tps@3"}
-    assert all(v > 0 for v in out.values())
+    assert all(v > 0 for v in out.values()) and out["ready_s"] >= out["load_s"]
 
 
 @pytest.mark.parametrize("kv", [[], ["f16"], ["auto", "onnxruntime"]])
