@@ -446,3 +446,14 @@ async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_no
     alone = [run([np.array([t])], [c])[0] for t, c in zip((5, 9), caches)]
     assert all(np.isfinite(f).all() for f in firsts)
     np.testing.assert_array_equal(together, np.stack(alone))
+
+
+async def test_ready_waits_for_the_step_the_load_left_building(tmp_path):
+    """Engine.load returns while the step is laid and loaded in a thread; ready() waits for it (so a
+    first request does not), and returns the engine; a second call returns at once."""
+    from concurrent.futures import Future
+    engine = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "t.gguf"))
+    graph = engine.scheduler.cpu.graph
+    assert await engine.ready() is engine
+    assert graph._step is not None and not isinstance(graph._step, Future)
+    assert await engine.ready() is engine

@@ -145,6 +145,15 @@ class Engine:
             engine.name = spec  # the hub name, not the cache's snapshot folder
         return engine
 
+    async def ready(self) -> Engine:
+        """Wait for what the load left building in a thread (the CPU's numba step, laid and loaded once
+        `load` returns: ~1-1.6 s of the default model's on 2 cores; its compile, ~30 s, in a fresh
+        install's first process), so that a first request does not wait for it. Requests may come
+        before: the first then waits. The engine itself."""
+        if (graph := self.scheduler.cpu.graph) is not None:
+            await anyio.to_thread.run_sync(lambda: graph.step)
+        return self
+
     async def __aenter__(self) -> Engine:
         return self
 
