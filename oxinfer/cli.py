@@ -76,8 +76,7 @@ async def _run(args) -> None:
     if (graph := engine.scheduler.cpu.graph) is not None and graph.compiling:
         print("-- compiling the CPU step, once (numba keeps it; ~30 s on 2 cores): onnxruntime's graph answers "
               "meanwhile, and this process ends when the step is compiled", file=sys.stderr)
-    else:  # (the step's laying and load, which a first prompt would wait for: its figures are then its own)
-        await engine.ready()
+    await engine.ready()  # (the step's laying and load, which a first prompt would wait for: its figures its own)
     generated = 0
 
     async def reply(prompt) -> str:

@@ -448,12 +448,21 @@ async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_no
     np.testing.assert_array_equal(together, np.stack(alone))
 
 
-async def test_ready_waits_for_the_step_the_load_left_building(tmp_path):
+async def test_ready_waits_for_the_step_the_load_left_building(tmp_path, monkeypatch):
     """Engine.load returns while the step is laid and loaded in a thread; ready() waits for it (so a
-    first request does not), and returns the engine; a second call returns at once."""
+    first request does not), and returns the engine; a second call returns at once. While numba
+    compiles the step (a fresh install's first process; the graph answers meanwhile) it waits only
+    where asked to (compiled=True)."""
     from concurrent.futures import Future
     engine = await oxinfer.Engine.load(write_tiny_llama(tmp_path / "t.gguf"))
     graph = engine.scheduler.cpu.graph
     assert await engine.ready() is engine
-    assert graph._step is not None and not isinstance(graph._step, Future)
+    step = graph._step
+    assert step is not None and not isinstance(step, Future)
     assert await engine.ready() is engine
+    compiling = Future()  # (never done: a compile under way)
+    monkeypatch.setattr(type(graph), "compiling", property(lambda g: isinstance(g._step, Future)))
+    graph._step = compiling
+    assert await engine.ready() is engine and graph._step is compiling
+    compiling.set_result(step)
+    assert await engine.ready(compiled=True) is engine and graph._step is step

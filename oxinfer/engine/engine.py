@@ -145,12 +145,13 @@ class Engine:
             engine.name = spec  # the hub name, not the cache's snapshot folder
         return engine
 
-    async def ready(self) -> Engine:
+    async def ready(self, compiled: bool = False) -> Engine:
         """Wait for what the load left building in a thread (the CPU's numba step, laid and loaded once
-        `load` returns: ~1-1.6 s of the default model's on 2 cores; its compile, ~30 s, in a fresh
-        install's first process), so that a first request does not wait for it. Requests may come
-        before: the first then waits. The engine itself."""
-        if (graph := self.scheduler.cpu.graph) is not None:
+        `load` returns: ~1-1.6 s of the default model's on 2 cores), so that a first request does not
+        wait for it; where numba compiles the step (a fresh install's first process, ~30 s) only if
+        `compiled` (onnxruntime's graph answers meanwhile). Requests may come before: the first then
+        waits. The engine itself."""
+        if (graph := self.scheduler.cpu.graph) is not None and (compiled or not graph.compiling):
             await anyio.to_thread.run_sync(lambda: graph.step)
         return self
 

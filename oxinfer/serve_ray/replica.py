@@ -38,6 +38,7 @@ class EngineReplica:
                                         max_queue=config.max_queue, kv_bytes=config.kv_bytes,
                                         context_length=config.context_length, kv_cache_dtype=config.kv_cache_dtype,
                                         cpu_prompts=config.cpu_prompts)
+        await self.engine.ready()  # (before the replica says it is ready: a first request at full speed)
         self.app = create_app(self.engine, api_key=config.api_key, model_name=config.served_model_name,
                               max_body_bytes=config.max_body_bytes)
         self.id = serve.get_replica_context().replica_id.unique_id

@@ -77,11 +77,12 @@ async def run_serve(args) -> None:
         raise ValueError(f"--served-model-name: given {len(names)} times for {len(sources)} --model")
     check_serve_flags(args)
 
-    async def load(source):
-        return await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
-                                 max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20,
-                                 context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype,
-                                 cpu_prompts=args.cpu_prompts)
+    async def load(source):  # (ready: a model served takes its first request at full speed)
+        engine = await Engine.load(source, backend=args.backend, max_concurrent=args.max_concurrent,
+                                   max_queue=args.max_queue, kv_bytes=args.kv_mib and args.kv_mib << 20,
+                                   context_length=args.ctx_size, kv_cache_dtype=args.kv_cache_dtype,
+                                   cpu_prompts=args.cpu_prompts)
+        return await engine.ready()
 
     first = await load(sources[0])  # the default model loads now: a bad first model stops here
     models = [ServedModel(names[0] if names else first.model_name, sources[0], engine=first)]

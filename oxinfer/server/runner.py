@@ -51,6 +51,6 @@ def run_server(model: str | None = None, *, backend: str = "auto", max_concurren
 
     async def main() -> None:
         engine = await Engine.load(model, backend=backend, max_concurrent=max_concurrent, max_queue=max_queue)
-        await serve(engine, **kw)
+        await serve(await engine.ready(), **kw)
 
     anyio.run(main)
