@@ -77,15 +77,17 @@ def refuses(model, choice: str = "auto", kv_dtype=None) -> str | None:
     cfg = model.cfg
     if choice == "onnxruntime":
         return "cpu_prompts='onnxruntime'"
-    if choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() == "0":
+    env = os.environ.get("OXINFER_OPENVINO", "").strip()
+    if choice == "auto" and env == "0":
         return "OXINFER_OPENVINO=0"
+    weighed = choice == "auto" and env != "1"  # (OXINFER_OPENVINO=1 takes it wherever it can run)
     reason = None
     if not installed():
         reason = "openvino is not installed (pip install 'oxinfer[openvino]')"
-    elif choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() != "1" and cpu_decode.runs_prompts(kv_dtype):
+    elif weighed and cpu_decode.runs_prompts(kv_dtype):
         reason = ("the numba step runs prompts here (AMX tiles, or AVX2's int8 rows) and no onnxruntime graph is "
                   "built; cpu_prompts='openvino' (or OXINFER_OPENVINO=1) takes it anyway")
-    elif choice == "auto" and os.environ.get("OXINFER_OPENVINO", "").strip() != "1" and not bf16_products():
+    elif weighed and not bf16_products():
         reason = ("no bfloat16 products on this CPU (AMX or AVX512_BF16): OpenVINO's float32 ones were slower than "
                   "onnxruntime's int8 ones and held ~450 MiB more; cpu_prompts='openvino' (or OXINFER_OPENVINO=1) "
                   "takes it anyway")
