@@ -31,20 +31,14 @@ def numba_asked() -> bool:
     return DECODE != "graph"
 
 
-def amx() -> bool:
-    """Whether the numba step runs prompts on AMX tiles here (runtime/cpu_amx.py)."""
-    from oxinfer.runtime import cpu_amx
-    return cpu_amx.available()
-
-
 def step_prompts() -> bool:
     """Whether the numba step runs prompts here too, so that no onnxruntime graph is built: on AMX tiles,
     or where the CPU has AVX2 and not AVX-512 (cpu_vnni.WIDE): there its int8 products at a prompt's rows
     ran at 1.2-1.5x MLAS's (one core of the 2-core VM's AMD EPYC, session 43) and a 512-token prompt at
     the graph's pace, while the graph's build took most of a 1.7-2.1 s load and ~200 MiB. With AVX-512
     and no AMX, the graph's prompts (not measured against the step's since session 43's kernels)."""
-    from oxinfer.runtime import cpu_vnni
-    return amx() or not cpu_vnni.WIDE
+    from oxinfer.runtime import cpu_amx, cpu_vnni
+    return cpu_amx.available() or not cpu_vnni.WIDE
 
 
 def step_cached() -> bool:
