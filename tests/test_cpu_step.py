@@ -403,14 +403,16 @@ async def test_where_the_step_runs_prompts_openvino_is_taken_only_when_asked(mon
     await asked.aclose()
 
 
-async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_noise(engine):
+async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_noise():
     """kv_cache_dtype float16 (llama.cpp's default cache type) no longer sends the rows to onnxruntime's
     graph: the step reads and writes the pool's float16 keys and values (F16C's conversions, float32
-    arithmetic). Against the default float32 keys, a 170-token text and three decode steps: each row's
-    logits, less their mean, within 1.0 of float32's (llama.cpp's own batch vs token-by-token noise,
+    arithmetic). Against float32 keys, a 170-token text and three decode steps: each row's logits, less
+    their mean, within 1.0 of float32's (llama.cpp's own batch vs token-by-token noise,
     tests/golden_checks.py), the top five's logprobs within 0.5, the same argmax where float32's top two
     are 1.0 apart; two sequences decoding together give each its solo logits, bit for bit."""
     f16 = await oxinfer.Engine.load(None, kv_cache_dtype="float16")
+    engine = await oxinfer.Engine.load(None, kv_cache_dtype="float32")  # (the default is float16 on AVX2 alone)
+    assert engine.model.kv_pool.dtype == np.float32 and engine.scheduler.cpu.graph.step is not None
     graph = f16.scheduler.cpu.graph
     assert graph.kv_dtype == np.float16 and f16.model.kv_pool.dtype == np.float16 and graph.step is not None
     text = ("The history of the bicycle begins in the early nineteenth century, when inventors in Germany and "
@@ -446,6 +448,22 @@ async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_no
     alone = [run([np.array([t])], [c])[0] for t, c in zip((5, 9), caches)]
     assert all(np.isfinite(f).all() for f in firsts)
     np.testing.assert_array_equal(together, np.stack(alone))
+
+
+def test_keys_and_values_default_to_float16_where_the_step_runs_every_row_without_tiles(monkeypatch):
+    """kv_cache_dtype "auto" on the CPU: float16 (llama.cpp's default cache type) where the numba step
+    takes every row and AMX does not (AVX2 without AVX-512); float32 where AMX's tiles run prompts (they
+    read float32 keys), where onnxruntime's graph runs prompts (AVX-512 without AMX), and where the step
+    is not asked for (the graph decodes)."""
+    from oxinfer.runtime import cpu_amx, cpu_vnni
+    if not cpu_vnni.runs_here():
+        pytest.skip("the numba step's products do not compile for this CPU")
+    for wide, amx, decode, want in ((False, False, "auto", np.float16), (True, True, "auto", np.float32),
+                                    (True, False, "auto", np.float32), (False, False, "graph", np.float32)):
+        monkeypatch.setattr(cpu_vnni, "WIDE", wide)
+        monkeypatch.setattr(cpu_amx, "available", lambda amx=amx: amx)
+        monkeypatch.setattr(cpu_decode, "DECODE", decode)
+        assert cpu_decode.kv_default() == want, (wide, amx, decode)
 
 
 async def test_ready_waits_for_the_step_the_load_left_building(tmp_path, monkeypatch):

@@ -63,7 +63,9 @@ def reference_logits(path, tokens) -> np.ndarray:
 @pytest.mark.parametrize("cpu_int8", [False, True])
 async def test_forward_matches_reference(tmp_path, qtype, tied, cpu_int8):
     path = write_tiny_llama(tmp_path / "m.gguf", qtype=qtype, tied=tied, seed=7)
-    e = await oxinfer.Engine.load(path, cpu_int8=cpu_int8)
+    # (float32 keys: the products' arithmetic alone against the reference's; float16 ones, the CPU's default
+    # on AVX2, are bounded against float32's in test_cpu_step.py)
+    e = await oxinfer.Engine.load(path, cpu_int8=cpu_int8, kv_cache_dtype="float32")
     tokens = list(np.random.default_rng(0).integers(0, 256, size=11))
     ref = reference_logits(path, tokens)
     # float32 kernels compute the reference's math; int8 ones round each activation block to 1/254
@@ -144,7 +146,9 @@ async def test_a_qwen3_gguf_with_q_k_norms_and_wide_heads_matches_reference(tmp_
 async def test_incremental_decode_equals_one_batch(tmp_path):
     """Feeding tokens one at a time through the KV cache gives the batch's logits."""
     path = write_tiny_llama(tmp_path / "m.gguf")
-    e = await oxinfer.Engine.load(path)
+    # (float32 keys: BLAS's sums follow the number of rows in their last bit, which a float16 key's rounding
+    # would make 1e-3 of it)
+    e = await oxinfer.Engine.load(path, kv_cache_dtype="float32")
     tokens = np.arange(40, 60)
     full = await e.all_logits(tokens)
     c = e.model.cfg

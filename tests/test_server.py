@@ -188,8 +188,9 @@ def test_completions_echo_scores_a_prompt(tiny_client, tiny_srv):
     assert c.text == tiny_srv.engine.tokenizer.decode(full) and c.finish_reason == "length"
     lp = c.logprobs
     assert len(lp.tokens) == len(full) and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
-    # (teacher-forced rows against decode steps: the products' int8 kernels for many rows and for one)
-    np.testing.assert_allclose(lp.token_logprobs[-4:], gen.logprobs, atol=1e-2)
+    # (teacher-forced rows against decode steps: the products' int8 kernels for many rows and for one, then
+    # keys rounded to float16 where the CPU's default holds them so: a last-bit difference becomes 1e-3 of a key)
+    np.testing.assert_allclose(lp.token_logprobs[-4:], gen.logprobs, atol=2e-2)
     # the best alternatives (2, fewer where two tokens' texts are alike): the best at least the token's own
     assert all(1 <= len(t) <= 2 and max(t.values()) >= x - 1e-9 for t, x in zip(lp.top_logprobs[1:], lp.token_logprobs[1:]))
     assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(full))]

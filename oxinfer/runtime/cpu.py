@@ -69,7 +69,7 @@ class CpuBackend:
                     openvino_refused: str | None = "not asked for", row_reader: Callable | None = None) -> bool:
         """The model's whole step as one onnxruntime graph (runtime/cpu_graph.py), in place of a
         kernel per matrix; False (and the reason logged) when it cannot run here. released: as
-        upload_all's `built`; kv_dtype: its keys' and values' (default: the graph's KV_DTYPE);
+        upload_all's `built`; kv_dtype: its keys' and values' (default: cpu_decode.kv_default());
         openvino_refused, row_reader: as CpuGraph's."""
         from oxinfer.runtime.cpu_graph import CpuGraph
         from oxinfer.runtime.graph_ops import graph_refuses

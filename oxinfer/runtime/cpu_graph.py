@@ -16,12 +16,13 @@ default, wherever it can), decode rows go to runtime/cpu_step.py's step instead,
 after the load; where the CPU also has AMX the step takes every row (prompts on its tiles) and no
 onnxruntime graph is built at all, unless numba's cache holds no step yet (a first run).
 
-Keys and values are float32 (KV_DTYPE). float16 ones (KV_DTYPE = np.float16 before the load:
-llama.cpp's default cache type) halve the KV memory, and onnxruntime's attention then takes
-float16 q, k, v and rope table (one type for all), a step within llama.cpp's own noise of float32
-keys' (tests/test_cpu_graph.py bounds it); but its CPU kernel converts each head's keys and
-values back to float32 every step: one sequence's decode step 10-14% longer on the 2-core VM
-(9.34 -> 10.66 ms, 64 steps in turns, medians of 12), so they are not the default.
+Keys and values are float32 where this graph runs rows (cpu_decode.kv_default: float16 where
+the numba step takes every row without AMX). float16 ones (kv_cache_dtype="float16": llama.cpp's
+default cache type) halve the KV memory, and onnxruntime's attention then takes float16 q, k, v
+and rope table (one type for all), a step within llama.cpp's own noise of float32 keys'
+(tests/test_cpu_graph.py bounds it); but its CPU kernel converts each head's keys and values back
+to float32 every step: one sequence's decode step 10-14% longer on the 2-core VM (9.34 -> 10.66 ms,
+64 steps in turns, medians of 12), so they are not the graph's default.
 
 Memory (`oxinfer bench --concurrency 1,16 --prompt-tokens 512 --gen-tokens 64`: its peak RSS
 812 -> ~390-400 MiB with the KV pool's changes, models/kv_cache.py; 334 with float16 keys): after
@@ -56,7 +57,6 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
-KV_DTYPE = np.float32  # the KV pool's keys and values while the graph runs the steps (float16: see above)
 # whether onnxruntime's graph is built where the numba step takes every row (cpu_decode.step_prompts): not
 # (True: benchmarks that run prompts through both in turns)
 GRAPH_BESIDE_TILES = False
@@ -80,11 +80,11 @@ class CpuGraph:
                  row_reader: Callable[[np.ndarray], Callable | None] | None = None):
         """released(data): told once a matrix's bytes are converted (a memory-mapped file may drop
         their pages while the rest are), released(None) once all are. kv_dtype: the KV pool's
-        keys and values (default KV_DTYPE). openvino_refused: why long prompts stay in this graph
-        (cpu_prompts.refuses, at the load), None where OpenVINO takes them.
+        keys and values (default: cpu_decode.kv_default()). openvino_refused: why long prompts stay
+        in this graph (cpu_prompts.refuses, at the load), None where OpenVINO takes them.
         row_reader(data): the embedding's rows read from its file (formats/file_rows.py), or None."""
         t0 = time.perf_counter()
-        self.kv_dtype = np.dtype(kv_dtype or KV_DTYPE)
+        self.kv_dtype = np.dtype(kv_dtype or cpu_decode.kv_default())
         refused = cpu_decode.step_refused(self.kv_dtype)
         # where the numba step decodes, onnxruntime's pool is the graph's own: only a session's own
         # pool stops spinning when a run ends (a process's first CPU engine decides)

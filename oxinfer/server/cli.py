@@ -14,8 +14,9 @@ from oxinfer.formats.hub import is_hub_name
 
 
 SHUTDOWN_TIMEOUT_S = 25.0
-KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; on the CPU its decode is "
-                       "slower; llama.cpp's --cache-type-k f16); default: float32")
+KV_CACHE_DTYPE_HELP = ("keys' and values' type: float32 or float16 (halves the KV memory; llama.cpp's --cache-type-k "
+                       "f16); default auto: float16 where the CPU's numba step runs every row without AMX (AVX2 "
+                       "CPUs), else float32")
 CPU_PROMPTS = dict(choices=["auto", "openvino", "onnxruntime"], default="auto",
                    help="who runs the CPU's prompts of 64+ tokens: auto OpenVINO where installed "
                         "(oxinfer[openvino]) and memory allows, openvino (or an error), onnxruntime")
