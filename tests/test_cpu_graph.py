@@ -221,7 +221,7 @@ def test_the_graph_s_own_threads_spin_a_kernel_s_do_not(monkeypatch):
     spinning, the default model's decode step took 1.5x as long on 2 cores), a kernel per
     matrix's do not (121 spinning pools). Under GRAPH_POOL "own" the graph's pool is
     onnxruntime's size (0: a thread a physical core, pinned), unless OXINFER_CPU_THREADS says."""
-    blockwise.set_up_threads()
+    blockwise.onnxruntime()  # (its pools and arena set up)
     monkeypatch.setitem(blockwise._threads, "ort", "per-session")
     spin = "session.intra_op.allow_spinning"
     graph, kernel = blockwise.session_options(False, spinning=True), blockwise.session_options()

@@ -29,11 +29,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 
 from oxinfer.runtime import blockwise
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 TILE = 16  # MLAS keeps the block sums of 16 columns together: n_out must be a multiple
 CHUNK = 1 << 22  # bytes of memory read at a time while searching (a thread's buffer)
@@ -316,7 +319,7 @@ class Probe:
         self.minimums = m = Minimums("probe", scales, mins)
         packed = (self.q[:, 0::2] | (self.q[:, 1::2] << 4)).reshape(self.N, blocks, 16)
         model = blockwise.matmul_nbits("probe", self.N, self.K, 4, packed, scales.ravel(), m.packed_zero_points())
-        self.session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
+        self.session = blockwise.onnxruntime().InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
 
     def holds(self) -> bool:
         """Whether the product now computes x @ (d * q + m).T (to int8 rounding of x), for the rows a

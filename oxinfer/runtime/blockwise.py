@@ -26,15 +26,19 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import onnxruntime as ort
 import threadpoolctl
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.logs import get_logger
 from oxinfer.runtime import onnx_proto
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 BLOCK = 32  # MatMulNBits' block_size: codecs of 256-value super-blocks give 8 sub-blocks each
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level 4: int8 activations, integer dot products
@@ -42,6 +46,7 @@ IR_VERSION = 10  # onnx 1.23 writes IR 14 by default, which onnxruntime 1.30 ref
 
 log = get_logger("oxinfer.runtime")
 _threads: dict[str, object] = {}  # process-wide settings, made once
+_ort_lock = threading.Lock()
 # the CPU graph's threads: onnxruntime's one global pool of threads() ("global"), or a pool of the
 # graph's own session ("own") sized and pinned by onnxruntime's defaults (a thread a physical core,
 # unless OXINFER_CPU_THREADS says), the global pool then never made: a trial setting
@@ -50,14 +55,30 @@ GRAPH_POOL = "global"
 
 
 def set_up_threads(graph_pool: str = GRAPH_POOL) -> None:
-    """OpenBLAS to one thread, and one onnxruntime pool for every session (else each session has
-    its own, which must not spin: 121 spinning pools made a step 60x slower); graph_pool "own":
-    none (the CPU graph's session has its own, as GRAPH_POOL says). Once a process."""
+    """OpenBLAS to one thread, and (as `onnxruntime` sets it up) one onnxruntime pool for every session
+    (else each session has its own, which must not spin: 121 spinning pools made a step 60x slower);
+    graph_pool "own": none (the CPU graph's session has its own, as GRAPH_POOL says). Once a process."""
     if _threads:
         return
     _threads["blas"] = threadpoolctl.threadpool_limits(1, user_api="blas")
+    _threads["pool"] = graph_pool
+
+
+def onnxruntime():
+    """The onnxruntime module, imported as a process makes its first session (where the numba step takes
+    every row, none: ~20 MiB of RSS and 30-45 ms of a load less), its pools and arena set up then
+    (set_up_threads's choice), once: from any thread."""
+    with _ort_lock:
+        import onnxruntime as ort
+        if "arena" not in _threads:
+            set_up_threads()
+            _set_up(ort)
+    return ort
+
+
+def _set_up(ort) -> None:
     n = threads()
-    if graph_pool == "own":
+    if _threads["pool"] == "own":
         _threads["ort"] = "per-session"
         log.info("ort_threads", pools="per session", reason="the CPU graph's session has its own")
     else:
@@ -110,7 +131,7 @@ def session_options(shared_arena: bool = True, spinning: bool = False, stop_spin
     9.1-9.7 ms against 5.8-6.5 spinning, the global pool's; a kernel per matrix must not: its
     121 spinning pools made a step 60x slower). stop_spinning: a session's own pool stops spinning
     when a run ends."""
-    opts = ort.SessionOptions()
+    opts = onnxruntime().SessionOptions()
     if _threads["ort"] == "global":
         opts.use_per_session_threads = False
     else:  # (the graph's own pool under GRAPH_POOL "own": onnxruntime's size and affinities, 0 threads)
@@ -246,13 +267,12 @@ def lone_row_differs() -> bool:
     others: its AVX2 kernels take one row another way (the last bits differ; AVX-512's agree, and any
     number of rows from 2 gives every row the same bits). Where it does, a lone row runs as two (the
     kernels here, the CPU graph's products), so that a sequence's logits stay the same batched or alone."""
-    set_up_threads()
     n_out, n_in = 64, 512
     rng = np.random.default_rng(0)
     values = rng.integers(0, 256, (n_out, n_in // BLOCK, BLOCK // 2), dtype=np.uint8)
     scales = rng.uniform(0.01, 0.02, n_out * n_in // BLOCK).astype(np.float32)
     model = matmul_nbits("lone_row", n_out, n_in, 4, values, scales, accuracy_level=4)
-    session = ort.InferenceSession(model, session_options(), providers=["CPUExecutionProvider"])
+    session = onnxruntime().InferenceSession(model, session_options(), providers=["CPUExecutionProvider"])
     x = rng.normal(size=(3, n_in)).astype(np.float32)
     return not np.array_equal(session.run(None, {"x": x[:1]})[0], session.run(None, {"x": x})[0][:1])
 
@@ -283,7 +303,7 @@ class BlockwiseKernel:
         # only the serialized model lives while onnxruntime copies it (onnx's helpers: 159 MiB above the start)
         serialized = matmul_nbits(w.name, w.n_out, w.n_in, bits, values.reshape(shape), scales, offsets=offsets)
         del values, scales, offsets
-        self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
+        self._session = onnxruntime().InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they
         # are the weights a second time (SmolLM2: 145 MiB of RSS held for nothing)

@@ -43,7 +43,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-import onnxruntime as ort
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
@@ -110,10 +109,6 @@ class CpuGraph:
         self._bound: OrderedDict[tuple, list] = OrderedDict()  # lanes -> [binding, a decode step's _Rows]
         self._embed_rows = row_reader(self.embed.data) if row_reader is not None else None
         self._lock = threading.Lock()  # one run at a time (a step run ahead, or the engine's)
-        # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
-        # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
-        self._shrink = ort.RunOptions()
-        self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self.prompts = None if openvino_refused or self.session is None else cpu_prompts.OpenVinoPrompts(
             model, lambda m: _converted(m, released, False))
         if openvino_refused and cpu_prompts.installed():  # (without OpenVINO: nothing to say)
@@ -161,6 +156,7 @@ class CpuGraph:
             probe = block_minimums.Probe(blockwise.session_options(False)) if minimums and not block_minimums.probed() else None
             # (where the numba step decodes, this graph runs prompts: its threads kept spinning after
             # a run and took the cores of the step that followed, 9 -> 45-50 ms on the 2-core VM)
+            ort = blockwise.onnxruntime()
             self.session = ort.InferenceSession(os.path.join(folder, "model.onnx"),
                                                 blockwise.session_options(not minimums, spinning=True,
                                                                           stop_spinning=self._laid is not None),
@@ -168,6 +164,10 @@ class CpuGraph:
             # what onnxruntime packed it holds in its own memory; of the weights file a step then
             # reads ~0.2 MiB (norms, rope rows)
             blockwise.drop_mapped(os.path.join(folder, "weights.bin"))
+            # a prompt's run gives its activations back (arena, then heap): kept, the 512-row runs'
+            # ~60 MiB stayed through every decode step after (the bench's peak: 407 -> 364 MiB)
+            self._shrink = ort.RunOptions()
+            self._shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         if minimums:
             block_minimums.write_checked(minimums, probe, before)
 
