@@ -103,6 +103,28 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
     assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
 
 
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_4_bit_blocks_are_laid_straight_from_the_file_as_lay_lays_them(qtype):
+    """cpu_vnni.direct (a compiled pass from GGUF's blocks into the step's arena) gives lay's bytes, kind,
+    groups and tail, byte for byte: rows not a multiple of 4, superblocks, groups, a half group, 1 and 3
+    blocks padded; every byte written (padding as zeros). A Q4_0 block whose -8 d is no float16 (d past
+    8,188), a NaN scale, or another type: None (lay's float32 scales, or its int8 blocks)."""
+    from oxinfer.runtime import cpu_vnni
+    rng = np.random.default_rng(5)
+    for n_out, n_in in ((13, 32), (6, 96), (9, 576), (37, 960), (4, 32 * 71), (70, 1536)):
+        w = random_matrix(qtype, n_out, n_in, rng)
+        laid, *how = cpu_vnni.lay(w)
+        shape, *got, write = cpu_vnni.direct(w)
+        out = np.full(shape, 0xA5, np.uint8)
+        write(out)
+        assert shape == laid.shape and got == how and np.array_equal(out, laid), (n_out, n_in)
+    w = random_matrix(qtype, 8, 256, rng)
+    bad = w.data.reshape(-1, w.codec.block_bytes)
+    bad[3, :2] = np.array([np.float16(9000.0) if qtype == "Q4_0" else np.float16(np.nan)]).view(np.uint8)
+    assert cpu_vnni.direct(w) is None and cpu_vnni.KINDS[cpu_vnni.lay(w)[1]] == (4, 4)
+    assert cpu_vnni.direct(random_matrix("Q8_0", 8, 256, rng)) is None
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_avx2_s_form_of_vpdpbusd_sums_what_numpy_sums(monkeypatch, bits):
     """cpu_dots' sums as CPUs without AVX-512 VNNI run them (on any CPU with AVX2): 16 int32 lanes, each

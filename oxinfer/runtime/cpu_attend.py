@@ -15,6 +15,7 @@ from numba.extending import intrinsic, overload
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import cpu_amx, cpu_sync, cpu_vnni
+from oxinfer.runtime.cpu_vnni import half, half_bits
 
 # (a constant of the compiled step, as cpu_step's: where False, no tile instruction is compiled)
 _AMX = cpu_amx.available()
@@ -34,22 +35,6 @@ def _pointer(ty, name: str):
 _f32_at, _u16_at = _pointer(types.float32, "f32_at"), _pointer(types.uint16, "u16_at")
 
 
-@intrinsic
-def _half(typingctx, bits):
-    """float16 bits as a float32."""
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def _bits(typingctx, value):
-    """A float32 rounded to float16 (to nearest, even), as its bits."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
-    return types.uint16(types.float32), codegen
-
-
 def get(a, i):
     """a[i] as a float32 (a float16 pool's bits converted)."""
 
@@ -61,16 +46,16 @@ def put(a, i, v):
 @overload(get, inline="always")
 def _get(a, i):
     if a.dtype == types.uint16:
-        return lambda a, i: _half(a[i])
+        return lambda a, i: half(a[i])
     return lambda a, i: a[i]
 
 
 @overload(put, inline="always")
 def _put(a, i, v):
     if a.dtype == types.uint16:
-        def half(a, i, v):
-            a[i] = _bits(np.float32(v))
-        return half
+        def rounded(a, i, v):
+            a[i] = half_bits(np.float32(v))
+        return rounded
 
     def same(a, i, v):
         a[i] = v

@@ -196,31 +196,41 @@ def _rms(x, out, w, n, eps):
         out[i] = x[i] * r * w[i]
 
 
-def _laid(m, released: Callable[[np.ndarray], None] | None) -> tuple:
-    """cpu_vnni.lay's of m, its file's pages then dropped (released(part) for each of its parts)."""
-    laid = cpu_vnni.lay(m)
-    for part in m.parts if released is not None else ():
-        released(part)
-    return laid
+def _laying(m, done: tuple | None, released: Callable[[np.ndarray], None] | None) -> tuple:
+    """(the shape of m's laid bytes, kind, groups, tail, write(out)): laid before (`done`, the graph's), straight
+    from the file's blocks into out (cpu_vnni.direct), or by cpu_vnni.lay now; the file's pages m read dropped
+    once they are laid (released(part) for each of its parts)."""
+    def dropped():
+        for part in m.parts if released is not None else ():
+            released(part)
+
+    if done is None and (plan := cpu_vnni.direct(m)) is not None:
+        *head, write = plan
+
+        def direct(out):
+            write(out)
+            dropped()
+        return (*head, direct)
+    if done is None:
+        done = cpu_vnni.lay(m)
+        dropped()
+    held = [done[0]]
+
+    def copy(out):
+        out[...] = held.pop()  # (freed once copied: no second copy of every weight at once)
+    return (done[0].shape, *done[1:], copy)
 
 
-def _arena(arrays: list[np.ndarray]) -> tuple[mmap.mmap, list[np.ndarray]]:
-    """The arrays copied back to back (64-byte aligned) into one anonymous map in 2 MiB pages where
-    the kernel gives them (MADV_HUGEPAGE: a step streams every byte, and a 4 KiB page is a TLB
-    miss and a stop of the hardware prefetcher every 4 KiB): (the map, the copies). Each array
-    leaves the list once copied (its memory freed: no second copy of every weight at once)."""
-    sizes = [-(-a.nbytes // 64) * 64 for a in arrays]
+def _arena(shapes: list[tuple[int, int]]) -> tuple[mmap.mmap, list[np.ndarray]]:
+    """Arrays of these shapes (uint8) back to back (64-byte aligned) in one anonymous map, in 2 MiB pages where
+    the kernel gives them (MADV_HUGEPAGE: a step streams every byte, and a 4 KiB page is a TLB miss and a stop
+    of the hardware prefetcher every 4 KiB): (the map, the arrays)."""
+    sizes = [-(-int(np.prod(s)) // 64) * 64 for s in shapes]
     buf = mmap.mmap(-1, max(sum(sizes), 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         buf.madvise(mmap.MADV_HUGEPAGE)
-    copies, at = [], 0
-    for i, n in enumerate(sizes):
-        a, arrays[i] = arrays[i], None
-        c = np.frombuffer(buf, np.uint8, a.nbytes, at).reshape(a.shape)
-        c[...] = a
-        copies.append(c)
-        at += n
-    return buf, copies
+    offsets = np.cumsum([0, *sizes[:-1]])
+    return buf, [np.frombuffer(buf, np.uint8, int(np.prod(s)), int(at)).reshape(s) for s, at in zip(shapes, offsets)]
 
 
 class NumbaStep:
@@ -241,11 +251,12 @@ class NumbaStep:
         self.vec_at = np.cumsum([0, *(len(v) for v in ops.vectors)]).astype(np.int64)
         laid = laid or {}
         with ThreadPoolExecutor(min(len(ops.matrices), threads, 8), thread_name_prefix="oxinfer-lay") as ex:
-            # (in threads: numpy lets go of the GIL)
-            parts = list(ex.map(lambda m: laid.pop(id(m), None) or _laid(m, released), ops.matrices))
-        kinds, arrays = [p[1:] for p in parts], [p[0] for p in parts]
-        del parts
-        self._arena, arrays = _arena(arrays)
+            # (in threads: numpy and the compiled laying let go of the GIL)
+            plans = list(ex.map(lambda m: _laying(m, laid.pop(id(m), None), released), ops.matrices))
+            self._arena, arrays = _arena([p[0] for p in plans])
+            list(ex.map(lambda p, out: p[4](out), plans, arrays))
+        kinds = [p[1:4] for p in plans]
+        del plans
         self.mats = np.array([(a.ctypes.data, a.shape[0], groups, tail, kind, m.n_out, m.n_in)
                               for a, (kind, groups, tail), m in zip(arrays, kinds, ops.matrices)], np.int64)
         self.weight_bytes = len(self._arena)

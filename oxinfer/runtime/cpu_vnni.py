@@ -34,6 +34,8 @@ threads 1.1-2.9x MLAS's on the H100 machines' Xeon.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
@@ -53,6 +55,22 @@ SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, l
 KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
+
+
+@intrinsic
+def half(typingctx, bits):
+    """float16 bits as a float32 (F16C's conversion: numba has no float16 on the CPU)."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], _F16), _F32)
+    return types.float32(types.uint16), codegen
+
+
+@intrinsic
+def half_bits(typingctx, value):
+    """A float32 rounded to float16 (to nearest, even), as its bits."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], _F16), ir.IntType(16))
+    return types.uint16(types.float32), codegen
 
 
 def runs_here() -> bool:
@@ -84,11 +102,8 @@ def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tu
         v, d = int8 if int8 is not None else int8_weights(w)
         v = v.reshape(w.n_out, nb, BLOCK)
         halves, bits, scales = [v[..., 0::2], v[..., 1::2]], 8, [d]
-    exact = all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)
-    sb = 2 if exact else 4
-    groups, left = divmod(nb, 4)
-    tail = int(left in (1, 2))
-    groups += left == 3
+    sb = 2 if _exact(scales) else 4
+    groups, tail = grouping(nb)
     nbp = 4 * groups + 2 * tail
     rows = -w.n_out % 4
 
@@ -115,6 +130,103 @@ def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tu
         laid.append(part(4 * groups, 2, 2))
     kind = KINDS.index((bits, sb))
     return np.ascontiguousarray(np.concatenate(laid, axis=1)), kind, groups, tail
+
+
+def grouping(nb: int) -> tuple[int, int]:
+    """A row of nb blocks as `lay` lays it: (groups of 4 blocks, the last one padded where 3 are left;
+    tail: 1 where a half group of 2 follows them, padded where 1 is left)."""
+    groups, left = divmod(nb, 4)
+    return groups + (left == 3), int(left in (1, 2))
+
+
+def _exact(scales: list[np.ndarray]) -> bool:
+    """Whether every scale (and minimum) is a float16 exactly: lay keeps them so (2 bytes), else float32."""
+    with np.errstate(over="ignore", invalid="ignore"):  # (a scale past float16's range: not one, said so)
+        return all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)
+
+
+def direct(w: QuantMatrix) -> tuple[tuple[int, int], int, int, int, Callable[[np.ndarray], None]] | None:
+    """w laid without numpy's passes, where its blocks are GGUF's Q4_0 or Q4_1 and their scales and minimums
+    float16 exactly (the default model's, and most 4-bit files'): (the shape of `lay`'s bytes, kind, groups,
+    tail, write(out): `lay`'s bytes written into out from the file's blocks in one compiled pass); else None."""
+    c = w.codec
+    if c.name not in ("Q4_0", "Q4_1"):
+        return None
+    nb = w.n_in // BLOCK
+    blocks = w.data.reshape(w.n_out * nb, c.block_bytes)
+    if not _exact4(blocks, c.minimum):
+        return None
+    groups, tail = grouping(nb)
+    shape = (-(-w.n_out // 4), 80 * (4 * groups + 2 * tail))  # a block's 16 value bytes, d and m, 4 rows a quad
+
+    def write(out: np.ndarray) -> None:
+        _lay4(blocks, c.minimum, w.n_out, groups, tail, out)
+
+    return shape, KINDS.index((4, 2)), groups, tail, write
+
+
+@njit(cache=True, nogil=True)
+def _scales(blocks, i, minimum):
+    """Block i's d and m (Q4_1's minimum, or Q4_0's -8 d, as its int4_blocks make them) as float32."""
+    d = half(np.uint16(blocks[i, 0]) | (np.uint16(blocks[i, 1]) << np.uint16(8)))
+    if minimum:
+        return d, half(np.uint16(blocks[i, 2]) | (np.uint16(blocks[i, 3]) << np.uint16(8)))
+    return d, np.float32(-8.0) * d
+
+
+@njit(cache=True, nogil=True)
+def _exact4(blocks, minimum):
+    """Whether every d and m of these Q4_0 or Q4_1 blocks is a float16 exactly (`_exact`'s rule)."""
+    for i in range(blocks.shape[0]):
+        d, m = _scales(blocks, i, minimum)
+        if half(half_bits(d)) != d or half(half_bits(m)) != m:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _lay4(blocks, minimum, n_out, groups, tail, out):
+    """`lay`'s bytes of Q4_0 or Q4_1 blocks (n_out * nb, block bytes: d, Q4_1's m, then GGML's nibbles, byte j
+    values j and j + 16) -> out (quads, bytes): a quad's superblocks, then its groups, then its half group,
+    each a unit of k blocks of its 4 rows in turn; a row's unit is its k blocks' values (byte j values 2j and
+    2j + 1; a superblock's block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then
+    their k d, then their k m, float16. Rows and blocks past the matrix's are zeros."""
+    nb = blocks.shape[0] // n_out
+    at = 4 if minimum else 2  # the nibbles' first byte
+    supers = groups // 4
+    for q in range(out.shape[0]):
+        o = 0
+        for part in range(3):
+            if part == 0:
+                lo, n, k = 0, SUPER * supers, SUPER
+            elif part == 1:
+                lo, n, k = SUPER * supers, 4 * (groups - 4 * supers), 4
+            else:
+                lo, n, k = 4 * groups, 2 * tail, 2
+            for u in range(n // k):
+                for r in range(4):
+                    row = 4 * q + r
+                    for b in range(k):
+                        blk = lo + u * k + b
+                        src = row * nb + blk
+                        real = row < n_out and blk < nb
+                        for j in range(8):  # byte j (j + 8): the low (high) nibbles of bytes 2j and 2j + 1
+                            x = blocks[src, at + 2 * j] if real else 0
+                            y = blocks[src, at + 2 * j + 1] if real else 0
+                            low, high = (x & 15) | ((y & 15) << 4), (x >> 4) | (y & 240)
+                            if k == SUPER:
+                                out[q, o + (j // 4) * 64 + 4 * b + j % 4] = low
+                                out[q, o + (j // 4 + 2) * 64 + 4 * b + j % 4] = high
+                            else:
+                                out[q, o + 16 * b + j] = low
+                                out[q, o + 16 * b + j + 8] = high
+                        dv = mv = np.uint16(0)
+                        if real:
+                            d, m = _scales(blocks, src, minimum)
+                            dv, mv = half_bits(d), half_bits(m)
+                        out[q, o + 16 * k + 2 * b], out[q, o + 16 * k + 2 * b + 1] = dv & 255, dv >> 8
+                        out[q, o + 18 * k + 2 * b], out[q, o + 18 * k + 2 * b + 1] = mv & 255, mv >> 8
+                    o += 20 * k
 
 
 def _emit(builder, w, xs_of, n, tail, bits, sb):
