@@ -19,7 +19,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from oxinfer.runtime import cpu_vnni
+from oxinfer.runtime import cpu_lay, cpu_vnni
 from oxinfer.testing_blocks import random_matrix
 
 N_IN = 2048
@@ -53,7 +53,7 @@ def _products(address, quads, groups, tail, kind, xq, xd, xs, out, n):
 
 def laid_rows(mib: int) -> tuple:
     """A 2048 x 2048 Q4_1 matrix laid for `some`, tiled to ~mib MiB of quads: (bytes, kind, groups, tail)."""
-    laid, kind, groups, tail = cpu_vnni.lay(random_matrix("Q4_1", N_IN, N_IN, np.random.default_rng(1)))
+    laid, kind, groups, tail = cpu_lay.lay(random_matrix("Q4_1", N_IN, N_IN, np.random.default_rng(1)))
     reps = max(1, mib * 2**20 // laid.nbytes)
     return np.ascontiguousarray(np.tile(laid, (reps, 1))), kind, groups, tail
 

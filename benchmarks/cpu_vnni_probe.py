@@ -76,10 +76,10 @@ def operands(n: int, k: int, rng):
     x8 = np.rint(xb * (np.float32(127) / amax)) * (amax / np.float32(127))
     ref = w.dequantize() @ x8.reshape(k)
     try:
-        from oxinfer.runtime import cpu_vnni
+        from oxinfer.runtime import cpu_lay, cpu_vnni
     except ImportError:
         return None, (q, d.astype(np.float32), x[0]), ref
-    laid, kind, groups, tail = cpu_vnni.lay(w)
+    laid, kind, groups, tail = cpu_lay.lay(w)
     blocks = 4 * groups + 2 * tail
     xq, xd, xs = np.zeros((1, 32 * blocks), np.int8), np.zeros((1, blocks), np.float32), np.zeros((1, blocks), np.float32)
     cpu_vnni.quantize(x, 1, 0, k, blocks, xq, xd, xs)

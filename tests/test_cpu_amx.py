@@ -51,12 +51,12 @@ def test_tile_products_are_numpy_s_on_the_same_bfloat16_values(qtype):
     """Within float32 rounding of numpy's float64 product of x and W each rounded to bfloat16, for
     1-6 panels of 16 rows (in pairs, and one alone), rows of x not a multiple of 32 (the rest of a
     tile zeros, and its sums zeros); the columns beside the product untouched."""
-    from oxinfer.runtime import cpu_amx, cpu_vnni
+    from oxinfer.runtime import cpu_amx, cpu_lay, cpu_vnni
     rng = np.random.default_rng(0)
     big = qtype in ("Q4_K", "Q6_K")
     for n_out, n_in, rows in ([(32, 256, 33), (16, 512, 32)] if big else [(64, 576, 32), (48, 96, 64), (80, 160, 20)]):
         w = random_matrix(qtype, n_out, n_in, rng)
-        laid, kind, groups, tail = cpu_vnni.lay(w)
+        laid, kind, groups, tail = cpu_lay.lay(w)
         blocks = 4 * groups + 2 * tail
         padded = -(-rows // 32) * 32
         x = rng.normal(0, 1, (padded, n_in)).astype(np.float32)

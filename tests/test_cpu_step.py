@@ -71,12 +71,12 @@ def test_products_are_numpy_s_on_the_same_integers(qtype):
     rows of x (two at a time, then one), n_out not a multiple of 4, rows of 1-6 groups of 4 blocks
     and a half group (2 blocks; 1 block padded to 2, 3 to 4); and each row the same, bit for bit,
     computed with others or alone."""
-    from oxinfer.runtime import cpu_vnni
+    from oxinfer.runtime import cpu_lay, cpu_vnni
     rng = np.random.default_rng(0)
     big = qtype in ("Q4_K", "Q6_K")
     for n_out, n_in in ([(9, 256), (6, 768), (5, 512)] if big else [(13, 32), (37, 96), (8, 160), (70, 576), (6, 64)]):
         w = random_matrix(qtype, n_out, n_in, rng)
-        laid, kind, groups, tail = cpu_vnni.lay(w)
+        laid, kind, groups, tail = cpu_lay.lay(w)
         blocks = 4 * groups + 2 * tail
         assert blocks >= n_in // 32 and blocks - n_in // 32 <= 1
         x = rng.normal(0, 1, (5, n_in)).astype(np.float32)
@@ -97,32 +97,32 @@ def test_products_are_numpy_s_on_the_same_integers(qtype):
 def test_scales_go_as_float16_only_where_they_are_exactly():
     """GGUF's own float16 scales stay float16 (the bytes a token reads: Q4_1's 20 a block, as
     stored); requantized types' scales (K-quants' sub-block products, 16-bit floats') are float32."""
-    from oxinfer.runtime import cpu_vnni
+    from oxinfer.runtime import cpu_lay, cpu_vnni
     rng = np.random.default_rng(1)
-    kinds = {q: cpu_vnni.KINDS[cpu_vnni.lay(random_matrix(q, 8, 256, rng))[1]] for q in ("Q4_1", "Q8_0", "Q4_K", "F16")}
+    kinds = {q: cpu_vnni.KINDS[cpu_lay.lay(random_matrix(q, 8, 256, rng))[1]] for q in ("Q4_1", "Q8_0", "Q4_K", "F16")}
     assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
 
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
 def test_4_bit_blocks_are_laid_straight_from_the_file_as_lay_lays_them(qtype):
-    """cpu_vnni.direct (a compiled pass from GGUF's blocks into the step's arena) gives lay's bytes, kind,
+    """cpu_lay.direct (a compiled pass from GGUF's blocks into the step's arena) gives lay's bytes, kind,
     groups and tail, byte for byte: rows not a multiple of 4, superblocks, groups, a half group, 1 and 3
     blocks padded; every byte written (padding as zeros). A Q4_0 block whose -8 d is no float16 (d past
     8,188), a NaN scale, or another type: None (lay's float32 scales, or its int8 blocks)."""
-    from oxinfer.runtime import cpu_vnni
+    from oxinfer.runtime import cpu_lay, cpu_vnni
     rng = np.random.default_rng(5)
     for n_out, n_in in ((13, 32), (6, 96), (9, 576), (37, 960), (4, 32 * 71), (70, 1536)):
         w = random_matrix(qtype, n_out, n_in, rng)
-        laid, *how = cpu_vnni.lay(w)
-        shape, *got, write = cpu_vnni.direct(w)
+        laid, *how = cpu_lay.lay(w)
+        shape, *got, write = cpu_lay.direct(w)
         out = np.full(shape, 0xA5, np.uint8)
         write(out)
         assert shape == laid.shape and got == how and np.array_equal(out, laid), (n_out, n_in)
     w = random_matrix(qtype, 8, 256, rng)
     bad = w.data.reshape(-1, w.codec.block_bytes)
     bad[3, :2] = np.array([np.float16(9000.0) if qtype == "Q4_0" else np.float16(np.nan)]).view(np.uint8)
-    assert cpu_vnni.direct(w) is None and cpu_vnni.KINDS[cpu_vnni.lay(w)[1]] == (4, 4)
-    assert cpu_vnni.direct(random_matrix("Q8_0", 8, 256, rng)) is None
+    assert cpu_lay.direct(w) is None and cpu_vnni.KINDS[cpu_lay.lay(w)[1]] == (4, 4)
+    assert cpu_lay.direct(random_matrix("Q8_0", 8, 256, rng)) is None
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -370,14 +370,15 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     import hashlib
     from pathlib import Path
 
-    from oxinfer.runtime import cpu_amx, cpu_attend, cpu_step, cpu_sync, cpu_vnni, numba_cache
+    from oxinfer.runtime import cpu_amx, cpu_attend, cpu_lay, cpu_step, cpu_sync, cpu_vnni, numba_cache
     want = hashlib.sha256(b"".join(open(p, "rb").read() for p in numba_cache.SOURCES)).hexdigest()
     cached = {p.name for p in Path(cpu_step.__file__).parent.glob("*.py")
               if "cache=True" in p.read_text() or "from llvmlite import ir" in p.read_text()}
     assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == cached | {"step_ops.py"}
-    assert {"cpu_vnni.py", "cpu_dots.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py", "cpu_step.py"} <= cached
+    assert {"cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py",
+            "cpu_step.py"} <= cached
     for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier, cpu_amx.pair, cpu_amx.panel,
-              cpu_attend.heads):
+              cpu_attend.heads, cpu_lay._lay4):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
 

@@ -3,7 +3,7 @@ Rapids on), in bfloat16 with float32 sums, through numba's @intrinsic as LLVM's
 `llvm.x86.tdpbf16ps` and tile loads and stores: a tile product is 16 x 16 x 32 multiply-adds in one
 instruction, where AVX-512 VNNI's vpdpbusd is 16 x 4.
 
-Products: a laid matrix (runtime/cpu_vnni.py's `lay`: the numba step's own copy) times rows of x.
+Products: a laid matrix (runtime/cpu_lay.py's `lay`: the numba step's own copy) times rows of x.
 A thread takes pairs of panels of 16 rows of W: it writes each panel as bfloat16 (d * q + m, each
 block's values in pairs of columns, the layout the tile product reads W in: `panel`), then runs
 its rows of x through them (`pair`), x converted to bfloat16 once for all threads (`row_bf16`).
@@ -171,7 +171,7 @@ def _pairs(typingctx, even, odd, piece, d, m, dst):
     """A block's 16 pairs of values 2j, 2j + 1 (d * q + m, as bfloat16) stored at dst (16 uint32):
     q's low and high nibbles of the 16 bytes at `even` where odd is 0 (4-bit), else the bytes at
     even and at odd; each 16 bytes as 4 pieces of 4, `piece` bytes apart (4: side by side; 64: a
-    superblock's block, cpu_vnni.lay)."""
+    superblock's block, cpu_lay.lay)."""
     def codegen(context, builder, signature, args):
         even, odd, piece, d, m, dst = args
         v8, vi, vf = (ir.VectorType(t, 16) for t in (ir.IntType(8), ir.IntType(32), ir.FloatType()))

@@ -15,7 +15,7 @@ from numba.extending import intrinsic, overload
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import cpu_amx, cpu_sync, cpu_vnni
-from oxinfer.runtime.cpu_vnni import half, half_bits
+from oxinfer.runtime.cpu_lay import half, half_bits
 
 # (a constant of the compiled step, as cpu_step's: where False, no tile instruction is compiled)
 _AMX = cpu_amx.available()

@@ -91,9 +91,9 @@ class CpuGraph:
         self.model, cfg = model, model.cfg
         self._released = released
         self.minimums_in_kernel = block_minimums.available()
-        # the numba step's weights of 8-bit types (id(fused base or matrix) -> cpu_vnni.lay's), laid from
+        # the numba step's weights of 8-bit types (id(fused base or matrix) -> cpu_lay.lay's), laid from
         # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
-        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1 straight from the file: cpu_vnni.direct)
+        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1 straight from the file: cpu_lay.direct)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
         # numba's cache holds the step: rows wait the seconds it takes to load (not the graph's: their logits would
@@ -379,7 +379,7 @@ def _converted(model, released, minimums_in_kernel: bool, laid: dict | None = No
     (and laid for runtime/cpu_step.py's products into `laid`, where given)."""
     bases = sorted({id(m.base or m): m.base or m for m in model.matrices()}.values(), key=lambda b: -b.nbytes)
     if laid is not None:
-        from oxinfer.runtime.cpu_vnni import lay
+        from oxinfer.runtime.cpu_lay import lay
 
     def convert(b):
         blocks = kernel_weights(b, zero_point(b, minimums_in_kernel))

@@ -34,7 +34,7 @@ from numba import njit, prange
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: first)
+from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_lay, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: first)
                              numba_cache)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
@@ -68,7 +68,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
            xq, xd, xs, qs, grouped, amx):
     """Thread tid's share of every line, a barrier after each (the next line may read what any
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
-    matrix a row (its address, and quads, groups, tail and kind as cpu_vnni.lay says, n_out, n_in).
+    matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
     A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
     thread), a barrier, then each thread takes its range of W's quads; other lines deal rows (wide
     element-wise ones, pieces of rows) round the threads. amx: (whether
@@ -198,13 +198,13 @@ def _rms(x, out, w, n, eps):
 
 def _laying(m, done: tuple | None, released: Callable[[np.ndarray], None] | None) -> tuple:
     """(the shape of m's laid bytes, kind, groups, tail, write(out)): laid before (`done`, the graph's), straight
-    from the file's blocks into out (cpu_vnni.direct), or by cpu_vnni.lay now; the file's pages m read dropped
+    from the file's blocks into out (cpu_lay.direct), or by cpu_lay.lay now; the file's pages m read dropped
     once they are laid (released(part) for each of its parts)."""
     def dropped():
         for part in m.parts if released is not None else ():
             released(part)
 
-    if done is None and (plan := cpu_vnni.direct(m)) is not None:
+    if done is None and (plan := cpu_lay.direct(m)) is not None:
         *head, write = plan
 
         def direct(out):
@@ -212,7 +212,7 @@ def _laying(m, done: tuple | None, released: Callable[[np.ndarray], None] | None
             dropped()
         return (*head, direct)
     if done is None:
-        done = cpu_vnni.lay(m)
+        done = cpu_lay.lay(m)
         dropped()
     held = [done[0]]
 
@@ -240,7 +240,7 @@ class NumbaStep:
 
     def __init__(self, model, threads: int, laid: dict[int, tuple] | None = None,
                  released: Callable[[np.ndarray], None] | None = None):
-        """laid: id(matrix) -> cpu_vnni.lay's, for matrices laid already (the rest are laid here, and
+        """laid: id(matrix) -> cpu_lay.lay's, for matrices laid already (the rest are laid here, and
         released(part) told each one's bytes once laid: a mapped file drops their pages)."""
         c = model.cfg
         ops = StepOps(c)

@@ -7,7 +7,7 @@ compiler on the machine, no C extension of ours). runtime/cpu_step.py runs a who
 
 Every value of a block of 32 is d * q + m, q unsigned: 4-bit types (Q4_0, Q4_1) as their codecs'
 `int4_blocks` with zero point 0 (m is Q4_1's minimum, or -8 d), every other quantized type as its
-`int8_blocks` (q = value / d + 128, so m = -128 d). `lay` puts a matrix's rows four at a time in
+`int8_blocks` (q = value / d + 128, so m = -128 d). `lay` (runtime/cpu_lay.py) puts a matrix's rows four at a time in
 groups of 4 blocks, group-major (the 4 rows' first groups, then their second groups...), so that a
 thread reads its rows as one stream (with four short streams, one core read a 135M token's weights
 at ~4-5 GB/s inside a step, against ~15 laid so: session 34's step probe, docs/cpu_graph.md); a
@@ -34,17 +34,13 @@ threads 1.1-2.9x MLAS's on the H100 machines' Xeon.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime import blockwise, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
-from oxinfer.runtime.blockwise import int8_weights  # the codecs' int8 blocks, CHUNK at a time
 from oxinfer.runtime.cpu_dots import VNNI, begin, end, joined, plus, short
 
 BLOCK = 32
@@ -57,22 +53,6 @@ KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 
 
-@intrinsic
-def half(typingctx, bits):
-    """float16 bits as a float32 (F16C's conversion: numba has no float16 on the CPU)."""
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], _F16), _F32)
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def half_bits(typingctx, value):
-    """A float32 rounded to float16 (to nearest, even), as its bits."""
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], _F16), ir.IntType(16))
-    return types.uint16(types.float32), codegen
-
-
 def runs_here() -> bool:
     """Whether these products compile for this CPU: AVX-512 VNNI, or AVX2 with FMA and F16C."""
     return VNNI or all(blockwise.host_features().get(k) for k in ("avx2", "fma", "f16c"))
@@ -82,151 +62,6 @@ def runs_here() -> bool:
 def group_bytes(bits: int, sb: int, blocks: int) -> int:
     """A row's bytes of `blocks` blocks: their values, d, and (4-bit) m."""
     return blocks * (16 if bits == 4 else 32) + blocks * sb * (2 if bits == 4 else 1)
-
-
-def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int, int, int]:
-    """w's blocks as the products read them: (bytes (n_out / 4 rounded up, 4 rows' bytes), kind
-    (KINDS' index), groups of 4 blocks (the first 4 x (groups // 4) of them as superblocks), tail: 1
-    where a half group of 2 blocks follows them). Rows are padded with zeros to a multiple of 4,
-    blocks to a multiple of 2 (to 4 where 3 are left).
-    int8: a type that is not 4-bit's int8 blocks (values, scales) as blockwise.int8_weights made
-    them already (the graph's conversion: a requantized type's is the costly part)."""
-    c = w.codec
-    blocks = np.ascontiguousarray(w.data).reshape(-1, c.block_bytes)
-    nb = w.n_in // BLOCK
-    if c.int4:
-        values, d, m = c.int4_blocks(blocks, 0)  # (n * nb, 16): value 2j in byte j's low nibble, 2j + 1 high
-        m = np.zeros_like(d) if m is None else m
-        halves, bits, scales = [values.reshape(w.n_out, nb, 16)], 4, [d, m]
-    else:
-        v, d = int8 if int8 is not None else int8_weights(w)
-        v = v.reshape(w.n_out, nb, BLOCK)
-        halves, bits, scales = [v[..., 0::2], v[..., 1::2]], 8, [d]
-    sb = 2 if _exact(scales) else 4
-    groups, tail = grouping(nb)
-    nbp = 4 * groups + 2 * tail
-    rows = -w.n_out % 4
-
-    def padded(a, per):  # (n_out, nb, per) -> (n_out padded, nbp, per)
-        return np.pad(np.asarray(a).reshape(w.n_out, nb, per), ((0, rows), (0, nbp - nb), (0, 0)))
-
-    vals = [padded(h, 16) for h in halves]
-    scl = [padded(np.asarray(a, np.float16 if sb == 2 else np.float32), 1) for a in scales]
-
-    def part(lo: int, n: int, k: int) -> np.ndarray:  # blocks [lo, lo + n), k a unit: (quads, n / k, 4 rows, bytes)
-        pieces = [v[:, lo:lo + n].reshape(-1, n // k, k, 16) for v in vals]
-        if k == SUPER:  # block-transposed: a superblock's 64-byte piece j holds bytes 4j..4j+3 of each of its blocks
-            pieces = [p.reshape(-1, n // k, k, 4, 4).transpose(0, 1, 3, 2, 4) for p in pieces]
-        pieces = [p.reshape(-1, n // k, 16 * k) for p in pieces]
-        pieces += [a[:, lo:lo + n].reshape(-1, n // k, k).view(np.uint8) for a in scl]
-        g = np.concatenate(pieces, axis=2)  # (n_out padded, n / k, bytes)
-        return g.reshape(-1, 4, n // k, g.shape[2]).transpose(0, 2, 1, 3).reshape(g.shape[0] // 4, -1)
-
-    supers = groups // 4
-    laid = [part(0, SUPER * supers, SUPER)] if supers else []
-    if groups > 4 * supers:
-        laid.append(part(SUPER * supers, 4 * (groups - 4 * supers), 4))
-    if tail:
-        laid.append(part(4 * groups, 2, 2))
-    kind = KINDS.index((bits, sb))
-    return np.ascontiguousarray(np.concatenate(laid, axis=1)), kind, groups, tail
-
-
-def grouping(nb: int) -> tuple[int, int]:
-    """A row of nb blocks as `lay` lays it: (groups of 4 blocks, the last one padded where 3 are left;
-    tail: 1 where a half group of 2 follows them, padded where 1 is left)."""
-    groups, left = divmod(nb, 4)
-    return groups + (left == 3), int(left in (1, 2))
-
-
-def _exact(scales: list[np.ndarray]) -> bool:
-    """Whether every scale (and minimum) is a float16 exactly: lay keeps them so (2 bytes), else float32."""
-    with np.errstate(over="ignore", invalid="ignore"):  # (a scale past float16's range: not one, said so)
-        return all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)
-
-
-def direct(w: QuantMatrix) -> tuple[tuple[int, int], int, int, int, Callable[[np.ndarray], None]] | None:
-    """w laid without numpy's passes, where its blocks are GGUF's Q4_0 or Q4_1 and their scales and minimums
-    float16 exactly (the default model's, and most 4-bit files'): (the shape of `lay`'s bytes, kind, groups,
-    tail, write(out): `lay`'s bytes written into out from the file's blocks in one compiled pass); else None."""
-    c = w.codec
-    if c.name not in ("Q4_0", "Q4_1"):
-        return None
-    nb = w.n_in // BLOCK
-    blocks = w.data.reshape(w.n_out * nb, c.block_bytes)
-    if not _exact4(blocks, c.minimum):
-        return None
-    groups, tail = grouping(nb)
-    shape = (-(-w.n_out // 4), 80 * (4 * groups + 2 * tail))  # a block's 16 value bytes, d and m, 4 rows a quad
-
-    def write(out: np.ndarray) -> None:
-        _lay4(blocks, c.minimum, w.n_out, groups, tail, out)
-
-    return shape, KINDS.index((4, 2)), groups, tail, write
-
-
-@njit(cache=True, nogil=True)
-def _scales(blocks, i, minimum):
-    """Block i's d and m (Q4_1's minimum, or Q4_0's -8 d, as its int4_blocks make them) as float32."""
-    d = half(np.uint16(blocks[i, 0]) | (np.uint16(blocks[i, 1]) << np.uint16(8)))
-    if minimum:
-        return d, half(np.uint16(blocks[i, 2]) | (np.uint16(blocks[i, 3]) << np.uint16(8)))
-    return d, np.float32(-8.0) * d
-
-
-@njit(cache=True, nogil=True)
-def _exact4(blocks, minimum):
-    """Whether every d and m of these Q4_0 or Q4_1 blocks is a float16 exactly (`_exact`'s rule)."""
-    for i in range(blocks.shape[0]):
-        d, m = _scales(blocks, i, minimum)
-        if half(half_bits(d)) != d or half(half_bits(m)) != m:
-            return False
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _lay4(blocks, minimum, n_out, groups, tail, out):
-    """`lay`'s bytes of Q4_0 or Q4_1 blocks (n_out * nb, block bytes: d, Q4_1's m, then GGML's nibbles, byte j
-    values j and j + 16) -> out (quads, bytes): a quad's superblocks, then its groups, then its half group,
-    each a unit of k blocks of its 4 rows in turn; a row's unit is its k blocks' values (byte j values 2j and
-    2j + 1; a superblock's block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then
-    their k d, then their k m, float16. Rows and blocks past the matrix's are zeros."""
-    nb = blocks.shape[0] // n_out
-    at = 4 if minimum else 2  # the nibbles' first byte
-    supers = groups // 4
-    for q in range(out.shape[0]):
-        o = 0
-        for part in range(3):
-            if part == 0:
-                lo, n, k = 0, SUPER * supers, SUPER
-            elif part == 1:
-                lo, n, k = SUPER * supers, 4 * (groups - 4 * supers), 4
-            else:
-                lo, n, k = 4 * groups, 2 * tail, 2
-            for u in range(n // k):
-                for r in range(4):
-                    row = 4 * q + r
-                    for b in range(k):
-                        blk = lo + u * k + b
-                        src = row * nb + blk
-                        real = row < n_out and blk < nb
-                        for j in range(8):  # byte j (j + 8): the low (high) nibbles of bytes 2j and 2j + 1
-                            x = blocks[src, at + 2 * j] if real else 0
-                            y = blocks[src, at + 2 * j + 1] if real else 0
-                            low, high = (x & 15) | ((y & 15) << 4), (x >> 4) | (y & 240)
-                            if k == SUPER:
-                                out[q, o + (j // 4) * 64 + 4 * b + j % 4] = low
-                                out[q, o + (j // 4 + 2) * 64 + 4 * b + j % 4] = high
-                            else:
-                                out[q, o + 16 * b + j] = low
-                                out[q, o + 16 * b + j + 8] = high
-                        dv = mv = np.uint16(0)
-                        if real:
-                            d, m = _scales(blocks, src, minimum)
-                            dv, mv = half_bits(d), half_bits(m)
-                        out[q, o + 16 * k + 2 * b], out[q, o + 16 * k + 2 * b + 1] = dv & 255, dv >> 8
-                        out[q, o + 18 * k + 2 * b], out[q, o + 18 * k + 2 * b + 1] = mv & 255, mv >> 8
-                    o += 20 * k
 
 
 def _emit(builder, w, xs_of, n, tail, bits, sb):
