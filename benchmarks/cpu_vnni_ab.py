@@ -19,7 +19,7 @@ import types
 
 import numpy as np
 
-from oxinfer.runtime import cpu_vnni
+from oxinfer.runtime import cpu_lay, cpu_vnni
 from oxinfer.testing_blocks import random_matrix
 
 SHAPES = ((1536, 576), (576, 1536), (2048, 2048), (5632, 2048))
@@ -46,7 +46,7 @@ def main() -> None:
     mods = {"checkout": cpu_vnni, "other": other_module(a.other)}  # (each lays W and quantizes x its own way)
     for n_out, n_in in (*SHAPES, *([(0, 2048)] if a.mib else [])):
         w = random_matrix("Q4_1", n_out or 2048, n_in, np.random.default_rng(1))
-        laid = {name: mod.lay(w) for name, mod in mods.items()}
+        laid = {name: getattr(mod, "lay", cpu_lay.lay)(w) for name, mod in mods.items()}  # (runtime/cpu_lay.py's since session 44)
         if not n_out:  # (memory-bound: W's bytes are read once a pass)
             reps = max(1, a.mib * 2**20 // laid["checkout"][0].nbytes)
             laid = {name: (np.ascontiguousarray(np.tile(v[0], (reps, 1))), *v[1:]) for name, v in laid.items()}
