@@ -46,7 +46,8 @@ def main() -> None:
     mods = {"checkout": cpu_vnni, "other": other_module(a.other)}  # (each lays W and quantizes x its own way)
     for n_out, n_in in (*SHAPES, *([(0, 2048)] if a.mib else [])):
         w = random_matrix("Q4_1", n_out or 2048, n_in, np.random.default_rng(1))
-        laid = {name: getattr(mod, "lay", cpu_lay.lay)(w) for name, mod in mods.items()}  # (runtime/cpu_lay.py's since session 44)
+        # (W laid by runtime/cpu_lay.py's lay since session 44, where the other version has none)
+        laid = {name: getattr(mod, "lay", cpu_lay.lay)(w) for name, mod in mods.items()}
         if not n_out:  # (memory-bound: W's bytes are read once a pass)
             reps = max(1, a.mib * 2**20 // laid["checkout"][0].nbytes)
             laid = {name: (np.ascontiguousarray(np.tile(v[0], (reps, 1))), *v[1:]) for name, v in laid.items()}

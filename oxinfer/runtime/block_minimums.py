@@ -319,7 +319,8 @@ class Probe:
         self.minimums = m = Minimums("probe", scales, mins)
         packed = (self.q[:, 0::2] | (self.q[:, 1::2] << 4)).reshape(self.N, blocks, 16)
         model = blockwise.matmul_nbits("probe", self.N, self.K, 4, packed, scales.ravel(), m.packed_zero_points())
-        self.session = blockwise.onnxruntime().InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
+        ort = blockwise.onnxruntime()
+        self.session = ort.InferenceSession(model, session_options, providers=["CPUExecutionProvider"])
 
     def holds(self) -> bool:
         """Whether the product now computes x @ (d * q + m).T (to int8 rounding of x), for the rows a

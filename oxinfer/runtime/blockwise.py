@@ -303,7 +303,8 @@ class BlockwiseKernel:
         # only the serialized model lives while onnxruntime copies it (onnx's helpers: 159 MiB above the start)
         serialized = matmul_nbits(w.name, w.n_out, w.n_in, bits, values.reshape(shape), scales, offsets=offsets)
         del values, scales, offsets
-        self._session = onnxruntime().InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
+        ort = onnxruntime()
+        self._session = ort.InferenceSession(serialized, session_options(), providers=["CPUExecutionProvider"])
         # the Python session keeps the model bytes it was made from (onnxruntime's own TODO says so),
         # only to rebuild itself for a fallback provider, which a CPU-only session never needs: they
         # are the weights a second time (SmolLM2: 145 MiB of RSS held for nothing)

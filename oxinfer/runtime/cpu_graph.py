@@ -93,7 +93,8 @@ class CpuGraph:
         self.minimums_in_kernel = block_minimums.available()
         # the numba step's weights of 8-bit types (id(fused base or matrix) -> cpu_lay.lay's), laid from
         # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
-        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1 straight from the file: cpu_lay.direct)
+        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1 straight from the file:
+        # cpu_lay.direct)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
         # numba's cache holds the step: rows wait the seconds it takes to load (not the graph's: their logits would

@@ -34,8 +34,8 @@ from numba import njit, prange
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_lay, cpu_sync, cpu_vnni,  # noqa: F401 - (numba_cache: first)
-                             numba_cache)
+from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_lay, cpu_sync,  # noqa: F401 - (numba_cache: first)
+                             cpu_vnni, numba_cache)
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
                                       SOFTCAP, StepOps)
