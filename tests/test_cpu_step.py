@@ -103,8 +103,8 @@ def test_scales_go_as_float16_only_where_they_are_exactly():
     assert kinds == {"Q4_1": (4, 2), "Q8_0": (8, 2), "Q4_K": (8, 4), "F16": (8, 4)}
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
-def test_4_bit_blocks_are_laid_straight_from_the_file_as_lay_lays_them(qtype):
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_4_and_8_bit_blocks_are_laid_straight_from_the_file_as_lay_lays_them(qtype):
     """cpu_lay.direct (a compiled pass from GGUF's blocks into the step's arena) gives lay's bytes, kind,
     groups and tail, byte for byte: rows not a multiple of 4, superblocks, groups, a half group, 1 and 3
     blocks padded; every byte written (padding as zeros). A Q4_0 block whose -8 d is no float16 (d past
@@ -121,8 +121,8 @@ def test_4_bit_blocks_are_laid_straight_from_the_file_as_lay_lays_them(qtype):
     w = random_matrix(qtype, 8, 256, rng)
     bad = w.data.reshape(-1, w.codec.block_bytes)
     bad[3, :2] = np.array([np.float16(9000.0) if qtype == "Q4_0" else np.float16(np.nan)]).view(np.uint8)
-    assert cpu_lay.direct(w) is None and cpu_vnni.KINDS[cpu_lay.lay(w)[1]] == (4, 4)
-    assert cpu_lay.direct(random_matrix("Q8_0", 8, 256, rng)) is None
+    assert cpu_lay.direct(w) is None and cpu_vnni.KINDS[cpu_lay.lay(w)[1]][1] == 4
+    assert cpu_lay.direct(random_matrix("Q5_1", 8, 256, rng)) is None
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -378,7 +378,7 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     assert {"cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py",
             "cpu_step.py"} <= cached
     for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier, cpu_amx.pair, cpu_amx.panel,
-              cpu_attend.heads, cpu_lay._lay4):
+              cpu_attend.heads, cpu_lay._lay):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
 

@@ -1,8 +1,9 @@
 """The step's weights laid as runtime/cpu_vnni.py's products read them (its docstring gives the layout: rows four
 at a time in groups of 4 blocks, group-major, a row's first blocks as superblocks): `lay` for every type, in
-numpy (4-bit types' nibbles as they are, other types' int8 blocks); `direct` for GGUF's Q4_0 and Q4_1, whose
-bytes one compiled pass writes straight from the file's blocks into the step's arena (~6x quicker: the
-default model's ready_s 1.40-1.92 -> 1.12-1.16 s on the 2-core VM, session 44). `half` and `half_bits`:
+numpy (4-bit types' nibbles as they are, other types' int8 blocks); `direct` for GGUF's Q4_0, Q4_1 and Q8_0,
+whose bytes one compiled pass writes straight from the file's blocks into the step's arena (~6x quicker: the
+default model's ready_s 1.40-1.92 -> 1.12-1.16 s on the 2-core VM with its Q4_1 matrices so, 0.87-1.30 with its
+Q8_0 head too; session 44). `half` and `half_bits`:
 float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM)."""
 
 from __future__ import annotations
@@ -99,54 +100,68 @@ def _exact(scales: list[np.ndarray]) -> bool:
         return all(np.array_equal(np.asarray(a, np.float16).astype(np.float32), a) for a in scales)
 
 
+# the types `direct` lays, by the index its kernels take: GGUF's 4-bit ones (nibbles from byte 2, or from 4 after
+# Q4_1's minimum) and Q8_0 (int8 values from byte 2, laid as lay's 8-bit kind: value + 128, no minimum)
+DIRECT = ("Q4_0", "Q4_1", "Q8_0")
+_Q4_1, _Q8_0 = 1, 2
+
+
 def direct(w: QuantMatrix) -> tuple[tuple[int, int], int, int, int, Callable[[np.ndarray], None]] | None:
-    """w laid without numpy's passes, where its blocks are GGUF's Q4_0 or Q4_1 and their scales and minimums
-    float16 exactly (the default model's, and most 4-bit files'): (the shape of `lay`'s bytes, kind, groups,
-    tail, write(out): `lay`'s bytes written into out from the file's blocks in one compiled pass); else None."""
+    """w laid without numpy's passes, where its blocks are GGUF's Q4_0, Q4_1 or Q8_0 and their scales (and
+    minimums) float16 exactly (the default model's: Q4_1 matrices, a Q8_0 embedding as the head; most 4- and
+    8-bit files'): (the shape of `lay`'s bytes, kind, groups, tail, write(out): `lay`'s bytes written into out
+    from the file's blocks in one compiled pass); else None."""
     c = w.codec
-    if c.name not in ("Q4_0", "Q4_1"):
+    if c.name not in DIRECT:
         return None
+    which = DIRECT.index(c.name)
     nb = w.n_in // BLOCK
     blocks = w.data.reshape(w.n_out * nb, c.block_bytes)
-    if not _exact4(blocks, c.minimum):
+    if not _exact16(blocks, which):
         return None
     groups, tail = grouping(nb)
-    shape = (-(-w.n_out // 4), 80 * (4 * groups + 2 * tail))  # a block's 16 value bytes, d and m, 4 rows a quad
+    bits = 8 if which == _Q8_0 else 4
+    unit = 34 if bits == 8 else 20  # a block's bytes a row: its values (8-bit: even, then odd), d, 4-bit m
+    shape = (-(-w.n_out // 4), 4 * unit * (4 * groups + 2 * tail))  # 4 rows a quad
 
     def write(out: np.ndarray) -> None:
-        _lay4(blocks, c.minimum, w.n_out, groups, tail, out)
+        _lay(blocks, which, w.n_out, groups, tail, out)
 
-    return shape, KINDS.index((4, 2)), groups, tail, write
+    return shape, KINDS.index((bits, 2)), groups, tail, write
 
 
 @njit(cache=True, nogil=True)
-def _scales(blocks, i, minimum):
-    """Block i's d and m (Q4_1's minimum, or Q4_0's -8 d, as its int4_blocks make them) as float32."""
+def _scales(blocks, i, which):
+    """Block i's d and m (Q4_1's minimum, Q4_0's -8 d as its int4_blocks make them; Q8_0 keeps none: 0) as
+    float32."""
     d = half(np.uint16(blocks[i, 0]) | (np.uint16(blocks[i, 1]) << np.uint16(8)))
-    if minimum:
+    if which == _Q4_1:
         return d, half(np.uint16(blocks[i, 2]) | (np.uint16(blocks[i, 3]) << np.uint16(8)))
-    return d, np.float32(-8.0) * d
+    return d, np.float32(0.0 if which == _Q8_0 else -8.0) * d
 
 
 @njit(cache=True, nogil=True)
-def _exact4(blocks, minimum):
-    """Whether every d and m of these Q4_0 or Q4_1 blocks is a float16 exactly (`_exact`'s rule)."""
+def _exact16(blocks, which):
+    """Whether every d and m of these blocks (DIRECT[which]'s) is a float16 exactly (`_exact`'s rule)."""
     for i in range(blocks.shape[0]):
-        d, m = _scales(blocks, i, minimum)
+        d, m = _scales(blocks, i, which)
         if half(half_bits(d)) != d or half(half_bits(m)) != m:
             return False
     return True
 
 
 @njit(cache=True, nogil=True)
-def _lay4(blocks, minimum, n_out, groups, tail, out):
-    """`lay`'s bytes of Q4_0 or Q4_1 blocks (n_out * nb, block bytes: d, Q4_1's m, then GGML's nibbles, byte j
-    values j and j + 16) -> out (quads, bytes): a quad's superblocks, then its groups, then its half group,
-    each a unit of k blocks of its 4 rows in turn; a row's unit is its k blocks' values (byte j values 2j and
-    2j + 1; a superblock's block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then
-    their k d, then their k m, float16. Rows and blocks past the matrix's are zeros."""
+def _lay(blocks, which, n_out, groups, tail, out):
+    """`lay`'s bytes of DIRECT[which]'s blocks (n_out * nb, block bytes: d, Q4_1's m, then the values: GGML's
+    nibbles, byte j values j and j + 16; or Q8_0's 32 int8) -> out (quads, bytes): a quad's superblocks, then
+    its groups, then its half group, each a unit of k blocks of its 4 rows in turn; a row's unit is its k
+    blocks' values (4-bit: byte j values 2j and 2j + 1; 8-bit: the even values + 128, then the odd ones; a
+    superblock's block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then their k d,
+    then (4-bit) their k m, float16. Rows and blocks past the matrix's are zeros."""
     nb = blocks.shape[0] // n_out
-    at = 4 if minimum else 2  # the nibbles' first byte
+    at = 4 if which == _Q4_1 else 2  # the values' first byte
+    eight = which == _Q8_0
+    unit = 34 if eight else 20
     supers = groups // 4
     for q in range(out.shape[0]):
         o = 0
@@ -164,20 +179,29 @@ def _lay4(blocks, minimum, n_out, groups, tail, out):
                         blk = lo + u * k + b
                         src = row * nb + blk
                         real = row < n_out and blk < nb
-                        for j in range(8):  # byte j (j + 8): the low (high) nibbles of bytes 2j and 2j + 1
+                        for j in range(8):  # 4-bit: byte j (j + 8), the low (high) nibbles of bytes 2j and 2j + 1
                             x = blocks[src, at + 2 * j] if real else 0
                             y = blocks[src, at + 2 * j + 1] if real else 0
-                            low, high = (x & 15) | ((y & 15) << 4), (x >> 4) | (y & 240)
-                            if k == SUPER:
-                                out[q, o + (j // 4) * 64 + 4 * b + j % 4] = low
-                                out[q, o + (j // 4 + 2) * 64 + 4 * b + j % 4] = high
+                            if eight:  # (its values 2j, 2j + 1; 2j + 16, 2j + 17 below)
+                                low, high = x ^ 128 if real else 0, y ^ 128 if real else 0
                             else:
-                                out[q, o + 16 * b + j] = low
-                                out[q, o + 16 * b + j + 8] = high
+                                low, high = (x & 15) | ((y & 15) << 4), (x >> 4) | (y & 240)
+                            at_j, at_8 = ((j // 4) * 64 + 4 * b + j % 4, (j // 4 + 2) * 64 + 4 * b + j % 4) \
+                                if k == SUPER else (16 * b + j, 16 * b + j + 8)
+                            if eight:  # even value j, odd value j (bytes 2j, 2j + 1), then j + 8's
+                                out[q, o + at_j], out[q, o + 16 * k + at_j] = low, high
+                                x = blocks[src, at + 16 + 2 * j] if real else 0
+                                y = blocks[src, at + 17 + 2 * j] if real else 0
+                                out[q, o + at_8] = x ^ 128 if real else 0
+                                out[q, o + 16 * k + at_8] = y ^ 128 if real else 0
+                            else:
+                                out[q, o + at_j], out[q, o + at_8] = low, high
                         dv = mv = np.uint16(0)
                         if real:
-                            d, m = _scales(blocks, src, minimum)
+                            d, m = _scales(blocks, src, which)
                             dv, mv = half_bits(d), half_bits(m)
-                        out[q, o + 16 * k + 2 * b], out[q, o + 16 * k + 2 * b + 1] = dv & 255, dv >> 8
-                        out[q, o + 18 * k + 2 * b], out[q, o + 18 * k + 2 * b + 1] = mv & 255, mv >> 8
-                    o += 20 * k
+                        at_d = (32 if eight else 16) * k + 2 * b
+                        out[q, o + at_d], out[q, o + at_d + 1] = dv & 255, dv >> 8
+                        if not eight:
+                            out[q, o + 18 * k + 2 * b], out[q, o + 18 * k + 2 * b + 1] = mv & 255, mv >> 8
+                    o += unit * k
