@@ -47,7 +47,8 @@ def add_bench_parser(sub) -> None:
     b.add_argument("--qtype", default="Q4_1", choices=["Q4_1", "Q8_0", "BF16"], help="synthetic models' matrices")
     b.add_argument("--backend", default="cpu", choices=["cpu", "webgpu", "auto"])
     b.add_argument("--kv-cache-dtype", default="auto", help="oxinfer's keys and values: float32 or float16 "
-                   "(llama.cpp's default cache type is f16); default: float32")
+                   "(llama.cpp's default cache type is f16); default auto: float16 where the CPU's numba step runs "
+                   "every row without AMX (AVX2 CPUs), else float32")
     b.add_argument("--cpu-prompts", **CPU_PROMPTS)
     b.add_argument("--prompt-tokens", default="128,512", help="comma-separated prompt lengths for prefill")
     b.add_argument("--gen-tokens", type=int, default=128, help="tokens decoded per stream")
