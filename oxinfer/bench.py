@@ -77,6 +77,8 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
     out = {"load_s": time.perf_counter() - t0}
     await engine.ready(compiled=True)  # (a fresh install's first run: the figures are the step's, not the graph's)
     out["ready_s"] = time.perf_counter() - t0
+    held = engine.resident.kv_dtype if engine.resident is not None else engine.model.kv_dtype
+    out["kv_dtype"] = held.name  # (as held: "auto" chooses per machine, cpu_decode.kv_default)
     vocab = engine.config.vocab_size
     await engine.generate(prompt_ids(16, vocab), oxinfer.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     one = oxinfer.SamplingParams(max_tokens=1, temperature=0)
@@ -145,9 +147,13 @@ def _progress(total: int):
 
 
 def _summary(runs: list[dict]) -> dict:
-    keys = runs[0].keys()
-    return {k: {"median": statistics.median(r[k] for r in runs), "spread": max(r[k] for r in runs) - min(r[k] for r in runs)}
-            for k in keys}
+    """Each figure's median and spread over the runs; what they report in words (the keys' type held) as is."""
+    out = {}
+    for k in runs[0]:
+        values = [r[k] for r in runs]
+        out[k] = ", ".join(sorted(set(values))) if isinstance(values[0], str) else \
+            {"median": statistics.median(values), "spread": max(values) - min(values)}
+    return out
 
 
 def _models(args, tmp: Path) -> list[tuple[str, str]]:
@@ -224,7 +230,7 @@ def _metrics(r: dict) -> list[str]:
 
 
 def _label(r: dict) -> str:
-    kv = f", kv {r['kv_cache_dtype']}" if r.get("kv_cache_dtype") else ""
+    kv = f", kv {held}" if (held := r.get("kv_dtype") or r.get("kv_cache_dtype")) else ""  # (as held, or as asked)
     kv += f", prompts {r['cpu_prompts']}" if r.get("cpu_prompts") else ""
     kv += f", decode {r['cpu_decode']}" if r.get("cpu_decode") else ""
     return f"{r['engine']} ({r['backend']}{', ' + r['mode'] if r.get('mode') else ''}{kv})"

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oxinfer.bench import _oxinfer_worker, bench_command, peak_rss_mib, print_table
+from oxinfer.bench import _oxinfer_worker, _summary, bench_command, peak_rss_mib, print_table
 from oxinfer.cli import _parser
 from oxinfer.formats import GGUFFile
 from oxinfer.testing import write_tiny_llama
@@ -21,10 +21,15 @@ def tiny(tmp_path_factory):
 
 
 async def test_the_worker_measures_every_metric(tiny):
+    """Every figure, and the keys' and values' type the engine held ("auto" chooses it per machine)."""
+    from oxinfer.runtime import cpu_decode
     out = await _oxinfer_worker(str(tiny), "cpu", [16, 32], 4, [1, 3])
+    assert out.pop("kv_dtype") == cpu_decode.kv_default().name
     assert set(out) == {"load_s", "ready_s", "prefill_tps@16", "prefill_tps@32", "ttft_s", "decode_tps",
                         "aggregate_tps@1", "aggregate_tps@3"}
     assert all(v > 0 for v in out.values()) and out["ready_s"] >= out["load_s"]
+    out = await _oxinfer_worker(str(tiny), "cpu", [16], 2, [1], "float32")
+    assert out["kv_dtype"] == "float32"
 
 
 @pytest.mark.parametrize("kv", [[], ["f16"], ["auto", "onnxruntime"]])
@@ -59,17 +64,24 @@ def test_a_worker_s_peak_rss_is_its_own_not_its_parent_s():
     assert peak_rss_mib() > 300
 
 
+def test_runs_summarize_to_medians_and_spreads_and_their_words_as_said():
+    runs = [{"decode_tps": 10.0, "kv_dtype": "float16"}, {"decode_tps": 14.0, "kv_dtype": "float16"},
+            {"decode_tps": 11.0, "kv_dtype": "float16"}]
+    assert _summary(runs) == {"decode_tps": {"median": 11.0, "spread": 4.0}, "kv_dtype": "float16"}
+
+
 def test_saved_results_print_medians_and_ratios(tmp_path, capsys):
     def m(v):
         return {"median": v, "spread": v / 10}
 
-    rows = [{"model": "m", "engine": "oxinfer", "backend": "cpu", "repeats": 2, "decode_tps": m(30.0), "load_s": m(2.0)},
+    rows = [{"model": "m", "engine": "oxinfer", "backend": "cpu", "repeats": 2, "decode_tps": m(30.0), "load_s": m(2.0),
+             "kv_dtype": "float16"},
             {"model": "m", "engine": "llama.cpp", "backend": "cpu", "repeats": 2, "decode_tps": m(60.0), "load_s": m(0.5)}]
     f = tmp_path / "r.json"
     f.write_text(json.dumps({"rows": rows}))
     bench_command(_parser().parse_args(["bench", "--from-json", str(f)]))  # (cli.main would reconfigure logging)
     text = capsys.readouterr().out
-    assert "| m | oxinfer (cpu) | 30 ± 3 | 2 ± 0.2 |" in text
+    assert "| m | oxinfer (cpu, kv float16) | 30 ± 3 | 2 ± 0.2 |" in text
     assert "decode_tps 0.50x" in text and "load_s 4.00x" in text
     assert "(vs serial" not in text  # one llama.cpp figure for these: nothing to name
     print_table(rows[:1])  # one engine: no ratios
