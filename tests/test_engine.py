@@ -520,3 +520,35 @@ async def test_chat_messages_in_openai_s_shape(engine):
     assert (await engine.generate(parts, params)).token_ids == (await engine.generate(plain, params)).token_ids
     with pytest.raises(ChatTemplateError):
         engine.stream([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_auto_does_not_ask_vulkan_where_linux_has_no_gpu_device(monkeypatch):
+    """backend "auto" on Linux with no render node, NVIDIA device or WSL GPU: the CPU, without loading a
+    Vulkan driver (lavapipe's LLVM is ~75 MiB for an adapter auto would skip); with one, it asks; "webgpu"
+    asks regardless."""
+    import glob
+    import os
+
+    from oxinfer.runtime import select
+    from oxinfer.runtime.webgpu import WebGpuBackend, WebGpuUnavailable
+    asked = []
+
+    def create(**settings):
+        asked.append(settings)
+        raise WebGpuUnavailable("no adapter (test)")
+
+    monkeypatch.setattr(WebGpuBackend, "create", staticmethod(create))
+    monkeypatch.setattr(select.sys, "platform", "linux")
+    nodes: list[str] = []
+    monkeypatch.setattr(glob, "glob", lambda pattern: [n for n in nodes if n.startswith(pattern.rstrip("*"))])
+    monkeypatch.setattr(os.path, "exists", lambda p: p in nodes)
+    assert select.select_gpu_backend("auto") is None and asked == []
+    assert "no GPU device here" in select.no_gpu_node()
+    with pytest.raises(WebGpuUnavailable):
+        select.select_gpu_backend("webgpu")
+    assert asked == [{"allow_cpu_adapter": True}]
+    for node in ("/dev/dri/renderD128", "/dev/nvidia0", "/dev/dxg"):
+        nodes[:] = [node]
+        assert select.no_gpu_node() is None
+        assert select.select_gpu_backend("auto") is None and asked[-1] == {"allow_cpu_adapter": False}
+    assert len(asked) == 4
