@@ -1,9 +1,9 @@
 """The step's weights laid as runtime/cpu_vnni.py's products read them (its docstring gives the layout: rows four
 at a time in groups of 4 blocks, group-major, a row's first blocks as superblocks): `lay` for every type, in
 numpy (4-bit types' nibbles as they are, other types' int8 blocks); `direct` for GGUF's Q4_0, Q4_1 and Q8_0,
-whose bytes one compiled pass writes straight from the file's blocks into the step's arena (~6x quicker: the
-default model's ready_s 1.40-1.92 -> 1.12-1.16 s on the 2-core VM with its Q4_1 matrices so, 0.87-1.30 with its
-Q8_0 head too; session 44). `half` and `half_bits`:
+whose bytes one compiled pass writes straight from the file's blocks into the step's arena (a 1536x576 Q4_1
+matrix in 1.1-1.2 ms against lay's 4.8-5.1 on a VM core: the default model's ready_s 1.40-1.92 -> 1.12-1.16 s
+on the 2-core VM with its Q4_1 matrices so, 0.87-1.30 with its Q8_0 head too; session 44). `half` and `half_bits`:
 float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM)."""
 
 from __future__ import annotations
@@ -77,12 +77,7 @@ def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tu
         g = np.concatenate(pieces, axis=2)  # (n_out padded, n / k, bytes)
         return g.reshape(-1, 4, n // k, g.shape[2]).transpose(0, 2, 1, 3).reshape(g.shape[0] // 4, -1)
 
-    supers = groups // 4
-    laid = [part(0, SUPER * supers, SUPER)] if supers else []
-    if groups > 4 * supers:
-        laid.append(part(SUPER * supers, 4 * (groups - 4 * supers), 4))
-    if tail:
-        laid.append(part(4 * groups, 2, 2))
+    laid = [part(lo, n, k) for lo, n, k in units(groups, tail) if n]
     kind = KINDS.index((bits, sb))
     return np.ascontiguousarray(np.concatenate(laid, axis=1)), kind, groups, tail
 
@@ -92,6 +87,14 @@ def grouping(nb: int) -> tuple[int, int]:
     tail: 1 where a half group of 2 follows them, padded where 1 is left)."""
     groups, left = divmod(nb, 4)
     return groups + (left == 3), int(left in (1, 2))
+
+
+@njit(cache=True)
+def units(groups, tail):
+    """A row's blocks in lay's order, each part as (its first block, its blocks, blocks a unit): superblocks
+    (the first 16 x (groups // 4) blocks), then groups of 4, then the half group (2 blocks where tail)."""
+    supers = groups // 4
+    return (0, SUPER * supers, SUPER), (SUPER * supers, 4 * (groups - 4 * supers), 4), (4 * groups, 2 * tail, 2)
 
 
 def _exact(scales: list[np.ndarray]) -> bool:
@@ -125,7 +128,7 @@ def direct(w: QuantMatrix) -> tuple[tuple[int, int], int, int, int, Callable[[np
     shape = (-(-w.n_out // 4), 4 * unit * (4 * groups + 2 * tail))  # 4 rows a quad
 
     def write(out: np.ndarray) -> None:
-        _lay(blocks, which, w.n_out, groups, tail, out)
+        _lay(blocks, which, w.n_out, groups, tail, unit, out)
 
     return shape, KINDS.index((bits, 2)), groups, tail, write
 
@@ -151,27 +154,19 @@ def _exact16(blocks, which):
 
 
 @njit(cache=True, nogil=True)
-def _lay(blocks, which, n_out, groups, tail, out):
+def _lay(blocks, which, n_out, groups, tail, unit, out):
     """`lay`'s bytes of DIRECT[which]'s blocks (n_out * nb, block bytes: d, Q4_1's m, then the values: GGML's
-    nibbles, byte j values j and j + 16; or Q8_0's 32 int8) -> out (quads, bytes): a quad's superblocks, then
-    its groups, then its half group, each a unit of k blocks of its 4 rows in turn; a row's unit is its k
-    blocks' values (4-bit: byte j values 2j and 2j + 1; 8-bit: the even values + 128, then the odd ones; a
-    superblock's block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then their k d,
-    then (4-bit) their k m, float16. Rows and blocks past the matrix's are zeros."""
+    nibbles, byte j values j and j + 16; or Q8_0's 32 int8) -> out (quads, bytes): a quad's `units` in turn,
+    each unit's k blocks of its 4 rows in turn (`unit` bytes a block); a row's unit is its k blocks' values
+    (4-bit: byte j values 2j and 2j + 1; 8-bit: the even values + 128, then the odd ones; a superblock's
+    block-transposed: its piece p holds bytes 4p..4p+3 of each of its blocks), then their k d, then (4-bit)
+    their k m, float16. Rows and blocks past the matrix's are zeros."""
     nb = blocks.shape[0] // n_out
     at = 4 if which == _Q4_1 else 2  # the values' first byte
     eight = which == _Q8_0
-    unit = 34 if eight else 20
-    supers = groups // 4
     for q in range(out.shape[0]):
         o = 0
-        for part in range(3):
-            if part == 0:
-                lo, n, k = 0, SUPER * supers, SUPER
-            elif part == 1:
-                lo, n, k = SUPER * supers, 4 * (groups - 4 * supers), 4
-            else:
-                lo, n, k = 4 * groups, 2 * tail, 2
+        for lo, n, k in units(groups, tail):
             for u in range(n // k):
                 for r in range(4):
                     row = 4 * q + r
@@ -179,23 +174,15 @@ def _lay(blocks, which, n_out, groups, tail, out):
                         blk = lo + u * k + b
                         src = row * nb + blk
                         real = row < n_out and blk < nb
-                        for j in range(8):  # 4-bit: byte j (j + 8), the low (high) nibbles of bytes 2j and 2j + 1
-                            x = blocks[src, at + 2 * j] if real else 0
-                            y = blocks[src, at + 2 * j + 1] if real else 0
-                            if eight:  # (its values 2j, 2j + 1; 2j + 16, 2j + 17 below)
-                                low, high = x ^ 128 if real else 0, y ^ 128 if real else 0
-                            else:
-                                low, high = (x & 15) | ((y & 15) << 4), (x >> 4) | (y & 240)
-                            at_j, at_8 = ((j // 4) * 64 + 4 * b + j % 4, (j // 4 + 2) * 64 + 4 * b + j % 4) \
-                                if k == SUPER else (16 * b + j, 16 * b + j + 8)
-                            if eight:  # even value j, odd value j (bytes 2j, 2j + 1), then j + 8's
-                                out[q, o + at_j], out[q, o + 16 * k + at_j] = low, high
-                                x = blocks[src, at + 16 + 2 * j] if real else 0
-                                y = blocks[src, at + 17 + 2 * j] if real else 0
-                                out[q, o + at_8] = x ^ 128 if real else 0
-                                out[q, o + 16 * k + at_8] = y ^ 128 if real else 0
-                            else:
-                                out[q, o + at_j], out[q, o + at_8] = low, high
+                        for j in range(16):  # (a value half's byte j)
+                            to = o + ((j // 4) * 64 + 4 * b + j % 4 if k == SUPER else 16 * b + j)
+                            if eight:  # values 2j and 2j + 1: the even half's byte j, the odd half's
+                                out[q, to] = blocks[src, at + 2 * j] ^ 128 if real else 0
+                                out[q, to + 16 * k] = blocks[src, at + 2 * j + 1] ^ 128 if real else 0
+                            else:  # the low (j < 8) or high nibbles of bytes 2j % 16 and the next
+                                x = blocks[src, at + 2 * (j % 8)] if real else 0
+                                y = blocks[src, at + 2 * (j % 8) + 1] if real else 0
+                                out[q, to] = (x & 15) | ((y & 15) << 4) if j < 8 else (x >> 4) | (y & 240)
                         dv = mv = np.uint16(0)
                         if real:
                             d, m = _scales(blocks, src, which)
