@@ -334,14 +334,25 @@ def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
     numba_cache.cached says so before the load (no graph built for the wait). (A
     function numba cannot cache, such as one calling numba.set_num_threads, would compile in
     every process.) onnxruntime is imported only where a graph's session is made (not where the step
-    takes every row: ~20 MiB of RSS less), a request answered either way."""
+    takes every row: ~20 MiB of RSS less), a request answered either way; numba's compiler's code
+    (LLVM: ~20 MiB of it resident once numba is imported, ~50 once the step is loaded) is dropped once
+    the step is built, and a step does not page it in again."""
     import subprocess
     import sys
     path = write_tiny_llama(tmp_path / "t.gguf", d=128, d_ff=256, n_layers=2)
     script = f"""
-import asyncio, sys, oxinfer
+import asyncio, os, sys, oxinfer, llvmlite.binding
 from oxinfer.runtime import cpu_decode, cpu_step, numba_cache
 cpu_decode.DECODE = "numba"
+def llvm_code_kib():  # resident KiB of libllvmlite's executable maps
+    folder, kib, code = os.path.dirname(llvmlite.binding.__file__), 0, False
+    for line in open("/proc/self/smaps"):
+        p = line.split()
+        if "-" in p[0] and not p[0].endswith(":"):
+            code = "x" in p[1] and len(p) > 5 and p[5].startswith(folder)
+        elif code and p[0] == "Rss:":
+            kib += int(p[1])
+    return kib
 print(numba_cache.cached(cpu_step._run))
 async def main():
     engine = await oxinfer.Engine.load({str(path)!r})
@@ -349,16 +360,17 @@ async def main():
     assert graph.step is not None
     r = await engine.generate([5, 6, 7], oxinfer.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
     assert len(r.token_ids) == 3
-    print("onnxruntime" in sys.modules, graph.session is not None)
+    print("onnxruntime" in sys.modules, graph.session is not None, llvm_code_kib())
 asyncio.run(main())
 print(sum(cpu_step._run.stats.cache_hits.values()), sum(cpu_step._run.stats.cache_misses.values()))
 """
     for _ in range(2):  # (the first may compile, where no earlier test did)
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
-    cached, imported, session, hits, misses = out.stdout.split()[-5:]
+    cached, imported, session, llvm_kib, hits, misses = out.stdout.split()[-6:]
     assert cached == "True" and int(hits) == 1 and int(misses) == 0, out.stdout
     assert imported == session, out.stdout
+    assert int(llvm_kib) < 4096, out.stdout
 
 
 def test_the_step_s_cache_is_stamped_with_all_of_its_sources():

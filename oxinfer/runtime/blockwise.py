@@ -183,15 +183,21 @@ def own_maps() -> None:
         libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD
 
 
-def drop_mapped(path: str) -> None:
-    """Drop the resident pages of every map of the file at `path` that this process holds (Linux:
-    /proc/self/maps); they stay readable, faulted in again from the page cache when read."""
+def drop_mapped(path: str, code_only: bool = False) -> None:
+    """Drop the resident pages of every map this process holds of the file at `path`, or of any file under it where
+    it is a folder (Linux: /proc/self/maps); code_only: of their executable maps alone (a library's code, never
+    written: its other maps hold data relocated or written in place). They stay readable, faulted in again from the
+    page cache when read."""
     libc = _libc()
     if not libc or not os.path.exists("/proc/self/maps"):
         return
+    folder = os.path.join(path, "")
     with open("/proc/self/maps") as f:
-        spans = [line.split()[0] for line in f if line.rstrip().endswith(" " + path)]
-    for span in spans:
+        spans = [(p[0], p[1]) for p in (line.rstrip("\n").split(maxsplit=5) for line in f)
+                 if len(p) > 5 and (p[5] == path or p[5].startswith(folder))]
+    for span, perms in spans:
+        if code_only and "x" not in perms:
+            continue
         start, end = (int(a, 16) for a in span.split("-"))
         libc.madvise(start, end - start, 4)  # MADV_DONTNEED
 
