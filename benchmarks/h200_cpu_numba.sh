@@ -5,8 +5,8 @@
 # llama-bench at 1, 2, 4, 8 and 16 threads (135m). PART=oxinfer: `oxinfer bench` on the same files: prefill 512 and
 # one stream (16 cores), 32 streams of 128-token prompts and 64 tokens each (llama-batched-bench's -npl 32: 2,048 / T),
 # and the 135m's one stream at 1, 2, 4 and 8 cores (taskset: oxinfer sizes its threads from the affinity mask).
-# PART=turns: llama.cpp built, then per shape in turns (ROUNDS, 2): llama-batched-bench -npl 32, llama-bench tg64 after
-# 512 tokens (-d 512), oxinfer bench 512x1 and 128x32 (SPECS: prompt x streams, e.g. "512x1 16x1 128x32"; SHAPES:
+# PART=turns: llama.cpp built, then per shape in turns (ROUNDS, 2): llama-batched-bench -npl 32, llama-bench tg64 at depths 0,
+# 128 (oxinfer bench's decode: 64 tokens after a 128-token prompt) and 512 (-d 0,128,512), oxinfer bench 512x1 and 128x32 (SPECS: prompt x streams, e.g. "512x1 16x1 128x32"; SHAPES:
 # "135m 1b", or one of them). PART=bandwidth: benchmarks/cpu_bandwidth_probe.py (the host's
 # read rate beside the products' at 1-16 threads), then llama.cpp's 1.1B tg64 at 1-16 threads. Carry [".nbs", ".whlmin", ".lcp"]; outputs in $OUT (JSONs in one tgz: the device returns 8 files a call).
 export PYTHONPATH=/tmp/nb:/tmp/site:$PWD PYTHONUNBUFFERED=1 OXINFER_CPU_DECODE=numba
@@ -21,7 +21,7 @@ if [ "${PART:-llama}" = turns ]; then  # (one call: llama.cpp built, then both e
     for s in ${SHAPES:-135m 1b}; do
       timeout 60 $B/llama-batched-bench -m /tmp/m/$s.gguf -c 4096 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 32 -t 16 2>&1 \
         | grep -E "^\| +128" | sed "s/^/$s llama 32x128 /"
-      timeout 60 $B/llama-bench -m /tmp/m/$s.gguf -p 0 -n 64 -d 512 -t 16 -r 2 2>&1 | grep -E "tg64" | sed "s/^/$s llama /"
+      timeout 60 $B/llama-bench -m /tmp/m/$s.gguf -p 0 -n 64 -d 0,128,512 -t 16 -r 2 2>&1 | grep -E "tg64" | sed "s/^/$s llama /"
       for spec in ${SPECS:-512x1 128x32}; do set -- ${spec/x/ }
         timeout 100 python3 -c "import sys; from oxinfer.cli import main; sys.exit(main())" bench --model /tmp/m/$s.gguf \
           --backend cpu --repeats 1 --prompt-tokens $1 --gen-tokens 64 --concurrency $2 2>&1 | grep -E "^\| [a-z0-9]|rror" \

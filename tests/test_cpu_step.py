@@ -233,6 +233,28 @@ async def test_the_default_model_decodes_through_the_step(engine):
     assert [c for c in calls if c[0] > 1] == ([(n, (n,))] if graph.prompts_in_step() else [])
 
 
+async def test_a_long_run_of_rows_gives_the_logits_its_rows_give_in_short_runs(engine, monkeypatch):
+    """A prompt's 300 rows in one call (2 threads: each takes its own rows and all of W, x's int8 rows at each
+    product's own width) and in calls of 50 (each thread a share of W's rows): every row's logits the same,
+    bit for bit, as each row's arithmetic is the same whatever else runs."""
+    from oxinfer.models.kv_cache import KVPool
+    graph = engine.scheduler.cpu.graph
+    step, c = graph.step, engine.config
+    monkeypatch.setattr(step, "threads", 2)
+    tokens = np.random.default_rng(5).integers(300, 40000, 300)
+    x = graph._looked_up(tokens)
+    ends = np.arange(49, 300, 50)
+
+    def pool():
+        return KVPool(c.n_layers, c.n_kv_heads, c.head_dim, 1, 512, dtype=engine.model.kv_dtype)
+    whole = step.logits(x, ends, np.arange(300), np.zeros(300, np.int64), pool()).copy()
+    p, parts = pool(), []
+    for e in ends:
+        rows = np.arange(e - 49, e + 1)
+        parts.append(step.logits(x[rows], [49], rows, np.zeros(50, np.int64), p)[0].copy())
+    assert np.array_equal(whole, np.stack(parts))
+
+
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):
     """numba's OpenMP layer keeps a pool of threads for each thread that starts a region (pools
     holding more threads than cores sleep between regions): the engine's own steps and those a

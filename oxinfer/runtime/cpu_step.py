@@ -70,7 +70,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
     A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
-    thread), a barrier, then each thread takes its range of W's quads; other lines deal rows (wide
+    thread), a barrier, then each thread takes its range of W's quads (or, where every thread has
+    X_ROWS rows or more, its range of rows and all of W); other lines deal rows (wide
     element-wise ones, pieces of rows) round the threads. amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
@@ -88,13 +89,23 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                 pieces = max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
                 if pieces > 1 and i > 0 and _by_rows(lines[i - 1, 0], lines[i - 1, 5]):
                     gen = cpu_sync.barrier(sync, n, tid, gen)  # (x's rows are not all this thread's own)
+                # x's int8 rows side by side, the product's own width apart: rows the widest input apart (1,536
+                # bytes for 576 of them) cost a 512-row prompt's products 765-808 ms on the 2-core VM's two threads,
+                # against 647-655 so (and 634-691 with each thread its own rows, below); one thread 1,250 either way
+                q8 = xq[:rows * 32 * blocks].reshape((rows, 32 * blocks))
+                q32, s32 = xd[:rows * blocks].reshape((rows, blocks)), xs[:rows * blocks].reshape((rows, blocks))
                 for task in range(tid, rows * pieces, n):
                     t, j = task // pieces, task % pieces
-                    cpu_vnni.quantize_row(A[t], a, m[6], blocks, xq[t], xd[t], xs[t], blocks * j // pieces,
+                    cpu_vnni.quantize_row(A[t], a, m[6], blocks, q8[t], q32[t], s32[t], blocks * j // pieces,
                                           blocks * (j + 1) // pieces)
                 gen = cpu_sync.barrier(sync, n, tid, gen)
-                cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], xq, xd, xs, rows, A, o,
-                              m[5])
+                if rows >= n * cpu_vnni.X_ROWS:  # (each thread its rows, all of W: a prompt's)
+                    r0, r1 = rows * tid // n, rows * (tid + 1) // n
+                    cpu_vnni.some(0, m[1], m[0], m[2], m[3], m[4], q8[r0:], q32[r0:], s32[r0:], r1 - r0, A[r0:], o,
+                                  m[5])
+                else:
+                    cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], q8, q32, s32, rows,
+                                  A, o, m[5])
         elif op == ATTEND:
             gen = cpu_attend.attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos,
                                     sin, qs, grouped, amx)
@@ -311,7 +322,8 @@ class NumbaStep:
     def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=(), compile_only=False) -> np.ndarray:
         T = len(x)
         tiles = len(prompts) > 0 and _AMX and not dims[6]  # (a float16 pool's prompts: int8 products, heads a row)
-        A, xq, xd, xs, qs = (a[:T] for a in self._rows(-(-T // 32) * 32 if tiles else T))  # (tiles store 32 rows)
+        A, xq, xd, xs, qs = self._rows(-(-T // 32) * 32 if tiles else T)  # (tiles store 32 rows)
+        A, qs = A[:T], qs[:T]
         amx = (tiles, *self._tile_scratch(T if tiles else 0),
                *self._laid_kv(prompts if tiles else (), np.asarray(pos)))
         A[:, :x.shape[1]] = x
@@ -338,15 +350,15 @@ class NumbaStep:
 
     def _rows(self, T: int) -> tuple:
         """Scratch for at least T rows (grown to powers of two): the values, x's int8 blocks, their
-        scales and scale x sums, roped queries."""
+        scales and scale x sums (flat: each product lays its rows at its own width), roped queries."""
         if self._scratch is None or len(self._scratch[0]) < T:
             n = 1 << (T - 1).bit_length()
             H, _, hd, _ = self.heads
             # (the values in pages committed as written, no huge pages: a row's logits' columns, most of
             # its width, are written for the last rows alone; with 2 MB pages a 512-row prompt's rows
             # committed all 109 MiB of the default model's, 4 KiB ones ~15)
-            self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros((n, self.x_cols), np.int8),
-                             np.zeros((n, self.x_cols // 32), np.float32), np.zeros((n, self.x_cols // 32), np.float32),
+            self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros(n * self.x_cols, np.int8),
+                             np.zeros(n * self.x_cols // 32, np.float32), np.zeros(n * self.x_cols // 32, np.float32),
                              np.zeros((n, H * hd), np.float32))
         return self._scratch
 
