@@ -185,17 +185,17 @@ class CpuGraph:
     def run_at(self, seqs: list[np.ndarray], caches: list, starts: list[int], stopped: Callable[[], bool],
                started: Callable[[], None] | None = None):
         """The logits of one-row sequences at positions `starts` (their blocks reserved), the
-        caches not advanced: a step run ahead (runtime/cpu_ahead.py). None if stopped() once no
-        other run is in progress (nothing written then). started(): called as the numba step's
+        caches not advanced: a step run ahead (runtime/cpu_ahead.py); from the numba step, a view of
+        its scratch, valid until it runs again (the chain draws from it first, in the step's thread).
+        None if stopped() once no other run is in progress (nothing written then). started(): called as the numba step's
         region starts (its inputs ready; the GIL let go from then on); the graph's decode rows never
         run ahead early (`spare_core`)."""
         with self._lock:
             if stopped():
                 return None
             if self._built_step() is not None and len({id(c.pool) for c in caches}) == 1:
-                # (the step's own rows, a view of its scratch: the chain draws from them in the step's thread before
-                # the step runs again; a copy into a new array cost ~0.13 ms a token on the 2-core VM, its pages
-                # mapped and faulted in afresh each time)
+                # (not copied: a copy into a new array cost ~0.13 ms a token on the 2-core VM, its pages mapped and
+                # faulted in afresh each time)
                 return self._decoded(seqs, caches, starts, range(len(seqs)), started)
             return self._runs(seqs, caches, starts, started)
 
