@@ -132,3 +132,35 @@ def test_logprobs_are_the_models():
     assert np.allclose([v for _, v in d.top], ls[best], atol=1e-5)
     assert d.token != best[0]  # the penalty moved the argmax; its logprob is still the model's
     assert abs(d.logprob - ls[d.token]) < 1e-5
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 12.0])
+def test_top_p_s_cut_over_a_whole_vocabulary_is_the_rule_s(spread):
+    """Over 49,152 candidates (a real vocabulary's size) whose cut lies among the best 64 or deep past them,
+    with ties and candidates cut before (weight 0): _nucleus keeps exactly those whose better ones weigh less
+    than top_p of all, summed in float64 by brute force."""
+    from oxinfer.sampling import _nucleus
+    rng = np.random.default_rng(int(spread * 10))
+    v = np.round(rng.standard_normal(49152) * spread, 2).astype(np.float32)  # (rounded: many ties)
+    m = float(v.max())
+    e = np.exp(v - np.float32(m))
+    e[v < np.sort(v)[100]] = 0.0  # the lowest cut before
+    values, which = np.unique(v, return_inverse=True)  # (ascending)
+    mass = np.bincount(which, weights=e.astype(np.float64))  # each value's weight
+    above = mass[::-1].cumsum()[::-1] - mass  # the weight strictly above each value
+    for top_p in (0.1, 0.5, 0.9, 0.99):
+        want = v >= values[above < top_p * mass.sum()].min()
+        assert np.array_equal(_nucleus(v, e, m, top_p), want)
+
+
+def test_a_draw_s_index_is_the_running_sum_s():
+    """_reaching (sums of blocks, then one block's running sum) finds the index a float64 running sum finds,
+    and never one that weighs 0."""
+    from oxinfer.sampling import _reaching
+    rng = np.random.default_rng(4)
+    e = rng.random(49152).astype(np.float32) ** 8
+    e[rng.random(49152) < 0.3] = 0.0
+    run = np.cumsum(e, dtype=np.float64)
+    for r in (*rng.random(200), 0.0, 1.0 - 1e-12):
+        i = _reaching(e, r, "right")
+        assert e[i] > 0 and abs(i - int(np.searchsorted(run, r * run[-1], side="right"))) <= 1
