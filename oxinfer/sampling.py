@@ -224,8 +224,8 @@ class Sampler:
         temperature 0.7 keeps 49,151 of its 49,152 tokens inside the window: 1.7 ms a draw before (their ids, a
         float64 exp and running sum of every one, new maps for each), top_p 3.8 ms."""
         p = self.params
-        if self._work is None or len(self._work[0]) < len(x):
-            self._work = (np.empty(len(x), np.float32), np.empty(len(x), np.float32))
+        if self._work is None or len(self._work[0]) < len(x):  # (y and the weights; top_p's sorted values, theirs)
+            self._work = tuple(np.empty(len(x), np.float32) for _ in range(2 if p.top_p == 1.0 else 4))
         y = np.divide(x, np.float32(p.temperature), out=self._work[0][:len(x)])
         m = y.max()
         if not np.isfinite(m):
@@ -248,7 +248,7 @@ class Sampler:
         if kept is not None:
             e *= kept
         if p.top_p < 1.0 and len(v) > 1:
-            e *= _nucleus(v, e, m, p.top_p)
+            e *= _nucleus(v, e, m, p.top_p, self._work[2:])
         i = _reaching(e, self.rng.random(), "right")
         return int(i if ids is None else ids[i])
 
@@ -275,21 +275,26 @@ def _reaching(e: np.ndarray, r: float, side: str) -> int:
     return b * B + (i if i < len(block) else int(np.flatnonzero(block)[-1]))
 
 
-def _nucleus(v: np.ndarray, e: np.ndarray, m: float, top_p: float) -> np.ndarray:
+def _nucleus(v: np.ndarray, e: np.ndarray, m: float, top_p: float, scratch=None) -> np.ndarray:
     """Which candidates (values v, weights e = exp(v - m), 0 where cut before) top_p keeps: those whose better ones
-    (v_j > v_i) weigh less than top_p of all. The best 64 sorted first; where the cut lies deeper, every value
+    (v_j > v_i) weigh less than top_p of all. The best 64 sorted first (where they could weigh that much); where
+    the cut lies deeper, every value (sorted in scratch, two float32 arrays at least v's length)
     (each one's weight again from its value). The cut: the value of the first one whose running sum in that order
     reaches top_p of all, and every one at or above it (ties kept together). (The best n grown 4x at a time took
     2.7 ms for a real SmolLM2 row at temperature 0.7, top_p 0.9, whose cut lies past its best 4,096.)"""
     total = float(e.sum(dtype=np.float64))
-    if len(v) > 4 * _BEST:
+    if len(v) > 4 * _BEST and _BEST >= top_p * total:  # (no weight passes 1: the best 64 may hold the cut)
         top = np.argpartition(v, len(v) - _BEST)[len(v) - _BEST:]
         order = top[np.argsort(-v[top], kind="stable")]
         run = np.cumsum(e[order], dtype=np.float64)
         if run[-1] >= top_p * total:
             return v >= v[order[int(np.searchsorted(run, top_p * total, side="left"))]]
-    sv = np.sort(v)[::-1]
-    se = np.exp(sv - np.float32(m))
+    sv, se = scratch or (np.empty_like(v), np.empty_like(v))  # (float32, at least v's length)
+    sv, se = sv[:len(v)], se[:len(v)]
+    sv[...] = v
+    sv.sort()
+    sv = sv[::-1]
+    se = np.exp(np.subtract(sv, np.float32(m), out=se), out=se)
     se[np.count_nonzero(e):] = 0.0  # (those cut before weigh 0: the lowest values)
     return v >= sv[_reaching(se, top_p, "left")]
 
