@@ -13,7 +13,8 @@ import numpy as np
 import oxinfer
 
 MODES = {"greedy": dict(temperature=0), "t=0.7 top_p=0.9": dict(temperature=0.7, top_p=0.9, seed=1),
-         "t=0.7": dict(temperature=0.7, seed=1), "top_k=40 min_p=0.05": dict(temperature=0.8, top_k=40, min_p=0.05, seed=1),
+         "t=0.7": dict(temperature=0.7, seed=1),
+         "top_k=40 min_p=0.05": dict(temperature=0.8, top_k=40, min_p=0.05, seed=1),
          "penalties": dict(temperature=0.7, presence_penalty=0.5, frequency_penalty=0.3, seed=1)}
 
 

@@ -5,9 +5,9 @@
 # llama-bench at 1, 2, 4, 8 and 16 threads (135m). PART=oxinfer: `oxinfer bench` on the same files: prefill 512 and
 # one stream (16 cores), 32 streams of 128-token prompts and 64 tokens each (llama-batched-bench's -npl 32: 2,048 / T),
 # and the 135m's one stream at 1, 2, 4 and 8 cores (taskset: oxinfer sizes its threads from the affinity mask).
-# PART=turns: llama.cpp built, then per shape in turns (ROUNDS, 2): llama-batched-bench -npl 32, llama-bench tg64 at depths 0,
-# 128 (oxinfer bench's decode: 64 tokens after a 128-token prompt) and 512 (-d 0,128,512), oxinfer bench 512x1 and 128x32 (SPECS: prompt x streams, e.g. "512x1 16x1 128x32"; SHAPES:
-# "135m 1b", or one of them). PART=bandwidth: benchmarks/cpu_bandwidth_probe.py (the host's
+# PART=turns: llama.cpp built, then per shape in turns (ROUNDS, 2): llama-batched-bench -npl 32, llama-bench tg64 at
+# depths 0, 128 (oxinfer bench's decode: 64 tokens after a 128-token prompt) and 512 (-d 0,128,512), oxinfer bench
+# 512x1 and 128x32 (SPECS: prompt x streams, e.g. "512x1 16x1 128x32"; SHAPES: "135m 1b", or one of them). PART=bandwidth: benchmarks/cpu_bandwidth_probe.py (the host's
 # read rate beside the products' at 1-16 threads), then llama.cpp's 1.1B tg64 at 1-16 threads. Carry [".nbs", ".whlmin", ".lcp"]; outputs in $OUT (JSONs in one tgz: the device returns 8 files a call).
 export PYTHONPATH=/tmp/nb:/tmp/site:$PWD PYTHONUNBUFFERED=1 OXINFER_CPU_DECODE=numba
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlmin/*.whl || exit 1
