@@ -93,8 +93,8 @@ class CpuGraph:
         self.minimums_in_kernel = block_minimums.available()
         # the numba step's weights of 8-bit types (id(fused base or matrix) -> cpu_lay.lay's), laid from
         # the graph's int8 blocks as it converts them (a requantized type's are the costly part); 4-bit
-        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1 straight from the file:
-        # cpu_lay.direct)
+        # ones are laid as the step builds, after the load (GGUF's Q4_0 and Q4_1, and a Q8_0 matrix the graph did not
+        # lay, straight from the file: cpu_lay.direct)
         self._laid: dict[int, tuple] | None = {} if refused is None else None
         self.session, self.embed, self.weight_bytes = None, model.embed, 0  # (the graph's build sets the bytes)
         # numba's cache holds the step: rows wait the seconds it takes to load (not the graph's: their logits would
@@ -187,9 +187,9 @@ class CpuGraph:
         """The logits of one-row sequences at positions `starts` (their blocks reserved), the
         caches not advanced: a step run ahead (runtime/cpu_ahead.py); from the numba step, a view of
         its scratch, valid until it runs again (the chain draws from it first, in the step's thread).
-        None if stopped() once no other run is in progress (nothing written then). started(): called as the numba step's
-        region starts (its inputs ready; the GIL let go from then on); the graph's decode rows never
-        run ahead early (`spare_core`)."""
+        None if stopped() once no other run is in progress (nothing written then). started(): called
+        as the numba step's region starts (its inputs ready; the GIL let go from then on); the graph's
+        decode rows never run ahead early (`spare_core`)."""
         with self._lock:
             if stopped():
                 return None
