@@ -240,7 +240,7 @@ def row_bf16(x, col0, k, cols, out, t, keep):
 def _fetch_tile(address):
     """Prefetch a tile's 1 KiB at address into L1 (16 lines)."""
     for i in range(16):
-        cpu_vnni.fetch(address + 64 * i)
+        cpu_sync.fetch(address + 64 * i)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)

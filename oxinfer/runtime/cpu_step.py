@@ -44,6 +44,11 @@ log = get_logger("oxinfer.runtime")
 # a product's x quantized in pieces of at least this many blocks where its rows are fewer than the threads (one
 # row of the 1.1B shape's down product alone took ~15 us on one core of the 2-core VM while the others waited)
 _QUANTIZE_BLOCKS = 8
+# a product's x where its rows are fewer than the threads and at most OWN x the threads' blocks: quantized by every
+# thread whole into rows of its own, no barrier after (a barrier of n threads costs about what a few n blocks' do)
+OWN = 4
+# bytes of a thread's share of the next product it prefetches while it waits at barriers (`_ahead`; 0: none)
+FETCH = 1 << 17
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
@@ -51,7 +56,7 @@ _AMX = cpu_amx.available()
 
 @njit(parallel=True, fastmath=True, error_model="numpy", cache=True, nogil=True)
 def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
-         sync, n, amx):
+         sync, n, amx, tune):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
     over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
     program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
@@ -59,13 +64,13 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     for tid in prange(n):
         if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
             _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims,
-                   cos, sin, xq, xd, xs, qs, grouped, amx)
+                   cos, sin, xq, xd, xs, qs, grouped, amx, tune)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-           xq, xd, xs, qs, grouped, amx):
+           xq, xd, xs, qs, grouped, amx, tune):
     """Thread tid's share of every line, a barrier after each (the next line may read what any
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
@@ -77,6 +82,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
     gen = 0
+    _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune[1])
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
         ints, fl = lines[i, 6:], floats[i]
@@ -86,19 +92,23 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             if _AMX and amx[0] and m[5] % cpu_amx.TILE == 0:
                 gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
             else:
-                pieces = max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
-                if pieces > 1 and i > 0 and _by_rows(lines[i - 1, 0], lines[i - 1, 5]):
+                own = rows < n and rows * blocks <= tune[0]  # (every thread quantizes every row, into rows its own)
+                pieces = 1 if own else max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
+                if (own or pieces > 1) and i > 0 and _by_rows(lines[i - 1, 0], lines[i - 1, 5]):
                     gen = cpu_sync.barrier(sync, n, tid, gen)  # (x's rows are not all this thread's own)
                 # x's int8 rows side by side, the product's own width apart: rows the widest input apart (1,536
                 # bytes for 576 of them) cost a 512-row prompt's products 765-808 ms on the 2-core VM's two threads,
                 # against 647-655 so (and 634-691 with each thread its own rows, below); one thread 1,250 either way
-                q8 = xq[:rows * 32 * blocks].reshape((rows, 32 * blocks))
-                q32, s32 = xd[:rows * blocks].reshape((rows, blocks)), xs[:rows * blocks].reshape((rows, blocks))
-                for task in range(tid, rows * pieces, n):
+                r0 = tid * rows if own else 0
+                q8 = xq[r0 * 32 * blocks:(r0 + rows) * 32 * blocks].reshape((rows, 32 * blocks))
+                q32 = xd[r0 * blocks:(r0 + rows) * blocks].reshape((rows, blocks))
+                s32 = xs[r0 * blocks:(r0 + rows) * blocks].reshape((rows, blocks))
+                for task in range(0 if own else tid, rows * pieces, 1 if own else n):
                     t, j = task // pieces, task % pieces
                     cpu_vnni.quantize_row(A[t], a, m[6], blocks, q8[t], q32[t], s32[t], blocks * j // pieces,
                                           blocks * (j + 1) // pieces)
-                gen = cpu_sync.barrier(sync, n, tid, gen)
+                if not own:
+                    gen = cpu_sync.barrier(sync, n, tid, gen)
                 if rows >= n * cpu_vnni.X_ROWS:  # (each thread its rows, all of W: a prompt's)
                     r0, r1 = rows * tid // n, rows * (tid + 1) // n
                     cpu_vnni.some(0, m[1], m[0], m[2], m[3], m[4], q8[r0:], q32[r0:], s32[r0:], r1 - r0, A[r0:], o,
@@ -106,6 +116,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                 else:
                     cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], q8, q32, s32, rows,
                                   A, o, m[5])
+            _ahead(tid, n, sync, lines, mats, i + 1, rows, amx[0], tune[1])
         elif op == ATTEND:
             gen = cpu_attend.attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos,
                                     sin, qs, grouped, amx)
@@ -154,6 +165,26 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
         cpu_amx.pair(cfg, x0 + 64 * s0 * k, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
                      A.ctypes.data + 32 * s0 * ys + 4 * (o + cpu_amx.TILE * p), ys, two)
     return gen
+
+
+@njit(cache=True)
+def _ahead(tid, n, sync, lines, mats, i, rows, tiles, most):
+    """Where a decode step's product takes a range of W's quads a thread: thread tid prefetches its range of the
+    first product from line i on at its barriers until that product (at most `most` bytes of it), while it waits
+    for the threads still on a line. A one-row step on 16 threads reads ~10-70 KB of W a thread a product, a few
+    microseconds apart: its memory would otherwise stand idle through the barriers, norms and attention."""
+    end = 0
+    lo = hi = 0
+    for j in range(i, lines.shape[0]):
+        if lines[j, 0] == LINEAR:
+            m = mats[lines[j, 6]]
+            if rows < n * cpu_vnni.X_ROWS and not (_AMX and tiles and m[5] % cpu_amx.TILE == 0):
+                stride = cpu_vnni.quad_bytes(m[2], m[3], m[4])
+                lo = m[0] + m[1] * tid // n * stride
+                hi = m[0] + m[1] * (tid + 1) // n * stride
+                end = min(hi, lo + most)
+            break
+    cpu_sync.ahead(sync, n, tid, lo, end)
 
 
 @njit(cache=True, inline="always")
@@ -280,6 +311,7 @@ class NumbaStep:
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
+        self.own, self.fetch = OWN, FETCH
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
@@ -335,31 +367,33 @@ class NumbaStep:
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
+        tune = np.array([self.own * n, self.fetch], np.int64)
         if compile_only:
-            _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx)))
+            _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, tune)))
             return None
         if started is not None:
             started()
-        if not _run(*args, self._sync, n, amx):
+        if not _run(*args, self._sync, n, amx, tune):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
             self.threads = 1
             self._sync[:] = 0
-            _run(*args, self._sync, 1, amx)
+            _run(*args, self._sync, 1, amx, tune)
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
         """Scratch for at least T rows (grown to powers of two): the values, x's int8 blocks, their
         scales and scale x sums (flat: each product lays its rows at its own width), roped queries."""
-        if self._scratch is None or len(self._scratch[0]) < T:
+        own = 32 * self.own * self.threads ** 2  # (x's rows where each thread quantizes them into its own: OWN)
+        if self._scratch is None or len(self._scratch[0]) < T or len(self._scratch[1]) < own:
             n = 1 << (T - 1).bit_length()
             H, _, hd, _ = self.heads
             # (the values in pages committed as written, no huge pages: a row's logits' columns, most of
             # its width, are written for the last rows alone; with 2 MB pages a 512-row prompt's rows
             # committed all 109 MiB of the default model's, 4 KiB ones ~15)
-            self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros(n * self.x_cols, np.int8),
-                             np.zeros(n * self.x_cols // 32, np.float32), np.zeros(n * self.x_cols // 32, np.float32),
-                             np.zeros((n, H * hd), np.float32))
+            x = max(n * self.x_cols, own)
+            self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros(x, np.int8),
+                             np.zeros(x // 32, np.float32), np.zeros(x // 32, np.float32), np.zeros((n, H * hd), np.float32))
         return self._scratch
 
     def _tile_scratch(self, T: int) -> tuple:

@@ -23,11 +23,12 @@ from numba.extending import intrinsic
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 
 GENERATION, ARRIVED, STATE, TASKS = 0, 8, 16, 24  # int64 words of `sync`, a cache line apart; TASKS: a line a task
+# (after the tasks' lines, a line a task more: the range of memory it prefetches while it waits, `ahead`)
 GO, GAVE_UP = 1, 2
 _SPINS = 4000  # pauses (~0.1-0.5 ms) before a waiting thread starts yielding its core
 _PATIENCE = 2_000_000  # pauses and yields (~1 s or more) before gate gives up
 
-_I64 = ir.IntType(64)
+_I64, _I32 = ir.IntType(64), ir.IntType(32)
 
 
 def _word(builder, address):
@@ -65,6 +66,25 @@ def _store(typingctx, address, value):
         builder.store_atomic(args[1], _word(builder, args[0]), "release", 8)
         return context.get_dummy_value()
     return types.void(types.intp, types.int64), codegen
+
+
+def _prefetch(locality: int):
+    """An intrinsic: prefetch the line at an address (LLVM's prefetch: a read of data, at `locality`: 3 into
+    L1, 2 into L2)."""
+    def into(typingctx, address):
+        def codegen(context, builder, signature, args):
+            ptr = ir.IntType(8).as_pointer()
+            fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, *[_I32] * 3]),
+                                                "llvm.prefetch")
+            builder.call(fn, [builder.inttoptr(args[0], ptr), ir.Constant(_I32, 0), ir.Constant(_I32, locality),
+                              ir.Constant(_I32, 1)])
+            return context.get_dummy_value()
+        return types.void(types.intp), codegen
+    into.__name__ = f"prefetch{locality}"
+    return intrinsic(into)
+
+
+fetch, fetch_l2 = _prefetch(3), _prefetch(2)
 
 
 @intrinsic
@@ -115,21 +135,40 @@ def barrier(sync, n, tid, generation):
     """Wait for the region's n tasks to reach their barrier number `generation` (each counts its
     own, from 0): the next number. Each task but the first marks its own word; the first waits for
     all of them and lets the others go. (One shared counter that every task adds to costs a
-    transfer of its line a task, one after another: ~1 us a barrier at 16 threads.)"""
-    base = sync.ctypes.data
+    transfer of its line a task, one after another: ~1 us a barrier at 16 threads.) While it waits,
+    a task prefetches the lines of its range `ahead` (into L2) before it pauses."""
+    base, mine = sync.ctypes.data, TASKS + 8 * (n + tid)
+    at, end = sync[mine], sync[mine + 1]
     spins = 0
     if tid == 0:
         for t in range(1, n):
             while _load(base + 8 * (TASKS + 8 * t)) <= generation:
-                spins = _wait(spins)
+                if at < end:
+                    fetch_l2(at)
+                    at += 64
+                else:
+                    spins = _wait(spins)
         _store(base + 8 * GENERATION, generation + 1)
     else:
         _store(base + 8 * (TASKS + 8 * tid), generation + 1)
         while _load(base + 8 * GENERATION) <= generation:
-            spins = _wait(spins)
+            if at < end:
+                fetch_l2(at)
+                at += 64
+            else:
+                spins = _wait(spins)
+    sync[mine] = at
     return generation + 1
+
+
+@njit(cache=True)
+def ahead(sync, n, tid, start, end):
+    """Task tid's lines to prefetch at its barriers while it waits: [start, end) (the memory it reads next, a
+    product's share of W), from the first line of start's."""
+    mine = TASKS + 8 * (n + tid)
+    sync[mine], sync[mine + 1] = start & -64, end
 
 
 def words(n: int) -> int:
     """The int64 words of `sync` for a region of n tasks."""
-    return TASKS + 8 * n
+    return TASKS + 16 * n

@@ -41,6 +41,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import blockwise, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
+from oxinfer.runtime.cpu_sync import fetch
 from oxinfer.runtime.cpu_dots import VNNI, begin, end, joined, plus, short
 
 BLOCK = 32
@@ -62,6 +63,13 @@ def runs_here() -> bool:
 def group_bytes(bits: int, sb: int, blocks: int) -> int:
     """A row's bytes of `blocks` blocks: their values, d, and (4-bit) m."""
     return blocks * (16 if bits == 4 else 32) + blocks * sb * (2 if bits == 4 else 1)
+
+
+@njit(cache=True)
+def quad_bytes(groups: int, tail: int, kind: int) -> int:
+    """The bytes of a quad of 4 rows laid (`lay`) in `groups` groups and `tail` half groups of KINDS[kind]."""
+    bits, sb = KINDS[kind]
+    return 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))
 
 
 def _emit(builder, w, xs_of, n, tail, bits, sb):
@@ -249,19 +257,6 @@ X_ROWS = 64
 AHEAD = 4096
 
 
-@intrinsic
-def fetch(typingctx, address):
-    """Prefetch the line at address into L1 (LLVM's prefetch: a read, locality 3, data)."""
-    def codegen(context, builder, signature, args):
-        ptr = ir.IntType(8).as_pointer()
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr, _I32, _I32, _I32]),
-                                            "llvm.prefetch")
-        builder.call(fn, [builder.inttoptr(args[0], ptr), ir.Constant(_I32, 0), ir.Constant(_I32, 3),
-                          ir.Constant(_I32, 1)])
-        return context.get_dummy_value()
-    return types.void(types.intp), codegen
-
-
 @njit(fastmath=True, error_model="numpy", cache=True)
 def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out):
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
@@ -269,8 +264,7 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
     blocks (quantize). Four x at a time (then two, then one; one at a time where not WIDE), W's bytes AHEAD
     on prefetched.
     runtime/cpu_step.py's threads each take a range of quads."""
-    bits, sb = KINDS[kind]
-    stride = 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))  # 4 rows' bytes
+    stride = quad_bytes(groups, tail, kind)
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
