@@ -194,20 +194,30 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         group(2, lambda r: builder.add(og, const(rb2 * r)), builder.mul(n, const(64)), builder.mul(n, const(16)),
               tails, tail_mins)
 
-    def halve(v, k):  # <2k x float> -> <k x float>: lanes i and k + i added
-        lo = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, k), list(range(k))))
-        hi = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(_I32, k), list(range(k, 2 * k))))
-        return builder.fadd(lo, hi)
+    def pick(a, b, lanes):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(lanes)), lanes))
 
+    def folded(a, b, k):  # a's (and b's) groups of 2k lanes (an output's each) -> groups of k: lanes i and k + i added
+        n = a.type.count
+        lo = [g + i for g in range(0, n, 2 * k) for i in range(k)]
+        lo += [] if b is None else [n + j for j in lo]
+        return builder.fadd(pick(a, a if b is None else b, lo), pick(a, a if b is None else b, [j + k for j in lo]))
+
+    def cat(vs):  # vectors of k lanes -> one of len(vs) x k, in order
+        while len(vs) > 1:
+            vs = [pick(vs[j], vs[j + 1], list(range(2 * vs[j].type.count))) for j in range(0, len(vs), 2)]
+        return vs[0]
+
+    # each output's lanes halved to 4 (a tree, not a chain of 16 adds), the minimums' added, then to 1: two
+    # outputs' halves a vector, then four's (each output's arithmetic as alone; ~half the shuffles and adds)
     out = []
     for t in range(len(xs_of)):
-        for r in range(4):  # the lanes halved to 4 (a tree, not a chain of 16 adds), the minimums', then 1
-            v = halve(builder.fadd(halve(builder.load(accs[t][r]), 8), builder.load(tails[t][r])), 4)
-            tm = builder.load(tail_mins[t][r])
-            v = builder.fadd(builder.fadd(v, builder.load(mins[t][r])),
-                             builder.shuffle_vector(tm, zeros(2), ir.Constant(ir.VectorType(_I32, 4), [0, 1, 2, 3])))
-            v = halve(halve(v, 2), 1)
-            out.append(builder.extract_element(v, ir.Constant(_I32, 0)))
+        pairs = [builder.fadd(folded(builder.load(accs[t][r]), builder.load(accs[t][r + 1]), 8),
+                              cat([builder.load(tails[t][r]), builder.load(tails[t][r + 1])])) for r in (0, 2)]
+        v = builder.fadd(builder.fadd(folded(*pairs, 4), cat([builder.load(mins[t][r]) for r in range(4)])),
+                         cat([pick(builder.load(tail_mins[t][r]), zeros(2), [0, 1, 2, 3]) for r in range(4)]))
+        v = folded(folded(v, None, 2), None, 1)
+        out += [builder.extract_element(v, ir.Constant(_I32, r)) for r in range(4)]
     return out
 
 
