@@ -94,7 +94,8 @@ def callers(graph, caches, B: int, rng, vocab: int) -> None:
 
 
 def profile(step, graph, caches, B: int, rng, vocab: int) -> None:
-    """The step's program cut to one kind of line at a time (the values then wrong, the work the same)."""
+    """The step's program cut to one kind of line at a time (the values then wrong, the work the same), and to
+    none: what a call costs beside its lines (the Python around it, its region's start, the threads' gate)."""
     from oxinfer.runtime import step_ops as cs
     lines = step.lines
     head = (lines[:, 0] == cs.LINEAR) & (lines[:, 6] == len(step.mats) - 1)
@@ -112,7 +113,7 @@ def profile(step, graph, caches, B: int, rng, vocab: int) -> None:
         for c in caches:
             c.trim(1)
     out.append(f"graph.run, numba alone {np.median(ts) * 1e3:.2f} ms")
-    kinds = {"all": np.ones(len(lines), bool), **kinds}
+    kinds = {"all": np.ones(len(lines), bool), **kinds, "none (the call's own cost)": np.zeros(len(lines), bool)}
     for name, keep in kinds.items():
         step.lines = np.ascontiguousarray(lines[keep])
         ts = []
