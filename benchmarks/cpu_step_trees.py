@@ -48,7 +48,8 @@ def main() -> None:
             t = time.perf_counter()
             steps[k].logits(xb, np.arange(B), np.full(B, 128), np.arange(B), pool)
             ts[k].append(time.perf_counter() - t)
-        print(f"{B} rows: " + "  ".join(f"{k} {np.median(v[10:]) * 1e3:.3f}" for k, v in ts.items()) + " ms", flush=True)
+        medians = "  ".join(f"{k} {np.median(v[10:]) * 1e3:.3f}" for k, v in ts.items())
+        print(f"{B} rows: {medians} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -75,9 +75,11 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
     A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
-    thread), a barrier, then each thread takes its range of W's quads (or, where every thread has
-    X_ROWS rows or more, its range of rows and all of W); other lines deal rows (wide
-    element-wise ones, pieces of rows) round the threads. amx: (whether
+    thread; where they are also short, tune[0] blocks in all, every row by every thread into rows of
+    its own, and no barrier follows), a barrier, then each thread takes its range of W's quads (or,
+    where every thread has X_ROWS rows or more, its range of rows and all of W); other lines deal rows
+    (wide element-wise ones, pieces of rows) round the threads. At its barriers a thread prefetches its
+    share of the next product's W (tune[1] bytes at most: `_ahead`). amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
@@ -393,7 +395,8 @@ class NumbaStep:
             # committed all 109 MiB of the default model's, 4 KiB ones ~15)
             x = max(n * self.x_cols, own)
             self._scratch = (lazy_zeros((n, self.width), np.float32)[0], np.zeros(x, np.int8),
-                             np.zeros(x // 32, np.float32), np.zeros(x // 32, np.float32), np.zeros((n, H * hd), np.float32))
+                             np.zeros(x // 32, np.float32), np.zeros(x // 32, np.float32),
+                             np.zeros((n, H * hd), np.float32))
         return self._scratch
 
     def _tile_scratch(self, T: int) -> tuple:
