@@ -116,6 +116,16 @@ def _wait(spins):
     return spins + 1
 
 
+@njit(cache=True, inline="always")
+def _idle(at, end, spins):
+    """One turn of a barrier's wait: the line at `at` prefetched (into L2) while its range [at, end) lasts, else
+    `_wait`'s turn: (the next line, the turns waited)."""
+    if at < end:
+        fetch_l2(at)
+        return at + 64, spins
+    return at, _wait(spins)
+
+
 @njit(cache=True)
 def gate(sync, n):
     """Whether all n tasks of the region are running at once (call first, in every task)."""
@@ -143,20 +153,12 @@ def barrier(sync, n, tid, generation):
     if tid == 0:
         for t in range(1, n):
             while _load(base + 8 * (TASKS + 8 * t)) <= generation:
-                if at < end:
-                    fetch_l2(at)
-                    at += 64
-                else:
-                    spins = _wait(spins)
+                at, spins = _idle(at, end, spins)
         _store(base + 8 * GENERATION, generation + 1)
     else:
         _store(base + 8 * (TASKS + 8 * tid), generation + 1)
         while _load(base + 8 * GENERATION) <= generation:
-            if at < end:
-                fetch_l2(at)
-                at += 64
-            else:
-                spins = _wait(spins)
+            at, spins = _idle(at, end, spins)
     sync[mine] = at
     return generation + 1
 

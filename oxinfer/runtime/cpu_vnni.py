@@ -41,8 +41,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import blockwise, numba_cache  # noqa: F401 - (numba_cache: before any jitted function)
-from oxinfer.runtime.cpu_sync import fetch
 from oxinfer.runtime.cpu_dots import VNNI, begin, end, joined, plus, short
+from oxinfer.runtime.cpu_sync import fetch
 
 BLOCK = 32
 SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, laid block-transposed (`lay`)
