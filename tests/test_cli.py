@@ -79,7 +79,16 @@ def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
     fixed = config("--replicas", "3", "--model", "m.gguf", "--max-concurrent", "4", "--backend", "webgpu")
     assert fixed.model == str(tmp_path / "m.gguf") and fixed.replicas == 3 and fixed.autoscaling is None
     assert fixed.replica_options()["max_ongoing_requests"] == 4 + 2
-    assert fixed.replica_options()["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1}
+    def threads(n):
+        return {"env_vars": {"OXINFER_CPU_THREADS": n}}
+    monkeypatch.delenv("OXINFER_CPU_THREADS", raising=False)
+    assert fixed.replica_options()["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 1, "runtime_env": threads("1")}
+    # a thread a CPU a replica reserves (at least one; 0 reserves none: every core), the user's where set
+    assert [config("--replica-cpus", n).replica_options()["ray_actor_options"].get("runtime_env")
+            for n in ("0.5", "3.5", "0")] == [threads("1"), threads("3"), None]
+    monkeypatch.setenv("OXINFER_CPU_THREADS", "5")
+    assert config("--replica-cpus", "2").replica_options()["ray_actor_options"]["runtime_env"] == threads("5")
+    monkeypatch.delenv("OXINFER_CPU_THREADS")
     # the engine's own flags reach each replica's Engine.load (--kv-mib was dropped before)
     engine_flags = config("--kv-mib", "64", "--ctx-size", "512", "--kv-cache-dtype", "f16", "--cpu-prompts", "onnxruntime")
     assert (engine_flags.kv_bytes, engine_flags.context_length, engine_flags.kv_cache_dtype) == (64 << 20, 512, "f16")

@@ -124,11 +124,11 @@ async def test_engine_load_chooses_who_runs_long_prompts(tmp_path, monkeypatch):
     has available; an unknown name fails before anything loads."""
     assert (await oxinfer.Engine.load(None, cpu_prompts="onnxruntime")).scheduler.cpu.graph.prompts is None
     monkeypatch.setenv("OXINFER_OPENVINO", "0")
-    assert (await oxinfer.Engine.load(None, cpu_prompts="openvino")).scheduler.cpu.graph.prompts is not None
+    engine = await oxinfer.Engine.load(None, cpu_prompts="openvino")
+    assert engine.scheduler.cpu.graph.prompts is not None
     with pytest.raises(ValueError, match="attention windows or soft caps"):
         await oxinfer.Engine.load(_write(tmp_path, "gemma2_gguf", "BF16"), cpu_prompts="openvino")
     monkeypatch.delenv("OXINFER_OPENVINO")
-    engine = await oxinfer.Engine.load(None, cpu_prompts="openvino")
     monkeypatch.setattr(cpu_prompts, "available_mib", lambda: 1 << 30)
     monkeypatch.setattr(cpu_prompts, "bf16_products", lambda: False)  # (AVX2 alone: its float32 prompts lost)
     assert "no bfloat16 products" in cpu_prompts.refuses(engine.model)

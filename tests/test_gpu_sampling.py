@@ -19,8 +19,8 @@ pytestmark = [
                        reason="no WebGPU adapter at all (for CI install mesa-vulkan-drivers: lavapipe)"),
 ]
 
-PROMPT = [3, 7, 7, 11, 60]  # (its repeats for the penalties; the other draws take its last token alone:
-# lavapipe's step of 64 x 5 prompt rows took ~0.25 s, of 64 x 1 ~0.08, most of the suite's slowest file)
+PROMPT = [3, 7, 7, 11, 60]  # the penalties' history (its repeats); every step feeds the model its last token
+# alone (lavapipe's step of 64 x 5 prompt rows took ~0.25 s, of 64 x 1 ~0.08: most of the suite's slowest file)
 STEPS = 32  # x 64 sequences: 2,048 draws a parameter set
 
 
@@ -33,11 +33,14 @@ async def runner(tmp_path_factory):
     return r
 
 
-def draws(r, params: SamplingParams, steps: int = STEPS, counts=None, prompt=PROMPT) -> tuple[np.ndarray, np.ndarray, list]:
-    """(tokens drawn, the logits row they were drawn from, the Draws of the first step)."""
+def draws(r, params: SamplingParams, steps: int = STEPS, counts=None, prompt=PROMPT,
+          history=None) -> tuple[np.ndarray, np.ndarray, list]:
+    """(tokens drawn, the logits row they were drawn from, the Draws of the first step); `history`:
+    the samplers' prompt (what the penalties see) where it is not the one the model reads."""
     tokens, first, row = [], None, None
     for k in range(steps):
-        samplers = [Sampler(dataclasses.replace(params, seed=1000 * k + i), prompt) for i in range(r.max_seqs)]
+        samplers = [Sampler(dataclasses.replace(params, seed=1000 * k + i), prompt if history is None else history)
+                    for i in range(r.max_seqs)]
         for s in samplers:
             s.counts = dict(counts or {})
         caches = [r.new_cache() for _ in samplers]
@@ -52,9 +55,9 @@ def draws(r, params: SamplingParams, steps: int = STEPS, counts=None, prompt=PRO
 
 @pytest.mark.parametrize("case", CASES)
 async def test_gpu_draws_follow_the_distribution(runner, case):
-    counts, prompt = (OUTPUT, PROMPT) if case == "penalties" else (None, PROMPT[-1:])
-    tokens, z, _ = draws(runner, CASES[case], counts=counts, prompt=prompt)
-    check_draws(tokens, exact(z, CASES[case], prompt, counts))
+    counts, history = (OUTPUT, PROMPT) if case == "penalties" else (None, PROMPT[-1:])
+    tokens, z, _ = draws(runner, CASES[case], counts=counts, prompt=PROMPT[-1:], history=history)
+    check_draws(tokens, exact(z, CASES[case], history, counts))
 
 
 async def test_gpu_greedy_is_the_argmax_and_logprobs_the_models(runner):

@@ -4,6 +4,7 @@ a bad value found inside a replica surfaces as a deployment that never becomes h
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,10 @@ class RayServeConfig:
     {"min_replicas": 1, "max_replicas": 4}), which scales on the ongoing requests per replica
     (target_ongoing_requests defaults to max_concurrent here, not to Serve's 2: an engine batches
     max_concurrent requests for little more than the cost of one); give one or the other.
-    replica_cpus: CPUs Serve reserves per replica; a webgpu replica also reserves one GPU.
+    replica_cpus: CPUs Serve reserves per replica; a webgpu replica also reserves one GPU. A replica's
+    CPU threads are as many (at least one; OXINFER_CPU_THREADS where set here overrides): replicas
+    sharing a machine would otherwise each run a thread a core, and a step's threads that wait on
+    each other at every line slow to a crawl where they outnumber the cores. 0: no reservation, every core.
     prefix_chars: requests whose prompts share this many leading characters prefer one replica.
     """
 
@@ -90,5 +94,13 @@ class RayServeConfig:
             **scale,
             "max_ongoing_requests": self.max_concurrent + PROBE_SLOTS,
             "graceful_shutdown_timeout_s": DRAIN_S,
-            "ray_actor_options": {"num_cpus": self.replica_cpus, "num_gpus": 1 if self.backend == "webgpu" else 0},
+            "ray_actor_options": {"num_cpus": self.replica_cpus, "num_gpus": 1 if self.backend == "webgpu" else 0,
+                                  **self._threads()},
         }
+
+    def _threads(self) -> dict[str, Any]:
+        """The replicas' OXINFER_CPU_THREADS (Ray sizes OMP_NUM_THREADS by num_cpus the same way)."""
+        threads = os.environ.get("OXINFER_CPU_THREADS", "").strip()
+        if not threads and self.replica_cpus > 0:
+            threads = str(max(1, int(self.replica_cpus)))
+        return {"runtime_env": {"env_vars": {"OXINFER_CPU_THREADS": threads}}} if threads else {}
