@@ -279,6 +279,33 @@ async def test_a_row_s_logits_are_the_same_whichever_threads_quantize_its_x(engi
     assert all(np.array_equal(got[0], g) for g in got[1:])
 
 
+async def test_a_step_on_the_fewer_threads_a_crowded_machine_runs_gives_the_same_logits(engine, monkeypatch):
+    """Where a trial timed fewer threads quicker (runtime/cpu_crowding.py: other processes on the cores), the
+    step runs on them: a row's logits the same, bit for bit, as on every thread; each step's time is recorded."""
+    import numba
+
+    from oxinfer.models.kv_cache import KVPool
+    from oxinfer.runtime import cpu_step
+    from oxinfer.runtime.cpu_crowding import Crowding
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one core: a step runs one thread either way")
+    graph = engine.scheduler.cpu.graph
+    step, c = graph.step, engine.config
+    monkeypatch.setattr(step, "threads", 2)
+    teams, real = [], cpu_step._run
+    monkeypatch.setattr(cpu_step, "_run", lambda *a: teams.append(a[-3]) or real(*a))
+    x = graph._looked_up(np.random.default_rng(7).integers(300, 40000, 9))
+    got = []
+    for n in (2, 1):
+        monkeypatch.setattr(step, "crowding", Crowding(2))
+        step.crowding.n = n  # (as after a trial)
+        pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, 1, 16, dtype=engine.model.kv_dtype)
+        step.logits(x[:8], [7], np.arange(8), np.zeros(8, np.int64), pool)
+        got.append(step.logits(x[8:], [0], [8], [0], pool).copy())
+        assert step.crowding.rows == 1 and len(step.crowding.base) == 1 and step.crowding.base[0] > 0
+    assert teams == [2, 2, 1, 1] and np.array_equal(got[0], got[1])
+
+
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):
     """numba's OpenMP layer keeps a pool of threads for each thread that starts a region (pools
     holding more threads than cores sleep between regions): the engine's own steps and those a

@@ -272,7 +272,14 @@ def tiny(tmp_path_factory):
     s.close()
 
 
-def test_truncation_auto_drops_the_oldest_turns(tiny):
+@pytest.fixture(scope="module")
+def tiny_http(tiny):
+    """One client for the module (httpx.post makes a client a call: ~50 ms, its TLS context)."""
+    with httpx.Client(base_url=tiny.url, timeout=60) as c:
+        yield c
+
+
+def test_truncation_auto_drops_the_oldest_turns(tiny_http):
     """truncation auto: a conversation over the context (512 tokens) loses its oldest turns, not
     its instructions or its last message, and is answered; disabled (the default), it is a 400
     naming the input. A last message over the context alone is a 400 either way."""
@@ -280,31 +287,31 @@ def test_truncation_auto_drops_the_oldest_turns(tiny):
     convo = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{i}: {turn}"} for i in range(8)]
     convo.append({"role": "user", "content": "last question?"})
     body = {"input": convo, "instructions": "Be brief.", "max_output_tokens": 8}
-    r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
+    r = tiny_http.post("/v1/responses", json=body)
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text
-    r = httpx.post(tiny.url + "/v1/responses", json=body | {"truncation": "auto"}, timeout=60)
+    r = tiny_http.post("/v1/responses", json=body | {"truncation": "auto"})
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["truncation"] == "auto" and out["usage"]["output_tokens"] >= 1
     assert 256 < out["usage"]["input_tokens"] <= 512 - 8  # the newest turns that fit (several), not the last alone
-    tokenize = lambda messages: httpx.post(tiny.url + "/tokenize", json={"messages": messages}, timeout=60).json()["count"]
+    tokenize = lambda messages: tiny_http.post("/tokenize", json={"messages": messages}).json()["count"]
     # whole turns dropped (a user message and the answer after it): the newest that fit, from a user message
     kept = next(k for k in range(0, 9, 2) if tokenize([{"role": "system", "content": "Be brief."}, *convo[k:]]) + 8 <= 512)
     assert out["usage"]["input_tokens"] == tokenize([{"role": "system", "content": "Be brief."}, *convo[kept:]])
     huge = {"input": "word " * 400, "max_output_tokens": 8, "truncation": "auto"}
-    r = httpx.post(tiny.url + "/v1/responses", json=huge, timeout=60)
+    r = tiny_http.post("/v1/responses", json=huge)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
 
 
 @pytest.mark.parametrize("body,param", BAD, ids=[b[1] + str(i) for i, b in enumerate(BAD)])
-def test_bad_input_is_a_400_naming_the_field(tiny, body, param):
-    r = httpx.post(tiny.url + "/v1/responses", json=body, timeout=60)
+def test_bad_input_is_a_400_naming_the_field(tiny_http, body, param):
+    r = tiny_http.post("/v1/responses", json=body)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"].startswith(param) and err["code"], err
     for chat_name in ("max_tokens", "max_completion_tokens", "messages", "truncate"):  # the Responses API's names
         assert chat_name not in err["message"], err
-    assert httpx.get(tiny.url + "/health").json()["running"] == 0
+    assert tiny_http.get("/health").json()["running"] == 0
 
 
 _json = st.recursive(st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False) | st.text(max_size=8),
@@ -327,10 +334,10 @@ _bodies = st.fixed_dictionaries(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(body=_bodies | _json.map(lambda v: json.dumps(v).encode()) | st.binary(max_size=40))
-def test_fuzz_responses_never_500(tiny, body):
+def test_fuzz_responses_never_500(tiny_http, body):
     """A response or a 400 (404 for a previous response that is not kept), in OpenAI's error
     shape; nothing left running."""
-    r = httpx.post(tiny.url + "/v1/responses", content=body, headers={"content-type": "application/json"}, timeout=60)
+    r = tiny_http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
     assert r.status_code in (200, 400, 404), (r.status_code, body, r.text)
     hypothesis.event(f"status {r.status_code}")
     if r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"):
@@ -340,7 +347,7 @@ def test_fuzz_responses_never_500(tiny, body):
     else:
         assert set(r.json()["error"]) == {"message", "type", "param", "code"}
         assert r.status_code == 400 or r.json()["error"]["code"] == "previous_response_not_found"
-    assert httpx.get(tiny.url + "/health").json()["running"] == 0
+    assert tiny_http.get("/health").json()["running"] == 0
 
 
 def test_the_routes_example_runs_through_the_official_client(srv):

@@ -25,6 +25,7 @@ so a sequence's logits are the same batched or alone.
 from __future__ import annotations
 
 import mmap
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,7 @@ from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
 from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_lay, cpu_sync,  # noqa: F401 - (numba_cache: first)
                              cpu_vnni, numba_cache)
+from oxinfer.runtime.cpu_crowding import Crowding
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
                                       SOFTCAP, StepOps)
@@ -314,6 +316,7 @@ class NumbaStep:
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
         self.own, self.fetch = OWN, FETCH
+        self.crowding = Crowding(threads)
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
@@ -364,7 +367,10 @@ class NumbaStep:
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
                 xq, xd, xs, qs)
-        n = min(self.threads, numba.config.NUMBA_NUM_THREADS)
+        most = min(self.threads, numba.config.NUMBA_NUM_THREADS)
+        if self.crowding.most != most:
+            self.crowding = Crowding(most)
+        n = self.crowding.threads(T)
         numba.set_num_threads(n)
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
@@ -375,12 +381,15 @@ class NumbaStep:
             return None
         if started is not None:
             started()
+        began = time.perf_counter()
         if not _run(*args, self._sync, n, amx, tune):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
             self.threads = 1
             self._sync[:] = 0
             _run(*args, self._sync, 1, amx, tune)
+        elif (now := self.crowding.ran(T, n, time.perf_counter() - began)) is not None:
+            log.debug("numba_step_crowded", threads=now, of=most, rows=T, action="quicker in a trial: runs on")
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
