@@ -50,3 +50,8 @@ def test_a_trial_compares_steps_of_the_same_rows_only():
     assert c.n == 2
     run(c, 2 * Crowding.PERIOD, slow_alone, rows=7)
     assert c.n == 1
+
+
+def test_one_thread_runs_no_trials():
+    c = Crowding(1)
+    assert set(run(c, 500, lambda n: 1.0)) == {1} and c.left < -400  # (steps counted, none tried)

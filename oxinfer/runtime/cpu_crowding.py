@@ -37,7 +37,7 @@ class Crowding:
         """The threads to run a step of `rows` rows with."""
         if rows != self.rows:
             self.rows, self.base, self.tried, self.other = rows, [], [], 0
-        if not self.other and self.left <= 0 and len(self.base) >= self.TRIAL:
+        if self.most > 1 and not self.other and self.left <= 0 and len(self.base) >= self.TRIAL:
             self.other = self._other()
         return self.other or self.n
 
@@ -62,6 +62,7 @@ class Crowding:
         return self.n if quicker else None
 
     def _other(self) -> int:
+        """The threads of the next trial: half, from all of them; from fewer, twice and half by turns."""
         if self.n == self.most or (self.down and self.n > 1):
             other = max(1, self.n // 2)
         else:
