@@ -88,6 +88,9 @@ def test_serve_ray_flags_make_the_deployment_config(tmp_path, monkeypatch):
             for n in ("0.5", "3.5", "0")] == [threads("1"), threads("3"), None]
     monkeypatch.setenv("OXINFER_CPU_THREADS", "5")
     assert config("--replica-cpus", "2").replica_options()["ray_actor_options"]["runtime_env"] == threads("5")
+    monkeypatch.setenv("OXINFER_CPU_THREADS", "many")  # refused here, not in every replica
+    with pytest.raises(ValueError, match="OXINFER_CPU_THREADS='many'"):
+        config("--replica-cpus", "2").replica_options()
     monkeypatch.delenv("OXINFER_CPU_THREADS")
     # the engine's own flags reach each replica's Engine.load (--kv-mib was dropped before)
     engine_flags = config("--kv-mib", "64", "--ctx-size", "512", "--kv-cache-dtype", "f16", "--cpu-prompts", "onnxruntime")

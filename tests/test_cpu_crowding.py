@@ -10,7 +10,7 @@ def run(c: Crowding, steps: int, seconds, rows: int = 1) -> list[int]:
     ran = []
     for _ in range(steps):
         n = c.threads(rows)
-        c.ran(rows, n, seconds(n))
+        c.ran(n, seconds(n))
         ran.append(n)
     return ran
 
@@ -46,7 +46,7 @@ def test_a_trial_compares_steps_of_the_same_rows_only():
     c = Crowding(2)
     slow_alone = lambda n: 1.0 if n == 2 else 0.5  # noqa: E731 - (one thread quicker, were rows compared with rows)
     for i in range(300):  # the rows change every other step: no trial ever has steps to compare
-        c.ran(i // 2, c.threads(i // 2), slow_alone(2) * (1 + i))
+        c.ran(c.threads(i // 2), slow_alone(2) * (1 + i))
     assert c.n == 2
     run(c, 2 * Crowding.PERIOD, slow_alone, rows=7)
     assert c.n == 1

@@ -41,11 +41,9 @@ class Crowding:
             self.other = self._other()
         return self.other or self.n
 
-    def ran(self, rows: int, threads: int, seconds: float) -> int | None:
-        """A step of `rows` rows ran on `threads` threads in `seconds`: the threads it runs from now on where a
-        trial made it switch, else None."""
-        if rows != self.rows:
-            return None
+    def ran(self, threads: int, seconds: float) -> int | None:
+        """The step `threads` gave its threads to ran on them in `seconds`: the threads it runs from now on where
+        a trial made it switch, else None."""
         if threads == self.n and not self.other:
             self.base = (self.base + [seconds])[-self.TRIAL:]
             self.left -= 1

@@ -388,7 +388,7 @@ class NumbaStep:
             self.threads = 1
             self._sync[:] = 0
             _run(*args, self._sync, 1, amx, tune)
-        elif (now := self.crowding.ran(T, n, time.perf_counter() - began)) is not None:
+        elif (now := self.crowding.ran(n, time.perf_counter() - began)) is not None:
             log.debug("numba_step_crowded", threads=now, of=most, rows=T, action="quicker in a trial: runs on")
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from oxinfer.models.kv_cache import kv_cache_dtype
+from oxinfer.runtime import blockwise
 from oxinfer.runtime.cpu_prompts import check_choice
 from oxinfer.runtime.select import BACKENDS
 from oxinfer.server.app import MAX_BODY_BYTES
@@ -100,7 +101,10 @@ class RayServeConfig:
 
     def _threads(self) -> dict[str, Any]:
         """The replicas' OXINFER_CPU_THREADS (Ray sizes OMP_NUM_THREADS by num_cpus the same way)."""
-        threads = os.environ.get("OXINFER_CPU_THREADS", "").strip()
-        if not threads and self.replica_cpus > 0:
-            threads = str(max(1, int(self.replica_cpus)))
-        return {"runtime_env": {"env_vars": {"OXINFER_CPU_THREADS": threads}}} if threads else {}
+        if os.environ.get("OXINFER_CPU_THREADS", "").strip():
+            threads = blockwise.threads()  # (the user's, checked here: a bad value would fail in every replica)
+        elif self.replica_cpus > 0:
+            threads = max(1, int(self.replica_cpus))
+        else:
+            return {}
+        return {"runtime_env": {"env_vars": {"OXINFER_CPU_THREADS": str(threads)}}}
