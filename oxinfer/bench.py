@@ -8,6 +8,9 @@ interpreter's, or .bench-venv's from `make bench-venv`, or --llama-python) in tw
 (oxinfer/bench_llama.py): serial, llama-cpp-python's `Llama`, one sequence at a time, and batched,
 N sequences a llama_decode as llama-batched-bench does; with --llama-bin (or llama-batched-bench on
 PATH) that binary runs too. Each ratio is against llama.cpp's best figure and names its mode.
+Two figures a concurrency N: aggregate_tps@N, N streams' generated tokens over the wall time, their
+128-token prompts included (both engines), and tg_tps@N, the decode's tokens over its time alone
+(llama-batched-bench's S_TG; oxinfer's from the moment every stream has its first token).
 
 Synthetic models (--synthetic 135m,1b,3b) are GGUFs of those shapes with random weights, written on
 demand (--qtype Q4_1, Q8_0 or BF16) and loadable by both engines.
@@ -91,15 +94,29 @@ async def _oxinfer_worker(model: str, backend: str, prompts: list[int], gen: int
     out["ttft_s"] = r.finished.ttft_s
     out["decode_tps"] = r.finished.generation_tps
     for n in conc:
+        times: list[list[float]] = [[] for _ in range(n)]  # each stream's tokens' arrival times
+
         async def one(i: int) -> None:
-            await engine.generate(prompt_ids(PROMPT, vocab, 10 + i), params)
+            async for ev in engine.stream(prompt_ids(PROMPT, vocab, 10 + i), params):
+                if isinstance(ev, oxinfer.Token):
+                    times[i].append(time.perf_counter())
 
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
             for i in range(n):
                 tg.start_soon(one, i)
         out[f"aggregate_tps@{n}"] = n * gen / (time.perf_counter() - t0)
+        if gen > 1:
+            out[f"tg_tps@{n}"] = decode_tps(times)
     return out
+
+
+def decode_tps(times: list[list[float]]) -> float:
+    """Decoded tokens over the decode's time alone, llama-batched-bench's S_TG: from the moment every
+    stream has its first token (its prompt's) to the last token, the tokens that came in between."""
+    start = max(t[0] for t in times)
+    tokens = sum(1 for t in times for x in t if x > start)
+    return tokens / (max(t[-1] for t in times) - start)
 
 
 def _worker_main(argv: list[str]) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from oxinfer.bench import _oxinfer_worker, _summary, bench_command, peak_rss_mib, print_table
+from oxinfer.bench import _oxinfer_worker, _summary, bench_command, decode_tps, peak_rss_mib, print_table
 from oxinfer.cli import _parser
 from oxinfer.formats import GGUFFile
 from oxinfer.testing import write_tiny_llama
@@ -26,10 +26,18 @@ async def test_the_worker_measures_every_metric(tiny):
     out = await _oxinfer_worker(str(tiny), "cpu", [16, 32], 4, [1, 3])
     assert out.pop("kv_dtype") == cpu_decode.kv_default().name
     assert set(out) == {"load_s", "ready_s", "prefill_tps@16", "prefill_tps@32", "ttft_s", "decode_tps",
-                        "aggregate_tps@1", "aggregate_tps@3"}
+                        "aggregate_tps@1", "aggregate_tps@3", "tg_tps@1", "tg_tps@3"}
     assert all(v > 0 for v in out.values()) and out["ready_s"] >= out["load_s"]
+    assert out["tg_tps@3"] > out["aggregate_tps@3"]  # (the prompts' time left out)
     out = await _oxinfer_worker(str(tiny), "cpu", [16], 2, [1], "float32")
     assert out["kv_dtype"] == "float32"
+
+
+def test_the_decode_figure_counts_the_tokens_after_every_stream_has_its_first():
+    """llama-batched-bench's S_TG: its decode steps' tokens over their time. Stream 0's prompt ended at
+    1.0 and it decoded two tokens before stream 1's first (2.0); from 2.0 to 4.0 the streams gave 2 + 2."""
+    times = [[1.0, 1.5, 1.9, 3.0, 4.0], [2.0, 3.0, 3.5]]
+    assert decode_tps(times) == 4 / 2.0
 
 
 @pytest.mark.parametrize("kv", [[], ["f16"], ["auto", "onnxruntime"]])
