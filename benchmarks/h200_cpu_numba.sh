@@ -25,7 +25,7 @@ if [ "${PART:-llama}" = turns ]; then  # (one call: llama.cpp built, then both e
       for spec in ${SPECS:-512x1 128x32}; do set -- ${spec/x/ }
         timeout 100 python3 -c "import sys; from oxinfer.cli import main; sys.exit(main())" bench --model /tmp/m/$s.gguf \
           --backend cpu --repeats 1 --prompt-tokens $1 --gen-tokens 64 --concurrency $2 2>&1 | grep -E "^\| [a-z0-9]|rror" \
-          | grep -v "^| model" | sed "s/^/$s oxinfer ${1}x$2 /"
+          | sed "s/^/$s oxinfer ${1}x$2 /"
       done
     done
   done

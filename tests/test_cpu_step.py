@@ -564,20 +564,45 @@ async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_no
     np.testing.assert_array_equal(together, np.stack(alone))
 
 
-def test_keys_and_values_default_to_float16_where_the_step_runs_every_row_without_tiles(monkeypatch):
+def test_keys_and_values_default_to_float16_where_the_step_runs_every_row(monkeypatch):
     """kv_cache_dtype "auto" on the CPU: float16 (llama.cpp's default cache type) where the numba step
-    takes every row and AMX does not (AVX2 without AVX-512); float32 where AMX's tiles run prompts (they
-    read float32 keys), where onnxruntime's graph runs prompts (AVX-512 without AMX), and where the step
-    is not asked for (the graph decodes)."""
+    takes every row (AVX2 without AVX-512, and AMX, whose prompt tiles read a float16 pool's keys);
+    float32 where onnxruntime's graph runs prompts (AVX-512 without AMX), and where the step is not
+    asked for (the graph decodes)."""
     from oxinfer.runtime import cpu_amx, cpu_vnni
     if not cpu_vnni.runs_here():
         pytest.skip("the numba step's products do not compile for this CPU")
-    for wide, amx, decode, want in ((False, False, "auto", np.float16), (True, True, "auto", np.float32),
+    for wide, amx, decode, want in ((False, False, "auto", np.float16), (True, True, "auto", np.float16),
                                     (True, False, "auto", np.float32), (False, False, "graph", np.float32)):
         monkeypatch.setattr(cpu_vnni, "WIDE", wide)
         monkeypatch.setattr(cpu_amx, "available", lambda amx=amx: amx)
         monkeypatch.setattr(cpu_decode, "DECODE", decode)
         assert cpu_decode.kv_default() == want, (wide, amx, decode)
+
+
+def test_a_float16_pool_s_keys_and_values_are_laid_for_amx_tiles_as_their_float32_values():
+    """AMX's prompt attention lays a float16 pool's keys and values (their bits) for its tiles: the same
+    bfloat16 panels as the same values in float32 give, keys past n zeros (the layout runs on any CPU;
+    the tiles' products on AMX alone: tests/test_cpu_amx.py)."""
+    from oxinfer.runtime import cpu_amx
+    rng = np.random.default_rng(7)
+    for hd, n in ((64, 45), (128, 32), (96, 70)):
+        k16, v16 = (rng.normal(0, 1, (96, hd)).astype(np.float16) for _ in range(2))
+        slabs = -(-n // 32)
+        laid = []
+        for k, v in ((k16.view(np.uint16), v16.view(np.uint16)), (k16.astype(np.float32), v16.astype(np.float32))):
+            kp, vp = (np.full(slabs * 32 * hd // 2, 7, np.uint32) for _ in range(2))
+            cpu_amx.keys_panels(k, n, hd, kp, 0, slabs)
+            cpu_amx.values_panels(v, n, hd, vp, 0, slabs)
+            laid.append((kp, vp))
+        (k_half, v_half), (k_float, v_float) = laid
+        np.testing.assert_array_equal(k_half, k_float)
+        np.testing.assert_array_equal(v_half, v_float)
+        # key 16 b + r's values 32 s + 2j, 32 s + 2j + 1 at ((b * steps + s) * 16 + j) * 16 + r: bfloat16 bits
+        f = k16.astype(np.float32).view(np.uint32)
+        bits = (f + 0x7FFF + ((f >> 16) & 1)) >> 16
+        assert k_half[((0 * (hd // 32) + 0) * 16 + 3) * 16 + 5] == bits[5, 6] | (bits[5, 7] << 16)
+        assert n % 32 == 0 or k_half[((n // 16) * (hd // 32)) * 16 * 16 + n % 16] == 0
 
 
 async def test_ready_waits_for_the_step_the_load_left_building(tmp_path, monkeypatch):

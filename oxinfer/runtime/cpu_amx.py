@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import blockwise, cpu_sync, cpu_vnni
+from oxinfer.runtime.cpu_lay import get
 from oxinfer.runtime.cpu_vnni import KINDS, SUPER, group_bytes
 
 AHEAD = 2  # steps of 32 values `pair` prefetches x's tiles ahead (1, 2 and 4 measured alike on 16 cores, session 39)
@@ -288,23 +289,25 @@ def pair(cfg, x, tiles, w, w_stride, k, out, out_stride, two):
 
 @njit(fastmath=True, error_model="numpy", cache=True)
 def keys_panels(keys, n, hd, out, s0, s1):
-    """Keys 32 s0 to 32 s1 (rows of hd float32; those from n on as zeros) as bfloat16 in the layout
-    a tile product reads them as its second operand (q . k over hd): out[((b * steps + s) * 16 + j)
-    * 16 + r] (uint32) holds key 16 b + r's values 32 s + 2j and 32 s + 2j + 1; steps = hd / 32."""
+    """Keys 32 s0 to 32 s1 (rows of hd float32, or a float16 pool's bits; those from n on as zeros) as
+    bfloat16 in the layout a tile product reads them as its second operand (q . k over hd):
+    out[((b * steps + s) * 16 + j) * 16 + r] (uint32) holds key 16 b + r's values 32 s + 2j and
+    32 s + 2j + 1; steps = hd / 32."""
     steps = hd // 32
     for key in range(32 * s0, 32 * s1):
         b, r = key // 16, key % 16
         for c in range(hd // 2):
             s, j = c // 16, c % 16
-            v = _bf16(keys[key, 2 * c]) | (_bf16(keys[key, 2 * c + 1]) << np.uint32(16)) if key < n else np.uint32(0)
+            v = _bf16(get(keys[key], 2 * c)) | (_bf16(get(keys[key], 2 * c + 1)) << np.uint32(16)) if key < n else \
+                np.uint32(0)
             out[((b * steps + s) * 16 + j) * 16 + r] = v
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
 def values_panels(values, n, hd, out, s0, s1):
-    """The values of keys 32 s0 to 32 s1 (rows of hd float32; from n on as zeros) as bfloat16 in the
-    layout a tile product reads them as its second operand (weights . values over keys):
-    out[((s * cols + c) * 16 + j) * 16 + i] (uint32) holds column 16 c + i of keys 32 s + 2j and
+    """The values of keys 32 s0 to 32 s1 (rows of hd float32, or a float16 pool's bits; from n on as
+    zeros) as bfloat16 in the layout a tile product reads them as its second operand (weights . values
+    over keys): out[((s * cols + c) * 16 + j) * 16 + i] (uint32) holds column 16 c + i of keys 32 s + 2j and
     32 s + 2j + 1; cols = hd / 16."""
     cols = hd // 16
     for s in range(s0, s1):
@@ -312,8 +315,8 @@ def values_panels(values, n, hd, out, s0, s1):
             k0 = 32 * s + 2 * j
             for col in range(hd):
                 c, i = col // 16, col % 16
-                lo = _bf16(values[k0, col]) if k0 < n else np.uint32(0)
-                hi = _bf16(values[k0 + 1, col]) if k0 + 1 < n else np.uint32(0)
+                lo = _bf16(get(values[k0], col)) if k0 < n else np.uint32(0)
+                hi = _bf16(get(values[k0 + 1], col)) if k0 + 1 < n else np.uint32(0)
                 out[((s * cols + c) * 16 + j) * 16 + i] = lo | (hi << np.uint32(16))
 
 
@@ -408,10 +411,10 @@ def heads(tid, n, sync, gen, prompts, laid, q, K, V, lanes, pos, H, window, cap,
     """Thread tid's share of the heads of prompts' rows (roped and scaled queries q: rows of H
     heads), each prompt's rows one lane's consecutive positions (prompts: a prompt's first row, its
     end, where its keys lie in laid's last axis). Each kv head's keys and values of each prompt laid
-    for the tiles (keys K, values V: (lanes, kv heads, positions, hd) float32), a task each 256 keys;
-    at a barrier, a task a block of 16 of a prompt's rows (counted from its first) and a head, into
-    out's columns from oc. A prompt's rows come out the same whatever other prompts run beside it.
-    The barrier count after."""
+    for the tiles (keys K, values V: (lanes, kv heads, positions, hd), float32 or a float16 pool's
+    bits), a task each 256 keys; at a barrier, a task a block of 16 of a prompt's rows (counted from
+    its first) and a head, into out's columns from oc. A prompt's rows come out the same whatever
+    other prompts run beside it. The barrier count after."""
     KV, hd = K.shape[1], K.shape[3]
     base, most = 0, 0
     for p in range(prompts.shape[0]):

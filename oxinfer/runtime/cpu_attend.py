@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 from numba import carray, njit, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import cpu_amx, cpu_sync, cpu_vnni
-from oxinfer.runtime.cpu_lay import half, half_bits
+from oxinfer.runtime.cpu_lay import get, put
 
 # (a constant of the compiled step, as cpu_step's: where False, no tile instruction is compiled)
 _AMX = cpu_amx.available()
@@ -33,33 +33,6 @@ def _pointer(ty, name: str):
 
 # a float32 pool's layer, and a float16 one's bits
 _f32_at, _u16_at = _pointer(types.float32, "f32_at"), _pointer(types.uint16, "u16_at")
-
-
-def get(a, i):
-    """a[i] as a float32 (a float16 pool's bits converted)."""
-
-
-def put(a, i, v):
-    """a[i] = v, rounded to float16 where a holds a float16 pool's bits."""
-
-
-@overload(get, inline="always")
-def _get(a, i):
-    if a.dtype == types.uint16:
-        return lambda a, i: half(a[i])
-    return lambda a, i: a[i]
-
-
-@overload(put, inline="always")
-def _put(a, i, v):
-    if a.dtype == types.uint16:
-        def rounded(a, i, v):
-            a[i] = half_bits(np.float32(v))
-        return rounded
-
-    def same(a, i, v):
-        a[i] = v
-    return same
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -83,24 +56,16 @@ def copy(src, dst, n):
         put(dst, i, src[i])
 
 
+@njit(fastmath=True, error_model="numpy", cache=True)
 def _tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
-    """Prompts' heads on AMX tiles (`cpu_amx.heads`), their queries roped first: float32 keys alone (a
-    float16 pool's prompts are laid for none: cpu_step). The barrier count after."""
-
-
-@overload(_tiles)
-def _tiles_typed(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
-    if K.dtype != types.float32:
-        return lambda tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx: gen
-
-    def tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx):
-        H, hd, rope_dim = dims[0], dims[2], dims[3]
-        for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
-            t, h = task // H, task % H
-            r = pos[t] + row0
-            rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
-        return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
-    return tiles
+    """Prompts' heads on AMX tiles (`cpu_amx.heads`: float32 keys and values, or a float16 pool's bits),
+    their queries roped first. The barrier count after."""
+    H, hd, rope_dim = dims[0], dims[2], dims[3]
+    for task in range(tid, rows * H, n):  # (before cpu_amx.heads' barrier)
+        t, h = task // H, task % H
+        r = pos[t] + row0
+        rope(A[t, qc + h * hd:], qs[t, h * hd:], cos[r], sin[r], fl[0], rope_dim, hd)
+    return cpu_amx.heads(tid, n, sync, gen, amx[4], amx[5], qs, K, V, lanes, pos, H, window, fl[1], A, oc, amx[3])
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -116,7 +81,7 @@ def attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, poo
     a task a row and head, then `cpu_amx.heads`. The barrier count after."""
     layer = ints[0]
     KV, hd, slots, tokens = dims[1], dims[2], dims[4], dims[5]
-    if dims[6]:  # (float16 keys and values: AMX's tiles read float32 alone)
+    if dims[6]:  # (float16 keys and values' bits)
         K16 = carray(_u16_at(pool[layer, 0]), (slots, KV, tokens, hd))
         V16 = carray(_u16_at(pool[layer, 1]), (slots, KV, tokens, hd))
         return _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, K16, V16, dims, cos, sin, qs,
@@ -139,7 +104,7 @@ def _attend(tid, n, sync, gen, A, rows, qc, kc, vc, oc, ints, fl, pos, lanes, K,
         rope(A[t, kc + g * hd:], K[lanes[t], g, p], cos[r], sin[r], np.float32(1.0), rope_dim, hd)
         copy(A[t, vc + g * hd:], V[lanes[t], g, p], hd)
     gen = cpu_sync.barrier(sync, n, tid, gen)
-    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:  # (prompts laid for tiles: a float32 pool's alone)
+    if _AMX and amx[4].shape[0] > 0 and hd % 32 == 0:  # (prompts laid for tiles)
         return _tiles(tid, n, sync, gen, A, rows, qc, oc, fl, pos, lanes, K, V, dims, row0, window, cos, sin, qs, amx)
     m = H // KV if grouped else 1
     for task in range(tid, rows * (H // m), n):

@@ -70,14 +70,12 @@ def runs_prompts(kv_dtype=None) -> bool:
 
 def kv_default() -> np.dtype:
     """The CPU's keys and values where kv_cache_dtype is "auto": float16 (llama.cpp's and Ollama's
-    default cache type) where the numba step takes every row without AMX tiles (AVX2 without AVX-512):
+    default cache type) where the numba step takes every row (AMX hosts, and AVX2 without AVX-512):
     half the KV memory (the bench's 16 streams: peak RSS 459 -> 391-394 MiB on the 2-core VM, session
-    43-44) at the same speed (F16C converts as the step loads and stores). Else float32: AMX's tiles read
-    float32 keys (a float16 pool's prompts take the int8 rows), and onnxruntime's float16 attention
-    converts every head back each step (runtime/cpu_graph.py)."""
-    from oxinfer.runtime import cpu_amx
-    f16 = runs_prompts(np.float16) and not cpu_amx.available()
-    return np.dtype(np.float16 if f16 else np.float32)
+    43-44) and half the bytes a decode step's attention reads (F16C converts as the step loads and
+    stores; AMX's prompt tiles take keys and values in bfloat16 either way). Else float32: onnxruntime's
+    float16 attention converts every head back each step (runtime/cpu_graph.py)."""
+    return np.dtype(np.float16 if runs_prompts(np.float16) else np.float32)
 
 
 def _refusal(kv_dtype) -> str | None:

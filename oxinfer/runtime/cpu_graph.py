@@ -17,7 +17,7 @@ after the load; where the CPU also has AMX the step takes every row (prompts on 
 onnxruntime graph is built at all, unless numba's cache holds no step yet (a first run).
 
 Keys and values are float32 where this graph runs rows (cpu_decode.kv_default: float16 where
-the numba step takes every row without AMX). float16 ones (kv_cache_dtype="float16": llama.cpp's
+the numba step takes every row). float16 ones (kv_cache_dtype="float16": llama.cpp's
 default cache type) halve the KV memory, and onnxruntime's attention then takes float16 q, k, v
 and rope table (one type for all), a step within llama.cpp's own noise of float32 keys'
 (tests/test_cpu_graph.py bounds it); but its CPU kernel converts each head's keys and values back

@@ -4,7 +4,8 @@ numpy (4-bit types' nibbles as they are, other types' int8 blocks); `direct` for
 whose bytes one compiled pass writes straight from the file's blocks into the step's arena (a 1536x576 Q4_1
 matrix in 1.1-1.2 ms against lay's 4.8-5.1 on a VM core: the default model's ready_s 1.40-1.92 -> 1.12-1.16 s
 on the 2-core VM with its Q4_1 matrices so, 0.87-1.30 with its Q8_0 head too; session 44). `half` and `half_bits`:
-float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM)."""
+float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM); `get` and `put` read and
+write a KV pool's float32 values or a float16 pool's bits alike."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.extending import intrinsic
+from numba.extending import intrinsic, overload
 
 from oxinfer.formats.quants import QuantMatrix
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
@@ -37,6 +38,33 @@ def half_bits(typingctx, value):
     def codegen(context, builder, signature, args):
         return builder.bitcast(builder.fptrunc(args[0], _F16), ir.IntType(16))
     return types.uint16(types.float32), codegen
+
+
+def get(a, i):
+    """a[i] as a float32 (a float16 pool's bits converted)."""
+
+
+def put(a, i, v):
+    """a[i] = v, rounded to float16 where a holds a float16 pool's bits."""
+
+
+@overload(get, inline="always")
+def _get(a, i):
+    if a.dtype == types.uint16:
+        return lambda a, i: half(a[i])
+    return lambda a, i: a[i]
+
+
+@overload(put, inline="always")
+def _put(a, i, v):
+    if a.dtype == types.uint16:
+        def rounded(a, i, v):
+            a[i] = half_bits(np.float32(v))
+        return rounded
+
+    def same(a, i, v):
+        a[i] = v
+    return same
 
 
 def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int, int, int]:

@@ -358,7 +358,7 @@ class NumbaStep:
 
     def _run(self, x, last, pos, lanes, addresses, dims, started=None, prompts=(), compile_only=False) -> np.ndarray:
         T = len(x)
-        tiles = len(prompts) > 0 and _AMX and not dims[6]  # (a float16 pool's prompts: int8 products, heads a row)
+        tiles = len(prompts) > 0 and _AMX
         A, xq, xd, xs, qs = self._rows(-(-T // 32) * 32 if tiles else T)  # (tiles store 32 rows)
         A, qs = A[:T], qs[:T]
         amx = (tiles, *self._tile_scratch(T if tiles else 0),
