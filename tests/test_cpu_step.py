@@ -67,10 +67,11 @@ def _dequantized(w) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "F16", "BF16"])
 def test_products_are_numpy_s_on_the_same_integers(qtype):
-    """Within float32 rounding of numpy's float64 product of the same int8 x and weights, for 1-5
-    rows of x (two at a time, then one), n_out not a multiple of 4, rows of 1-6 groups of 4 blocks
-    and a half group (2 blocks; 1 block padded to 2, 3 to 4); and each row the same, bit for bit,
-    computed with others or alone."""
+    """Within float32 rounding of numpy's float64 product of the same int8 x and weights, for 11
+    rows of x (four, two and one at a time where WIDE; a 4-bit quad loosened into bytes once for all
+    of them: LOOSE_ROWS), n_out not a multiple of 4, rows of 1-6 groups of 4 blocks, superblocks and
+    a half group (2 blocks; 1 block padded to 2, 3 to 4); and each row the same, bit for bit,
+    computed with others or alone (its quad's nibbles unpacked as it reads them)."""
     from oxinfer.runtime import cpu_lay, cpu_vnni
     rng = np.random.default_rng(0)
     big = qtype in ("Q4_K", "Q6_K")
@@ -79,15 +80,17 @@ def test_products_are_numpy_s_on_the_same_integers(qtype):
         laid, kind, groups, tail = cpu_lay.lay(w)
         blocks = 4 * groups + 2 * tail
         assert blocks >= n_in // 32 and blocks - n_in // 32 <= 1
-        x = rng.normal(0, 1, (5, n_in)).astype(np.float32)
+        rows = 11
+        assert rows >= cpu_vnni.LOOSE_ROWS
+        x = rng.normal(0, 1, (rows, n_in)).astype(np.float32)
         x[1, :32] = 0  # (a block of zeros: its scale 0)
         (xq, xd, xs), x_int8 = _quantized(x, blocks)
-        out = np.zeros((5, n_out + 3), np.float32)
-        cpu_vnni.some(0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq, xd, xs, 5, out, 3, n_out)
+        out = np.zeros((rows, n_out + 3), np.float32)
+        cpu_vnni.some(0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq, xd, xs, rows, out, 3, n_out)
         want = x_int8 @ _dequantized(w).T
         assert np.abs(out[:, 3:] - want).max() <= 2e-6 * np.abs(want).max() * np.sqrt(n_in / 32)
         assert not out[:, :3].any()
-        for t in range(5):  # alone, then as the second row of a pair
+        for t in range(rows):
             alone = np.zeros((1, n_out), np.float32)
             cpu_vnni.some(0, laid.shape[0], laid.ctypes.data, groups, tail, kind, xq[t:], xd[t:], xs[t:], 1, alone, 0,
                           n_out)
