@@ -68,10 +68,9 @@ def _dequantized(w) -> np.ndarray:
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0", "Q5_1", "Q4_K", "Q6_K", "F16", "BF16"])
 def test_products_are_numpy_s_on_the_same_integers(qtype):
     """Within float32 rounding of numpy's float64 product of the same int8 x and weights, for 11
-    rows of x (four, two and one at a time where WIDE; a 4-bit quad loosened into bytes once for all
-    of them: LOOSE_ROWS), n_out not a multiple of 4, rows of 1-6 groups of 4 blocks, superblocks and
-    a half group (2 blocks; 1 block padded to 2, 3 to 4); and each row the same, bit for bit,
-    computed with others or alone (its quad's nibbles unpacked as it reads them)."""
+    rows of x (four, two and one at a time where WIDE), n_out not a multiple of 4, rows of 1-6
+    groups of 4 blocks, superblocks and a half group (2 blocks; 1 block padded to 2, 3 to 4); and
+    each row the same, bit for bit, computed with others or alone."""
     from oxinfer.runtime import cpu_lay, cpu_vnni
     rng = np.random.default_rng(0)
     big = qtype in ("Q4_K", "Q6_K")
@@ -81,7 +80,6 @@ def test_products_are_numpy_s_on_the_same_integers(qtype):
         blocks = 4 * groups + 2 * tail
         assert blocks >= n_in // 32 and blocks - n_in // 32 <= 1
         rows = 11
-        assert rows >= cpu_vnni.LOOSE_ROWS
         x = rng.normal(0, 1, (rows, n_in)).astype(np.float32)
         x[1, :32] = 0  # (a block of zeros: its scale 0)
         (xq, xd, xs), x_int8 = _quantized(x, blocks)

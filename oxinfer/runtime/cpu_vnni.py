@@ -50,9 +50,6 @@ SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, l
 # exactly: GGUF's own Q4_0, Q4_1 and Q8_0 blocks; else float32). 8-bit values keep no minimums:
 # theirs are -128 d.
 KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
-# the forms the products read: the kinds as laid, then the 4-bit kinds loosened (`loosen`), kind + LOOSE
-FORMS = tuple((bits, sb, False) for bits, sb in KINDS) + ((4, 2, True), (4, 4, True))
-LOOSE = len(KINDS)
 
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 
@@ -75,19 +72,10 @@ def quad_bytes(groups: int, tail: int, kind: int) -> int:
     return 4 * (groups * group_bytes(bits, sb, 4) + tail * group_bytes(bits, sb, 2))
 
 
-@njit(cache=True)
-def loose_bytes(sb: int, blocks: int) -> int:
-    """A row's bytes of `blocks` blocks of a 4-bit kind loosened (`loosen`): their values a byte each
-    (the even half, then the odd), d and m."""
-    return blocks * 32 + blocks * sb * 2
-
-
-def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
+def _emit(builder, w, xs_of, n, tail, bits, sb):
     """The sums of the 4 rows laid at address w against each x of xs_of ((even, odd, xd, xs)
     addresses): over n groups of 4 blocks (and a half group, where tail), d[b] xd[b] (q . x8) +
-    m[b] xs[b]. A group's values are loaded (and unpacked) once for every x. loose: 4-bit values
-    loosened into bytes (`loosen`: laid as an 8-bit kind's, with 4-bit's d and m), read as they are."""
-    packed = bits == 4 and not loose
+    m[b] xs[b]. A group's values are loaded (and unpacked) once for every x."""
     width = n.type
 
     def const(v):
@@ -113,15 +101,11 @@ def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
         for r in range(4):
             row = wrow(r)
             q = builder.load(at(w, row, vi), align=1)
-            if packed:
+            if bits == 4:
                 mask, four = ir.Constant(vi, [0x0F0F0F0F] * 4 * k), ir.Constant(vi, [4] * 4 * k)
                 even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
                 d = scales(builder.add(w, builder.add(row, const(vb))), k)
                 m = scales(builder.add(w, builder.add(row, const(vb + k * sb))), k)
-            elif bits == 4:
-                even, odd = q, builder.load(at(w, builder.add(row, const(vb)), vi), align=1)
-                d = scales(builder.add(w, builder.add(row, const(2 * vb))), k)
-                m = scales(builder.add(w, builder.add(row, const(2 * vb + k * sb))), k)
             else:
                 even, odd = q, builder.load(at(w, builder.add(row, const(vb)), vi), align=1)
                 d = scales(builder.add(w, builder.add(row, const(2 * vb))), k)
@@ -157,7 +141,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
         vi = ir.VectorType(_I32, lanes)
         mask, four = ir.Constant(vi, [0x0F0F0F0F] * lanes), ir.Constant(vi, [4] * lanes)
         sbb = 4 * rb4  # a row's bytes of a superblock
-        vb = 256 if packed else 512  # its value bytes
+        vb = 256 if bits == 4 else 512  # its value bytes
         first, xoff, doff = builder.mul(i, const(4 * sbb)), builder.mul(i, const(256)), builder.mul(i, const(64))
         for p in range(0, len(xs_of), 2):
             pair = xs_of[p:p + 2]
@@ -171,7 +155,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
                     for r in range(4):
                         row = builder.add(first, const(sbb * r + piece))
                         q = builder.load(at(w, row, vi), align=1)
-                        if packed:
+                        if bits == 4:
                             even, odd = builder.and_(q, mask), builder.and_(builder.lshr(q, four), mask)
                         else:
                             even, odd = q, builder.load(at(w, builder.add(row, const(256)), vi), align=1)
@@ -197,7 +181,7 @@ def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
     mins = [[cgutils.alloca_once_value(builder, zeros(4)) for _ in range(4)] for _ in xs_of]
     tails = [[cgutils.alloca_once_value(builder, zeros(8)) for _ in range(4)] for _ in xs_of]
     tail_mins = [[cgutils.alloca_once_value(builder, zeros(2)) for _ in range(4)] for _ in xs_of]
-    rb4, rb2 = (loose_bytes(sb, 4), loose_bytes(sb, 2)) if loose else (group_bytes(bits, sb, 4), group_bytes(bits, sb, 2))
+    rb4, rb2 = group_bytes(bits, sb, 4), group_bytes(bits, sb, 2)
     supers = builder.ashr(n, const(2))  # (lay's: groups // 4)
     with cgutils.for_range(builder, supers) as loop:
         superblock(loop.index, accs)
@@ -238,9 +222,9 @@ def _emit(builder, w, xs_of, n, tail, bits, sb, loose=False):
 
 
 def _rows_of(xs: int):
-    """An intrinsic: the 4 rows laid at w (of FORMS[kind]) times `xs` rows of x (each the previous
+    """An intrinsic: the 4 rows laid at w (of KINDS[kind]) times `xs` rows of x (each the previous
     one's row + step8 bytes on in the int8 values, + step32 in the scales): 4 x xs sums, x by x.
-    A switch over the forms, each one's loop emitted in its case."""
+    A switch over the kinds, each one's loop emitted in its case."""
     def rows(typingctx, kind, w, even, odd, xd, xs_, step8, step32, groups, tail):
         sig = types.UniTuple(types.float32, 4 * xs)(types.intp, types.uintp, types.uintp, types.uintp, types.uintp,
                                                     types.uintp, types.intp, types.intp, types.intp, types.intp)
@@ -254,11 +238,11 @@ def _rows_of(xs: int):
             sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(4 * xs)]
             end = builder.append_basic_block("kinds.end")
             switch = builder.switch(kind, end)
-            for k, (bits, sb, loose) in enumerate(FORMS):
+            for k, (bits, sb) in enumerate(KINDS):
                 case = builder.append_basic_block(f"kind.{k}")
                 switch.add_case(ir.Constant(kind.type, k), case)
                 builder.position_at_end(case)
-                for slot, v in zip(sums, _emit(builder, w, xs_of, n, tail, bits, sb, loose)):
+                for slot, v in zip(sums, _emit(builder, w, xs_of, n, tail, bits, sb)):
                     builder.store(v, slot)
                 builder.branch(end)
             builder.position_at_end(end)
@@ -277,50 +261,10 @@ WIDE = VNNI
 # of a core's L2 with each quad of W (that product at 512 rows on one core of the 2-core VM's AMD EPYC: 73 GOP/s,
 # in passes of 64 rows 82; session 43)
 X_ROWS = 64
-# x rows from which `some` loosens a 4-bit quad into bytes once, for all of them
-LOOSE_ROWS = 8
 # bytes of W `some` prefetches ahead of the quad it reads: one 2-core VM core streamed the 135M's
 # products from memory at 7.1-8.4 GB/s without, 10.1-10.7 with 4 KiB (session 39; 16 cores: within
 # their noise, session 36)
 AHEAD = 4096
-
-
-@intrinsic
-def _loosen(typingctx, src, dst, values, scales):
-    """`values` bytes of nibbles at src as 2 x values bytes at dst (the low nibbles, then the high:
-    a 4-bit block's even values, then its odd), then the `scales` bytes after them copied."""
-    def codegen(context, builder, signature, args):
-        src, dst, values, scales = args
-        v8 = ir.VectorType(ir.IntType(8), 32)
-
-        def at(base, offset):
-            return builder.inttoptr(builder.add(base, offset), v8.as_pointer())
-        with cgutils.for_range(builder, builder.udiv(values, ir.Constant(values.type, 32))) as loop:
-            off = builder.mul(loop.index, ir.Constant(values.type, 32))
-            q = builder.load(at(src, off), align=1)
-            builder.store(builder.and_(q, ir.Constant(v8, [15] * 32)), at(dst, off), align=1)
-            builder.store(builder.lshr(q, ir.Constant(v8, [4] * 32)), at(dst, builder.add(values, off)), align=1)
-        i8p = ir.IntType(8).as_pointer()
-        cgutils.raw_memcpy(builder, builder.inttoptr(builder.add(dst, builder.add(values, values)), i8p),
-                           builder.inttoptr(builder.add(src, values), i8p), scales, 1)
-        return context.get_dummy_value()
-    return types.void(types.intp, types.intp, types.intp, types.intp), codegen
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def loosen(w, groups, tail, kind, out):
-    """The quad of 4 rows laid at address w (a 4-bit kind of KINDS) as FORMS[kind + LOOSE] at address
-    out: each row's piece of a superblock, group or half group (its nibbles, then its d and m) as its
-    nibbles' bytes, low then high, then the same d and m (`loose_bytes`). The products read the
-    same values, so every sum is the same."""
-    sb2 = 2 * KINDS[kind][1]  # (d and m: a block's scale bytes)
-    src, dst = w, out
-    for unit in range(groups // 4 + groups - groups // 4 * 4 + tail):
-        blocks = SUPER if unit < groups // 4 else (4 if unit < groups // 4 + groups - groups // 4 * 4 else 2)
-        for r in range(4):
-            _loosen(src, dst, 16 * blocks, sb2 * blocks)
-            src += 16 * blocks + sb2 * blocks
-            dst += 32 * blocks + sb2 * blocks
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -328,17 +272,12 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
     (4 rows each; r < n_out): W the matrix laid at `address` (lay: groups, tail, kind), x_t in int8
     blocks (quantize). Four x at a time (then two, then one; one at a time where not WIDE), W's bytes AHEAD
-    on prefetched. From LOOSE_ROWS rows on, a 4-bit quad is loosened once (`loosen`) and every x read
-    against its bytes, not its nibbles unpacked again for each 4 x (each 1 without WIDE).
+    on prefetched.
     runtime/cpu_step.py's threads each take a range of quads."""
     stride = quad_bytes(groups, tail, kind)
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-    loose = KINDS[kind][0] == 4 and rows >= LOOSE_ROWS
-    form = kind + LOOSE if loose else kind
-    scratch = np.empty(4 * (groups * loose_bytes(4, 4) + tail * loose_bytes(4, 2)) + 64 if loose else 0, np.uint8)
-    at = (scratch.ctypes.data + 63) // 64 * 64  # (a cache line's start)
     for c0 in range(0, rows, X_ROWS):  # (x's rows in pieces that stay in the core's cache while W passes)
         c1 = min(rows, c0 + X_ROWS)
         fetched, last = address + lo * stride + AHEAD, address + hi * stride
@@ -347,29 +286,26 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
             while fetched < min(w + stride + AHEAD, last):
                 fetch(fetched)
                 fetched += 64
-            if loose:
-                loosen(w, groups, tail, kind, at)
-                w = at
             r = 4 * quad
             keep = min(4, n_out - r)
             t = c0
             while WIDE and t + 3 < c1:
                 e = x0 + t * s8
-                y4 = _FOUR(form, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
                 for i in range(keep):
                     for j in range(4):
                         out[t + j, col0 + r + i] = y4[4 * j + i]
                 t += 4
             while WIDE and t + 1 < c1:
                 e = x0 + t * s8
-                y = _TWO(form, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
                 for i in range(keep):
                     out[t, col0 + r + i] = y[i]
                     out[t + 1, col0 + r + i] = y[4 + i]
                 t += 2
             while t < c1:
                 e = x0 + t * s8
-                y1 = _ONE(form, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
                 for i in range(keep):
                     out[t, col0 + r + i] = y1[i]
                 t += 1
