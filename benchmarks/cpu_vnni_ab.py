@@ -4,7 +4,7 @@ and 32 rows of x: the way to compare kernel forms on a host whose speed swings b
 (the 2-core VM's swung 2x within an hour in session 41, so process-by-process A/Bs said nothing).
 
     git show <commit>:oxinfer/runtime/cpu_vnni.py > /tmp/other_vnni.py
-    python benchmarks/cpu_vnni_ab.py --other /tmp/other_vnni.py [--rounds 15]
+    python benchmarks/cpu_vnni_ab.py --other /tmp/other_vnni.py [--rounds 15] [--rows 1,32]
 
 Each form lays W, quantizes x and runs its whole `some` (its prefetch, its stores) its own way; the
 sums of the two forms' outputs are printed beside their times so a form that computes something else
@@ -40,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--other", required=True, help="another version of oxinfer/runtime/cpu_vnni.py")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--rows", default="1,32", help="rows of x, comma-separated")
     ap.add_argument("--mib", type=int, default=0,
                     help="then one row against a 2048 x 2048 matrix tiled to this many MiB (read from memory)")
     a = ap.parse_args()
@@ -52,7 +53,7 @@ def main() -> None:
             reps = max(1, a.mib * 2**20 // laid["checkout"][0].nbytes)
             laid = {name: (np.ascontiguousarray(np.tile(v[0], (reps, 1))), *v[1:]) for name, v in laid.items()}
         n_out = n_out or 4 * laid["checkout"][0].shape[0]
-        for rows in (1, 32) if n_out * n_in <= 2**24 else (1,):
+        for rows in [int(r) for r in a.rows.split(",")] if n_out * n_in <= 2**24 else (1,):
             x = np.random.default_rng(0).standard_normal((rows, n_in)).astype(np.float32)
             runs, totals = {}, {}
             for name, mod in mods.items():
