@@ -16,10 +16,10 @@ from oxinfer.testing import write_tiny_llama
 for k in ("135m", "1b"):
     write_tiny_llama(Path(f"/tmp/m/{k}.gguf"), qtype=T.Q4_1, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[k])
 PY
-for s in 135m 1b; do
-  echo "## $s"; timeout 150 python3 benchmarks/cpu_kv_half.py /tmp/m/$s.gguf 1,32 ${STEPS:-100} 512 2>&1 | grep -v "^20"
+for s in 135m 1b; do  # (KVHALF=0: none)
+  [ "${KVHALF:-1}" = 1 ] && { echo "## $s"; timeout 150 python3 benchmarks/cpu_kv_half.py /tmp/m/$s.gguf 1,32 ${STEPS:-100} 512 2>&1 | grep -v "^20"; }
 done
 if [ -d oxinfer_c1 ]; then  # (another revision's package beside this one: benchmarks/cpu_step_trees.py's header)
-  for s in 135m 1b; do echo "## trees $s"; timeout 150 python3 benchmarks/cpu_step_trees.py /tmp/m/$s.gguf 1,32 200 2>&1 | grep -v "^20"; done
+  for s in 135m 1b; do echo "## trees $s"; timeout 150 python3 benchmarks/cpu_step_trees.py /tmp/m/$s.gguf ${TREE_ROWS:-1,32} 200 2>&1 | grep -v "^20"; done
 fi
 [ "${TURNS:-1}" = 1 ] && SHAPES="135m 1b" PART=turns ROUNDS=${ROUNDS:-1} SPECS="${SPECS:-512x1 128x32}" bash benchmarks/h200_cpu_numba.sh
