@@ -261,11 +261,6 @@ WIDE = VNNI
 # of a core's L2 with each quad of W (that product at 512 rows on one core of the 2-core VM's AMD EPYC: 73 GOP/s,
 # in passes of 64 rows 82; session 43)
 X_ROWS = 64
-# x's int8 bytes a chunk of rows holds at most (at least 4 rows): a decode step's 32 rows of the 1.1B's x (64 KiB)
-# fell out of a core's L1 with each quad of W, read again from L2 for every quad
-X_L1 = 16384
-# W's bytes a block of quads holds, read again from L2 for each chunk of x's rows after the first
-W_L2 = 262144
 # bytes of W `some` prefetches ahead of the quad it reads: one 2-core VM core streamed the 135M's
 # products from memory at 7.1-8.4 GB/s without, 10.1-10.7 with 4 KiB (session 39; 16 cores: within
 # their noise, session 36)
@@ -277,57 +272,43 @@ def some(lo, hi, address, groups, tail, kind, xq, xd, xs, rows, out, col0, n_out
     """out[t, col0 + r] = (W x_t)[r] for the first `rows` rows of x and W's rows r of quads lo to hi
     (4 rows each; r < n_out): W the matrix laid at `address` (lay: groups, tail, kind), x_t in int8
     blocks (quantize). Four x at a time (then two, then one; one at a time where not WIDE), W's bytes AHEAD
-    on prefetched. x's rows go in chunks of X_L1 bytes over blocks of W_L2 bytes of W, so that where a
-    thread's rows are many x stays in L1 and W's block in L2 (each output still one kernel's sum over
-    the whole row: the same whatever the rows).
+    on prefetched.
     runtime/cpu_step.py's threads each take a range of quads."""
     stride = quad_bytes(groups, tail, kind)
     s8, s32 = xq.shape[1], 4 * xd.shape[1]
     half = (4 * groups + 2 * tail) * 16
     x0, d0, m0 = xq.ctypes.data, xd.ctypes.data, xs.ctypes.data
-    chunk = max(4, min(X_ROWS, X_L1 // s8 // 4 * 4))
-    block = max(1, W_L2 // stride)
-    for c0 in range(0, rows, X_ROWS):  # (x's rows in pieces that stay in the core's L2 while W passes)
+    for c0 in range(0, rows, X_ROWS):  # (x's rows in pieces that stay in the core's cache while W passes)
         c1 = min(rows, c0 + X_ROWS)
         fetched, last = address + lo * stride + AHEAD, address + hi * stride
-        for b0 in range(lo, hi, block):  # (W's quads in blocks that stay in L2 while x's chunks pass)
-            b1 = min(hi, b0 + block)
-            for e0 in range(c0, c1, chunk):  # (x's rows in chunks that stay in L1 while a block's quads pass)
-                e1 = min(c1, e0 + chunk)
-                for quad in range(b0, b1):
-                    w = address + quad * stride
-                    while e0 == c0 and fetched < min(w + stride + AHEAD, last):
-                        fetch(fetched)
-                        fetched += 64
-                    _quad(w, 4 * quad, e0, e1, kind, x0, d0, m0, half, s8, s32, groups, tail, out, col0, n_out)
-
-
-@njit(fastmath=True, error_model="numpy", cache=True, inline="always")
-def _quad(w, r, c0, c1, kind, x0, d0, m0, half, s8, s32, groups, tail, out, col0, n_out):
-    """W's rows r to r + 4 (laid at w) times x's rows c0 to c1: four at a time (then two, then one;
-    one at a time where not WIDE)."""
-    keep = min(4, n_out - r)
-    t = c0
-    while WIDE and t + 3 < c1:
-        e = x0 + t * s8
-        y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-        for i in range(keep):
-            for j in range(4):
-                out[t + j, col0 + r + i] = y4[4 * j + i]
-        t += 4
-    while WIDE and t + 1 < c1:
-        e = x0 + t * s8
-        y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-        for i in range(keep):
-            out[t, col0 + r + i] = y[i]
-            out[t + 1, col0 + r + i] = y[4 + i]
-        t += 2
-    while t < c1:
-        e = x0 + t * s8
-        y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
-        for i in range(keep):
-            out[t, col0 + r + i] = y1[i]
-        t += 1
+        for quad in range(lo, hi):
+            w = address + quad * stride
+            while fetched < min(w + stride + AHEAD, last):
+                fetch(fetched)
+                fetched += 64
+            r = 4 * quad
+            keep = min(4, n_out - r)
+            t = c0
+            while WIDE and t + 3 < c1:
+                e = x0 + t * s8
+                y4 = _FOUR(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    for j in range(4):
+                        out[t + j, col0 + r + i] = y4[4 * j + i]
+                t += 4
+            while WIDE and t + 1 < c1:
+                e = x0 + t * s8
+                y = _TWO(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    out[t, col0 + r + i] = y[i]
+                    out[t + 1, col0 + r + i] = y[4 + i]
+                t += 2
+            while t < c1:
+                e = x0 + t * s8
+                y1 = _ONE(kind, w, e, e + half, d0 + t * s32, m0 + t * s32, s8, s32, groups, tail)
+                for i in range(keep):
+                    out[t, col0 + r + i] = y1[i]
+                t += 1
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
