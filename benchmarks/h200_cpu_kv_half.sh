@@ -8,14 +8,7 @@
 export PYTHONPATH=/tmp/nb:/tmp/site:$PWD PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlmin/*.whl || exit 1
 mkdir -p /tmp/nb && { [ -d /tmp/nb/numba ] || tar -xJf .nbs/nb-site.tar.xz -C /tmp/nb || exit 1; }
-mkdir -p /tmp/m && python3 - <<'PY'
-from pathlib import Path
-from gguf import GGMLQuantizationType as T
-from oxinfer.bench import SYNTHETIC
-from oxinfer.testing import write_tiny_llama
-for k in ("135m", "1b"):
-    write_tiny_llama(Path(f"/tmp/m/{k}.gguf"), qtype=T.Q4_1, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[k])
-PY
+source benchmarks/h200_cpu_models.sh
 for s in 135m 1b; do  # (KVHALF=0: none)
   [ "${KVHALF:-1}" = 1 ] && { echo "## $s"; timeout 150 python3 benchmarks/cpu_kv_half.py /tmp/m/$s.gguf 1,32 ${STEPS:-100} 512 2>&1 | grep -v "^20"; }
 done

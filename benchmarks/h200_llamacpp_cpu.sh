@@ -10,14 +10,7 @@
 # BATCHED=0: llama-bench alone. The build's logs stay in /tmp (their tails print where a step fails): the device returns 8 files a call.
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 [ -d /tmp/site/gguf ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-mkdir -p /tmp/m && python3 - <<'PY'
-from pathlib import Path
-from gguf import GGMLQuantizationType as T
-from oxinfer.bench import SYNTHETIC
-from oxinfer.testing import write_tiny_llama
-for k in ("135m", "1b"):
-    write_tiny_llama(Path(f"/tmp/m/{k}.gguf"), qtype=T.Q4_1, fast=True, context=2048, llama_cpp=True, **SYNTHETIC[k])
-PY
+source benchmarks/h200_cpu_models.sh
 [ -d /tmp/llama_cpp_python-0.3.36-trim ] || tar xzf .lcp/lcp-trim.tgz -C /tmp
 cd /tmp/llama_cpp_python-0.3.36-trim/vendor/llama.cpp
 t0=$(date +%s); gen=""; command -v ninja >/dev/null && gen="-G Ninja"
