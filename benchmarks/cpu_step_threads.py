@@ -1,0 +1,60 @@
+"""The CPU's numba step at several thread counts, in one process: for each, the median ms of B decode rows after
+128 positions each, the whole program and the program cut to its products alone (the values then wrong, the
+work the same), and the products' GOP/s in all and a thread. Where a step at 16 threads runs its products at a
+fraction of 16 one-thread steps' rate, the threads lose it (barriers, shared caches, clocks), not the kernel.
+
+    PYTHONPATH=. python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16] [steps 30]
+
+Session 49, an H100 host's 16-core Xeon: docs/cpu_graph.md.
+"""
+import sys
+import time
+
+import numpy as np
+
+from oxinfer.formats import GGUFFile, default_model_path
+from oxinfer.models import Llama, ModelConfig
+from oxinfer.models.kv_cache import KVPool
+from oxinfer.runtime import CpuBackend, MatmulScheduler, cpu_step
+from oxinfer.runtime import step_ops as so
+from oxinfer.runtime.ops import CpuOps
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else default_model_path()
+    rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")]
+    threads = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16").split(",")]
+    steps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
+    f = GGUFFile(path)
+    cfg = ModelConfig.from_gguf(f)
+    model = Llama.from_gguf(f, cfg, CpuOps(cfg, MatmulScheduler(CpuBackend(int8=True)).linear))
+    rng = np.random.default_rng(0)
+    for n in threads:
+        step = cpu_step.NumbaStep(model, n)
+        step.warm()
+        macs = float((step.mats[:, 5] * step.mats[:, 6]).sum())  # (a row's multiply-adds: every product once)
+        lines = step.lines
+        for B in rows:
+            pool = KVPool(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, B, 256, None)
+            x = rng.standard_normal((128, cfg.d_model)).astype(np.float32) * 0.02
+            for b in range(B):
+                step.logits(x, [127], np.arange(128), np.full(128, b), pool, prompts=[128])
+            xb = rng.standard_normal((B, cfg.d_model)).astype(np.float32) * 0.02
+            out = {}
+            for name, keep in (("whole", np.ones(len(lines), bool)), ("products", lines[:, 0] == so.LINEAR)):
+                step.lines = np.ascontiguousarray(lines[keep])
+                ts = []
+                for _ in range(steps):
+                    t = time.perf_counter()
+                    step.logits(xb, np.arange(B), np.full(B, 128), np.arange(B), pool)
+                    ts.append(time.perf_counter() - t)
+                out[name] = float(np.median(ts[3:]))
+            step.lines = lines
+            gops = 2 * macs * B / out["products"] / 1e9
+            print(f"{n:2d} threads, {B:2d} rows: whole {out['whole'] * 1e3:8.2f} ms, products {out['products'] * 1e3:8.2f} "
+                  f"ms, {gops:7.1f} GOP/s ({gops / n:5.1f} a thread)", flush=True)
+        del step
+
+
+if __name__ == "__main__":
+    main()
