@@ -294,7 +294,7 @@ async def test_a_step_on_the_fewer_threads_a_crowded_machine_runs_gives_the_same
     step, c = graph.step, engine.config
     monkeypatch.setattr(step, "threads", 2)
     teams, real = [], cpu_step._run
-    monkeypatch.setattr(cpu_step, "_run", lambda *a: teams.append(a[-3]) or real(*a))
+    monkeypatch.setattr(cpu_step, "_run", lambda *a: teams.append(a[-4]) or real(*a))
     x = graph._looked_up(np.random.default_rng(7).integers(300, 40000, 9))
     got = []
     for n in (2, 1):
@@ -456,15 +456,15 @@ def test_the_step_s_cache_is_stamped_with_all_of_its_sources():
     import hashlib
     from pathlib import Path
 
-    from oxinfer.runtime import cpu_amx, cpu_attend, cpu_lay, cpu_step, cpu_sync, cpu_vnni, numba_cache
+    from oxinfer.runtime import cpu_amx, cpu_amx_int8, cpu_attend, cpu_lay, cpu_step, cpu_sync, cpu_vnni, numba_cache
     want = hashlib.sha256(b"".join(open(p, "rb").read() for p in numba_cache.SOURCES)).hexdigest()
     cached = {p.name for p in Path(cpu_step.__file__).parent.glob("*.py")
               if "cache=True" in p.read_text() or "from llvmlite import ir" in p.read_text()}
     assert {p.rsplit("/", 1)[-1] for p in numba_cache.SOURCES} == cached | {"step_ops.py"}
-    assert {"cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py",
-            "cpu_step.py"} <= cached
+    assert {"cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_amx_int8.py", "cpu_sync.py",
+            "cpu_attend.py", "cpu_step.py"} <= cached
     for f in (cpu_step._run, cpu_vnni.some, cpu_vnni.quantize, cpu_sync.barrier, cpu_amx.pair, cpu_amx.panel,
-              cpu_attend.heads, cpu_lay._lay):
+              cpu_amx_int8.tile_row, cpu_attend.heads, cpu_lay._lay):
         assert isinstance(f._cache._impl.locator, numba_cache.StepSources)
         assert f._cache._cache_file._source_stamp == want
 

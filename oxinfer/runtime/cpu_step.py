@@ -35,8 +35,8 @@ from numba import njit, prange
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_attend, cpu_lay, cpu_sync,  # noqa: F401 - (numba_cache: first)
-                             cpu_vnni, numba_cache)
+from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_amx_int8, cpu_attend, cpu_lay,  # noqa: F401 - (numba_cache: first)
+                             cpu_sync, cpu_vnni, numba_cache)
 from oxinfer.runtime.cpu_crowding import Crowding
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
@@ -54,11 +54,12 @@ FETCH = 1 << 17
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
+_AMX8 = cpu_amx_int8.available()  # (likewise: AMX's int8 tiles, for steps of many decode rows)
 
 
 @njit(parallel=True, fastmath=True, error_model="numpy", cache=True, nogil=True)
 def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
-         sync, n, amx, tune):
+         sync, n, amx, i8, tune):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
     over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
     program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
@@ -66,13 +67,13 @@ def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dim
     for tid in prange(n):
         if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
             _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims,
-                   cos, sin, xq, xd, xs, qs, grouped, amx, tune)
+                   cos, sin, xq, xd, xs, qs, grouped, amx, i8, tune)
     return sync[cpu_sync.STATE] == cpu_sync.GO
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
 def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin,
-           xq, xd, xs, qs, grouped, amx, tune):
+           xq, xd, xs, qs, grouped, amx, i8, tune):
     """Thread tid's share of every line, a barrier after each (the next line may read what any
     thread wrote) but between lines that leave each row with one thread (`_by_rows`). mats: a
     matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
@@ -84,7 +85,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     share of the next product's W (tune[1] bytes at most: `_ahead`). amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
-    prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`."""
+    prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`. i8: (whether this step
+    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch): `_tiles8`."""
     gen = 0
     _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune[1])
     for i in range(lines.shape[0]):
@@ -95,6 +97,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             blocks = 4 * m[2] + 2 * m[3]
             if _AMX and amx[0] and m[5] % cpu_amx.TILE == 0:
                 gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
+            elif _AMX8 and i8[0] and cpu_amx_int8.fits(m):
+                gen = _tiles8(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8)
             else:
                 own = rows < n and rows * blocks <= tune[0]  # (every thread quantizes every row, into rows its own)
                 pieces = 1 if own else max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
@@ -168,6 +172,30 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
             cpu_amx.panel(m[0], 4 * (p + 1), m[2], m[3], m[4], m[5], wb[1])
         cpu_amx.pair(cfg, x0 + 64 * s0 * k, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
                      A.ctypes.data + 32 * s0 * ys + 4 * (o + cpu_amx.TILE * p), ys, two)
+    return gen
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def _tiles8(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8):
+    """A product of decode rows on AMX's int8 tiles (runtime/cpu_amx_int8.py): x's rows quantized as cpu_vnni
+    quantizes them and laid for the tiles, a row a thread (the rows after them, to a multiple of 16, zeros); at a
+    barrier, a range of W's panels of 16 rows a thread. Each row's outputs cpu_vnni's bit for bit. The barrier
+    count after."""
+    _, xt, xdt, xst, wsc, fs, cfg = i8
+    q8 = xq[:rows * 32 * blocks].reshape((rows, 32 * blocks))
+    q32 = xd[:rows * blocks].reshape((rows, blocks))
+    s32 = xs[:rows * blocks].reshape((rows, blocks))
+    G = -(-rows // 16)
+    for t in range(tid, 16 * G, n):
+        keep = t < rows
+        r = t if keep else 0
+        if keep:
+            cpu_vnni.quantize_row(A[t], a, m[6], blocks, q8[t], q32[t], s32[t], 0, blocks)
+        cpu_amx_int8.tile_row(q8[r], q32[r], s32[r], t, blocks, xt, xdt, xst, keep)
+    gen = cpu_sync.barrier(sync, n, tid, gen)
+    panels = m[5] // cpu_amx_int8.PANEL
+    cpu_amx_int8.products(cfg, panels * tid // n, panels * (tid + 1) // n, m[0], m[2], m[4], xt, xdt, xst, G, blocks,
+                          wsc[tid], fs[tid], A, o, rows)
     return gen
 
 
@@ -316,6 +344,7 @@ class NumbaStep:
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
         self.own, self.fetch = OWN, FETCH
+        self.int8_rows = cpu_amx_int8.ROWS  # (decode rows from which products run on AMX's int8 tiles, where it has them)
         self.crowding = Crowding(threads)
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
@@ -323,6 +352,10 @@ class NumbaStep:
         self._xb = self._wb = None  # AMX's scratch (`_tile_scratch`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
+        # AMX's int8 tiles' scratch (`_int8_scratch`: grown at a first step of many decode rows), and none
+        self._i8: tuple | None = None
+        self._no_int8 = (False, np.zeros(1, np.uint32), np.zeros(1, np.float32), np.zeros(1, np.float32),
+                         np.zeros((threads, 1), np.uint8), np.zeros((threads, 1), np.float32), cpu_amx_int8.config())
         # prompts' keys and values laid for the tiles (`_laid_kv`: grown at a first prompt), and no prompts
         self._kv, self._no_prompts = np.zeros((c.n_kv_heads, 2, 1), np.uint32), np.zeros((0, 3), np.int64)
 
@@ -363,6 +396,7 @@ class NumbaStep:
         A, qs = A[:T], qs[:T]
         amx = (tiles, *self._tile_scratch(T if tiles else 0),
                *self._laid_kv(prompts if tiles else (), np.asarray(pos)))
+        i8 = self._int8_scratch(T) if _AMX8 and not tiles and T >= self.int8_rows else self._no_int8
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
@@ -377,17 +411,17 @@ class NumbaStep:
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
         tune = np.array([self.own * n, self.fetch], np.int64)
         if compile_only:
-            _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, tune)))
+            _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, i8, tune)))
             return None
         if started is not None:
             started()
         began = time.perf_counter()
-        if not _run(*args, self._sync, n, amx, tune):
+        if not _run(*args, self._sync, n, amx, i8, tune):
             log.warning("numba_step_threads", threads=n, layer=numba.threading_layer(),
                         action="steps run in one thread: the region's threads did not all run at once")
             self.threads = 1
             self._sync[:] = 0
-            _run(*args, self._sync, 1, amx, tune)
+            _run(*args, self._sync, 1, amx, i8, tune)
         elif (now := self.crowding.ran(n, time.perf_counter() - began)) is not None:
             log.debug("numba_step_crowded", threads=now, of=most, rows=T, action="quicker in a trial: runs on")
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
@@ -420,6 +454,19 @@ class NumbaStep:
         if self._wb is None:
             self._wb = np.zeros((self.threads, 2, self.x_cols // 32 * 256), np.uint32)
         return self._xb, self._wb, self._cfg
+
+    def _int8_scratch(self, T: int) -> tuple:
+        """`_tiles8`'s for T decode rows (tiles of 16, grown to powers of two): True, x's rows laid for the tiles
+        (cpu_amx_int8.tile_row's), each thread's W panel unpacked and its floats, the tiles' configuration."""
+        G = 1 << (-(-T // 16) - 1).bit_length()
+        if self._i8 is None or self._i8[0] < G:
+            blocks = self.x_cols // 32
+            self._i8 = (G, (True, np.zeros(G * blocks * 128, np.uint32), np.zeros(G * blocks * 16, np.float32),
+                            np.zeros(G * blocks * 16, np.float32),
+                            np.zeros((self.threads, blocks // 16 * cpu_amx_int8.SUPERBLOCK), np.uint8),
+                            np.zeros((self.threads, cpu_amx_int8.scratch_floats(blocks, G)), np.float32),
+                            cpu_amx_int8.config()))
+        return self._i8[1]
 
     def _laid_kv(self, prompts: Sequence[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Prompts of these lengths (rows one after another) for `cpu_amx.heads`: each one's first row,

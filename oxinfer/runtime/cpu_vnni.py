@@ -52,6 +52,9 @@ SUPER = 16  # blocks of a superblock: a row's first 16 x (groups // 4) blocks, l
 KINDS = ((4, 2), (4, 4), (8, 2), (8, 4))
 
 _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
+# a flag on a superblock's scaling and an output's adds of its lanes, which keeps numba's fastmath from adding its
+# own (reassociation): runtime/cpu_amx_int8.py spells the same arithmetic over tiles' sums, bit for bit
+STRICT = ("contract",)
 
 
 def runs_here() -> bool:
@@ -171,10 +174,10 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
                 row = builder.add(first, const(sbb * r + vb))
                 d = scales(builder.add(w, row), 16)
                 m = scales(builder.add(w, builder.add(row, const(16 * sb))), 16) if bits == 4 else \
-                    builder.fmul(d, ir.Constant(vf, [-128.0] * 16))
+                    builder.fmul(d, ir.Constant(vf, [-128.0] * 16), flags=STRICT)
                 for t, (xd16, xs16) in enumerate(xsc):
                     acc = builder.load(accs[p + t][r])
-                    acc = builder.call(fma, [builder.sitofp(ints[t][r], vf), builder.fmul(d, xd16), acc])
+                    acc = builder.call(fma, [builder.sitofp(ints[t][r], vf), builder.fmul(d, xd16, flags=STRICT), acc])
                     builder.store(builder.call(fma, [m, xs16, acc]), accs[p + t][r])
 
     accs = [[cgutils.alloca_once_value(builder, zeros(16)) for _ in range(4)] for _ in xs_of]
@@ -201,7 +204,8 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         n = a.type.count
         lo = [g + i for g in range(0, n, 2 * k) for i in range(k)]
         lo += [] if b is None else [n + j for j in lo]
-        return builder.fadd(pick(a, a if b is None else b, lo), pick(a, a if b is None else b, [j + k for j in lo]))
+        return builder.fadd(pick(a, a if b is None else b, lo), pick(a, a if b is None else b, [j + k for j in lo]),
+                            flags=STRICT)
 
     def cat(vs):  # vectors of k lanes -> one of len(vs) x k, in order
         while len(vs) > 1:
@@ -213,9 +217,11 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     out = []
     for t in range(len(xs_of)):
         pairs = [builder.fadd(folded(builder.load(accs[t][r]), builder.load(accs[t][r + 1]), 8),
-                              cat([builder.load(tails[t][r]), builder.load(tails[t][r + 1])])) for r in (0, 2)]
-        v = builder.fadd(builder.fadd(folded(*pairs, 4), cat([builder.load(mins[t][r]) for r in range(4)])),
-                         cat([pick(builder.load(tail_mins[t][r]), zeros(2), [0, 1, 2, 3]) for r in range(4)]))
+                              cat([builder.load(tails[t][r]), builder.load(tails[t][r + 1])]), flags=STRICT)
+                 for r in (0, 2)]
+        v = builder.fadd(builder.fadd(folded(*pairs, 4), cat([builder.load(mins[t][r]) for r in range(4)]), flags=STRICT),
+                         cat([pick(builder.load(tail_mins[t][r]), zeros(2), [0, 1, 2, 3]) for r in range(4)]),
+                         flags=STRICT)
         v = folded(folded(v, None, 2), None, 1)
         out += [builder.extract_element(v, ir.Constant(_I32, r)) for r in range(4)]
     return out

@@ -14,8 +14,8 @@ import os
 from numba.core import caching
 
 SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
-                for name in ("cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_sync.py", "cpu_attend.py",
-                             "cpu_step.py", "step_ops.py"))
+                for name in ("cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_amx_int8.py", "cpu_sync.py",
+                             "cpu_attend.py", "cpu_step.py", "step_ops.py"))
 _IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator  # (numba < 0.62's name)
 _IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 

@@ -1,0 +1,286 @@
+"""Decode rows' products on AMX's int8 tiles, where a step has many of them (ROWS or more): W's unsigned
+values against x's int8 blocks (runtime/cpu_vnni.py's) with TDPBUSD, one 32-value block a tile product
+(16 rows of W x 16 rows of x x 32 products), so that each block's int32 sum is the one vpdpbusd gives, then
+scaled in float32 exactly as cpu_vnni's superblocks scale theirs: a lane an output's blocks 16 apart,
+(q . x8) (d xd) then m xs in fused multiply-adds, superblock after superblock, and the lanes added in
+cpu_vnni's tree. A row's outputs are cpu_vnni.some's bit for bit, so a sequence's logits stay the same in
+a step of 32 rows (here) or alone (there). Matrices of whole superblocks alone (`fits`: cpu_vnni.lay's
+groups a multiple of 4, no half group) in panels of 16 rows; the rest stay on cpu_vnni.
+
+A thread takes a range of W's panels (4 quads of cpu_lay's). For each, `_panel` unpacks its superblocks'
+values to bytes in the layout a tile loads as TDPBUSD's first operand (a block's 32 values a row of 16
+rows: its 16 even values, then its odd ones, in cpu_vnni's order of x's bytes) and their d and m to
+float32; `_products` runs every 16 rows of x (laid once a product by `tile_row`: a block's 8 x 4 bytes of
+16 rows, the second operand's layout) over them. With one multiply-add per 16 outputs and block where
+vpdpbusd takes a 16th of a block's products, the arithmetic a product is ~4x less (session 49).
+cpu_step.py runs it; the tiles' state is asked for as cpu_amx's (`available`)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from oxinfer.runtime import blockwise, cpu_amx, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jit)
+from oxinfer.runtime.cpu_vnni import KINDS, STRICT, SUPER, group_bytes
+
+ROWS = 16  # a step's decode rows from which its products of whole superblocks run here
+PANEL = 16  # W's rows a tile holds (4 of cpu_lay's quads)
+SUPERBLOCK = 32 * SUPER * PANEL  # bytes of a panel's superblock unpacked (`panel`)
+_A, _B = SUPERBLOCK, 512  # (and of a tile of 16 rows of x's block)
+_I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this CPU has AMX's int8 tiles and Linux lets this process use them."""
+    return cpu_amx.available() and bool(blockwise.host_features().get("amx-int8"))
+
+
+def config() -> np.ndarray:
+    """ldtilecfg's 64 bytes: tiles 0 and 3 a panel's block (16 rows of 32 bytes), 1 and 4 x's (8 rows of 16 x 4
+    bytes), 2 and 5 their sums (16 rows of 16 int32): two products in flight."""
+    cfg = np.zeros(64, np.uint8)
+    cfg[0] = 1
+    cols, rows = cfg[16:48].view(np.uint16), cfg[48:64]
+    for t, (c, r) in {0: (32, 16), 1: (64, 8), 2: (64, 16), 3: (32, 16), 4: (64, 8), 5: (64, 16)}.items():
+        cols[t], rows[t] = c, r
+    return cfg
+
+
+@njit(cache=True, inline="always")
+def fits(m) -> bool:
+    """Whether a matrix (cpu_step's row of `mats`) runs here: whole superblocks, whole panels."""
+    return m[3] == 0 and m[2] % 4 == 0 and m[5] % PANEL == 0
+
+
+@njit(cache=True)
+def tile_row(q8, q32, s32, t, blocks, xt, xdt, xst, keep):
+    """Row t of x's int8 blocks (cpu_vnni.quantize's row: q8 its bytes, q32 and s32 its scales and scale x
+    sums; zeros where not keep) laid for the tiles: xt (uint32) a tile of 16 rows a block, row k4 of a
+    tile the 4 bytes of each of the 16 rows of x that block's values 4 k4 to 4 k4 + 3 are in cpu_vnni's
+    order (even values, then odd); xdt and xst the 16 rows' scales side by side a block."""
+    S = blocks // SUPER
+    g, r = t // 16, t % 16
+    w = q8.view(np.uint32)
+    half = 4 * blocks  # (the odd values' first word)
+    for s in range(S):
+        for j in range(4):
+            for b in range(SUPER):
+                at = ((g * S + s) * SUPER + b) * 128 + r
+                xt[at + 16 * j] = w[64 * s + 16 * j + b] if keep else 0
+                xt[at + 16 * (4 + j)] = w[half + 64 * s + 16 * j + b] if keep else 0
+    for b in range(blocks):
+        xdt[(g * blocks + b) * 16 + r] = q32[b] if keep else 0
+        xst[(g * blocks + b) * 16 + r] = s32[b] if keep else 0
+
+
+def _at(builder, address, offset, ty):
+    return builder.inttoptr(builder.add(address, offset), ty.as_pointer())
+
+
+def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
+    """LLVM IR: the panel of 16 rows at w (quads `stride` bytes apart) unpacked, superblock s at wsc + s _A:
+    row n's 16 blocks of 32 bytes at n x 512 (a block's even values' q, then its odd ones'); each row's 16
+    d, then 16 m, as float32 at dm + (16 s + n) x 128."""
+    width = w.type
+
+    def const(v):
+        return ir.Constant(width, v)
+    v16 = ir.VectorType(_I32, 16)
+    rb4 = group_bytes(bits, sb, 4)
+    sbb = 4 * rb4  # a row's bytes of a superblock
+    vb = 256 if bits == 4 else 512
+
+    def transposed(base):  # the 4 pieces of 64 bytes at base (a lane a block) -> <64 x i32>, a block's 4 words together
+        p = [builder.load(_at(builder, base, const(64 * j), v16), align=1) for j in range(4)]
+        c01 = builder.shuffle_vector(p[0], p[1], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        c23 = builder.shuffle_vector(p[2], p[3], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
+        order = [16 * j + b if j < 2 else 32 + 16 * (j - 2) + b for b in range(16) for j in range(4)]
+        return builder.shuffle_vector(c01, c23, ir.Constant(ir.VectorType(_I32, 64), order))
+
+    def scales(address):
+        vf = ir.VectorType(_F32, 16)
+        if sb == 4:
+            return builder.load(builder.inttoptr(address, vf.as_pointer()), align=1)
+        vh = ir.VectorType(ir.HalfType(), 16)
+        return builder.fpext(builder.load(builder.inttoptr(address, vh.as_pointer()), align=1), vf)
+
+    with cgutils.for_range(builder, S) as s_loop:
+        s = s_loop.index
+        with cgutils.for_range(builder, const(PANEL)) as n_loop:
+            n = n_loop.index
+            row = builder.add(w, builder.add(builder.mul(builder.lshr(n, const(2)), stride),
+                                             builder.add(builder.mul(s, const(4 * sbb)),
+                                                         builder.mul(builder.and_(n, const(3)), const(sbb)))))
+            v64 = ir.VectorType(_I32, 64)
+            if bits == 4:
+                q = transposed(row)
+                mask = ir.Constant(v64, [0x0F0F0F0F] * 64)
+                lo, hi = builder.and_(q, mask), builder.and_(builder.lshr(q, ir.Constant(v64, [4] * 64)), mask)
+            else:
+                lo, hi = transposed(row), transposed(builder.add(row, const(256)))
+            q64 = ir.VectorType(_I64, 32)
+            lo, hi = builder.bitcast(lo, q64), builder.bitcast(hi, q64)
+            order = [2 * b + i if i < 2 else 32 + 2 * b + i - 2 for b in range(16) for i in range(4)]
+            r = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
+            dst = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(n, const(32 * SUPER))))
+            builder.store(r, builder.inttoptr(dst, r.type.as_pointer()), align=1)
+            d = scales(builder.add(row, const(vb)))
+            vf = d.type
+            m = scales(builder.add(row, const(vb + 16 * sb))) if bits == 4 else \
+                builder.fmul(d, ir.Constant(vf, [-128.0] * 16), flags=STRICT)  # (as cpu_vnni's superblocks)
+            at = builder.add(dm, builder.mul(builder.add(builder.mul(s, const(PANEL)), n), const(128)))
+            builder.store(d, builder.inttoptr(at, vf.as_pointer()), align=4)
+            builder.store(m, builder.inttoptr(builder.add(at, const(64)), vf.as_pointer()), align=4)
+
+
+@intrinsic
+def _panel(typingctx, kind, w, stride, S, wsc, dm):
+    """`_emit_panel` for a matrix of KINDS[kind]: a switch over the kinds."""
+    def codegen(context, builder, signature, args):
+        kind, w, stride, S, wsc, dm = args
+        end = builder.append_basic_block("kinds.end")
+        switch = builder.switch(kind, end)
+        for k, (bits, sb) in enumerate(KINDS):
+            case = builder.append_basic_block(f"kind.{k}")
+            switch.add_case(ir.Constant(kind.type, k), case)
+            builder.position_at_end(case)
+            _emit_panel(builder, w, stride, S, wsc, dm, bits, sb)
+            builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
+    return types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp), codegen
+
+
+def _tile(builder, name: str, *values) -> None:
+    ty = [v.type for v in values]
+    builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), ty), name), list(values))
+
+
+@intrinsic
+def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
+    """LLVM IR: the panel `_panel` unpacked into wsc and dm (S superblocks, nb = 16 S blocks) against G tiles
+    of 16 rows of x (`tile_row`'s xt, xdt, xst): the 16 x 16 outputs of tile g as 16 vectors (a row of W's,
+    over x's 16 rows) at tb + g x 1,024. Each block of each superblock: its tile product into int32 sums
+    (stored at cb: two in flight, cb and cb + 1,024), then a lane's (block's) float32 sum over superblocks,
+    fma(q . x8, d xd, sum), fma(m, xs, sum), as cpu_vnni's superblocks; then an output's 16 lanes added in
+    cpu_vnni's tree (its zeros too: a matrix of whole superblocks has no groups' or tail's sums)."""
+    def codegen(context, builder, signature, args):
+        wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb = args
+        width = wsc.type
+
+        def const(v):
+            return ir.Constant(width, v)
+        vf, vi = ir.VectorType(_F32, 16), ir.VectorType(_I32, 16)
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vf, [vf, vf, vf]), "llvm.fma.v16f32")
+        zeros = ir.Constant(vf, [0.0] * 16)
+        sums = [cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL)]
+
+        def splat(value):
+            one = builder.insert_element(ir.Constant(vf, None), value, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(one, ir.Constant(vf, None), ir.Constant(vi, [0] * 16))
+
+        with cgutils.for_range(builder, G) as g_loop:
+            g = g_loop.index
+            with cgutils.for_range(builder, const(SUPER)) as l_loop:
+                lane = l_loop.index
+                for v in sums:
+                    builder.store(zeros, v)
+
+                def issue(s, t):  # superblock s's block `lane` against tile g on tiles 3 t to 3 t + 2
+                    a = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(lane, const(32))))
+                    x = builder.add(xt, builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, S), s),
+                                                                            const(SUPER)), lane), const(_B)))
+                    _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t), builder.inttoptr(a, _I8.as_pointer()),
+                          ir.Constant(_I64, 32 * SUPER))
+                    _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t + 1),
+                          builder.inttoptr(x, _I8.as_pointer()), ir.Constant(_I64, 64))
+                    _tile(builder, "llvm.x86.tilezero", ir.Constant(_I8, 3 * t + 2))
+                    _tile(builder, "llvm.x86.tdpbusd", *(ir.Constant(_I8, 3 * t + k) for k in (2, 0, 1)))
+                    _tile(builder, "llvm.x86.tilestored64", ir.Constant(_I8, 3 * t + 2),
+                          builder.inttoptr(builder.add(cb, const(1024 * t)), _I8.as_pointer()), ir.Constant(_I64, 64))
+
+                def scale(s, t):  # superblock s's block `lane`, its sums at cb + 1,024 t, into the 16 sums
+                    b = builder.add(builder.mul(g, nb), builder.add(builder.mul(s, const(SUPER)), lane))
+                    xd = builder.load(_at(builder, xdt, builder.mul(b, const(64)), vf), align=4)
+                    xs = builder.load(_at(builder, xst, builder.mul(b, const(64)), vf), align=4)
+                    for n in range(PANEL):
+                        c = builder.load(_at(builder, cb, const(1024 * t + 64 * n), vi), align=64)
+                        at = builder.add(dm, builder.add(builder.mul(builder.add(builder.mul(s, const(PANEL)),
+                                                                                 const(n)), const(128)),
+                                                         builder.mul(lane, const(4))))
+                        d = splat(builder.load(_at(builder, at, const(0), _F32), align=4))
+                        m = splat(builder.load(_at(builder, at, const(64), _F32), align=4))
+                        total = builder.call(fma, [builder.sitofp(c, vf), builder.fmul(d, xd, flags=STRICT),
+                                                   builder.load(sums[n])])
+                        builder.store(builder.call(fma, [m, xs, total]), sums[n])
+
+                pairs = builder.lshr(S, const(1))
+                with cgutils.for_range(builder, pairs) as p_loop:
+                    s0 = builder.mul(p_loop.index, const(2))
+                    s1 = builder.add(s0, const(1))
+                    issue(s0, 0)
+                    issue(s1, 1)
+                    scale(s0, 0)
+                    scale(s1, 1)
+                with builder.if_then(builder.icmp_unsigned("!=", builder.and_(S, const(1)), const(0))):
+                    last = builder.sub(S, const(1))
+                    issue(last, 0)
+                    scale(last, 0)
+                for n, v in enumerate(sums):
+                    at = builder.mul(builder.add(builder.mul(const(n), const(SUPER)), lane), const(64))
+                    builder.store(builder.load(v), _at(builder, acc, at, vf), align=4)
+
+            def add(a, b):
+                return builder.fadd(a, b, flags=STRICT)
+            for n in range(PANEL):  # cpu_vnni's tree: lanes i and i + 8, (+ tails), i and i + 4, (+ mins, tail mins), ...
+                a = [builder.load(_at(builder, acc, const(64 * (SUPER * n + i)), vf), align=4) for i in range(SUPER)]
+                s8 = [add(add(a[i], a[i + 8]), zeros) for i in range(8)]
+                s4 = [add(add(add(s8[i], s8[i + 4]), zeros), zeros) for i in range(4)]
+                s2 = [add(s4[i], s4[i + 2]) for i in range(2)]
+                out = builder.add(tb, builder.add(builder.mul(g, const(1024)), const(64 * n)))
+                builder.store(add(s2[0], s2[1]), builder.inttoptr(out, vf.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return types.void(*([types.intp] * 11)), codegen
+
+
+@njit(cache=True, inline="always")
+def panel(kind, w, stride, S, wsc, fs):
+    """W's panel of 16 rows at w unpacked into wsc, its scales into fs's first 512 S (`_emit_panel`)."""
+    _panel(kind, w, stride, S, wsc.ctypes.data, fs.ctypes.data)
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def products(cfg, p0, p1, address, groups, kind, xt, xdt, xst, G, blocks, wsc, fs, out, o, rows):
+    """out[t, o + r] = (W x_t)[r] for x's first `rows` rows (laid by `tile_row`: G tiles of 16) and W's rows r
+    of panels p0 to p1 (W laid at `address`: `groups` groups, a multiple of 4, no tail, KINDS[kind]). One
+    thread: wsc (uint8, `_A` a superblock) and fs (float32: `scratch_floats`) its own; the tiles configured
+    (cfg: `config`) and released here."""
+    stride = cpu_vnni.quad_bytes(groups, 0, kind)
+    S = groups // 4
+    dm = fs.ctypes.data
+    acc = dm + 4 * 512 * S
+    tb = acc + 4 * 4096
+    cb = tb + 4 * 256 * G
+    at = (tb - dm) // 4
+    cpu_amx._configure(cfg.ctypes.data)
+    for p in range(p0, p1):
+        panel(kind, address + 4 * p * stride, stride, S, wsc, fs)
+        _products(wsc.ctypes.data, dm, S, blocks, xt.ctypes.data, xdt.ctypes.data, xst.ctypes.data, G, acc, tb,
+                  (cb + 63) // 64 * 64)
+        for g in range(G):
+            for n in range(PANEL):
+                for r in range(min(16, rows - 16 * g)):
+                    out[16 * g + r, o + PANEL * p + n] = fs[at + (g * 16 + n) * 16 + r]
+    cpu_amx._release()
+
+
+def scratch_floats(blocks: int, G: int) -> int:
+    """float32s of `products`' fs for inputs of `blocks` blocks and G tiles of x: d and m, the lanes' sums,
+    the outputs, two tiles' int32 sums (and 64 bytes to align them)."""
+    return 512 * (blocks // SUPER) + 4096 + 256 * G + 512 + 16
