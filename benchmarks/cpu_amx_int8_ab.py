@@ -13,12 +13,10 @@ import sys
 import time
 
 import numpy as np
+import step_rows
 
-from oxinfer.formats import GGUFFile, default_model_path
-from oxinfer.models import Llama, ModelConfig
-from oxinfer.models.kv_cache import KVPool
-from oxinfer.runtime import CpuBackend, MatmulScheduler, cpu_amx_int8, cpu_lay, cpu_step, cpu_vnni
-from oxinfer.runtime.ops import CpuOps
+from oxinfer.formats import default_model_path
+from oxinfer.runtime import cpu_amx_int8, cpu_lay, cpu_vnni
 from oxinfer.testing_blocks import random_matrix
 
 
@@ -64,18 +62,11 @@ def main() -> None:
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 60
     print("AMX int8 tiles:", cpu_amx_int8.available(), flush=True)
     kernels(32)
-    f = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(f)
-    model = Llama.from_gguf(f, cfg, CpuOps(cfg, MatmulScheduler(CpuBackend(int8=True)).linear))
-    step = cpu_step.NumbaStep(model, os.cpu_count())
-    step.warm()
+    cfg, model = step_rows.load(path)
+    step = step_rows.step(model, os.cpu_count())
     rng = np.random.default_rng(0)
     for B in rows:
-        pool = KVPool(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, B, 256, None)
-        x = rng.standard_normal((128, cfg.d_model)).astype(np.float32) * 0.02
-        for b in range(B):
-            step.logits(x, [127], np.arange(128), np.full(128, b), pool, prompts=[128])
-        xb = rng.standard_normal((B, cfg.d_model)).astype(np.float32) * 0.02
+        pool, xb = step_rows.decode_rows(step, cfg, B, rng)
         settings = {"tiles": cpu_amx_int8.ROWS, "vnni": 1 << 30}
         logits = {}
         for name, at in settings.items():

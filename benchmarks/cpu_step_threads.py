@@ -11,13 +11,10 @@ import sys
 import time
 
 import numpy as np
+import step_rows
 
-from oxinfer.formats import GGUFFile, default_model_path
-from oxinfer.models import Llama, ModelConfig
-from oxinfer.models.kv_cache import KVPool
-from oxinfer.runtime import CpuBackend, MatmulScheduler, cpu_step
+from oxinfer.formats import default_model_path
 from oxinfer.runtime import step_ops as so
-from oxinfer.runtime.ops import CpuOps
 
 
 def main() -> None:
@@ -25,21 +22,14 @@ def main() -> None:
     rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")]
     threads = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16").split(",")]
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
-    f = GGUFFile(path)
-    cfg = ModelConfig.from_gguf(f)
-    model = Llama.from_gguf(f, cfg, CpuOps(cfg, MatmulScheduler(CpuBackend(int8=True)).linear))
+    cfg, model = step_rows.load(path)
     rng = np.random.default_rng(0)
     for n in threads:
-        step = cpu_step.NumbaStep(model, n)
-        step.warm()
+        step = step_rows.step(model, n)
         macs = float((step.mats[:, 5] * step.mats[:, 6]).sum())  # (a row's multiply-adds: every product once)
         lines = step.lines
         for B in rows:
-            pool = KVPool(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, B, 256, None)
-            x = rng.standard_normal((128, cfg.d_model)).astype(np.float32) * 0.02
-            for b in range(B):
-                step.logits(x, [127], np.arange(128), np.full(128, b), pool, prompts=[128])
-            xb = rng.standard_normal((B, cfg.d_model)).astype(np.float32) * 0.02
+            pool, xb = step_rows.decode_rows(step, cfg, B, rng)
             out = {}
             for name, keep in (("whole", np.ones(len(lines), bool)), ("products", lines[:, 0] == so.LINEAR)):
                 step.lines = np.ascontiguousarray(lines[keep])

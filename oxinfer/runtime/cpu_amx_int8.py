@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import blockwise, cpu_amx, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jit)
-from oxinfer.runtime.cpu_vnni import KINDS, STRICT, SUPER, group_bytes
+from oxinfer.runtime.cpu_vnni import STRICT, SUPER, group_bytes
 
 ROWS = 16  # a step's decode rows from which its products of whole superblocks run here
 PANEL = 16  # W's rows a tile holds (4 of cpu_lay's quads)
@@ -144,15 +144,7 @@ def _panel(typingctx, kind, w, stride, S, wsc, dm):
     """`_emit_panel` for a matrix of KINDS[kind]: a switch over the kinds."""
     def codegen(context, builder, signature, args):
         kind, w, stride, S, wsc, dm = args
-        end = builder.append_basic_block("kinds.end")
-        switch = builder.switch(kind, end)
-        for k, (bits, sb) in enumerate(KINDS):
-            case = builder.append_basic_block(f"kind.{k}")
-            switch.add_case(ir.Constant(kind.type, k), case)
-            builder.position_at_end(case)
-            _emit_panel(builder, w, stride, S, wsc, dm, bits, sb)
-            builder.branch(end)
-        builder.position_at_end(end)
+        cpu_vnni.by_kind(builder, kind, lambda bits, sb: _emit_panel(builder, w, stride, S, wsc, dm, bits, sb))
         return context.get_dummy_value()
     return types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp), codegen
 

@@ -227,6 +227,19 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
     return out
 
 
+def by_kind(builder, kind, emit) -> None:
+    """LLVM IR: a switch over KINDS on the value `kind`, emit(bits, sb) in each one's case."""
+    end = builder.append_basic_block("kinds.end")
+    switch = builder.switch(kind, end)
+    for k, (bits, sb) in enumerate(KINDS):
+        case = builder.append_basic_block(f"kind.{k}")
+        switch.add_case(ir.Constant(kind.type, k), case)
+        builder.position_at_end(case)
+        emit(bits, sb)
+        builder.branch(end)
+    builder.position_at_end(end)
+
+
 def _rows_of(xs: int):
     """An intrinsic: the 4 rows laid at w (of KINDS[kind]) times `xs` rows of x (each the previous
     one's row + step8 bytes on in the int8 values, + step32 in the scales): 4 x xs sums, x by x.
@@ -242,16 +255,11 @@ def _rows_of(xs: int):
                 i8, i32 = builder.mul(s8, ir.Constant(s8.type, i)), builder.mul(s32, ir.Constant(s32.type, i))
                 xs_of.append((builder.add(e, i8), builder.add(o, i8), builder.add(d, i32), builder.add(s, i32)))
             sums = [cgutils.alloca_once_value(builder, ir.Constant(_F32, 0.0)) for _ in range(4 * xs)]
-            end = builder.append_basic_block("kinds.end")
-            switch = builder.switch(kind, end)
-            for k, (bits, sb) in enumerate(KINDS):
-                case = builder.append_basic_block(f"kind.{k}")
-                switch.add_case(ir.Constant(kind.type, k), case)
-                builder.position_at_end(case)
+
+            def case(bits, sb):
                 for slot, v in zip(sums, _emit(builder, w, xs_of, n, tail, bits, sb)):
                     builder.store(v, slot)
-                builder.branch(end)
-            builder.position_at_end(end)
+            by_kind(builder, kind, case)
             return context.make_tuple(builder, signature.return_type, [builder.load(slot) for slot in sums])
         return sig, codegen
     rows.__name__ = f"rows_x{xs}"
