@@ -3,7 +3,9 @@
 work the same), and the products' GOP/s in all and a thread. Where a step at 16 threads runs its products at a
 fraction of 16 one-thread steps' rate, the threads lose it (barriers, shared caches, clocks), not the kernel.
 
-    PYTHONPATH=. python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16] [steps 30]
+    PYTHONPATH=. python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16] [steps 30] [vnni]
+
+vnni: decode rows' products on cpu_vnni's kernels however many (not on AMX's int8 tiles from NumbaStep.int8_rows).
 
 Session 49, an H100 host's 16-core Xeon: docs/cpu_graph.md.
 """
@@ -22,10 +24,13 @@ def main() -> None:
     rows = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1,32").split(",")]
     threads = [int(t) for t in (sys.argv[3] if len(sys.argv) > 3 else "1,2,4,8,16").split(",")]
     steps = int(sys.argv[4]) if len(sys.argv) > 4 else 30
+    vnni = len(sys.argv) > 5 and sys.argv[5] == "vnni"
     cfg, model = step_rows.load(path)
     rng = np.random.default_rng(0)
     for n in threads:
         step = step_rows.step(model, n)
+        if vnni:
+            step.int8_rows = 1 << 30
         macs = float((step.mats[:, 5] * step.mats[:, 6]).sum())  # (a row's multiply-adds: every product once)
         lines = step.lines
         for B in rows:

@@ -64,7 +64,7 @@ def test_panels_and_x_laid_for_the_tiles_give_cpu_vnni_s_products(qtype):
     n_out, n_in, rows = 32, 1024, 20
     laid, kind, groups, blocks, xt, xdt, xst, G, want = _case(qtype, n_out, n_in, rows)
     S, stride = groups // 4, cpu_vnni.quad_bytes(groups, 0, kind)
-    xb = xt.view(np.int8).reshape(G, S, 16, 8, 16, 4)  # (tile g, superblock, block, k4, row of x, byte)
+    xb = xt.view(np.int8).reshape(G, 16, S, 8, 16, 4)  # (tile g, block, superblock, k4, row of x, byte)
     got = np.zeros((16 * G, n_out))
     for p in range(n_out // 16):
         wsc, fs = np.zeros(S * 8192, np.uint8), np.zeros(t8.scratch_floats(blocks, G), np.float32)
@@ -76,7 +76,7 @@ def test_panels_and_x_laid_for_the_tiles_give_cpu_vnni_s_products(qtype):
             xs = xst.reshape(G, blocks, 16)[g].astype(np.float64)
             for s in range(S):
                 for b in range(16):
-                    B = xb[g, s, b].transpose(0, 2, 1).reshape(32, 16).astype(np.int64)  # (k, row of x)
+                    B = xb[g, b, s].transpose(0, 2, 1).reshape(32, 16).astype(np.int64)  # (k, row of x)
                     C = a[s, :, b, :] @ B  # (row of W, row of x)
                     at = 16 * s + b
                     got[16 * g:16 * g + 16, 16 * p:16 * p + 16] += (

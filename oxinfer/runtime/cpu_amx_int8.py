@@ -61,7 +61,8 @@ def fits(m) -> bool:
 @njit(cache=True)
 def tile_row(q8, q32, s32, t, blocks, xt, xdt, xst, keep):
     """Row t of x's int8 blocks (cpu_vnni.quantize's row: q8 its bytes, q32 and s32 its scales and scale x
-    sums; zeros where not keep) laid for the tiles: xt (uint32) a tile of 16 rows a block, row k4 of a
+    sums; zeros where not keep) laid for the tiles: xt (uint32) a tile of 16 rows a block (tile g's blocks
+    16 apart side by side: a superblock's block b, then the next superblock's), row k4 of a
     tile the 4 bytes of each of the 16 rows of x that block's values 4 k4 to 4 k4 + 3 are in cpu_vnni's
     order (even values, then odd); xdt and xst the 16 rows' scales side by side a block."""
     S = blocks // SUPER
@@ -71,7 +72,7 @@ def tile_row(q8, q32, s32, t, blocks, xt, xdt, xst, keep):
     for s in range(S):
         for j in range(4):
             for b in range(SUPER):
-                at = ((g * S + s) * SUPER + b) * 128 + r
+                at = ((g * SUPER + b) * S + s) * 128 + r
                 xt[at + 16 * j] = w[64 * s + 16 * j + b] if keep else 0
                 xt[at + 16 * (4 + j)] = w[half + 64 * s + 16 * j + b] if keep else 0
     for b in range(blocks):
@@ -184,10 +185,10 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
                 for v in sums:
                     builder.store(zeros, v)
 
-                def issue(s, t):  # superblock s's block `lane` against tile g on tiles 3 t to 3 t + 2
+                def issue(s, t, at):  # superblock s's block `lane` against tile g on tiles 3 t to 3 t + 2, sums at `at`
                     a = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(lane, const(32))))
-                    x = builder.add(xt, builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, S), s),
-                                                                            const(SUPER)), lane), const(_B)))
+                    x = builder.add(xt, builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, const(SUPER)),
+                                                                                        lane), S), s), const(_B)))
                     _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t), builder.inttoptr(a, _I8.as_pointer()),
                           ir.Constant(_I64, 32 * SUPER))
                     _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t + 1),
@@ -195,14 +196,14 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
                     _tile(builder, "llvm.x86.tilezero", ir.Constant(_I8, 3 * t + 2))
                     _tile(builder, "llvm.x86.tdpbusd", *(ir.Constant(_I8, 3 * t + k) for k in (2, 0, 1)))
                     _tile(builder, "llvm.x86.tilestored64", ir.Constant(_I8, 3 * t + 2),
-                          builder.inttoptr(builder.add(cb, const(1024 * t)), _I8.as_pointer()), ir.Constant(_I64, 64))
+                          builder.inttoptr(at, _I8.as_pointer()), ir.Constant(_I64, 64))
 
-                def scale(s, t):  # superblock s's block `lane`, its sums at cb + 1,024 t, into the 16 sums
+                def scale(s, at):  # superblock s's block `lane`, its int32 sums at `at`, into the 16 sums
                     b = builder.add(builder.mul(g, nb), builder.add(builder.mul(s, const(SUPER)), lane))
                     xd = builder.load(_at(builder, xdt, builder.mul(b, const(64)), vf), align=4)
                     xs = builder.load(_at(builder, xst, builder.mul(b, const(64)), vf), align=4)
                     for n in range(PANEL):
-                        c = builder.load(_at(builder, cb, const(1024 * t + 64 * n), vi), align=64)
+                        c = builder.load(_at(builder, at, const(64 * n), vi), align=64)
                         at = builder.add(dm, builder.add(builder.mul(builder.add(builder.mul(s, const(PANEL)),
                                                                                  const(n)), const(128)),
                                                          builder.mul(lane, const(4))))
@@ -212,18 +213,23 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
                                                    builder.load(sums[n])])
                         builder.store(builder.call(fma, [m, xs, total]), sums[n])
 
-                pairs = builder.lshr(S, const(1))
-                with cgutils.for_range(builder, pairs) as p_loop:
+                # every superblock's tile product first, back to back on two sets of tiles (the sums of lanes in
+                # turn in two halves of cb), then their scaling: a product's sums are read ~100 cycles after its
+                # store, not at once (the step of one at a time was bound by that wait: session 49)
+                base = builder.add(cb, builder.mul(builder.and_(lane, const(1)), builder.mul(S, const(1024))))
+
+                def sums_at(s):
+                    return builder.add(base, builder.mul(s, const(1024)))
+                with cgutils.for_range(builder, builder.lshr(S, const(1))) as p_loop:
                     s0 = builder.mul(p_loop.index, const(2))
                     s1 = builder.add(s0, const(1))
-                    issue(s0, 0)
-                    issue(s1, 1)
-                    scale(s0, 0)
-                    scale(s1, 1)
+                    issue(s0, 0, sums_at(s0))
+                    issue(s1, 1, sums_at(s1))
                 with builder.if_then(builder.icmp_unsigned("!=", builder.and_(S, const(1)), const(0))):
                     last = builder.sub(S, const(1))
-                    issue(last, 0)
-                    scale(last, 0)
+                    issue(last, 0, sums_at(last))
+                with cgutils.for_range(builder, S) as s_loop:
+                    scale(s_loop.index, sums_at(s_loop.index))
                 for n, v in enumerate(sums):
                     at = builder.mul(builder.add(builder.mul(const(n), const(SUPER)), lane), const(64))
                     builder.store(builder.load(v), _at(builder, acc, at, vf), align=4)
@@ -274,5 +280,5 @@ def products(cfg, p0, p1, address, groups, kind, xt, xdt, xst, G, blocks, wsc, f
 
 def scratch_floats(blocks: int, G: int) -> int:
     """float32s of `products`' fs for inputs of `blocks` blocks and G tiles of x: d and m, the lanes' sums,
-    the outputs, two tiles' int32 sums (and 64 bytes to align them)."""
-    return 512 * (blocks // SUPER) + 4096 + 256 * G + 512 + 16
+    the outputs, two lanes' int32 sums of every superblock (and 64 bytes to align them)."""
+    return 512 * (blocks // SUPER) + 4096 + 256 * G + 512 * (blocks // SUPER) + 16
