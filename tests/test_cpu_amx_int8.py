@@ -77,7 +77,7 @@ def test_panels_and_x_laid_for_the_tiles_give_cpu_vnni_s_products(qtype):
             for s in range(S):
                 for b in range(16):
                     B = xb[g, b, s].transpose(0, 2, 1).reshape(32, 16).astype(np.int64)  # (k, row of x)
-                    C = a[s, :, b, :] @ B  # (row of W, row of x)
+                    C = a[s, :, t8.slot(b), :] @ B  # (row of W, row of x)
                     at = 16 * s + b
                     got[16 * g:16 * g + 16, 16 * p:16 * p + 16] += (
                         C * dm[s, :, 0, b][:, None] * xd[at][None] + dm[s, :, 1, b][:, None] * xs[at][None]).T

@@ -80,14 +80,20 @@ def tile_row(q8, q32, s32, t, blocks, xt, xdt, xst, keep):
         xst[(g * blocks + b) * 16 + r] = s32[b] if keep else 0
 
 
+def slot(b: int) -> int:
+    """Where a superblock's block b lies among a row's 16 unpacked by `_panel` (in 32-byte slots)."""
+    return 4 * (b % 4) + b // 4
+
+
 def _at(builder, address, offset, ty):
     return builder.inttoptr(builder.add(address, offset), ty.as_pointer())
 
 
 def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
     """LLVM IR: the panel of 16 rows at w (quads `stride` bytes apart) unpacked, superblock s at wsc + s _A:
-    row n's 16 blocks of 32 bytes at n x 512 (a block's even values' q, then its odd ones'); each row's 16
-    d, then 16 m, as float32 at dm + (16 s + n) x 128."""
+    row n's 16 blocks of 32 bytes at n x 512 (a block's even values' q, then its odd ones'), block b in slot
+    4 (b % 4) + b // 4 (`slot`: the order 4 x 4 transposes leave them in); each row's 16 d, then 16 m, as
+    float32 at dm + (16 s + n) x 128."""
     width = w.type
 
     def const(v):
@@ -97,12 +103,19 @@ def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
     sbb = 4 * rb4  # a row's bytes of a superblock
     vb = 256 if bits == 4 else 512
 
-    def transposed(base):  # the 4 pieces of 64 bytes at base (a lane a block) -> <64 x i32>, a block's 4 words together
+    def pick(a, b, order):
+        return builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(_I32, len(order)), order))
+
+    def transposed(base):
+        """The 4 pieces of 64 bytes at base (a word a block) -> 4 vectors, T_i's 128-bit lane g block 4 g + i's 4
+        words (piece 0's first): the 4 x 4 transposes of unpacking's words, then quadwords, lane by lane."""
         p = [builder.load(_at(builder, base, const(64 * j), v16), align=1) for j in range(4)]
-        c01 = builder.shuffle_vector(p[0], p[1], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-        c23 = builder.shuffle_vector(p[2], p[3], ir.Constant(ir.VectorType(_I32, 32), list(range(32))))
-        order = [16 * j + b if j < 2 else 32 + 16 * (j - 2) + b for b in range(16) for j in range(4)]
-        return builder.shuffle_vector(c01, c23, ir.Constant(ir.VectorType(_I32, 64), order))
+        lo = [4 * g + i for g in range(4) for i in (0, 16, 1, 17)]
+        hi = [4 * g + i for g in range(4) for i in (2, 18, 3, 19)]
+        u = [pick(p[0], p[1], lo), pick(p[0], p[1], hi), pick(p[2], p[3], lo), pick(p[2], p[3], hi)]
+        qlo = [4 * g + i for g in range(4) for i in (0, 1, 16, 17)]
+        qhi = [4 * g + i for g in range(4) for i in (2, 3, 18, 19)]
+        return [pick(u[0], u[2], qlo), pick(u[0], u[2], qhi), pick(u[1], u[3], qlo), pick(u[1], u[3], qhi)]
 
     def scales(address):
         vf = ir.VectorType(_F32, 16)
@@ -118,19 +131,18 @@ def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
             row = builder.add(w, builder.add(builder.mul(builder.lshr(n, const(2)), stride),
                                              builder.add(builder.mul(s, const(4 * sbb)),
                                                          builder.mul(builder.and_(n, const(3)), const(sbb)))))
-            v64 = ir.VectorType(_I32, 64)
             if bits == 4:
-                q = transposed(row)
-                mask = ir.Constant(v64, [0x0F0F0F0F] * 64)
-                lo, hi = builder.and_(q, mask), builder.and_(builder.lshr(q, ir.Constant(v64, [4] * 64)), mask)
+                mask, four = ir.Constant(v16, [0x0F0F0F0F] * 16), ir.Constant(v16, [4] * 16)
+                halves = [(builder.and_(t, mask), builder.and_(builder.lshr(t, four), mask)) for t in transposed(row)]
             else:
-                lo, hi = transposed(row), transposed(builder.add(row, const(256)))
-            q64 = ir.VectorType(_I64, 32)
-            lo, hi = builder.bitcast(lo, q64), builder.bitcast(hi, q64)
-            order = [2 * b + i if i < 2 else 32 + 2 * b + i - 2 for b in range(16) for i in range(4)]
-            r = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 64), order))
+                halves = list(zip(transposed(row), transposed(builder.add(row, const(256)))))
             dst = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(n, const(32 * SUPER))))
-            builder.store(r, builder.inttoptr(dst, r.type.as_pointer()), align=1)
+            q8 = ir.VectorType(_I64, 8)
+            for i, (lo, hi) in enumerate(halves):  # block 4 g + i: its even values' 16 bytes, then its odd ones'
+                lo, hi = builder.bitcast(lo, q8), builder.bitcast(hi, q8)
+                for c, order in enumerate(([0, 1, 8, 9, 2, 3, 10, 11], [4, 5, 12, 13, 6, 7, 14, 15])):
+                    r = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 8), order))
+                    builder.store(r, _at(builder, dst, const(64 * (2 * i + c)), q8), align=1)
             d = scales(builder.add(row, const(vb)))
             vf = d.type
             m = scales(builder.add(row, const(vb + 16 * sb))) if bits == 4 else \
@@ -186,7 +198,8 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
                     builder.store(zeros, v)
 
                 def issue(s, t, at):  # superblock s's block `lane` against tile g on tiles 3 t to 3 t + 2, sums at `at`
-                    a = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(lane, const(32))))
+                    slot = builder.add(builder.mul(builder.and_(lane, const(3)), const(4)), builder.lshr(lane, const(2)))
+                    a = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(slot, const(32))))
                     x = builder.add(xt, builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, const(SUPER)),
                                                                                         lane), S), s), const(_B)))
                     _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t), builder.inttoptr(a, _I8.as_pointer()),
