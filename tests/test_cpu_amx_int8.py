@@ -1,8 +1,8 @@
 """Decode rows' products on AMX's int8 tiles (runtime/cpu_amx_int8.py): W's panels and x's rows as the
-tiles read them (checked anywhere numba runs, the tile products done by numpy on those bytes, against
-cpu_vnni's products), then on the tiles themselves cpu_vnni's products bit for bit, and a step of many rows
-the same logits as each row alone. The tiles' own tests are skipped, saying so, where the CPU lacks AMX's
-int8 tiles (or Linux its leave to use them)."""
+tiles read them (the tile products done by numpy on those bytes, against cpu_vnni's products), then the
+tiles' products cpu_vnni's bit for bit (on a CPU without AMX, the same code with the tiles' integers in plain
+IR), and a step of many rows the same logits as each row alone (on AMX's tiles alone: skipped, saying so,
+where the CPU lacks its int8 tiles or Linux its leave to use them)."""
 
 import importlib.util
 
@@ -85,13 +85,11 @@ def test_panels_and_x_laid_for_the_tiles_give_cpu_vnni_s_products(qtype):
     assert not got[rows:].any()  # (rows past x's: zeros)
 
 
-@pytest.mark.skipif(not _tiles8(), reason="no AMX int8 tiles here (or Linux's leave to use them): decode rows take "
-                                          "cpu_vnni's products")
 @pytest.mark.parametrize("qtype", KINDS)
 def test_the_tiles_products_are_cpu_vnni_s_bit_for_bit(qtype):
-    """`products` on the tiles, 1-3 panels a call (two threads' ranges), 16-48 rows (a tile's rows past x's
-    zeros): every output cpu_vnni.some's, bit for bit; the columns beside the product and the rows after
-    x's untouched."""
+    """`products` on the tiles (where the CPU has none, their integers in plain IR: everything else as on them),
+    1-3 panels a call (two threads' ranges), 16-48 rows (a tile's rows past x's zeros): every output
+    cpu_vnni.some's, bit for bit; the columns beside the product and the rows after x's untouched."""
     from oxinfer.runtime import cpu_amx_int8 as t8
     for n_out, n_in, rows in ((48, 512, 16), (32, 1024, 20), (64, 1536, 33), (16, 2048, 48)):
         laid, kind, groups, blocks, xt, xdt, xst, G, want = _case(qtype, n_out, n_in, rows, seed=n_in)

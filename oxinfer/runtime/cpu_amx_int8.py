@@ -162,13 +162,55 @@ def _panel(typingctx, kind, w, stride, S, wsc, dm):
     return types.void(types.intp, types.intp, types.intp, types.intp, types.intp, types.intp), codegen
 
 
-def _tile(builder, name: str, *values) -> None:
-    ty = [v.type for v in values]
-    builder.call(cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), ty), name), list(values))
+def _tile_op(builder, name: str, *values, state=None) -> None:
+    """A tile instruction (LLVM's intrinsic `name`, its tiles' numbers constants), or where state is given (the
+    address of 8 tiles of 1 KiB), the same in plain IR over it: a tile's shape as `config` has it (t % 3: 0 a
+    panel's block, 1 x's, 2 the sums)."""
+    if state is None:
+        ty = [v.type for v in values]
+        f = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), ty), name)
+        builder.call(f, list(values))
+        return
+    t = values[0].constant
+    rows, cols = ((16, 32), (8, 64), (16, 64))[t % 3]
+    tile = builder.gep(state, [ir.Constant(_I32, 1024 * t)])
+    if name == "llvm.x86.tilezero":
+        cgutils.memset(builder, tile, ir.Constant(_I64, 1024), 0)
+    elif name == "llvm.x86.tdpbusd":  # C[m, n] += sum over k of A[m, k] (unsigned) B[k // 4, 4 n + k % 4] (signed)
+        c, a, b = (builder.gep(state, [ir.Constant(_I32, 1024 * v.constant)]) for v in values)
+        with cgutils.for_range(builder, ir.Constant(_I64, 16)) as m_loop:
+            with cgutils.for_range(builder, ir.Constant(_I64, 16)) as n_loop:
+                m, n = m_loop.index, n_loop.index
+                at = builder.bitcast(builder.gep(c, [builder.add(builder.mul(m, ir.Constant(_I64, 64)),
+                                                                 builder.mul(n, ir.Constant(_I64, 4)))]),
+                                     _I32.as_pointer())
+                total = builder.load(at)
+                for k in range(32):
+                    x = builder.load(builder.gep(a, [builder.add(builder.mul(m, ir.Constant(_I64, 64)),
+                                                                 ir.Constant(_I64, k))]))
+                    y = builder.load(builder.gep(b, [builder.add(builder.mul(n, ir.Constant(_I64, 4)),
+                                                                 ir.Constant(_I64, k // 4 * 64 + k % 4))]))
+                    total = builder.add(total, builder.mul(builder.zext(x, _I32), builder.sext(y, _I32)))
+                builder.store(total, at)
+    else:  # tileloadd64 / tilestored64: rows of `cols` bytes, `stride` apart in memory, 64 in the tile
+        address, stride = values[1], values[2]
+        for r in range(rows):
+            there = builder.gep(address, [builder.mul(stride, ir.Constant(_I64, r))])
+            here = builder.gep(tile, [ir.Constant(_I32, 64 * r)])
+            src, dst = (there, here) if name == "llvm.x86.tileloadd64" else (here, there)
+            cgutils.raw_memcpy(builder, dst, src, ir.Constant(_I64, cols), 1)
 
 
-@intrinsic
-def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
+def _products_of(emulated: bool):
+    """`_products` on the CPU's tiles, or (emulated) in plain IR that computes the same integers: where the CPU has
+    no AMX, `products` compiles and answers as it would with them (a test checks them against cpu_vnni's anywhere)."""
+    def products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
+        return _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb)
+    products.__name__ = "products_emulated" if emulated else "products_on_tiles"
+    return intrinsic(products)
+
+
+def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
     """LLVM IR: the panel `_panel` unpacked into wsc and dm (S superblocks, nb = 16 S blocks) against G tiles
     of 16 rows of x (`tile_row`'s xt, xdt, xst): the 16 x 16 outputs of tile g as 16 vectors (a row of W's,
     over x's 16 rows) at tb + g x 1,024. Each block of each superblock: its tile product into int32 sums
@@ -178,6 +220,12 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
     def codegen(context, builder, signature, args):
         wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb = args
         width = wsc.type
+        state = cgutils.alloca_once(builder, ir.ArrayType(_I8, 8 * 1024)) if emulated else None
+        if emulated:
+            state = builder.bitcast(state, _I8.as_pointer())
+
+        def _tile(builder, name, *values):
+            _tile_op(builder, name, *values, state=state)
 
         def const(v):
             return ir.Constant(width, v)
@@ -217,11 +265,11 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
                     xs = builder.load(_at(builder, xst, builder.mul(b, const(64)), vf), align=4)
                     for n in range(PANEL):
                         c = builder.load(_at(builder, at, const(64 * n), vi), align=64)
-                        at = builder.add(dm, builder.add(builder.mul(builder.add(builder.mul(s, const(PANEL)),
+                        dn = builder.add(dm, builder.add(builder.mul(builder.add(builder.mul(s, const(PANEL)),
                                                                                  const(n)), const(128)),
                                                          builder.mul(lane, const(4))))
-                        d = splat(builder.load(_at(builder, at, const(0), _F32), align=4))
-                        m = splat(builder.load(_at(builder, at, const(64), _F32), align=4))
+                        d = splat(builder.load(_at(builder, dn, const(0), _F32), align=4))
+                        m = splat(builder.load(_at(builder, dn, const(64), _F32), align=4))
                         total = builder.call(fma, [builder.sitofp(c, vf), builder.fmul(d, xd, flags=STRICT),
                                                    builder.load(sums[n])])
                         builder.store(builder.call(fma, [m, xs, total]), sums[n])
@@ -260,6 +308,10 @@ def _products(typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, cb):
     return types.void(*([types.intp] * 11)), codegen
 
 
+_TILES = available()  # (a constant of the compiled `products`: where False, no tile instruction is compiled)
+_products = _products_of(not _TILES)
+
+
 @njit(cache=True, inline="always")
 def panel(kind, w, stride, S, wsc, fs):
     """W's panel of 16 rows at w unpacked into wsc, its scales into fs's first 512 S (`_emit_panel`)."""
@@ -279,7 +331,8 @@ def products(cfg, p0, p1, address, groups, kind, xt, xdt, xst, G, blocks, wsc, f
     tb = acc + 4 * 4096
     cb = tb + 4 * 256 * G
     at = (tb - dm) // 4
-    cpu_amx._configure(cfg.ctypes.data)
+    if _TILES:
+        cpu_amx._configure(cfg.ctypes.data)
     for p in range(p0, p1):
         panel(kind, address + 4 * p * stride, stride, S, wsc, fs)
         _products(wsc.ctypes.data, dm, S, blocks, xt.ctypes.data, xdt.ctypes.data, xst.ctypes.data, G, acc, tb,
@@ -288,7 +341,8 @@ def products(cfg, p0, p1, address, groups, kind, xt, xdt, xst, G, blocks, wsc, f
             for n in range(PANEL):
                 for r in range(min(16, rows - 16 * g)):
                     out[16 * g + r, o + PANEL * p + n] = fs[at + (g * 16 + n) * 16 + r]
-    cpu_amx._release()
+    if _TILES:
+        cpu_amx._release()
 
 
 def scratch_floats(blocks: int, G: int) -> int:
