@@ -67,7 +67,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for B in rows:
         pool, xb = step_rows.decode_rows(step, cfg, B, rng)
-        settings = {"tiles": cpu_amx_int8.ROWS, "vnni": 1 << 30}
+        settings = {"tiles": cpu_amx_int8.ROWS, "vnni": None}
         logits = {}
         for name, at in settings.items():
             step.int8_rows = at

@@ -5,7 +5,8 @@ fraction of 16 one-thread steps' rate, the threads lose it (barriers, shared cac
 
     PYTHONPATH=. python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16] [steps 30] [vnni]
 
-vnni: decode rows' products on cpu_vnni's kernels however many (not on AMX's int8 tiles from NumbaStep.int8_rows).
+vnni: decode rows' products on cpu_vnni's kernels however many (else, where the CPU has them, on AMX's int8 tiles from
+cpu_amx_int8.ROWS rows, as NumbaStep.int8_rows sets).
 
 Session 49, an H100 host's 16-core Xeon: docs/cpu_graph.md.
 """
@@ -16,6 +17,7 @@ import numpy as np
 import step_rows
 
 from oxinfer.formats import default_model_path
+from oxinfer.runtime import cpu_amx_int8
 from oxinfer.runtime import step_ops as so
 
 
@@ -29,8 +31,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     for n in threads:
         step = step_rows.step(model, n)
-        if vnni:
-            step.int8_rows = 1 << 30
+        step.int8_rows = None if vnni else cpu_amx_int8.ROWS
         macs = float((step.mats[:, 5] * step.mats[:, 6]).sum())  # (a row's multiply-adds: every product once)
         lines = step.lines
         for B in rows:

@@ -114,7 +114,7 @@ def test_a_step_of_many_decode_rows_gives_each_row_the_logits_it_gets_alone(tmp_
     from oxinfer.formats import GGUFFile
     from oxinfer.models import Llama, ModelConfig
     from oxinfer.models.kv_cache import KVPool
-    from oxinfer.runtime import CpuBackend, MatmulScheduler, cpu_step
+    from oxinfer.runtime import CpuBackend, MatmulScheduler, cpu_amx_int8, cpu_step
     from oxinfer.runtime.ops import CpuOps
     from oxinfer.testing import write_tiny_llama
     path = write_tiny_llama(tmp_path / "m.gguf", d=512, d_ff=1536, n_layers=2, n_heads=8, n_kv=2, extra_vocab=253,
@@ -123,6 +123,7 @@ def test_a_step_of_many_decode_rows_gives_each_row_the_logits_it_gets_alone(tmp_
     cfg = ModelConfig.from_gguf(f)
     model = Llama.from_gguf(f, cfg, CpuOps(cfg, MatmulScheduler(CpuBackend(int8=True)).linear))
     step = cpu_step.NumbaStep(model, min(4, numba.config.NUMBA_NUM_THREADS))
+    step.int8_rows = cpu_amx_int8.ROWS  # (on: off by default until measured quicker)
     rng = np.random.default_rng(0)
     for B in (16, 20, 37):
         pool = KVPool(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, B, 64, None)

@@ -1,5 +1,5 @@
-"""Decode rows' products on AMX's int8 tiles, where a step has many of them (ROWS or more): W's unsigned
-values against x's int8 blocks (runtime/cpu_vnni.py's) with TDPBUSD, one 32-value block a tile product
+"""Decode rows' products on AMX's int8 tiles, where a step has many of them (ROWS or more; ON: off by
+default until measured quicker on a 16-core host): W's unsigned values against x's int8 blocks (runtime/cpu_vnni.py's) with TDPBUSD, one 32-value block a tile product
 (16 rows of W x 16 rows of x x 32 products), so that each block's int32 sum is the one vpdpbusd gives, then
 scaled in float32 exactly as cpu_vnni's superblocks scale theirs: a lane an output's blocks 16 apart,
 (q . x8) (d xd) then m xs in fused multiply-adds, superblock after superblock, and the lanes added in
@@ -11,9 +11,11 @@ A thread takes a range of W's panels (4 quads of cpu_lay's). For each, `_panel` 
 values to bytes in the layout a tile loads as TDPBUSD's first operand (a block's 32 values a row of 16
 rows: its 16 even values, then its odd ones, in cpu_vnni's order of x's bytes) and their d and m to
 float32; `_products` runs every 16 rows of x (laid once a product by `tile_row`: a block's 8 x 4 bytes of
-16 rows, the second operand's layout) over them. With one multiply-add per 16 outputs and block where
-vpdpbusd takes a 16th of a block's products, the arithmetic a product is ~4x less (session 49).
-cpu_step.py runs it; the tiles' state is asked for as cpu_amx's (`available`)."""
+16 rows, the second operand's layout) over them: two fused multiply-adds (and a convert and a multiply) per
+16 outputs and block, where vpdpbusd took 8 and their unpacking. Measured (session 49, docs/cpu_graph.md): one
+core's products 1.07-1.72x cpu_vnni's, a 16-thread step not quicker (the first form). cpu_step.py runs it; the
+tiles' state is asked for as cpu_amx's (`available`). Where the CPU has no int8 tiles, `products` computes
+the tiles' integers in plain IR instead (`_tile_op`), everything else as on them, so its test runs anywhere."""
 
 from __future__ import annotations
 
@@ -28,7 +30,12 @@ from numba.extending import intrinsic
 from oxinfer.runtime import blockwise, cpu_amx, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jit)
 from oxinfer.runtime.cpu_vnni import STRICT, SUPER, group_bytes
 
-ROWS = 16  # a step's decode rows from which its products of whole superblocks run here
+ROWS = 16  # a step's decode rows from which its products of whole superblocks run here, where ON
+# Off by default: on an H100 host's 16-core Xeon the first form made the 1.1B's 32-row step 0.98x and its 16 rows
+# 0.87x as quick (the 135M 0.81-0.90x), the kernels alone on one core 1.07-1.72x; the forms since (a lane's tile
+# products back to back, leaner unpacking) are not yet measured on such a host (session 49: no device time left).
+# benchmarks/cpu_amx_int8_ab.py measures them in turns against cpu_vnni (NumbaStep.int8_rows).
+ON = False
 PANEL = 16  # W's rows a tile holds (4 of cpu_lay's quads)
 SUPERBLOCK = 32 * SUPER * PANEL  # bytes of a panel's superblock unpacked (`panel`)
 _A, _B = SUPERBLOCK, 512  # (and of a tile of 16 rows of x's block)

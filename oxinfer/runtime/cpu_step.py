@@ -344,7 +344,8 @@ class NumbaStep:
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
         self.own, self.fetch = OWN, FETCH
-        self.int8_rows = cpu_amx_int8.ROWS  # (decode rows from which products run on AMX's int8 tiles, where it has them)
+        # decode rows from which products run on AMX's int8 tiles, where it has them (None: never)
+        self.int8_rows: int | None = cpu_amx_int8.ROWS if cpu_amx_int8.ON else None
         self.crowding = Crowding(threads)
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
@@ -396,7 +397,8 @@ class NumbaStep:
         A, qs = A[:T], qs[:T]
         amx = (tiles, *self._tile_scratch(T if tiles else 0),
                *self._laid_kv(prompts if tiles else (), np.asarray(pos)))
-        i8 = self._int8_scratch(T) if _AMX8 and not tiles and T >= self.int8_rows else self._no_int8
+        int8 = _AMX8 and not tiles and self.int8_rows is not None and T >= self.int8_rows
+        i8 = self._int8_scratch(T) if int8 else self._no_int8
         A[:, :x.shape[1]] = x
         args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
                 np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
