@@ -27,7 +27,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from oxinfer.runtime import blockwise, cpu_amx, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: before any jit)
+from oxinfer.runtime import blockwise, cpu_amx, cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: first)
 from oxinfer.runtime.cpu_vnni import STRICT, SUPER, group_bytes
 
 ROWS = 16  # a step's decode rows from which its products of whole superblocks run here, where ON
@@ -184,28 +184,44 @@ def _tile_op(builder, name: str, *values, state=None) -> None:
     if name == "llvm.x86.tilezero":
         cgutils.memset(builder, tile, ir.Constant(_I64, 1024), 0)
     elif name == "llvm.x86.tdpbusd":  # C[m, n] += sum over k of A[m, k] (unsigned) B[k // 4, 4 n + k % 4] (signed)
-        c, a, b = (builder.gep(state, [ir.Constant(_I32, 1024 * v.constant)]) for v in values)
-        with cgutils.for_range(builder, ir.Constant(_I64, 16)) as m_loop:
-            with cgutils.for_range(builder, ir.Constant(_I64, 16)) as n_loop:
-                m, n = m_loop.index, n_loop.index
-                at = builder.bitcast(builder.gep(c, [builder.add(builder.mul(m, ir.Constant(_I64, 64)),
-                                                                 builder.mul(n, ir.Constant(_I64, 4)))]),
-                                     _I32.as_pointer())
-                total = builder.load(at)
-                for k in range(32):
-                    x = builder.load(builder.gep(a, [builder.add(builder.mul(m, ir.Constant(_I64, 64)),
-                                                                 ir.Constant(_I64, k))]))
-                    y = builder.load(builder.gep(b, [builder.add(builder.mul(n, ir.Constant(_I64, 4)),
-                                                                 ir.Constant(_I64, k // 4 * 64 + k % 4))]))
-                    total = builder.add(total, builder.mul(builder.zext(x, _I32), builder.sext(y, _I32)))
-                builder.store(total, at)
+        builder.call(_emulated_dp(builder.module), [builder.gep(state, [ir.Constant(_I32, 1024 * v.constant)])
+                                                    for v in values])
     else:  # tileloadd64 / tilestored64: rows of `cols` bytes, `stride` apart in memory, 64 in the tile
         address, stride = values[1], values[2]
-        for r in range(rows):
-            there = builder.gep(address, [builder.mul(stride, ir.Constant(_I64, r))])
-            here = builder.gep(tile, [ir.Constant(_I32, 64 * r)])
+        with cgutils.for_range(builder, ir.Constant(_I64, rows)) as r_loop:
+            there = builder.gep(address, [builder.mul(stride, r_loop.index)])
+            here = builder.gep(tile, [builder.mul(r_loop.index, ir.Constant(_I64, 64))])
             src, dst = (there, here) if name == "llvm.x86.tileloadd64" else (here, there)
             cgutils.raw_memcpy(builder, dst, src, ir.Constant(_I64, cols), 1)
+
+
+def _emulated_dp(module):
+    """The module's one function (never inlined: LLVM unrolled and vectorized each use, 12 s of a test's compile)
+    doing tdpbusd's integers over three tiles' bytes (C, A, B) for `_tile_op`."""
+    name = "oxinfer_emulated_tdpbusd"
+    if name in module.globals:
+        return module.globals[name]
+    p8 = _I8.as_pointer()
+    f = ir.Function(module, ir.FunctionType(ir.VoidType(), [p8, p8, p8]), name)
+    f.attributes.add("noinline")
+    f.linkage = "internal"
+    builder = ir.IRBuilder(f.append_basic_block("entry"))
+    c, a, b = f.args
+
+    def i64(v):
+        return ir.Constant(_I64, v)
+    with cgutils.for_range(builder, i64(16)) as m_loop, cgutils.for_range(builder, i64(16)) as n_loop:
+        m, n = m_loop.index, n_loop.index
+        at = builder.bitcast(builder.gep(c, [builder.add(builder.mul(m, i64(64)), builder.mul(n, i64(4)))]),
+                             _I32.as_pointer())
+        with cgutils.for_range(builder, i64(32)) as k_loop:
+            k = k_loop.index
+            x = builder.load(builder.gep(a, [builder.add(builder.mul(m, i64(64)), k)]))
+            y = builder.load(builder.gep(b, [builder.add(builder.add(builder.mul(builder.lshr(k, i64(2)), i64(64)),
+                                                                     builder.mul(n, i64(4))), builder.and_(k, i64(3)))]))
+            builder.store(builder.add(builder.load(at), builder.mul(builder.zext(x, _I32), builder.sext(y, _I32))), at)
+    builder.ret_void()
+    return f
 
 
 def _products_of(emulated: bool):
@@ -356,3 +372,26 @@ def scratch_floats(blocks: int, G: int) -> int:
     """float32s of `products`' fs for inputs of `blocks` blocks and G tiles of x: d and m, the lanes' sums,
     the outputs, two lanes' int32 sums of every superblock (and 64 bytes to align them)."""
     return 512 * (blocks // SUPER) + 4096 + 256 * G + 512 * (blocks // SUPER) + 16
+
+
+@njit(fastmath=True, error_model="numpy", cache=True)
+def product(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8):
+    """Thread tid's share of a product of a step's decode rows (runtime/cpu_step.py's; i8 its scratch): x's rows
+    quantized as cpu_vnni quantizes them and laid for the tiles, a row a thread (the rows after them, to a multiple
+    of 16, zeros); at a barrier, a range of W's panels of 16 rows a thread. The barrier count after."""
+    _, xt, xdt, xst, wsc, fs, cfg = i8
+    q8 = xq[:rows * 32 * blocks].reshape((rows, 32 * blocks))
+    q32 = xd[:rows * blocks].reshape((rows, blocks))
+    s32 = xs[:rows * blocks].reshape((rows, blocks))
+    G = -(-rows // 16)
+    for t in range(tid, 16 * G, n):
+        keep = t < rows
+        r = t if keep else 0
+        if keep:
+            cpu_vnni.quantize_row(A[t], a, m[6], blocks, q8[t], q32[t], s32[t], 0, blocks)
+        tile_row(q8[r], q32[r], s32[r], t, blocks, xt, xdt, xst, keep)
+    gen = cpu_sync.barrier(sync, n, tid, gen)
+    panels = m[5] // PANEL
+    products(cfg, panels * tid // n, panels * (tid + 1) // n, m[0], m[2], m[4], xt, xdt, xst, G, blocks, wsc[tid],
+             fs[tid], A, o, rows)
+    return gen

@@ -86,7 +86,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`. i8: (whether this step
-    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch): `_tiles8`."""
+    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch): `cpu_amx_int8.product`."""
     gen = 0
     _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune[1])
     for i in range(lines.shape[0]):
@@ -98,7 +98,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             if _AMX and amx[0] and m[5] % cpu_amx.TILE == 0:
                 gen = _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, amx[1], amx[2][tid], amx[3])
             elif _AMX8 and i8[0] and cpu_amx_int8.fits(m):
-                gen = _tiles8(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8)
+                gen = cpu_amx_int8.product(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8)
             else:
                 own = rows < n and rows * blocks <= tune[0]  # (every thread quantizes every row, into rows its own)
                 pieces = 1 if own else max(1, min(n // rows, blocks // _QUANTIZE_BLOCKS))  # (a row's blocks in pieces)
@@ -172,30 +172,6 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
             cpu_amx.panel(m[0], 4 * (p + 1), m[2], m[3], m[4], m[5], wb[1])
         cpu_amx.pair(cfg, x0 + 64 * s0 * k, 2 * (s1 - s0), wb.ctypes.data, wb.strides[0], k,
                      A.ctypes.data + 32 * s0 * ys + 4 * (o + cpu_amx.TILE * p), ys, two)
-    return gen
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _tiles8(tid, n, sync, gen, m, blocks, A, a, o, rows, xq, xd, xs, i8):
-    """A product of decode rows on AMX's int8 tiles (runtime/cpu_amx_int8.py): x's rows quantized as cpu_vnni
-    quantizes them and laid for the tiles, a row a thread (the rows after them, to a multiple of 16, zeros); at a
-    barrier, a range of W's panels of 16 rows a thread. Each row's outputs cpu_vnni's bit for bit. The barrier
-    count after."""
-    _, xt, xdt, xst, wsc, fs, cfg = i8
-    q8 = xq[:rows * 32 * blocks].reshape((rows, 32 * blocks))
-    q32 = xd[:rows * blocks].reshape((rows, blocks))
-    s32 = xs[:rows * blocks].reshape((rows, blocks))
-    G = -(-rows // 16)
-    for t in range(tid, 16 * G, n):
-        keep = t < rows
-        r = t if keep else 0
-        if keep:
-            cpu_vnni.quantize_row(A[t], a, m[6], blocks, q8[t], q32[t], s32[t], 0, blocks)
-        cpu_amx_int8.tile_row(q8[r], q32[r], s32[r], t, blocks, xt, xdt, xst, keep)
-    gen = cpu_sync.barrier(sync, n, tid, gen)
-    panels = m[5] // cpu_amx_int8.PANEL
-    cpu_amx_int8.products(cfg, panels * tid // n, panels * (tid + 1) // n, m[0], m[2], m[4], xt, xdt, xst, G, blocks,
-                          wsc[tid], fs[tid], A, o, rows)
     return gen
 
 
@@ -458,7 +434,7 @@ class NumbaStep:
         return self._xb, self._wb, self._cfg
 
     def _int8_scratch(self, T: int) -> tuple:
-        """`_tiles8`'s for T decode rows (tiles of 16, grown to powers of two): True, x's rows laid for the tiles
+        """`cpu_amx_int8.product`'s for T decode rows (tiles of 16, grown to powers of two): True, x's rows laid for the tiles
         (cpu_amx_int8.tile_row's), each thread's W panel unpacked and its floats, the tiles' configuration."""
         G = 1 << (-(-T // 16) - 1).bit_length()
         if self._i8 is None or self._i8[0] < G:
