@@ -31,8 +31,9 @@ from oxinfer.serve_ray.router import rank
 from oxinfer.testing import write_tiny_llama
 
 MAX_CONCURRENT = 4  # per replica: 16 requests are 2 waves over 2 replicas, so some wait in the router
-SHORT, LONG = 12, 300  # tokens: the greedy comparison; the run a replica is killed in (long enough to outlast
-# the kill: 48 tokens of the tiny model were ~50-100 ms a replica, and a kill could land after them)
+SHORT, LONG = 12, 200  # tokens: the greedy comparison; the run a replica is killed in (long enough to outlast
+# the kill: 48 tokens of the tiny model were ~50-100 ms a replica, and a kill could land after them; 300 took the
+# kill's test 45 s of a busy suite, 3 waves of 4 answers on the survivor, each token a step)
 # a tiny model and prompts whose greedy answers differ (13 of 16; most random models repeat one byte)
 SEED = 4
 QUESTIONS = [[{"role": "user", "content": str(i * 7919)}] for i in range(16)]
