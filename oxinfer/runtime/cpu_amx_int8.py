@@ -1,6 +1,7 @@
 """Decode rows' products on AMX's int8 tiles, where a step has many of them (ROWS or more; ON: off by
-default until measured quicker on a 16-core host): W's unsigned values against x's int8 blocks (runtime/cpu_vnni.py's) with TDPBUSD, one 32-value block a tile product
-(16 rows of W x 16 rows of x x 32 products), so that each block's int32 sum is the one vpdpbusd gives, then
+default until measured quicker on a 16-core host): W's unsigned values against x's int8 blocks
+(runtime/cpu_vnni.py's) with TDPBUSD, one 32-value block a tile product (16 rows of W x 16 rows of x x 32
+products), so that each block's int32 sum is the one vpdpbusd gives, then
 scaled in float32 exactly as cpu_vnni's superblocks scale theirs: a lane an output's blocks 16 apart,
 (q . x8) (d xd) then m xs in fused multiply-adds, superblock after superblock, and the lanes added in
 cpu_vnni's tree. A row's outputs are cpu_vnni.some's bit for bit, so a sequence's logits stay the same in
@@ -217,8 +218,9 @@ def _emulated_dp(module):
         with cgutils.for_range(builder, i64(32)) as k_loop:
             k = k_loop.index
             x = builder.load(builder.gep(a, [builder.add(builder.mul(m, i64(64)), k)]))
-            y = builder.load(builder.gep(b, [builder.add(builder.add(builder.mul(builder.lshr(k, i64(2)), i64(64)),
-                                                                     builder.mul(n, i64(4))), builder.and_(k, i64(3)))]))
+            at_b = builder.add(builder.add(builder.mul(builder.lshr(k, i64(2)), i64(64)), builder.mul(n, i64(4))),
+                               builder.and_(k, i64(3)))
+            y = builder.load(builder.gep(b, [at_b]))
             builder.store(builder.add(builder.load(at), builder.mul(builder.zext(x, _I32), builder.sext(y, _I32))), at)
     builder.ret_void()
     return f
@@ -269,12 +271,13 @@ def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, 
                     builder.store(zeros, v)
 
                 def issue(s, t, at):  # superblock s's block `lane` against tile g on tiles 3 t to 3 t + 2, sums at `at`
-                    slot = builder.add(builder.mul(builder.and_(lane, const(3)), const(4)), builder.lshr(lane, const(2)))
+                    slot = builder.add(builder.mul(builder.and_(lane, const(3)), const(4)),
+                                       builder.lshr(lane, const(2)))
                     a = builder.add(wsc, builder.add(builder.mul(s, const(_A)), builder.mul(slot, const(32))))
                     x = builder.add(xt, builder.mul(builder.add(builder.mul(builder.add(builder.mul(g, const(SUPER)),
                                                                                         lane), S), s), const(_B)))
-                    _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t), builder.inttoptr(a, _I8.as_pointer()),
-                          ir.Constant(_I64, 32 * SUPER))
+                    _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t),
+                          builder.inttoptr(a, _I8.as_pointer()), ir.Constant(_I64, 32 * SUPER))
                     _tile(builder, "llvm.x86.tileloadd64", ir.Constant(_I8, 3 * t + 1),
                           builder.inttoptr(x, _I8.as_pointer()), ir.Constant(_I64, 64))
                     _tile(builder, "llvm.x86.tilezero", ir.Constant(_I8, 3 * t + 2))
@@ -320,7 +323,7 @@ def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, 
 
             def add(a, b):
                 return builder.fadd(a, b, flags=STRICT)
-            for n in range(PANEL):  # cpu_vnni's tree: lanes i and i + 8, (+ tails), i and i + 4, (+ mins, tail mins), ...
+            for n in range(PANEL):  # cpu_vnni's tree: lanes i and i + 8 (+ tails), i and i + 4 (+ mins, tail mins)...
                 a = [builder.load(_at(builder, acc, const(64 * (SUPER * n + i)), vf), align=4) for i in range(SUPER)]
                 s8 = [add(add(a[i], a[i + 8]), zeros) for i in range(8)]
                 s4 = [add(add(add(s8[i], s8[i + 4]), zeros), zeros) for i in range(4)]

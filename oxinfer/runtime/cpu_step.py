@@ -86,7 +86,8 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`. i8: (whether this step
-    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch): `cpu_amx_int8.product`."""
+    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch):
+    `cpu_amx_int8.product`."""
     gen = 0
     _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune[1])
     for i in range(lines.shape[0]):
@@ -434,8 +435,8 @@ class NumbaStep:
         return self._xb, self._wb, self._cfg
 
     def _int8_scratch(self, T: int) -> tuple:
-        """`cpu_amx_int8.product`'s for T decode rows (tiles of 16, grown to powers of two): True, x's rows laid for the tiles
-        (cpu_amx_int8.tile_row's), each thread's W panel unpacked and its floats, the tiles' configuration."""
+        """`cpu_amx_int8.product`'s for T decode rows (tiles of 16, grown to powers of two): True, x's rows laid for
+        the tiles (cpu_amx_int8.tile_row's), each thread's W panel unpacked and its floats, the tiles' configuration."""
         G = 1 << (-(-T // 16) - 1).bit_length()
         if self._i8 is None or self._i8[0] < G:
             blocks = self.x_cols // 32

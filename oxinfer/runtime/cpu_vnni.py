@@ -219,8 +219,8 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         pairs = [builder.fadd(folded(builder.load(accs[t][r]), builder.load(accs[t][r + 1]), 8),
                               cat([builder.load(tails[t][r]), builder.load(tails[t][r + 1])]), flags=STRICT)
                  for r in (0, 2)]
-        v = builder.fadd(builder.fadd(folded(*pairs, 4), cat([builder.load(mins[t][r]) for r in range(4)]), flags=STRICT),
-                         cat([pick(builder.load(tail_mins[t][r]), zeros(2), [0, 1, 2, 3]) for r in range(4)]),
+        v = builder.fadd(folded(*pairs, 4), cat([builder.load(mins[t][r]) for r in range(4)]), flags=STRICT)
+        v = builder.fadd(v, cat([pick(builder.load(tail_mins[t][r]), zeros(2), [0, 1, 2, 3]) for r in range(4)]),
                          flags=STRICT)
         v = folded(folded(v, None, 2), None, 1)
         out += [builder.extract_element(v, ir.Constant(_I32, r)) for r in range(4)]
