@@ -332,8 +332,9 @@ class NumbaStep:
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
         # AMX's int8 tiles' scratch (`_int8_scratch`: grown at a first step of many decode rows), and none
         self._i8: tuple | None = None
+        self._cfg8 = cpu_amx_int8.config()
         self._no_int8 = (False, np.zeros(1, np.uint32), np.zeros(1, np.float32), np.zeros(1, np.float32),
-                         np.zeros((threads, 1), np.uint8), np.zeros((threads, 1), np.float32), cpu_amx_int8.config())
+                         np.zeros((threads, 1), np.uint8), np.zeros((threads, 1), np.float32), self._cfg8)
         # prompts' keys and values laid for the tiles (`_laid_kv`: grown at a first prompt), and no prompts
         self._kv, self._no_prompts = np.zeros((c.n_kv_heads, 2, 1), np.uint32), np.zeros((0, 3), np.int64)
 
@@ -444,7 +445,7 @@ class NumbaStep:
                             np.zeros(G * blocks * 16, np.float32),
                             np.zeros((self.threads, blocks // 16 * cpu_amx_int8.SUPERBLOCK), np.uint8),
                             np.zeros((self.threads, cpu_amx_int8.scratch_floats(blocks, G)), np.float32),
-                            cpu_amx_int8.config()))
+                            self._cfg8))
         return self._i8[1]
 
     def _laid_kv(self, prompts: Sequence[int], pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
