@@ -30,7 +30,7 @@ from numba.extending import intrinsic
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 from oxinfer.runtime import blockwise, cpu_sync, cpu_vnni
 from oxinfer.runtime.cpu_lay import get
-from oxinfer.runtime.cpu_vnni import KINDS, SUPER, group_bytes
+from oxinfer.runtime.cpu_vnni import KINDS, SUPER, group_bytes, splat
 
 AHEAD = 2  # steps of 32 values `pair` prefetches x's tiles ahead (1, 2 and 4 measured alike on 16 cores, session 39)
 TILE = 16  # rows of x, and of W, a tile holds (and 32 bfloat16 columns: one block of 32)
@@ -186,10 +186,6 @@ def _pairs(typingctx, even, odd, piece, d, m, dst):
                 v = builder.insert_element(v, word, ir.Constant(ir.IntType(32), j))
             return builder.bitcast(v, v8)
 
-        def splat(value, vt):
-            one = builder.insert_element(ir.Constant(vt, None), value, ir.Constant(ir.IntType(32), 0))
-            return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(vi, [0] * 16))
-
         def const(v):
             return ir.Constant(vi, [v] * 16)
 
@@ -208,7 +204,7 @@ def _pairs(typingctx, even, odd, piece, d, m, dst):
         lo.add_incoming(q, at8)
         hi.add_incoming(hi4, at4)
         hi.add_incoming(hi8, at8)
-        ds, ms = splat(d, vf), splat(m, vf)
+        ds, ms = splat(builder, d, 16), splat(builder, m, 16)
 
         def bf16(v):  # <16 x i8> -> d * v + m as bfloat16's bits in <16 x i32>
             return _ir_bf16(builder, builder.fadd(builder.fmul(builder.uitofp(v, vf), ds), ms))

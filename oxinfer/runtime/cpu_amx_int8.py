@@ -29,7 +29,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from oxinfer.runtime import blockwise, cpu_amx, cpu_sync, cpu_vnni, numba_cache  # noqa: F401 - (numba_cache: first)
-from oxinfer.runtime.cpu_vnni import STRICT, SUPER, group_bytes
+from oxinfer.runtime.cpu_vnni import STRICT, SUPER, group_bytes, pointer, scales_at, splat
 
 ROWS = 16  # a step's decode rows from which its products of whole superblocks run here, where ON
 # Off by default: on an H100 host's 16-core Xeon the first form made the 1.1B's 32-row step 0.98x and its 16 rows
@@ -93,10 +93,6 @@ def slot(b: int) -> int:
     return 4 * (b % 4) + b // 4
 
 
-def _at(builder, address, offset, ty):
-    return builder.inttoptr(builder.add(address, offset), ty.as_pointer())
-
-
 def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
     """LLVM IR: the panel of 16 rows at w (quads `stride` bytes apart) unpacked, superblock s at wsc + s _A:
     row n's 16 blocks of 32 bytes at n x 512 (a block's even values' q, then its odd ones'), block b in slot
@@ -117,20 +113,13 @@ def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
     def transposed(base):
         """The 4 pieces of 64 bytes at base (a word a block) -> 4 vectors, T_i's 128-bit lane g block 4 g + i's 4
         words (piece 0's first): the 4 x 4 transposes of unpacking's words, then quadwords, lane by lane."""
-        p = [builder.load(_at(builder, base, const(64 * j), v16), align=1) for j in range(4)]
+        p = [builder.load(pointer(builder, base, const(64 * j), v16), align=1) for j in range(4)]
         lo = [4 * g + i for g in range(4) for i in (0, 16, 1, 17)]
         hi = [4 * g + i for g in range(4) for i in (2, 18, 3, 19)]
         u = [pick(p[0], p[1], lo), pick(p[0], p[1], hi), pick(p[2], p[3], lo), pick(p[2], p[3], hi)]
         qlo = [4 * g + i for g in range(4) for i in (0, 1, 16, 17)]
         qhi = [4 * g + i for g in range(4) for i in (2, 3, 18, 19)]
         return [pick(u[0], u[2], qlo), pick(u[0], u[2], qhi), pick(u[1], u[3], qlo), pick(u[1], u[3], qhi)]
-
-    def scales(address):
-        vf = ir.VectorType(_F32, 16)
-        if sb == 4:
-            return builder.load(builder.inttoptr(address, vf.as_pointer()), align=1)
-        vh = ir.VectorType(ir.HalfType(), 16)
-        return builder.fpext(builder.load(builder.inttoptr(address, vh.as_pointer()), align=1), vf)
 
     with cgutils.for_range(builder, S) as s_loop:
         s = s_loop.index
@@ -150,10 +139,10 @@ def _emit_panel(builder, w, stride, S, wsc, dm, bits, sb):
                 lo, hi = builder.bitcast(lo, q8), builder.bitcast(hi, q8)
                 for c, order in enumerate(([0, 1, 8, 9, 2, 3, 10, 11], [4, 5, 12, 13, 6, 7, 14, 15])):
                     r = builder.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(_I32, 8), order))
-                    builder.store(r, _at(builder, dst, const(64 * (2 * i + c)), q8), align=1)
-            d = scales(builder.add(row, const(vb)))
+                    builder.store(r, pointer(builder, dst, const(64 * (2 * i + c)), q8), align=1)
+            d = scales_at(builder, builder.add(row, const(vb)), 16, sb)
             vf = d.type
-            m = scales(builder.add(row, const(vb + 16 * sb))) if bits == 4 else \
+            m = scales_at(builder, builder.add(row, const(vb + 16 * sb)), 16, sb) if bits == 4 else \
                 builder.fmul(d, ir.Constant(vf, [-128.0] * 16), flags=STRICT)  # (as cpu_vnni's superblocks)
             at = builder.add(dm, builder.mul(builder.add(builder.mul(s, const(PANEL)), n), const(128)))
             builder.store(d, builder.inttoptr(at, vf.as_pointer()), align=4)
@@ -259,10 +248,6 @@ def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, 
         zeros = ir.Constant(vf, [0.0] * 16)
         sums = [cgutils.alloca_once_value(builder, zeros) for _ in range(PANEL)]
 
-        def splat(value):
-            one = builder.insert_element(ir.Constant(vf, None), value, ir.Constant(_I32, 0))
-            return builder.shuffle_vector(one, ir.Constant(vf, None), ir.Constant(vi, [0] * 16))
-
         with cgutils.for_range(builder, G) as g_loop:
             g = g_loop.index
             with cgutils.for_range(builder, const(SUPER)) as l_loop:
@@ -287,15 +272,15 @@ def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, 
 
                 def scale(s, at):  # superblock s's block `lane`, its int32 sums at `at`, into the 16 sums
                     b = builder.add(builder.mul(g, nb), builder.add(builder.mul(s, const(SUPER)), lane))
-                    xd = builder.load(_at(builder, xdt, builder.mul(b, const(64)), vf), align=4)
-                    xs = builder.load(_at(builder, xst, builder.mul(b, const(64)), vf), align=4)
+                    xd = builder.load(pointer(builder, xdt, builder.mul(b, const(64)), vf), align=4)
+                    xs = builder.load(pointer(builder, xst, builder.mul(b, const(64)), vf), align=4)
                     for n in range(PANEL):
-                        c = builder.load(_at(builder, at, const(64 * n), vi), align=64)
+                        c = builder.load(pointer(builder, at, const(64 * n), vi), align=64)
                         dn = builder.add(dm, builder.add(builder.mul(builder.add(builder.mul(s, const(PANEL)),
                                                                                  const(n)), const(128)),
                                                          builder.mul(lane, const(4))))
-                        d = splat(builder.load(_at(builder, dn, const(0), _F32), align=4))
-                        m = splat(builder.load(_at(builder, dn, const(64), _F32), align=4))
+                        d = splat(builder, builder.load(pointer(builder, dn, const(0), _F32), align=4), 16)
+                        m = splat(builder, builder.load(pointer(builder, dn, const(64), _F32), align=4), 16)
                         total = builder.call(fma, [builder.sitofp(c, vf), builder.fmul(d, xd, flags=STRICT),
                                                    builder.load(sums[n])])
                         builder.store(builder.call(fma, [m, xs, total]), sums[n])
@@ -319,12 +304,13 @@ def _products_ir(emulated, typingctx, wsc, dm, S, nb, xt, xdt, xst, G, acc, tb, 
                     scale(s_loop.index, sums_at(s_loop.index))
                 for n, v in enumerate(sums):
                     at = builder.mul(builder.add(builder.mul(const(n), const(SUPER)), lane), const(64))
-                    builder.store(builder.load(v), _at(builder, acc, at, vf), align=4)
+                    builder.store(builder.load(v), pointer(builder, acc, at, vf), align=4)
 
             def add(a, b):
                 return builder.fadd(a, b, flags=STRICT)
             for n in range(PANEL):  # cpu_vnni's tree: lanes i and i + 8 (+ tails), i and i + 4 (+ mins, tail mins)...
-                a = [builder.load(_at(builder, acc, const(64 * (SUPER * n + i)), vf), align=4) for i in range(SUPER)]
+                a = [builder.load(pointer(builder, acc, const(64 * (SUPER * n + i)), vf), align=4)
+                     for i in range(SUPER)]
                 s8 = [add(add(a[i], a[i + 8]), zeros) for i in range(8)]
                 s4 = [add(add(add(s8[i], s8[i + 4]), zeros), zeros) for i in range(4)]
                 s2 = [add(s4[i], s4[i + 2]) for i in range(2)]

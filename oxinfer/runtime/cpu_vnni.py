@@ -57,6 +57,26 @@ _I32, _F32, _F16 = ir.IntType(32), ir.FloatType(), ir.HalfType()
 STRICT = ("contract",)
 
 
+def pointer(builder, base, offset, ty):
+    """LLVM IR: a pointer to a `ty` at the address base + offset."""
+    return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
+
+
+def scales_at(builder, address, k, sb):
+    """LLVM IR: the k float16 (sb 2) or float32 (sb 4) scales at address, as float32s."""
+    if sb == 4:
+        return builder.load(builder.inttoptr(address, ir.VectorType(_F32, k).as_pointer()), align=1)
+    half = builder.load(builder.inttoptr(address, ir.VectorType(_F16, k).as_pointer()), align=1)
+    return builder.fpext(half, ir.VectorType(_F32, k))
+
+
+def splat(builder, value, n):
+    """LLVM IR: n lanes of value."""
+    vt = ir.VectorType(value.type, n)
+    one = builder.insert_element(ir.Constant(vt, None), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, ir.Constant(vt, None), ir.Constant(ir.VectorType(_I32, n), [0] * n))
+
+
 def runs_here() -> bool:
     """Whether these products compile for this CPU: AVX-512 VNNI, or AVX2 with FMA and F16C."""
     return VNNI or all(blockwise.host_features().get(k) for k in ("avx2", "fma", "f16c"))
@@ -85,15 +105,13 @@ def _emit(builder, w, xs_of, n, tail, bits, sb):
         return ir.Constant(width, v)
 
     def at(base, offset, ty):
-        return builder.inttoptr(builder.add(base, offset), ty.as_pointer())
+        return pointer(builder, base, offset, ty)
 
     def lanes(k):  # vectors of k blocks: k x 4 lanes of int32 (4 bytes each)
         return ir.VectorType(_I32, 4 * k), ir.VectorType(_F32, 4 * k), ir.VectorType(_F32, k)
 
     def scales(addr, k):  # k float16 or float32 scales at addr, as floats
-        if sb == 4:
-            return builder.load(at(addr, const(0), ir.VectorType(_F32, k)), align=1)
-        return builder.fpext(builder.load(at(addr, const(0), ir.VectorType(_F16, k)), align=1), ir.VectorType(_F32, k))
+        return scales_at(builder, addr, k, sb)
 
     def group(k, wrow, xoff, doff, accs, mins):
         """k blocks (4 or 2) of the 4 rows at wrow(r) against every x at value byte xoff, scale doff."""
@@ -383,9 +401,7 @@ def _block(typingctx, src, even, odd, step):
         d = builder.fdiv(amax, ir.Constant(_F32, 127.0))
         inv = builder.select(builder.fcmp_ordered(">", amax, ir.Constant(_F32, 0.0)),
                              builder.fdiv(ir.Constant(_F32, 127.0), amax), ir.Constant(_F32, 0.0))
-        one = builder.insert_element(ir.Constant(v32, None), inv, ir.Constant(_I32, 0))
-        q = builder.fptosi(call("llvm.rint.v32f32", v32, builder.fmul(
-            v, builder.shuffle_vector(one, ir.Constant(v32, None), ir.Constant(q32, [0] * 32)))), q32)
+        q = builder.fptosi(call("llvm.rint.v32f32", v32, builder.fmul(v, splat(builder, inv, 32))), q32)
         total = call("llvm.vector.reduce.add.v32i32", _I32, q)
         b8 = builder.trunc(q, ir.VectorType(ir.IntType(8), 32))
         for base, first in ((even, 0), (odd, 1)):
