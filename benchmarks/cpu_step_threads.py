@@ -8,6 +8,9 @@ fraction of 16 one-thread steps' rate, the threads lose it (barriers, shared cac
 vnni: decode rows' products on cpu_vnni's kernels however many (else, where the CPU has them, on AMX's int8 tiles from
 cpu_amx_int8.ROWS rows, as NumbaStep.int8_rows sets).
 
+Each also prints its threads' time at barriers (cpu_sync.waited: the mean of their medians, the least and most): where
+a thread's share of a product ends well before the last one's, its wait shows it.
+
 Session 49, an H100 host's 16-core Xeon: docs/cpu_graph.md.
 """
 import sys
@@ -15,10 +18,23 @@ import time
 
 import numpy as np
 import step_rows
+from numba import njit
 
 from oxinfer.formats import default_model_path
-from oxinfer.runtime import cpu_amx_int8
+from oxinfer.runtime import cpu_amx_int8, cpu_sync
 from oxinfer.runtime import step_ops as so
+
+
+@njit
+def _now():
+    return cpu_sync.ticks()
+
+
+def tick_hz() -> float:
+    """The time-stamp counter's ticks a second (over 0.2 s)."""
+    t0, c0 = time.perf_counter(), _now()
+    time.sleep(0.2)
+    return (_now() - c0) / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -29,9 +45,11 @@ def main() -> None:
     vnni = len(sys.argv) > 5 and sys.argv[5] == "vnni"
     cfg, model = step_rows.load(path)
     rng = np.random.default_rng(0)
+    hz = tick_hz()
     for n in threads:
         step = step_rows.step(model, n)
         step.int8_rows = None if vnni else cpu_amx_int8.ROWS
+        step.crowding.left = 1 << 40  # (no trials of other thread counts: every step on n)
         macs = float((step.mats[:, 5] * step.mats[:, 6]).sum())  # (a row's multiply-adds: every product once)
         lines = step.lines
         for B in rows:
@@ -39,16 +57,21 @@ def main() -> None:
             out = {}
             for name, keep in (("whole", np.ones(len(lines), bool)), ("products", lines[:, 0] == so.LINEAR)):
                 step.lines = np.ascontiguousarray(lines[keep])
-                ts = []
+                ts, waits = [], []
                 for _ in range(steps):
                     t = time.perf_counter()
                     step.logits(xb, np.arange(B), np.full(B, 128), np.arange(B), pool)
                     ts.append(time.perf_counter() - t)
+                    waits.append(cpu_sync.waited(step._sync, step.crowding.n) / hz)
                 out[name] = float(np.median(ts[3:]))
+                w = np.median(waits[3:], axis=0)  # (each thread's median wait at barriers)
+                print(name, np.round(w * 1e3, 2))
+                out[name + " waits"] = f"waits {w.mean() * 1e3:.2f} ms a thread ({w.min() * 1e3:.2f}-{w.max() * 1e3:.2f})"
             step.lines = lines
             gops = 2 * macs * B / out["products"] / 1e9
             print(f"{n:2d} threads, {B:2d} rows: whole {out['whole'] * 1e3:8.2f} ms, products {out['products'] * 1e3:8.2f} "
-                  f"ms, {gops:7.1f} GOP/s ({gops / n:5.1f} a thread)", flush=True)
+                  f"ms, {gops:7.1f} GOP/s ({gops / n:5.1f} a thread); whole {out['whole waits']}, products "
+                  f"{out['products waits']}", flush=True)
         del step
 
 

@@ -23,7 +23,8 @@ from numba.extending import intrinsic
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 
 GENERATION, ARRIVED, STATE, TASKS = 0, 8, 16, 24  # int64 words of `sync`, a cache line apart; TASKS: a line a task
-# (after the tasks' lines, a line a task more: the range of memory it prefetches while it waits, `ahead`)
+# (after the tasks' lines, a line a task more: the range of memory it prefetches while it waits, `ahead`, then the
+# time-stamp counter's ticks it has waited at barriers, `waited`)
 GO, GAVE_UP = 1, 2
 _SPINS = 4000  # pauses (~0.1-0.5 ms) before a waiting thread starts yielding its core
 _PATIENCE = 2_000_000  # pauses and yields (~1 s or more) before gate gives up
@@ -106,6 +107,15 @@ def _yield(typingctx):
     return types.void(), codegen
 
 
+@intrinsic
+def ticks(typingctx):
+    """The CPU's time-stamp counter (LLVM's readcyclecounter: rdtsc, ~20 cycles)."""
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, []), "llvm.readcyclecounter")
+        return builder.call(fn, [])
+    return types.int64(), codegen
+
+
 @njit(cache=True, inline="always")
 def _wait(spins):
     """One turn of a wait that has gone `spins` turns: a pause, or (past _SPINS) a yield."""
@@ -146,7 +156,9 @@ def barrier(sync, n, tid, generation):
     own, from 0): the next number. Each task but the first marks its own word; the first waits for
     all of them and lets the others go. (One shared counter that every task adds to costs a
     transfer of its line a task, one after another: ~1 us a barrier at 16 threads.) While it waits,
-    a task prefetches the lines of its range `ahead` (into L2) before it pauses."""
+    a task prefetches the lines of its range `ahead` (into L2) before it pauses, and counts the ticks it
+    waited (`waited`)."""
+    began = ticks()
     base, mine = sync.ctypes.data, TASKS + 8 * (n + tid)
     at, end = sync[mine], sync[mine + 1]
     spins = 0
@@ -160,6 +172,7 @@ def barrier(sync, n, tid, generation):
         while _load(base + 8 * GENERATION) <= generation:
             at, spins = _idle(at, end, spins)
     sync[mine] = at
+    sync[mine + 2] += ticks() - began
     return generation + 1
 
 
@@ -169,6 +182,12 @@ def ahead(sync, n, tid, start, end):
     product's share of W), from the first line of start's."""
     mine = TASKS + 8 * (n + tid)
     sync[mine], sync[mine + 1] = start & -64, end
+
+
+def waited(sync, n: int):
+    """Each of the last region's n tasks' time-stamp counter ticks spent at its barriers (a step's threads' waits:
+    benchmarks/cpu_step_threads.py)."""
+    return sync[TASKS + 8 * n + 2::8][:n].copy()
 
 
 def words(n: int) -> int:
