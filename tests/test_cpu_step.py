@@ -256,24 +256,28 @@ async def test_a_long_run_of_rows_gives_the_logits_its_rows_give_in_short_runs(e
     assert np.array_equal(whole, np.stack(parts))
 
 
-async def test_a_row_s_logits_are_the_same_whichever_threads_quantize_its_x(engine, monkeypatch):
+async def test_a_row_s_logits_are_the_same_whichever_threads_quantize_its_x_and_take_w_s_chunks(engine, monkeypatch):
     """Where a step's rows are fewer than its threads and short (cpu_step.OWN blocks a thread), every thread
     quantizes them whole into rows of its own and runs its share of W with no barrier between; else each thread
     quantizes a piece of them, and all meet first. The same int8 blocks either way: the same logits, bit for bit,
-    whether the threads prefetch their shares of W at their barriers (`fetch`) or not."""
+    whether the threads prefetch their shares of W at their barriers (`fetch`) or not, and whether W's quads go in
+    equal shares or in chunks to whichever thread is free (`chunks`, 1 or 16 a thread)."""
     import numba
 
     from oxinfer.models.kv_cache import KVPool
+    from oxinfer.runtime import cpu_step
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one core: a step's one thread quantizes its rows itself either way")
     graph = engine.scheduler.cpu.graph
     step, c = graph.step, engine.config
     monkeypatch.setattr(step, "threads", 2)
+    monkeypatch.setattr(cpu_step, "DEAL_ROWS", 1)
     x = graph._looked_up(np.random.default_rng(6).integers(300, 40000, 9))
     got = []
-    for own, fetch in ((0, 0), (64, 0), (64, 1 << 17), (0, 1 << 20)):
+    for own, fetch, chunks in ((0, 0, 0), (64, 0, 0), (64, 1 << 17, 16), (0, 1 << 20, 1)):
         monkeypatch.setattr(step, "own", own)
         monkeypatch.setattr(step, "fetch", fetch)
+        monkeypatch.setattr(step, "chunks", chunks)
         pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, 1, 16, dtype=engine.model.kv_dtype)
         step.logits(x[:8], [7], np.arange(8), np.zeros(8, np.int64), pool)  # (a prompt, then one row a step)
         got.append(step.logits(x[8:], [0], [8], [0], pool).copy())

@@ -36,11 +36,10 @@ from numba import njit, prange
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
 from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_amx_int8, cpu_attend, cpu_lay,  # noqa: F401 - (numba_cache: first)
-                             cpu_sync, cpu_vnni, numba_cache)
+                             cpu_rowwise, cpu_sync, cpu_vnni, numba_cache)
 from oxinfer.runtime.cpu_crowding import Crowding
 from oxinfer.runtime.ops import rope_table
-from oxinfer.runtime.step_ops import (ADD, ADD_VEC, ATTEND, GELU_MUL, HEAD_NORM, LAST, LINEAR, RMS, SCALE, SILU_MUL,
-                                      SOFTCAP, StepOps)
+from oxinfer.runtime.step_ops import ATTEND, HEAD_NORM, LAST, LINEAR, RMS, StepOps
 
 log = get_logger("oxinfer.runtime")
 # a product's x quantized in pieces of at least this many blocks where its rows are fewer than the threads (one
@@ -51,6 +50,10 @@ _QUANTIZE_BLOCKS = 8
 OWN = 4
 # bytes of a thread's share of the next product it prefetches while it waits at barriers (`_ahead`; 0: none)
 FETCH = 1 << 17
+# chunks a thread of the second half of a decode step's product's quads, dealt by cpu_sync.grab (`_chunk`; 0: each
+# thread its equal share of all), in steps of DEAL_ROWS rows or more (one row's, bound by memory, 5-9% slower dealt on
+# the 2-core VM: its later chunks not prefetched at barriers)
+CHUNKS, DEAL_ROWS = 4, 8
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
@@ -79,17 +82,18 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     matrix a row (its address, and quads, groups, tail and kind as cpu_lay.lay says, n_out, n_in).
     A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
     thread; where they are also short, tune[0] blocks in all, every row by every thread into rows of
-    its own, and no barrier follows), a barrier, then each thread takes its range of W's quads (or,
-    where every thread has X_ROWS rows or more, its range of rows and all of W); other lines deal rows
-    (wide element-wise ones, pieces of rows) round the threads. At its barriers a thread prefetches its
-    share of the next product's W (tune[1] bytes at most: `_ahead`). amx: (whether
+    its own, and no barrier follows), a barrier, then the threads take W's quads in chunks (`_chunk`: each its own
+    first, then those left, tune[2] a thread; cpu_sync.grab: a thread on a slower core takes fewer), or, where every thread
+    has X_ROWS rows or more, each its range of rows and all of W; other lines deal rows (wide element-wise ones,
+    pieces of rows) round the threads. At its barriers a thread prefetches its own chunk of the next product's W
+    (tune[1] bytes at most: `_ahead`). amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
     prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`. i8: (whether this step
     of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch):
     `cpu_amx_int8.product`."""
-    gen = 0
-    _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune[1])
+    gen = dealt = 0
+    _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune)
     for i in range(lines.shape[0]):
         op, a, b, c, o, k = lines[i, 0], lines[i, 1], lines[i, 2], lines[i, 3], lines[i, 4], lines[i, 5]
         ints, fl = lines[i, 6:], floats[i]
@@ -123,9 +127,13 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                     cpu_vnni.some(0, m[1], m[0], m[2], m[3], m[4], q8[r0:], q32[r0:], s32[r0:], r1 - r0, A[r0:], o,
                                   m[5])
                 else:
-                    cpu_vnni.some(m[1] * tid // n, m[1] * (tid + 1) // n, m[0], m[2], m[3], m[4], q8, q32, s32, rows,
-                                  A, o, m[5])
-            _ahead(tid, n, sync, lines, mats, i + 1, rows, amx[0], tune[1])
+                    chunks, chunk = _chunks(m[1], n, tune[2]), tid
+                    while chunk < chunks:
+                        lo, hi = _chunk(m[1], n, tune[2], chunk)
+                        cpu_vnni.some(lo, hi, m[0], m[2], m[3], m[4], q8, q32, s32, rows, A, o, m[5])
+                        chunk = cpu_sync.grab(sync, n, dealt)
+                    dealt += chunks
+            _ahead(tid, n, sync, lines, mats, i + 1, rows, amx[0], tune)
         elif op == ATTEND:
             gen = cpu_attend.attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos,
                                     sin, qs, grouped, amx)
@@ -141,7 +149,7 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
             for task in range(tid, rows * pieces, n):
                 t, j = task // pieces, task % pieces * piece
                 e = min(k, j + piece)
-                _row(op, A[t, a + j:a + e], A[t, b + j:b + e], A[t, o + j:o + e], w[j:], ints[1], fl[0])
+                cpu_rowwise.row(op, A[t, a + j:a + e], A[t, b + j:b + e], A[t, o + j:o + e], w[j:], ints[1], fl[0])
         after = lines[min(i + 1, lines.shape[0] - 1)]
         if not (_by_rows(op, k) and (after[0] == LINEAR or _by_rows(after[0], after[5]))):
             gen = cpu_sync.barrier(sync, n, tid, gen)
@@ -176,11 +184,31 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
     return gen
 
 
+@njit(cache=True, inline="always")
+def _chunks(quads, n, per):
+    """The chunks a product's quads are dealt in to n threads (`_chunk`)."""
+    return n + (min(quads - quads // 2, n * per) if per > 0 else 0)
+
+
+@njit(cache=True, inline="always")
+def _chunk(quads, n, per, c):
+    """Chunk c's quads (lo, hi) of a product's dealt to n threads: chunks 0 to n - 1 each thread's own, of the first
+    half of the quads (all of them where per is 0), then the second half in n x per chunks (fewer where the quads
+    are) for whichever thread is free. A thread of a one-row step streams its own chunk prefetched at the barrier
+    before (`_ahead`); a chunk a `some` call (an even share in 4 chunks: a 135M step's products 3-10% slower on the
+    2-core VM, where no core lags)."""
+    if c < n:
+        own = quads // 2 if per > 0 else quads
+        return own * c // n, own * (c + 1) // n
+    lo, d = quads // 2, _chunks(quads, n, per) - n
+    return lo + (quads - lo) * (c - n) // d, lo + (quads - lo) * (c - n + 1) // d
+
+
 @njit(cache=True)
-def _ahead(tid, n, sync, lines, mats, i, rows, tiles, most):
-    """Where a decode step's product takes a range of W's quads a thread: thread tid prefetches its range of the
-    first product from line i on at its barriers until that product (at most `most` bytes of it), while it waits
-    for the threads still on a line. A one-row step on 16 threads reads ~10-70 KB of W a thread a product, a few
+def _ahead(tid, n, sync, lines, mats, i, rows, tiles, tune):
+    """Where a decode step's product deals W's quads in chunks: thread tid prefetches its own chunk of the first
+    product from line i on at its barriers until that product (at most tune[1] bytes of it), while it waits for
+    the threads still on a line. A one-row step on 16 threads reads ~10-70 KB of W a thread a product, a few
     microseconds apart: its memory would otherwise stand idle through the barriers, norms and attention."""
     end = 0
     lo = hi = 0
@@ -189,9 +217,9 @@ def _ahead(tid, n, sync, lines, mats, i, rows, tiles, most):
             m = mats[lines[j, 6]]
             if rows < n * cpu_vnni.X_ROWS and not (_AMX and tiles and m[5] % cpu_amx.TILE == 0):
                 stride = cpu_vnni.quad_bytes(m[2], m[3], m[4])
-                lo = m[0] + m[1] * tid // n * stride
-                hi = m[0] + m[1] * (tid + 1) // n * stride
-                end = min(hi, lo + most)
+                q0, q1 = _chunk(m[1], n, tune[2], tid)
+                lo, hi = m[0] + q0 * stride, m[0] + q1 * stride
+                end = min(hi, lo + tune[1])
             break
     cpu_sync.ahead(sync, n, tid, lo, end)
 
@@ -202,49 +230,6 @@ def _by_rows(op, k):
     most _PIECE columns; a product's quantization of x). From one such line to the next, or to a
     product, a thread reads only what it wrote itself: no barrier between them."""
     return op == RMS or op == HEAD_NORM or (op != LINEAR and op != ATTEND and op != LAST and k <= _PIECE)
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _row(op, x, x2, y, w, hd, f):
-    """y = op(x[, x2, w, f]) for one row: a line that is not a product, attention or LAST."""
-    n = x.shape[0]
-    if op == RMS:
-        _rms(x, y, w, n, f)
-    elif op == HEAD_NORM:  # each head's hd values, the same weights
-        for h in range(0, n, hd):
-            _rms(x[h:], y[h:], w, hd, f)
-    elif op == SCALE:
-        for j in range(n):
-            y[j] = x[j] * f
-    elif op == ADD_VEC:
-        for j in range(n):
-            y[j] = x[j] + w[j]
-    elif op == ADD:
-        for j in range(n):
-            y[j] = x[j] + x2[j]
-    elif op == SILU_MUL:  # v / (1 + e^-v), from e^-|v| (no overflow)
-        for j in range(n):
-            v = x[j]
-            e = cpu_vnni.exp_neg(-abs(v))
-            y[j] = (v if v >= 0 else v * e) / (np.float32(1.0) + e) * x2[j]
-    elif op == GELU_MUL:  # gelu's tanh form (runtime/ops.py's gelu_tanh)
-        for j in range(n):
-            v = x[j]
-            y[j] = np.float32(0.5) * v * (np.float32(1.0) + np.tanh(
-                np.float32(0.7978845608028654) * (v + np.float32(0.044715) * v * v * v))) * x2[j]
-    elif op == SOFTCAP:
-        for j in range(n):
-            y[j] = f * np.tanh(x[j] / f)
-
-
-@njit(fastmath=True, error_model="numpy", cache=True)
-def _rms(x, out, w, n, eps):
-    ss = np.float32(0.0)
-    for i in range(n):
-        ss += x[i] * x[i]
-    r = np.float32(1.0) / np.sqrt(ss / np.float32(n) + eps)
-    for i in range(n):
-        out[i] = x[i] * r * w[i]
 
 
 def _laying(m, done: tuple | None, released: Callable[[np.ndarray], None] | None) -> tuple:
@@ -320,7 +305,7 @@ class NumbaStep:
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
         self.has_last = bool((self.lines[:, 0] == LAST).any())
         self.grouped: bool | None = None  # attention's tasks (None: as _run chooses)
-        self.own, self.fetch = OWN, FETCH
+        self.own, self.fetch, self.chunks = OWN, FETCH, CHUNKS
         # decode rows from which products run on AMX's int8 tiles, where it has them (None: never)
         self.int8_rows: int | None = cpu_amx_int8.ROWS if cpu_amx_int8.ON else None
         self.crowding = Crowding(threads)
@@ -389,7 +374,7 @@ class NumbaStep:
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
-        tune = np.array([self.own * n, self.fetch], np.int64)
+        tune = np.array([self.own * n, self.fetch, self.chunks if T >= DEAL_ROWS else 0], np.int64)
         if compile_only:
             _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, i8, tune)))
             return None

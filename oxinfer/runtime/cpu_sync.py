@@ -11,6 +11,11 @@ have; if they have not within ~a second (a threading layer or an OpenMP setting 
 the tasks in one thread, one after the other), every task gives up before its first barrier and the
 caller is told (it runs the step again with one thread). `sync` is a caller's int64 array of
 `words(n)` values, zeroed before each region: a word a cache line.
+
+A line's work dealt in equal shares keeps every task waiting for the slowest: on the lent 16-core VMs a core's
+rate under load differs up to ~1.6x from another's (`benchmarks/h200_cpu_cores.sh`, session 50), and a 32-row
+step's threads waited at barriers for most of its products. `grab` deals chunks instead: each task takes its own
+first (the one it prefetched while it waited), then the next chunk left, until none is.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from numba.extending import intrinsic
 
 from oxinfer.runtime import numba_cache  # noqa: F401 - (before any jitted function)
 
-GENERATION, ARRIVED, STATE, TASKS = 0, 8, 16, 24  # int64 words of `sync`, a cache line apart; TASKS: a line a task
+# int64 words of `sync`, a cache line apart (DEALT: the chunks of work taken so far, `grab`); TASKS: a line a task
+GENERATION, ARRIVED, STATE, DEALT, TASKS = 0, 8, 16, 24, 32
 # (after the tasks' lines, a line a task more: the range of memory it prefetches while it waits, `ahead`, then the
 # time-stamp counter's ticks it has waited at barriers, `waited`)
 GO, GAVE_UP = 1, 2
@@ -174,6 +180,15 @@ def barrier(sync, n, tid, generation):
     sync[mine] = at
     sync[mine + 2] += ticks() - began
     return generation + 1
+
+
+@njit(cache=True)
+def grab(sync, n, dealt):
+    """The next chunk of a line's work to take: chunks 0 to n - 1 are the n tasks' own (task t's first is t), and
+    each grab takes the next one after them, in the order asked; each task grabs until it gets one past the
+    line's last, so a line of c chunks (c >= n) takes c grabs. dealt: the grabs of the region's earlier lines,
+    which every task counts alike, so no word is reset between lines. A barrier between two lines' grabs."""
+    return n + _add(sync.ctypes.data + 8 * DEALT, 1) - dealt
 
 
 @njit(cache=True)

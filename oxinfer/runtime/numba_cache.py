@@ -1,5 +1,5 @@
 """numba's on-disk cache for the CPU step's modules (runtime/cpu_vnni.py, cpu_dots.py, cpu_lay.py, cpu_amx.py,
-cpu_sync.py, cpu_attend.py, cpu_step.py, step_ops.py): one source stamp over all eight. numba keys a
+cpu_amx_int8.py, cpu_sync.py, cpu_attend.py, cpu_rowwise.py, cpu_step.py, step_ops.py): one source stamp over them all. numba keys a
 function's cache on its own file alone, so a step cached before would go on running a kernel of
 cpu_vnni.py that has changed since (or the sums cpu_dots.py emits into it, or op codes of
 step_ops.py), silently. Imported by those modules before they define a jitted function (numba
@@ -15,14 +15,14 @@ from numba.core import caching
 
 SOURCES = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
                 for name in ("cpu_vnni.py", "cpu_dots.py", "cpu_lay.py", "cpu_amx.py", "cpu_amx_int8.py", "cpu_sync.py",
-                             "cpu_attend.py", "cpu_step.py", "step_ops.py"))
+                             "cpu_attend.py", "cpu_rowwise.py", "cpu_step.py", "step_ops.py"))
 _IN_TREE = getattr(caching, "InTreeCacheLocator", None) or caching._InTreeCacheLocator  # (numba < 0.62's name)
 _IMPL = getattr(caching, "CacheImpl", None) or caching._CacheImpl
 
 
 @functools.cache
 def stamp() -> str:
-    """The eight files' contents, hashed together (read once a process)."""
+    """The files' contents, hashed together (read once a process)."""
     h = hashlib.sha256()
     for path in SOURCES:
         with open(path, "rb") as f:
