@@ -271,7 +271,7 @@ async def test_a_row_s_logits_are_the_same_whichever_threads_quantize_its_x_and_
     graph = engine.scheduler.cpu.graph
     step, c = graph.step, engine.config
     monkeypatch.setattr(step, "threads", 2)
-    monkeypatch.setattr(cpu_step, "DEAL_ROWS", 1)
+    monkeypatch.setattr(cpu_step, "DEAL_ROWS", 1)  # (dealt at every row count)
     x = graph._looked_up(np.random.default_rng(6).integers(300, 40000, 9))
     got = []
     for own, fetch, chunks in ((0, 0, 0), (64, 0, 0), (64, 1 << 17, 16), (0, 1 << 20, 1)):

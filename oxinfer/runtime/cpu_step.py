@@ -51,9 +51,11 @@ OWN = 4
 # bytes of a thread's share of the next product it prefetches while it waits at barriers (`_ahead`; 0: none)
 FETCH = 1 << 17
 # chunks a thread of the second half of a decode step's product's quads, dealt by cpu_sync.grab (`_chunk`; 0: each
-# thread its equal share of all), in steps of DEAL_ROWS rows or more (one row's, bound by memory, 5-9% slower dealt on
-# the 2-core VM: its later chunks not prefetched at barriers)
-CHUNKS, DEAL_ROWS = 4, 8
+# thread its equal share of all), in steps of DEAL_ROWS rows or more or of DEAL_THREADS threads or more. On a lent
+# 16-core VM (session 50, the 1.1B shape) one row's step 7.86 -> 5.92 ms dealt, 32 rows' 43.3 -> 39.6; on the 2-core
+# VM, where no core lags, one row's 5-9% slower dealt (its later chunks not prefetched at barriers). A chunk holds
+# _LEAST quads or more.
+CHUNKS, DEAL_ROWS, DEAL_THREADS, _LEAST = 4, 8, 4, 4
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
@@ -187,16 +189,16 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
 @njit(cache=True, inline="always")
 def _chunks(quads, n, per):
     """The chunks a product's quads are dealt in to n threads (`_chunk`)."""
-    return n + (min(quads - quads // 2, n * per) if per > 0 else 0)
+    return n + (max(1, min((quads - quads // 2) // _LEAST, n * per)) if per > 0 else 0)
 
 
 @njit(cache=True, inline="always")
 def _chunk(quads, n, per, c):
     """Chunk c's quads (lo, hi) of a product's dealt to n threads: chunks 0 to n - 1 each thread's own, of the first
-    half of the quads (all of them where per is 0), then the second half in n x per chunks (fewer where the quads
-    are) for whichever thread is free. A thread of a one-row step streams its own chunk prefetched at the barrier
-    before (`_ahead`); a chunk a `some` call (an even share in 4 chunks: a 135M step's products 3-10% slower on the
-    2-core VM, where no core lags)."""
+    half of the quads (all of them where per is 0), then the second half in n x per chunks (fewer, of _LEAST quads or
+    more, where the quads are) for whichever thread is free. A thread of a one-row step streams its own chunk
+    prefetched at the barrier before (`_ahead`); a chunk a `some` call (an even share in 4 chunks: a 135M step's
+    products 3-10% slower on the 2-core VM, where no core lags)."""
     if c < n:
         own = quads // 2 if per > 0 else quads
         return own * c // n, own * (c + 1) // n
@@ -374,7 +376,8 @@ class NumbaStep:
         self._sync[:] = 0
         # a task a kv head's query heads where that makes work for every thread; else a task a head
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
-        tune = np.array([self.own * n, self.fetch, self.chunks if T >= DEAL_ROWS else 0], np.int64)
+        tune = np.array([self.own * n, self.fetch, self.chunks if T >= DEAL_ROWS or n >= DEAL_THREADS else 0],
+                        np.int64)
         if compile_only:
             _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, i8, tune)))
             return None
