@@ -85,9 +85,9 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     A product's x is quantized a row a thread (where rows are fewer than threads, a piece of a row a
     thread; where they are also short, tune[0] blocks in all, every row by every thread into rows of
     its own, and no barrier follows), a barrier, then the threads take W's quads in chunks (`_chunk`: each its own
-    first, then those left, tune[2] a thread; cpu_sync.grab: a thread on a slower core takes fewer), or, where every thread
-    has X_ROWS rows or more, each its range of rows and all of W; other lines deal rows (wide element-wise ones,
-    pieces of rows) round the threads. At its barriers a thread prefetches its own chunk of the next product's W
+    first, then those left, tune[2] a thread; cpu_sync.grab: a thread on a slower core takes fewer), or, where every
+    thread has X_ROWS rows or more, x's rows in chunks, each against all of W; other lines deal rows (wide
+    element-wise ones, pieces of rows) round the threads. At its barriers a thread prefetches its own chunk of the next product's W
     (tune[1] bytes at most: `_ahead`). amx: (whether
     products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
     the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
@@ -124,17 +124,18 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                                           blocks * (j + 1) // pieces)
                 if not own:
                     gen = cpu_sync.barrier(sync, n, tid, gen)
-                if rows >= n * cpu_vnni.X_ROWS:  # (each thread its rows, all of W: a prompt's)
-                    r0, r1 = rows * tid // n, rows * (tid + 1) // n
-                    cpu_vnni.some(0, m[1], m[0], m[2], m[3], m[4], q8[r0:], q32[r0:], s32[r0:], r1 - r0, A[r0:], o,
-                                  m[5])
-                else:
-                    chunks, chunk = _chunks(m[1], n, tune[2]), tid
-                    while chunk < chunks:
-                        lo, hi = _chunk(m[1], n, tune[2], chunk)
+                wide = rows >= n * cpu_vnni.X_ROWS  # (chunks of x's rows, each against all of W: a prompt's)
+                units = rows if wide else m[1]
+                chunks, chunk = _chunks(units, n, tune[2]), tid
+                while chunk < chunks:
+                    lo, hi = _chunk(units, n, tune[2], chunk)
+                    if wide:
+                        cpu_vnni.some(0, m[1], m[0], m[2], m[3], m[4], q8[lo:], q32[lo:], s32[lo:], hi - lo, A[lo:], o,
+                                      m[5])
+                    else:
                         cpu_vnni.some(lo, hi, m[0], m[2], m[3], m[4], q8, q32, s32, rows, A, o, m[5])
-                        chunk = cpu_sync.grab(sync, n, dealt)
-                    dealt += chunks
+                    chunk = cpu_sync.grab(sync, n, dealt)
+                dealt += chunks
             _ahead(tid, n, sync, lines, mats, i + 1, rows, amx[0], tune)
         elif op == ATTEND:
             gen = cpu_attend.attend(tid, n, sync, gen, A, rows, a, b, c, o, ints, fl, pos, lanes, pool, dims, cos,
@@ -194,9 +195,9 @@ def _chunks(quads, n, per):
 
 @njit(cache=True, inline="always")
 def _chunk(quads, n, per, c):
-    """Chunk c's quads (lo, hi) of a product's dealt to n threads: chunks 0 to n - 1 each thread's own, of the first
-    half of the quads (all of them where per is 0), then the second half in n x per chunks (fewer, of _LEAST quads or
-    more, where the quads are) for whichever thread is free. A thread of a one-row step streams its own chunk
+    """Chunk c's quads (lo, hi) of a product's dealt to n threads (or its rows of x, a prompt's): chunks 0 to n - 1
+    each thread's own, of the first half of the quads (all of them where per is 0), then the second half in n x per
+    chunks (fewer, of _LEAST quads or more, where the quads are) for whichever thread is free. A thread of a one-row step streams its own chunk
     prefetched at the barrier before (`_ahead`); a chunk a `some` call (an even share in 4 chunks: a 135M step's
     products 3-10% slower on the 2-core VM, where no core lags)."""
     if c < n:
