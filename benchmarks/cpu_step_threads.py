@@ -3,17 +3,17 @@
 work the same), and the products' GOP/s in all and a thread. Where a step at 16 threads runs its products at a
 fraction of 16 one-thread steps' rate, the threads lose it (barriers, shared caches, clocks), not the kernel.
 
-    PYTHONPATH=. python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16] [steps 30] [vnni|-]
-        [chunks 1,4]
+    PYTHONPATH=.:benchmarks python benchmarks/cpu_step_threads.py [model.gguf|-] [rows 1,32] [threads 1,2,4,8,16]
+        [steps 30] [vnni|-] [chunks 0,4]
 
 vnni: decode rows' products on cpu_vnni's kernels however many (else, where the CPU has them, on AMX's int8 tiles from
-cpu_amx_int8.ROWS rows, as NumbaStep.int8_rows sets). chunks: a product's chunks a thread (cpu_step.CHUNKS; 1: equal
-shares), the counts in turns step by step.
+cpu_amx_int8.ROWS rows, as NumbaStep.int8_rows sets). chunks: a product's chunks a thread (cpu_step.CHUNKS; 0: equal
+shares), the counts in turns step by step, at every row count (cpu_step.DEAL_ROWS set to 1).
 
 Each also prints its threads' time at barriers (cpu_sync.waited: the mean of their medians, the least and most): where
 a thread's share of a product ends well before the last one's, its wait shows it.
 
-Session 49, an H100 host's 16-core Xeon: docs/cpu_graph.md.
+Sessions 49 and 50, H100 hosts' 16-core Xeons: docs/cpu_graph.md.
 """
 import sys
 import time

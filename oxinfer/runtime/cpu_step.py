@@ -50,11 +50,11 @@ _QUANTIZE_BLOCKS = 8
 OWN = 4
 # bytes of a thread's share of the next product it prefetches while it waits at barriers (`_ahead`; 0: none)
 FETCH = 1 << 17
-# chunks a thread of the second half of a decode step's product's quads, dealt by cpu_sync.grab (`_chunk`; 0: each
-# thread its equal share of all), in steps of DEAL_ROWS rows or more or of DEAL_THREADS threads or more. On a lent
-# 16-core VM (session 50, the 1.1B shape) one row's step 7.86 -> 5.92 ms dealt, 32 rows' 43.3 -> 39.6; on the 2-core
-# VM, where no core lags, one row's 5-9% slower dealt (its later chunks not prefetched at barriers). A chunk holds
-# _LEAST quads or more.
+# chunks a thread of the second half of a product's quads (a prompt's: of its rows), dealt by cpu_sync.grab (`_chunk`;
+# 0: each thread its equal share of all), in steps of DEAL_ROWS rows or more or of DEAL_THREADS threads or more. On a
+# lent 16-core VM (session 50, the 1.1B shape) one row's step 7.86 -> 5.92 ms dealt, 32 rows' 43.3 -> 39.6; on the
+# 2-core VM, where no core lags, one row's 5-9% slower dealt (its later chunks not prefetched at barriers), a 512-token
+# prompt's 2.6% quicker. A chunk holds _LEAST units (quads, rows) or more.
 CHUNKS, DEAL_ROWS, DEAL_THREADS, _LEAST = 4, 8, 4, 4
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
@@ -87,13 +87,12 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
     its own, and no barrier follows), a barrier, then the threads take W's quads in chunks (`_chunk`: each its own
     first, then those left, tune[2] a thread; cpu_sync.grab: a thread on a slower core takes fewer), or, where every
     thread has X_ROWS rows or more, x's rows in chunks, each against all of W; other lines deal rows (wide
-    element-wise ones, pieces of rows) round the threads. At its barriers a thread prefetches its own chunk of the next product's W
-    (tune[1] bytes at most: `_ahead`). amx: (whether
-    products run on AMX tiles: prompts' rows; x's bfloat16 rows, each thread's two panels,
-    the tiles' configuration): `_tiles`; then the prompts whose attention runs on tiles (none: no
-    prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`. i8: (whether this step
-    of decode rows runs its products of whole superblocks on AMX's int8 tiles, their scratch):
-    `cpu_amx_int8.product`."""
+    element-wise ones, pieces of rows) round the threads. At its barriers a thread prefetches its own chunk of the
+    next product's W (tune[1] bytes at most: `_ahead`). amx: (whether products run on AMX tiles: prompts' rows; x's
+    bfloat16 rows, each thread's two panels, the tiles' configuration): `_tiles`; then the prompts whose attention
+    runs on tiles (none: no prompt, or no AMX) and their kv heads' keys and values laid for them: `cpu_amx.heads`.
+    i8: (whether this step of decode rows runs its products of whole superblocks on AMX's int8 tiles, their
+    scratch): `cpu_amx_int8.product`."""
     gen = dealt = 0
     _ahead(tid, n, sync, lines, mats, 0, rows, amx[0], tune)
     for i in range(lines.shape[0]):
@@ -188,23 +187,22 @@ def _tiles(tid, n, sync, gen, m, blocks, A, a, o, rows, xb, wb, cfg):
 
 
 @njit(cache=True, inline="always")
-def _chunks(quads, n, per):
-    """The chunks a product's quads are dealt in to n threads (`_chunk`)."""
-    return n + (max(1, min((quads - quads // 2) // _LEAST, n * per)) if per > 0 else 0)
+def _chunks(units, n, per):
+    """The chunks a product's units (W's quads, or x's rows) are dealt in to n threads (`_chunk`)."""
+    return n + (max(1, min((units - units // 2) // _LEAST, n * per)) if per > 0 else 0)
 
 
 @njit(cache=True, inline="always")
-def _chunk(quads, n, per, c):
-    """Chunk c's quads (lo, hi) of a product's dealt to n threads (or its rows of x, a prompt's): chunks 0 to n - 1
-    each thread's own, of the first half of the quads (all of them where per is 0), then the second half in n x per
-    chunks (fewer, of _LEAST quads or more, where the quads are) for whichever thread is free. A thread of a one-row step streams its own chunk
-    prefetched at the barrier before (`_ahead`); a chunk a `some` call (an even share in 4 chunks: a 135M step's
-    products 3-10% slower on the 2-core VM, where no core lags)."""
+def _chunk(units, n, per, c):
+    """Chunk c's units (lo, hi) of a product's dealt to n threads: chunks 0 to n - 1 each thread's own, of the first
+    half of the units (all of them where per is 0), then the second half in n x per chunks (fewer, of _LEAST units or
+    more, where the units are) for whichever thread is free. A thread of a one-row step streams its own chunk
+    prefetched at the barrier before (`_ahead`)."""
     if c < n:
-        own = quads // 2 if per > 0 else quads
+        own = units // 2 if per > 0 else units
         return own * c // n, own * (c + 1) // n
-    lo, d = quads // 2, _chunks(quads, n, per) - n
-    return lo + (quads - lo) * (c - n) // d, lo + (quads - lo) * (c - n + 1) // d
+    lo, d = units // 2, _chunks(units, n, per) - n
+    return lo + (units - lo) * (c - n) // d, lo + (units - lo) * (c - n + 1) // d
 
 
 @njit(cache=True)
@@ -462,7 +460,8 @@ class NumbaStep:
             if pool.dtype not in (np.float32, np.float16):
                 raise TypeError(f"a KV pool of {pool.dtype} keys: the numba step reads and writes float32 or float16")
             addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in zip(pool.keys, pool.values)], np.int64)
-            got = (pool, addresses, np.array([*self.heads, pool.slots, pool.tokens, pool.dtype == np.float16], np.int64))
+            dims = np.array([*self.heads, pool.slots, pool.tokens, pool.dtype == np.float16], np.int64)
+            got = (pool, addresses, dims)
             if not pool.growable:
                 self._pools[id(pool)] = got
         return got[1], got[2]
