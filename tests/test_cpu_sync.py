@@ -35,7 +35,15 @@ def test_grab_deals_each_chunk_to_one_thread_and_a_slow_thread_takes_fewer():
     n = min(4, numba.config.NUMBA_NUM_THREADS)
     if n < 2:
         pytest.skip("one core: no threads to deal to")
+    before = numba.get_num_threads()
     numba.set_num_threads(n)
+    try:
+        _deal_lines(n)
+    finally:
+        numba.set_num_threads(before)
+
+
+def _deal_lines(n: int) -> None:
     for slow in (0, 10_000_000):  # (~3-5 ms)
         sync, took = np.zeros(cpu_sync.words(n), np.int64), np.zeros((LINES, n, CHUNKS), np.int64)
         _deal(sync, n, slow, took)
