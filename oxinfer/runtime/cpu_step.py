@@ -128,9 +128,11 @@ def _share(tid, n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, 
                 chunks, chunk = _chunks(units, n, tune[2]), tid
                 while chunk < chunks:
                     lo, hi = _chunk(units, n, tune[2], chunk)
-                    # (W's quads q0 to q1 against x's rows r0 on, `take` of them; one call: one signature compiled)
-                    q0, q1, r0, take = (np.int64(0), m[1], lo, hi - lo) if wide else (lo, hi, np.int64(0), rows)
-                    cpu_vnni.some(q0, q1, m[0], m[2], m[3], m[4], q8[r0:], q32[r0:], s32[r0:], take, A[r0:], o, m[5])
+                    if wide:
+                        cpu_vnni.some(np.int64(0), m[1], m[0], m[2], m[3], m[4], q8[lo:], q32[lo:], s32[lo:], hi - lo,
+                                      A[lo:], o, m[5])
+                    else:
+                        cpu_vnni.some(lo, hi, m[0], m[2], m[3], m[4], q8, q32, s32, rows, A, o, m[5])
                     chunk = cpu_sync.grab(sync, n, dealt)
                 dealt += chunks
             _ahead(tid, n, sync, lines, mats, i + 1, rows, amx[0], tune)
