@@ -1,6 +1,6 @@
 """numba's on-disk cache for the CPU step's modules (runtime/cpu_vnni.py, cpu_dots.py, cpu_lay.py, cpu_amx.py,
-cpu_amx_int8.py, cpu_sync.py, cpu_attend.py, cpu_rowwise.py, cpu_step.py, step_ops.py): one source stamp over them all. numba keys a
-function's cache on its own file alone, so a step cached before would go on running a kernel of
+cpu_amx_int8.py, cpu_sync.py, cpu_attend.py, cpu_rowwise.py, cpu_step.py, step_ops.py): one source stamp over them
+all. numba keys a function's cache on its own file alone, so a step cached before would go on running a kernel of
 cpu_vnni.py that has changed since (or the sums cpu_dots.py emits into it, or op codes of
 step_ops.py), silently. Imported by those modules before they define a jitted function (numba
 finds a function's cache when it is decorated)."""
