@@ -408,7 +408,8 @@ async def test_the_graph_decodes_where_the_step_is_not_asked_for_or_refused(tmp_
 
 def test_a_new_process_loads_the_step_from_numba_s_cache(tmp_path):
     """Compiled once (~10 s), then loaded from the cache beside the modules: a new process loads
-    the step (its one entry point, every function it calls compiled into it) from there, and
+    the step (its two entry points, `_run` and the `_share` it calls by address, every function `_share` calls
+    compiled into it) from there, and
     numba_cache.cached says so before the load (no graph built for the wait). (A
     function numba cannot cache, such as one calling numba.set_num_threads, would compile in
     every process.) onnxruntime is imported only where a graph's session is made (not where the step

@@ -31,7 +31,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
@@ -63,17 +65,41 @@ _AMX8 = cpu_amx_int8.available()  # (likewise: AMX's int8 tiles, for steps of ma
 
 
 @njit(parallel=True, fastmath=True, error_model="numpy", cache=True, nogil=True)
-def _run(lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs, grouped,
-         sync, n, amx, i8, tune):
+def _run(share, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims, cos, sin, xq, xd, xs, qs,
+         grouped, sync, n, amx, i8, tune):
     """The program over A's first `rows` rows (value 0: their embeddings); from its LAST line on,
     over the rows `last` names. One OpenMP region of n tasks, each a thread running the whole
-    program (`_share`); whether they ran (cpu_sync.gate: False where the n were not all running at
-    once, and nothing ran). Without the GIL: the engine's loop runs beside it."""
+    program (`_share`, at address `share`: `_shared`); whether they ran (cpu_sync.gate: False where the n were not
+    all running at once, and nothing ran). Without the GIL: the engine's loop runs beside it."""
     for tid in prange(n):
-        if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned, and _share would compile twice)
-            _share(np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool, dims,
-                   cos, sin, xq, xd, xs, qs, grouped, amx, i8, tune)
+        if cpu_sync.gate(sync, n):  # (tid as int64: the gufunc's index is unsigned)
+            _call(share, (np.int64(tid), n, sync, lines, floats, vecs, vec_at, mats, A, rows, last, pos, lanes, pool,
+                          dims, cos, sin, xq, xd, xs, qs, grouped, amx, i8, tune))
     return sync[cpu_sync.STATE] == cpu_sync.GO
+
+
+@intrinsic
+def _call(typingctx, address, args):
+    """The function numba compiled at `address` (its C wrapper) called with args' items, what it returns dropped. _run
+    calls `_share` so rather than by name, which would link `_share`'s code into its own (and into its parallel
+    region's): LLVM would optimize and emit all of it twice more (~15 s of a first compile's 47 on the 2-core VM).
+    The address must be of a function compiled for exactly args' types (`_shared`)."""
+    def codegen(context, builder, signature, values):
+        kinds = signature.args[1].types
+        called = ir.FunctionType(context.get_value_type(types.none), [context.get_value_type(t) for t in kinds])
+        builder.call(builder.inttoptr(values[0], called.as_pointer()),
+                     [builder.extract_value(values[1], i) for i in range(len(kinds))])
+        return context.get_dummy_value()
+    return types.none(types.int64, args), codegen
+
+
+def _shared(args: tuple) -> int:
+    """The address of `_share` compiled for these arguments' types (its C wrapper, for `_call`): compiled, or loaded
+    from numba's cache, once a process."""
+    kinds = tuple(numba.typeof(a) for a in args)
+    _share.compile(kinds)
+    done = _share.overloads[kinds]
+    return done.library.get_pointer_to_function(done.fndesc.llvm_cfunc_wrapper_name)
 
 
 @njit(fastmath=True, error_model="numpy", cache=True)
@@ -313,6 +339,7 @@ class NumbaStep:
         self._scratch: tuple | None = None
         self._pools: dict[int, tuple] = {}
         self._sync = np.zeros(cpu_sync.words(threads), np.int64)  # the region's barrier words
+        self._share: int | None = None  # `_share`'s address (`_shared`)
         self._xb = self._wb = None  # AMX's scratch (`_tile_scratch`), made at a first prompt
         self._cfg = cpu_amx.config()
         self._no_tiles = (np.zeros(1, np.uint16), np.zeros((threads, 2, 1), np.uint32), self._cfg)
@@ -364,9 +391,9 @@ class NumbaStep:
         int8 = _AMX8 and not tiles and self.int8_rows is not None and T >= self.int8_rows
         i8 = self._int8_scratch(T) if int8 else self._no_int8
         A[:, :x.shape[1]] = x
-        args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.asarray(last, np.int64),
-                np.asarray(pos, np.int64), np.asarray(lanes, np.int64), addresses, dims, self.cos, self.sin,
-                xq, xd, xs, qs)
+        args = (self.lines, self.floats, self.vecs, self.vec_at, self.mats, A, T, np.ascontiguousarray(last, np.int64),
+                np.ascontiguousarray(pos, np.int64), np.ascontiguousarray(lanes, np.int64), addresses, dims, self.cos,
+                self.sin, xq, xd, xs, qs)
         most = min(self.threads, numba.config.NUMBA_NUM_THREADS)
         if self.crowding.most != most:
             self.crowding = Crowding(most)
@@ -377,6 +404,9 @@ class NumbaStep:
         args += (T * self.heads[1] >= n if self.grouped is None else self.grouped,)
         tune = np.array([self.own * n, self.fetch, self.chunks if T >= DEAL_ROWS or n >= DEAL_THREADS else 0],
                         np.int64)
+        if self._share is None:  # (every argument's type the same each run: `_call`'s)
+            self._share = _shared((np.int64(0), n, self._sync, *args, amx, i8, tune))
+        args = (self._share, *args)
         if compile_only:
             _run.compile(tuple(numba.typeof(a) for a in (*args, self._sync, n, amx, i8, tune)))
             return None
