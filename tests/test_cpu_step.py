@@ -311,6 +311,39 @@ async def test_a_step_on_the_fewer_threads_a_crowded_machine_runs_gives_the_same
     assert teams == [2, 2, 1, 1] and np.array_equal(got[0], got[1])
 
 
+async def test_every_run_passes_share_the_types_it_was_compiled_for(engine, monkeypatch):
+    """`_run` calls `_share` at an address (cpu_step._call), compiled once a step for its first run's argument
+    types: decode rows and prompts, one row and many, positions as lists or arrays, float32 or float16 keys, one
+    thread or two, AMX's int8 tiles or not pass `_share` arguments of those same types (a run that did not would
+    hand `_share` arguments it reads as something else), and `_run` compiles once."""
+    import numba
+
+    from oxinfer.models.kv_cache import KVPool
+    from oxinfer.runtime import cpu_step
+    graph = engine.scheduler.cpu.graph
+    step, c = graph.step, engine.config
+    passed, real = [], cpu_step._run
+
+    def compiled_at(share: int) -> tuple:
+        return next(k for k, done in cpu_step._share.overloads.items()
+                    if done.library.get_pointer_to_function(done.fndesc.llvm_cfunc_wrapper_name) == share)
+
+    def run(share, *a):  # (_share's arguments: tid, n, sync, _run's from lines to grouped, amx, i8, tune)
+        sync, n, amx, i8, tune = a[-5:]
+        passed.append(share)
+        assert tuple(numba.typeof(v) for v in (np.int64(0), n, sync, *a[:-5], amx, i8, tune)) == compiled_at(share)
+        return real(share, *a)  # (only once the types are checked: else _share would read them as others)
+    monkeypatch.setattr(cpu_step, "_run", run)
+    monkeypatch.setattr(step, "int8_rows", 4)  # (AMX's int8 tiles from 4 rows, where the CPU has them)
+    x = graph._looked_up(np.random.default_rng(9).integers(300, 40000, 9))
+    for dtype in (np.float32, np.float16):
+        pool = KVPool(c.n_layers, c.n_kv_heads, c.head_dim, 2, 16, dtype=dtype)
+        step.logits(x[:8], [7], np.arange(8), np.zeros(8, np.int64), pool, prompts=[8])
+        step.logits(x[8:], [0], [8], [0], pool)
+        step.logits(x[:5], np.arange(5), np.arange(6, 16)[::2], np.array([0, 1, 0, 1, 0]), pool)  # (a view)
+    assert len(passed) == 6 and len(set(passed)) == 1 and len(real.overloads) == 1
+
+
 async def test_every_step_starts_its_region_from_one_thread(engine, monkeypatch):
     """numba's OpenMP layer keeps a pool of threads for each thread that starts a region (pools
     holding more threads than cores sleep between regions): the engine's own steps and those a
