@@ -612,14 +612,35 @@ async def test_greedy_decode_matches_the_cpu_with_one_submission_per_token(pair)
     s = gpu.resident.stats
     assert s.steps - s0.steps == 24  # one per token, the prompt's included
     # run-ahead: every step after the prompt's was submitted ahead, fed by the argmax of the one
-    # before on the device; the AHEAD submitted after the last token are wasted
-    assert s.ahead_steps - s0.ahead_steps == 23 and s.submissions - s0.submissions == 24 + AHEAD
-    assert s.wasted_steps - s0.wasted_steps <= AHEAD
+    # before on the device; none past the request's last token (max_tokens: its cache's end)
+    assert s.ahead_steps - s0.ahead_steps == 23 and s.submissions - s0.submissions == 24
+    assert s.wasted_steps == s0.wasted_steps
     # the prompt's step included, each step is read with the next one on the device: whatever the
     # host waits for, none is a round trip (lavapipe's waits land in overlapped_waits)
     assert s.blocking_waits == s0.blocking_waits
     assert s.bytes_down > 0 and gpu.resident.last.dispatches > 0 and gpu.resident.last.ahead
     assert "blocking waits per token" in s.summary(24)
+
+
+async def test_streams_ending_apart_compute_no_step_past_their_last_token(pair):
+    """Two greedy streams of 5 and 11 tokens at once: each one's tokens its solo run's; no step is computed ahead
+    past either one's last token (its cache's end: its prompt and max_tokens), which the next step, one stream
+    fewer, would have discarded: every submission a step asked for or one discarded as the second stream joined
+    (before: 18 submissions for 12 steps, 4 discarded); the rest still ran ahead, and the last steps' waits are no
+    round trips."""
+    import asyncio
+    cpu, gpu = pair
+    r = gpu.resident
+    short, long = (oxinfer.SamplingParams(temperature=0, max_tokens=k, ignore_eos=True) for k in (5, 11))
+    want = [(await cpu.generate([3, 1, 4], short)).token_ids, (await cpu.generate([2, 7, 1, 8], long)).token_ids]
+    r.settle()
+    s0 = dataclasses.replace(r.stats)
+    got = await asyncio.gather(gpu.generate([3, 1, 4], short), gpu.generate([2, 7, 1, 8], long))
+    r.settle()
+    assert [g.token_ids for g in got] == want
+    s, d = r.stats, lambda k: getattr(r.stats, k) - getattr(s0, k)
+    assert d("submissions") == d("steps") + d("wasted_steps") and d("wasted_steps") <= AHEAD
+    assert d("ahead_steps") >= 8 and s.blocking_waits == s0.blocking_waits
 
 
 async def test_a_step_s_readback_leaves_wgpu_s_poll_thread_asleep(pair, monkeypatch):

@@ -61,7 +61,8 @@ class Executor(Protocol):
 
     def new_cache(self, capacity: int, prompt: Sequence[int] = ()):
         """A cache holding what the pool computed of the prompt's leading blocks (its offset);
-        KVPoolFull when the pool has no room for another sequence."""
+        KVPoolFull when the pool has no room for another sequence. capacity: the positions its request
+        reaches (its prompt and max_tokens; a device runs no step ahead past them)."""
 
     def reserve(self, caches: list, lens: list[int]) -> None:
         """Blocks for each cache's next lens[i] rows, before any work (KVPoolFull if not)."""

@@ -34,7 +34,7 @@ class GpuExecutor:
         return self.runner.kv_dtype
 
     def new_cache(self, capacity: int, prompt: Sequence[int] = ()) -> DeviceCache:
-        cache = self.runner.new_cache(prompt)  # KVPoolFull when no slot is free
+        cache = self.runner.new_cache(prompt, capacity)  # KVPoolFull when no slot is free
         cache.executor = self
         return cache
 

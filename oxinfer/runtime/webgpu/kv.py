@@ -100,9 +100,11 @@ class DeviceCache(HeldTokens):
     The slot and blocks go back when the cache is garbage collected, never earlier: a step in
     flight holds a reference."""
 
-    def __init__(self, kv: DeviceKV, bytes_per_token: int, prompt: Sequence[int] = ()):
+    def __init__(self, kv: DeviceKV, bytes_per_token: int, prompt: Sequence[int] = (), end: int | None = None):
+        """end: the position after its request's last token (its prompt and max_tokens), where known: no step is
+        computed ahead past it (runner.py)."""
         super().__init__()
-        self.kv = kv
+        self.kv, self.end = kv, end
         self.slot = kv.take_slot()
         self.blocks: list[int] = []
         self._bytes_per_token = bytes_per_token

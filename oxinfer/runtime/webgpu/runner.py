@@ -56,6 +56,12 @@ AHEAD = 2  # decode steps submitted ahead of the one read (the furthest encoded 
 STEP_ON_LOOP = True
 
 
+def _ended(caches, starts) -> bool:
+    """Whether a decode step at positions `starts` would compute a token past the last a cache's request asks
+    for (DeviceCache.end: its prompt and max_tokens)."""
+    return any(c.end is not None and s0 + 1 >= c.end for c, s0 in zip(caches, starts))
+
+
 @dataclass(eq=False)
 class _Ahead:
     """A step submitted before it was asked for: the next decode step of `caches`, fed on the device
@@ -208,10 +214,11 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
                 data=np.ascontiguousarray(v, np.float32), usage=wgpu.BufferUsage.STORAGE)
         return buf
 
-    def new_cache(self, prompt: Sequence[int] = ()) -> DeviceCache:
-        """An empty cache, or one holding the published blocks the prompt begins with (its offset)."""
+    def new_cache(self, prompt: Sequence[int] = (), end: int | None = None) -> DeviceCache:
+        """An empty cache, or one holding the published blocks the prompt begins with (its offset); end: the
+        position after its request's last token, where known (no step runs ahead past it: `_next`)."""
         with self._lock:
-            return DeviceCache(self.kv, self.bytes_per_token, prompt)
+            return DeviceCache(self.kv, self.bytes_per_token, prompt, end)
 
     def op_pipeline(self, kernel: str):
         pipe = self.pipelines.get(kernel)
@@ -334,6 +341,8 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
             self._pending = self._background.submit(self._submit_after, caches)
         t3 = time.perf_counter()
         behind = bool(self._aheads) and self._aheads[0].submitted  # the device has the next step meanwhile
+        # (or there is none to have: a request's last token; its wait is no round trip)
+        behind = behind or (ahead_run and _ended(caches, [c.offset + k for c, k in zip(caches, lens)]))
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
         t4 = time.perf_counter()
         if self._aheads:
@@ -439,7 +448,11 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
     def _next(self, caches, starts) -> _Ahead | None:
         """A decode step of one row for each of caches at positions `starts`, queued ahead with its
         blocks reserved and its staging buffer (None where the pool or the context has no room);
-        its submission (`cost`) is the caller's."""
+        its submission (`cost`) is the caller's. None too where a cache's request ends before: a step that feeds
+        the token at its `end` - 1 computes a token no one asked for (and the next step, one sequence fewer, would
+        discard it with the whole batch's row)."""
+        if _ended(caches, starts):
+            return None
         try:
             with self._lock:
                 for c, s0 in zip(caches, starts):
