@@ -308,6 +308,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         chained = not all_logits and not picks  # the drawn ids are all the host needs
         self._join()
         ahead_run = chained and self.run_ahead
+        nexts = [c.offset + k for c, k in zip(caches, lens)]  # (where the step after this one starts)
         with self.gpu.lock:
             t0 = time.perf_counter()
             ahead = self._aheads.popleft() if self._aheads else None
@@ -328,9 +329,9 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
                     cost = self._finish(cost, samplers)  # its masks, then its sampler
             job = None
             if ahead_run and masked:
-                job = self._masked_next(caches, [c.offset + k for c, k in zip(caches, lens)])
+                job = self._masked_next(caches, nexts)
             elif ahead_run and not self._aheads:
-                nxt = self._next(caches, [c.offset + k for c, k in zip(caches, lens)])
+                nxt = self._next(caches, nexts)
                 if nxt is not None:
                     self._submit_ahead(nxt, caches)
         if job is not None:
@@ -342,7 +343,7 @@ class ResidentRunner(Planning, Submitting, AttentionChunks):
         t3 = time.perf_counter()
         behind = bool(self._aheads) and self._aheads[0].submitted  # the device has the next step meanwhile
         # (or there is none to have: a request's last token; its wait is no round trip)
-        behind = behind or (ahead_run and _ended(caches, [c.offset + k for c, k in zip(caches, lens)]))
+        behind = behind or (ahead_run and _ended(caches, nexts))
         ids, out, kernel_s, waited = self._read(staging, t, n, all_logits, picks, samplers)
         t4 = time.perf_counter()
         if self._aheads:
