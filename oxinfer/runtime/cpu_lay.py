@@ -4,8 +4,8 @@ numpy (4-bit types' nibbles as they are, other types' int8 blocks); `direct` for
 whose bytes one compiled pass writes straight from the file's blocks into the step's arena (a 1536x576 Q4_1
 matrix in 1.1-1.2 ms against lay's 4.8-5.1 on a VM core: the default model's ready_s 1.40-1.92 -> 1.12-1.16 s
 on the 2-core VM with its Q4_1 matrices so, 0.87-1.30 with its Q8_0 head too; session 44). `half` and `half_bits`:
-float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM); `get` and `put` read and
-write a KV pool's float32 values or a float16 pool's bits alike."""
+float16's conversions, which numba lacks on the CPU (F16C's instructions through LLVM); `get`, `put` and `floats` read
+and write a KV pool's float32 values or a float16 pool's bits alike."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def put(a, i, v):
     """a[i] = v, rounded to float16 where a holds a float16 pool's bits."""
 
 
+def floats(a, j, k, buf):
+    """a[j:j + k] as float32 rows: a float32 pool's as they are, a float16 pool's bits converted into buf[:k]."""
+
+
 @overload(get, inline="always")
 def _get(a, i):
     if a.dtype == types.uint16:
@@ -65,6 +69,18 @@ def _put(a, i, v):
     def same(a, i, v):
         a[i] = v
     return same
+
+
+@overload(floats, inline="always")
+def _floats(a, j, k, buf):
+    if a.dtype == types.uint16:
+        def converted(a, j, k, buf):
+            for r in range(k):
+                for i in range(a.shape[1]):
+                    buf[r, i] = half(a[j + r, i])
+            return buf[:k]
+        return converted
+    return lambda a, j, k, buf: a[j:j + k]
 
 
 def lay(w: QuantMatrix, int8: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, int, int, int]:
