@@ -529,10 +529,10 @@ async def test_a_step_of_decode_rows_and_prompts_gives_each_its_own_logits(engin
         assert np.array_equal(a, together[i]), i
 
 
-@pytest.mark.skipif(not cpu_decode.step_prompts(), reason="the numba step takes no prompts here (neither AMX nor "
-                    "AVX2 without AVX-512): onnxruntime's graph or OpenVINO runs them, as test_cpu_prompts checks")
+@pytest.mark.skipif(not cpu_decode.runs_prompts(), reason="the numba step does not run here (neither AVX-512 VNNI "
+                    "nor AVX2): onnxruntime's graph or OpenVINO runs the prompts, as test_cpu_prompts checks")
 async def test_where_the_step_runs_prompts_openvino_is_taken_only_when_asked(monkeypatch):
-    """Where the numba step runs prompts (AMX tiles, or AVX2's int8 rows) no onnxruntime graph is built
+    """Where the numba step runs prompts (AMX tiles, or its int8 rows) no onnxruntime graph is built
     and "auto" leaves OpenVINO out, saying why; cpu_prompts="openvino" is honoured: the graph is built
     beside the step and OpenVINO takes the long prompts, not the step."""
     from oxinfer.runtime import cpu_prompts
@@ -604,15 +604,15 @@ async def test_float16_keys_and_values_run_in_the_step_within_llama_cpp_s_own_no
 
 
 def test_keys_and_values_default_to_float16_where_the_step_runs_every_row(monkeypatch):
-    """kv_cache_dtype "auto" on the CPU: float16 (llama.cpp's default cache type) where the numba step
-    takes every row (AVX2 without AVX-512, and AMX, whose prompt tiles read a float16 pool's keys);
-    float32 where onnxruntime's graph runs prompts (AVX-512 without AMX), and where the step is not
-    asked for (the graph decodes)."""
+    """kv_cache_dtype "auto" on the CPU: float16 (llama.cpp's default cache type) wherever the numba step
+    runs, which then takes every row (AVX2, AVX-512 VNNI, and AMX, whose prompt tiles read a float16
+    pool's keys); float32 where the step is not asked for (the graph decodes)."""
     from oxinfer.runtime import cpu_amx, cpu_vnni
     if not cpu_vnni.runs_here():
         pytest.skip("the numba step's products do not compile for this CPU")
     for wide, amx, decode, want in ((False, False, "auto", np.float16), (True, True, "auto", np.float16),
-                                    (True, False, "auto", np.float32), (False, False, "graph", np.float32)):
+                                    (True, False, "auto", np.float16), (False, False, "graph", np.float32),
+                                    (True, False, "graph", np.float32)):
         monkeypatch.setattr(cpu_vnni, "WIDE", wide)
         monkeypatch.setattr(cpu_amx, "available", lambda amx=amx: amx)
         monkeypatch.setattr(cpu_decode, "DECODE", decode)

@@ -127,8 +127,8 @@ class Engine:
         (default): a shorter one keeps the rope tables small (Gemma 3's 131,072 positions of two
         ropes would not fit a GPU's 128 MiB binding) and limits what one request may hold.
         kv_cache_dtype: the keys' and values' type, "float32" or "float16" (llama.cpp's f32 / f16
-        cache types); None or "auto": float32, but float16 on a CPU whose numba step takes every
-        row (AMX, or AVX2 without AVX-512: cpu_decode.kv_default). float16 halves the KV
+        cache types); None or "auto": float32, but float16 on a CPU where the numba step runs
+        (it then takes every row: cpu_decode.kv_default). float16 halves the KV
         memory of the CPU's step (converted as it loads and stores), of its graph
         (runtime/cpu_graph.py: onnxruntime's attention then runs in float16, its decode steps
         slower) and of the GPU's whole forward (its attention kernels convert as they load and

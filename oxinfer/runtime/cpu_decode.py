@@ -31,16 +31,6 @@ def numba_asked() -> bool:
     return DECODE != "graph"
 
 
-def step_prompts() -> bool:
-    """Whether the numba step runs prompts here too, so that no onnxruntime graph is built: on AMX tiles,
-    or where the CPU has AVX2 and not AVX-512 (cpu_vnni.WIDE): there its int8 products at a prompt's rows
-    ran at 1.2-1.5x MLAS's (one core of the 2-core VM's AMD EPYC, session 43) and a 512-token prompt at
-    the graph's pace, while the graph's build took most of a 1.7-2.1 s load and ~200 MiB. With AVX-512
-    and no AMX, the graph's prompts (not measured against the step's since session 43's kernels)."""
-    from oxinfer.runtime import cpu_amx, cpu_vnni
-    return cpu_amx.available() or not cpu_vnni.WIDE
-
-
 def step_cached() -> bool:
     """Whether numba's cache holds the step; where not (a fresh install's first process), the graph is
     built too and runs every row until the step is compiled (~30 s on 2 cores), said in the log."""
@@ -63,18 +53,23 @@ def step_refused(kv_dtype) -> str | None:
 
 
 def runs_prompts(kv_dtype=None) -> bool:
-    """Whether the numba step runs here and takes the prompts too (step_prompts), keys and values of
-    kv_dtype (default float32)."""
-    return _refusal(kv_dtype or np.float32) is None and step_prompts()
+    """Whether the numba step runs here, keys and values of kv_dtype (default float32): it takes the
+    prompts too (AMX's tiles, else its int8 rows), and no onnxruntime graph is built once it is
+    compiled. Its int8 rows took prompts on AVX2 from session 43 (1.2-1.5x MLAS's products on a core
+    of the 2-core VM) and on AVX-512 VNNI without AMX from session 52: there the graph's prompts were
+    quicker (the default model's 512-token prompt on the 2-core AVX-512 VNNI EPYC, `oxinfer bench
+    --threads 2`: 1,280 tok/s against 897), but its build made the load 2.18 s against 0.90 and the
+    bench's peak RSS 937 MiB against 344 (llama.cpp's: 312 tok/s, 0.11 s, 223 MiB)."""
+    return _refusal(kv_dtype or np.float32) is None
 
 
 def kv_default() -> np.dtype:
     """The CPU's keys and values where kv_cache_dtype is "auto": float16 (llama.cpp's and Ollama's
-    default cache type) where the numba step takes every row (AMX hosts, and AVX2 without AVX-512):
-    half the KV memory (the bench's 16 streams: peak RSS 459 -> 391-394 MiB on the 2-core VM, session
-    43-44) and half the bytes a decode step's attention reads (F16C converts as the step loads and
-    stores; AMX's prompt tiles take keys and values in bfloat16 either way). Else float32: onnxruntime's
-    float16 attention converts every head back each step (runtime/cpu_graph.py)."""
+    default cache type) where the numba step takes every row (runs_prompts): half the KV memory (the
+    bench's 16 streams: peak RSS 459 -> 391-394 MiB on the 2-core VM, session 43-44) and half the bytes
+    a decode step's attention reads (F16C converts as the step loads and stores; AMX's prompt tiles take
+    keys and values in bfloat16 either way). Else float32: onnxruntime's float16 attention converts
+    every head back each step (runtime/cpu_graph.py)."""
     return np.dtype(np.float16 if runs_prompts(np.float16) else np.float32)
 
 
@@ -117,7 +112,7 @@ def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) 
         blockwise.drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
                  build_s=round(time.perf_counter() - t0, 3),
-                 prompts="amx tiles" if step.amx else "int8 rows" if step_prompts() else "graph")
+                 prompts="amx tiles" if step.amx else "int8 rows")
         return step
 
     ex = ThreadPoolExecutor(1, thread_name_prefix="oxinfer-step")

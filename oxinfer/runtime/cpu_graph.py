@@ -56,7 +56,7 @@ BINDINGS = 64  # bound lane ranges kept (a binding is ~60 pointers: remade in ~0
 # keys and values (scratch) and onnxruntime's activations grow with it: 2,048 rows held ~150 MiB
 # more at the bench's 16 streams of 128 tokens, for one read of the weights a run instead of four
 PROMPT_ROWS = 512
-# whether onnxruntime's graph is built where the numba step takes every row (cpu_decode.step_prompts): not
+# whether onnxruntime's graph is built where the numba step takes every row (cpu_decode.runs_prompts): not
 # (True: benchmarks that run prompts through both in turns)
 GRAPH_BESIDE_TILES = False
 
@@ -101,7 +101,7 @@ class CpuGraph:
         # be another kernel's); cold, the graph answers until the step is compiled
         self._cached = refused is None and cpu_decode.step_cached()
         # the step takes every row (not where OpenVINO was asked to take prompts): no graph
-        if (refused is None and not GRAPH_BESIDE_TILES and cpu_decode.step_prompts() and self._cached
+        if (refused is None and not GRAPH_BESIDE_TILES and self._cached
                 and openvino_refused is not None):
             blockwise.own_maps()  # (as a graph's build does: else the step's laying left ~80 MiB in glibc's heaps)
         else:

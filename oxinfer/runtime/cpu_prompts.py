@@ -85,7 +85,7 @@ def refuses(model, choice: str = "auto", kv_dtype=None) -> str | None:
     if not installed():
         reason = "openvino is not installed (pip install 'oxinfer[openvino]')"
     elif weighed and cpu_decode.runs_prompts(kv_dtype):
-        reason = ("the numba step runs prompts here (AMX tiles, or AVX2's int8 rows) and no onnxruntime graph is "
+        reason = ("the numba step runs prompts here (AMX tiles, or its int8 rows) and no onnxruntime graph is "
                   "built; cpu_prompts='openvino' (or OXINFER_OPENVINO=1) takes it anyway")
     elif weighed and not bf16_products():
         reason = ("no bfloat16 products on this CPU (AMX or AVX512_BF16): OpenVINO's float32 ones were slower than "
