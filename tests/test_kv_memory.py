@@ -152,3 +152,26 @@ async def test_a_request_that_cannot_fit_the_pool_is_refused_at_once(model):
     engine = await oxinfer.Engine.load(model, kv_bytes=4 * per_block)  # 128 positions
     with pytest.raises(oxinfer.ContextOverflowError, match="KV memory"):
         engine.stream(ids(100, 1), oxinfer.SamplingParams(max_tokens=40))
+
+
+def test_give_back_returns_the_pages_of_rows_past_those_kept():
+    """blockwise.give_back (the numba step's scratch after a prompt): a lazy_zeros array's rows from the
+    first page past `keep` read as zeros again (their pages went back to the OS), the rows kept are
+    untouched; an array of numpy's own heap is left as it is."""
+    import mmap
+
+    from oxinfer.models.kv_cache import lazy_zeros
+    from oxinfer.runtime.blockwise import give_back
+    a = lazy_zeros((40, 1000), np.float32)[0]  # (rows of 4,000 bytes: pages and rows out of step)
+    a[:] = np.arange(1, 41, dtype=np.float32)[:, None]
+    give_back(a, 3)
+    first_dropped = -(-3 * 4000 // mmap.PAGESIZE) * mmap.PAGESIZE // 4  # (the first value in a dropped page)
+    flat = a.reshape(-1)
+    np.testing.assert_array_equal(a[:3], np.arange(1, 4, dtype=np.float32)[:, None] * np.ones(1000, np.float32))
+    np.testing.assert_array_equal(flat[3000:first_dropped], 4)  # (the rest of the kept rows' last page)
+    assert not flat[first_dropped:].any()
+    a[39] = 7  # (written again: committed again)
+    assert (a[39] == 7).all()
+    b = np.ones((40, 1000), np.float32)
+    give_back(b, 3)
+    assert (b == 1).all()

@@ -25,6 +25,7 @@ decode speed is the same.
 from __future__ import annotations
 
 import functools
+import mmap
 import os
 import threading
 from collections.abc import Callable
@@ -200,6 +201,17 @@ def drop_mapped(path: str, code_only: bool = False) -> None:
             continue
         start, end = (int(a, 16) for a in span.split("-"))
         libc.madvise(start, end - start, 4)  # MADV_DONTNEED
+
+
+def give_back(a: np.ndarray, keep: int) -> None:
+    """The pages of an array's rows from `keep` on back to the OS, where it is a private map's from its start
+    (models/kv_cache.py's lazy_zeros): they read as zeros again, committed when written."""
+    buf = a
+    while isinstance(buf, (np.ndarray, memoryview)):
+        buf = buf.base if isinstance(buf, np.ndarray) else buf.obj
+    start = -(-keep * a.strides[0] // mmap.PAGESIZE) * mmap.PAGESIZE
+    if isinstance(buf, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED") and start < len(buf):
+        buf.madvise(mmap.MADV_DONTNEED, start, len(buf) - start)
 
 
 def supports(w: QuantMatrix) -> bool:

@@ -37,8 +37,8 @@ from numba.extending import intrinsic
 
 from oxinfer.logs import get_logger
 from oxinfer.models.kv_cache import lazy_zeros
-from oxinfer.runtime import (cpu_ahead, cpu_amx, cpu_amx_int8, cpu_attend, cpu_lay,  # noqa: F401 - (numba_cache: first)
-                             cpu_rowwise, cpu_sync, cpu_vnni, numba_cache)
+from oxinfer.runtime import (blockwise, cpu_ahead, cpu_amx, cpu_amx_int8,  # noqa: F401 - (numba_cache: first)
+                             cpu_attend, cpu_lay, cpu_rowwise, cpu_sync, cpu_vnni, numba_cache)
 from oxinfer.runtime.cpu_crowding import Crowding
 from oxinfer.runtime.ops import rope_table
 from oxinfer.runtime.step_ops import ATTEND, HEAD_NORM, LAST, LINEAR, RMS, StepOps
@@ -58,6 +58,7 @@ FETCH = 1 << 17
 # 2-core VM, where no core lags, one row's 5-9% slower dealt (its later chunks not prefetched at barriers), a 512-token
 # prompt's 2.6% quicker. A chunk holds _LEAST units (quads, rows) or more.
 CHUNKS, DEAL_ROWS, DEAL_THREADS, _LEAST = 4, 8, 4, 4
+KEPT_ROWS = 64  # the scratch's rows a run leaves in memory (a prompt's others go back to the OS: `give_back`)
 _PIECE = 2048  # columns of an element-wise line a task, at most (where wider, pieces of a row go to several)
 # (a constant of the compiled step: where False, no tile instruction is compiled, which a CPU without AMX could not run)
 _AMX = cpu_amx.available()
@@ -421,6 +422,8 @@ class NumbaStep:
             _run(*args, self._sync, 1, amx, i8, tune)
         elif (now := self.crowding.ran(n, time.perf_counter() - began)) is not None:
             log.debug("numba_step_crowded", threads=now, of=most, rows=T, action="quicker in a trial: runs on")
+        if T > KEPT_ROWS:  # (the rows whose logits it returns kept)
+            blockwise.give_back(self._scratch[0], max(len(last) if self.has_last else T, KEPT_ROWS))
         return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
