@@ -108,7 +108,8 @@ def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) 
         step.warm()
         # numba's compiler, LLVM (~50 MiB of its code paged in to load the step from numba's cache), does not run
         # in a step: its code's pages dropped (faulted in again where numba compiles later; the bench's 16 streams
-        # on the 2-core VM: peak RSS 371 -> 320 MiB)
+        # on the 2-core VM: peak RSS 371 -> 320 MiB), as NumbaStep drops them before it lays the weights, and again
+        # here, after the laying's compiled functions were loaded
         blockwise.drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
                  build_s=round(time.perf_counter() - t0, 3),

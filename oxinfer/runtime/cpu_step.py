@@ -24,11 +24,12 @@ so a sequence's logits are the same batched or alone.
 
 from __future__ import annotations
 
-import mmap
+import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import llvmlite.binding
 import numba
 import numpy as np
 from llvmlite import ir
@@ -260,45 +261,6 @@ def _by_rows(op, k):
     return op == RMS or op == HEAD_NORM or (op != LINEAR and op != ATTEND and op != LAST and k <= _PIECE)
 
 
-def _laying(m, done: tuple | None, released: Callable[[np.ndarray], None] | None) -> tuple:
-    """(the shape of m's laid bytes, kind, groups, tail, write(out)): laid before (`done`, the graph's), straight
-    from the file's blocks into out (cpu_lay.direct), or by cpu_lay.lay now; the file's pages m read dropped
-    once they are laid (released(part) for each of its parts)."""
-    def dropped():
-        for part in m.parts if released is not None else ():
-            released(part)
-
-    if done is None and (plan := cpu_lay.direct(m)) is not None:
-        *head, write = plan
-        dropped()  # (the pages its scales were read from: the write reads them back from the page cache, one
-        # matrix at a time, not every matrix's at once beside the arena: the bench's peak RSS 397 -> 372 MiB)
-
-        def direct(out):
-            write(out)
-            dropped()
-        return (*head, direct)
-    if done is None:
-        done = cpu_lay.lay(m)
-        dropped()
-    held = [done[0]]
-
-    def copy(out):
-        out[...] = held.pop()  # (freed once copied: no second copy of every weight at once)
-    return (done[0].shape, *done[1:], copy)
-
-
-def _arena(shapes: list[tuple[int, int]]) -> tuple[mmap.mmap, list[np.ndarray]]:
-    """Arrays of these shapes (uint8) back to back (64-byte aligned) in one anonymous map, in 2 MiB pages where
-    the kernel gives them (MADV_HUGEPAGE: a step streams every byte, and a 4 KiB page is a TLB miss and a stop
-    of the hardware prefetcher every 4 KiB): (the map, the arrays)."""
-    sizes = [-(-int(np.prod(s)) // 64) * 64 for s in shapes]
-    buf = mmap.mmap(-1, max(sum(sizes), 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
-    offsets = np.cumsum([0, *sizes[:-1]])
-    return buf, [np.frombuffer(buf, np.uint8, int(np.prod(s)), int(at)).reshape(s) for s, at in zip(shapes, offsets)]
-
-
 class NumbaStep:
     """A model's forward as `_run`'s program, its matrices laid for cpu_vnni's products (a copy of
     theirs, in one map: GGUF's Q4_0, Q4_1 and Q8_0 bytes as stored, else float32 scales). Blocking;
@@ -315,19 +277,8 @@ class NumbaStep:
         self.embed, self.vocab, self.threads = ops.embed_table, c.vocab_size, threads
         self.vecs = np.concatenate(ops.vectors) if ops.vectors else np.zeros(1, np.float32)
         self.vec_at = np.cumsum([0, *(len(v) for v in ops.vectors)]).astype(np.int64)
-        laid = laid or {}
-        with ThreadPoolExecutor(min(len(ops.matrices), threads, 8), thread_name_prefix="oxinfer-lay") as ex:
-            # (in threads: numpy and the compiled laying let go of the GIL)
-            plans = list(ex.map(lambda m: _laying(m, laid.pop(id(m), None), released), ops.matrices))
-            self._arena, arrays = _arena([p[0] for p in plans])
-            list(ex.map(lambda p, out: p[4](out), plans, arrays))
-        kinds = [p[1:4] for p in plans]
-        del plans
-        self.mats = np.array([(a.ctypes.data, a.shape[0], groups, tail, kind, m.n_out, m.n_in)
-                              for a, (kind, groups, tail), m in zip(arrays, kinds, ops.matrices)], np.int64)
-        self.weight_bytes = len(self._arena)
-        # the widest product input, in int8 values
-        self.x_cols = int((4 * self.mats[:, 2] + 2 * self.mats[:, 3]).max()) * 32
+        # (the matrices' rows of `_run`'s table and the widest product input, in int8 values: set as they are laid)
+        self.mats, self.x_cols = np.zeros((len(ops.matrices), 7), np.int64), 32
         rot = rope_table(c)  # (rows, rope_dim / 2) complex64: the numpy ops' and the GPU's table
         self.cos, self.sin = np.ascontiguousarray(rot.real), np.ascontiguousarray(rot.imag)
         self.heads, self.layers = (c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim), c.n_layers
@@ -351,6 +302,28 @@ class NumbaStep:
                          np.zeros((threads, 1), np.uint8), np.zeros((threads, 1), np.float32), self._cfg8)
         # prompts' keys and values laid for the tiles (`_laid_kv`: grown at a first prompt), and no prompts
         self._kv, self._no_prompts = np.zeros((c.n_kv_heads, 2, 1), np.uint32), np.zeros((0, 3), np.int64)
+        # `_run` compiled, or loaded from numba's cache, in this thread (a process ending meanwhile waits for it: the
+        # cache is written), before the weights are laid, and LLVM's code dropped between: the peak of RSS is the
+        # larger of the two, not their sum (the default model's load on the 2-core VM 326-330 -> 293-296 MiB)
+        _, args = self._one_row()
+        self._run(*args, compile_only=True)
+        self._scratch = None
+        blockwise.drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
+        self._lay(ops.matrices, laid or {}, released)
+
+    def _lay(self, matrices, laid: dict[int, tuple], released) -> None:
+        """The matrices laid in the arena, and `mats` (`_run`'s table of them)."""
+        with ThreadPoolExecutor(min(len(matrices), self.threads, 8), thread_name_prefix="oxinfer-lay") as ex:
+            # (in threads: numpy and the compiled laying let go of the GIL)
+            plans = list(ex.map(lambda m: cpu_lay.laying(m, laid.pop(id(m), None), released), matrices))
+            self._arena, arrays = cpu_lay.arena([p[0] for p in plans])
+            list(ex.map(lambda p, out: p[4](out), plans, arrays))
+        kinds = [p[1:4] for p in plans]
+        del plans
+        self.mats = np.array([(a.ctypes.data, a.shape[0], groups, tail, kind, m.n_out, m.n_in)
+                              for a, (kind, groups, tail), m in zip(arrays, kinds, matrices)], np.int64)
+        self.weight_bytes = len(self._arena)
+        self.x_cols = int((4 * self.mats[:, 2] + 2 * self.mats[:, 3]).max()) * 32
 
     def logits(self, x: np.ndarray, last: np.ndarray, pos: np.ndarray, lanes: np.ndarray, pool,
                started: Callable[[], None] | None = None, prompts: Sequence[int] = ()) -> np.ndarray:
@@ -366,16 +339,18 @@ class NumbaStep:
                                               prompts).result()
 
     def warm(self) -> None:
-        """Compile (or load from numba's cache) every function of a step in this thread (a process
-        ending meanwhile waits for it: the cache is written), then run one row over a pool of one
-        position on the step's thread (its region's threads started there)."""
+        """One row over a pool of one position, run on the step's thread (its region's threads started there;
+        `_run` was compiled, or loaded from numba's cache, as the step was made)."""
+        kv, args = self._one_row()  # (kv: the pool the addresses are of, held through the run)
+        cpu_ahead.step_thread().submit(self._run, *args).result()
+
+    def _one_row(self) -> tuple:
+        """A pool of one position, and `_run`'s arguments for one row over it."""
         c = self.heads
         kv = np.zeros((self.layers, 2, 1, c[1], 1, c[2]), np.float32)
         addresses = np.array([[k.ctypes.data, v.ctypes.data] for k, v in kv], np.int64)
         x = np.zeros((1, self.embed.n_in), np.float32)
-        args = (x, [0], [0], [0], addresses, np.array([*c, 1, 1, 0], np.int64))
-        self._run(*args, compile_only=True)
-        cpu_ahead.step_thread().submit(self._run, *args).result()
+        return kv, (x, [0], [0], [0], addresses, np.array([*c, 1, 1, 0], np.int64))
 
     @property
     def amx(self) -> bool:
