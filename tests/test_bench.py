@@ -102,3 +102,15 @@ def test_synthetic_models_carry_a_merge_for_llama_cpp(tiny):
     assert f.get("tokenizer.ggml.tokens")[259] == "\u0120\u0120"
     with pytest.raises(ValueError, match="extra_vocab"):
         write_tiny_llama(tiny.parent / "x.gguf", llama_cpp=True)
+
+
+def test_the_measured_processes_write_their_modules_bytecode(monkeypatch):
+    """Each run's process caches its modules' bytecode as an installed package does, though the bench's own
+    environment says PYTHONDONTWRITEBYTECODE (every run would compile every module it imports again, a
+    load_s of oxinfer's or llama.cpp's that no installed package pays); the rest of the environment passes."""
+    from oxinfer import bench
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setenv("OXINFER_BENCH_PROBE", "kept")
+    code = ("import json, os, sys; "
+            "print(json.dumps({'dont': sys.dont_write_bytecode, 'probe': os.environ['OXINFER_BENCH_PROBE']}))")
+    assert bench._run([sys.executable, "-c", code], None) == {"dont": False, "probe": "kept"}
