@@ -203,6 +203,13 @@ def drop_mapped(path: str, code_only: bool = False) -> None:
         libc.madvise(start, end - start, 4)  # MADV_DONTNEED
 
 
+def drop_llvm() -> None:
+    """LLVM's code (llvmlite's library: ~50 MiB of it paged in where numba compiles a function or loads one from its
+    cache) dropped from memory, faulted in again where numba needs it."""
+    import llvmlite.binding
+    drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
+
+
 def give_back(a: np.ndarray, keep: int) -> None:
     """The pages of an array's rows from `keep` on back to the OS, where it is a private map's from its start
     (models/kv_cache.py's lazy_zeros): they read as zeros again, committed when written."""

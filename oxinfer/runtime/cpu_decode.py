@@ -98,8 +98,6 @@ def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) 
     they read dropped after: released(None)), compiled in a thread (loaded from numba's cache beside
     the module: ~0.3 s; ~30-40 s on 2 cores the first time): its Future."""
     def build():
-        import llvmlite.binding
-
         from oxinfer.runtime.cpu_step import NumbaStep
         t0 = time.perf_counter()
         step = NumbaStep(model, step_threads(blockwise.threads(), blockwise.cores()), laid, released)
@@ -110,7 +108,7 @@ def numba_step(model, laid: dict[int, tuple], released: Callable | None = None) 
         # in a step: its code's pages dropped (faulted in again where numba compiles later; the bench's 16 streams
         # on the 2-core VM: peak RSS 371 -> 320 MiB), as NumbaStep drops them before it lays the weights, and again
         # here, after the laying's compiled functions were loaded
-        blockwise.drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
+        blockwise.drop_llvm()
         log.info("numba_step", weight_mib=round(step.weight_bytes / 2**20, 1), threads=step.threads,
                  build_s=round(time.perf_counter() - t0, 3),
                  prompts="amx tiles" if step.amx else "int8 rows")

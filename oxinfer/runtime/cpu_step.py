@@ -24,12 +24,10 @@ so a sequence's logits are the same batched or alone.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import llvmlite.binding
 import numba
 import numpy as np
 from llvmlite import ir
@@ -308,7 +306,7 @@ class NumbaStep:
         _, args = self._one_row()
         self._run(*args, compile_only=True)
         self._scratch = None
-        blockwise.drop_mapped(os.path.dirname(llvmlite.binding.__file__), code_only=True)
+        blockwise.drop_llvm()
         self._lay(ops.matrices, laid or {}, released)
 
     def _lay(self, matrices, laid: dict[int, tuple], released) -> None:
