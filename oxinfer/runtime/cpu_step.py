@@ -395,9 +395,10 @@ class NumbaStep:
             _run(*args, self._sync, 1, amx, i8, tune)
         elif (now := self.crowding.ran(n, time.perf_counter() - began)) is not None:
             log.debug("numba_step_crowded", threads=now, of=most, rows=T, action="quicker in a trial: runs on")
-        if T > KEPT_ROWS:  # (the rows whose logits it returns kept)
-            blockwise.give_back(self._scratch[0], max(len(last) if self.has_last else T, KEPT_ROWS))
-        return A[:len(last) if self.has_last else T, self.logits_at:self.logits_at + self.vocab]
+        out = len(last) if self.has_last else T  # (the rows whose logits it returns)
+        if T > KEPT_ROWS:
+            blockwise.give_back(self._scratch[0], max(out, KEPT_ROWS))
+        return A[:out, self.logits_at:self.logits_at + self.vocab]
 
     def _rows(self, T: int) -> tuple:
         """Scratch for at least T rows (grown to powers of two): the values, x's int8 blocks, their
